@@ -1,0 +1,1 @@
+"""forgetkit benchmarks: `python -m bench --help`."""

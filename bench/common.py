@@ -1,0 +1,120 @@
+"""Shared helpers of the benchmarks: synthetic runs on disk, timing, peak anonymous memory."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def machine():
+    cpu = "unknown cpu"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, {platform.python_version()}"
+
+
+def rss_anon_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextmanager
+def peak_rss_anon():
+    """Sample RssAnon every 5 ms; yields a dict whose 'peak_mb' is set on exit."""
+    result = {"peak_mb": rss_anon_mb()}
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            result["peak_mb"] = max(result["peak_mb"], rss_anon_mb())
+            time.sleep(0.005)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        yield result
+    finally:
+        stop.set()
+        t.join()
+        result["peak_mb"] = max(result["peak_mb"], rss_anon_mb())
+
+
+def timed(fn, *args, repeat=1, **kw):
+    """(best wall seconds over ``repeat`` calls, last result)."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn(*args, **kw)
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def cat_seconds(path):
+    """Wall time of `cat path > /dev/null`: one sequential read, the I/O floor."""
+    t = time.perf_counter()
+    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t
+
+
+def synthetic_logits(n_epochs, n_samples, n_classes, *, seed=0, noise=0.0):
+    """Yield (epoch, logits float32 (N, C)) of a run with realistic dynamics, and the labels.
+
+    Each sample has a difficulty; its true-class margin grows with training along a learning
+    curve, with per-epoch jitter (forgetting), and a fraction ``noise`` of samples is pulled
+    towards a wrong class late in training (memorised label noise).
+    """
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, n_classes, n_samples)
+    difficulty = rng.gamma(2.0, 1.0, n_samples)
+    noisy = rng.random(n_samples) < noise
+    other = (labels + rng.integers(1, n_classes, n_samples)) % n_classes
+    rows = np.arange(n_samples)
+
+    def epochs():
+        for e in range(n_epochs):
+            progress = 1 - np.exp(-4 * (e + 1) / n_epochs)
+            x = rng.standard_normal((n_samples, n_classes), dtype=np.float32)
+            margin = 4 * progress - difficulty + rng.normal(0, 0.8, n_samples)
+            x[rows, labels] += margin.astype(np.float32)
+            late = max(0.0, (e / n_epochs - 0.5) * 2)
+            x[rows[noisy], other[noisy]] += np.float32(3 * late)
+            yield e, x
+
+    return labels, epochs()
+
+
+def write_synthetic_npy(path, n_epochs, n_samples, n_classes, *, seed=0, noise=0.0):
+    """A float16 run on disk through forgetkit's RunWriter (skipped if already there)."""
+    import forgetkit as fk
+
+    path = Path(path)
+    if path.exists():
+        try:
+            run = fk.load(path)
+            if run.shape == (n_epochs, n_samples, n_classes):
+                return path
+        except (ValueError, OSError):
+            pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels, epochs = synthetic_logits(n_epochs, n_samples, n_classes, seed=seed, noise=noise)
+    with fk.RunWriter(path, n_samples, n_classes, labels=labels, mode="w") as w:
+        for e, x in epochs:
+            w.append(e, x)
+    return path

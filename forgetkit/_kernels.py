@@ -1,0 +1,253 @@
+"""numba kernels over plain contiguous arrays. Private: callers validate inputs.
+
+Conventions: rows are samples (or epoch*sample pairs), columns are classes; argmax ties go to
+the lowest class index (numpy's rule). float16 data is passed as its raw int16 bits, because
+numba has no float16 arithmetic on the CPU; ``_f16_key`` maps the bits to an integer key whose
+order is the order of the float values (-0.0 and +0.0 share a key).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+_F16_EXP_MASK = 0x7C00  # exponent bits all ones: inf or nan
+
+
+@njit(inline="always")
+def _f16_key(bits):
+    x = np.int32(bits)
+    if x < 0:
+        return (x ^ 0x7FFF) + 1
+    return x
+
+
+@njit(parallel=True, cache=True)
+def argmax_f16(bits, out):
+    """Row-wise argmax of float16 values given as int16 bits.
+
+    bits: int16 (rows, C); out: int32 (rows,). A row holding inf or nan gets -1.
+    """
+    rows, n_classes = bits.shape
+    for r in prange(rows):
+        best = -1
+        best_key = np.int32(-(2**30))
+        for c in range(n_classes):
+            b = bits[r, c]
+            if (b & _F16_EXP_MASK) == _F16_EXP_MASK:
+                best = -1
+                break
+            k = _f16_key(b)
+            if best < 0 or k > best_key:
+                best = c
+                best_key = k
+        out[r] = best
+
+
+@njit(parallel=True, cache=True)
+def argmax_float(values, out):
+    """Row-wise argmax of float32/float64 values (rows, C) into int32 ``out``; -1 if not finite."""
+    rows, n_classes = values.shape
+    for r in prange(rows):
+        best = 0
+        best_v = values[r, 0]
+        if not np.isfinite(best_v):
+            out[r] = -1
+            continue
+        for c in range(1, n_classes):
+            v = values[r, c]
+            if not np.isfinite(v):
+                best = -1
+                break
+            if v > best_v:
+                best = c
+                best_v = v
+        out[r] = best
+
+
+@njit(inline="always")
+def _mixture_argmax(a, b, n, eps):
+    """argmax over classes of eps*a[n] + (1-eps)*b[n], computed exactly as numpy would."""
+    one_minus = 1.0 - eps
+    best = 0
+    best_v = eps * a[n, 0] + one_minus * b[n, 0]
+    for c in range(1, a.shape[1]):
+        v = eps * a[n, c] + one_minus * b[n, c]
+        if v > best_v:
+            best = c
+            best_v = v
+    return best
+
+
+@njit(cache=True)
+def _first_above(grid, x):
+    """Index of the first grid point > x (grid ascending)."""
+    lo, hi = 0, grid.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if grid[mid] > x:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True)
+def _first_at_least(grid, x):
+    """Index of the first grid point >= x (grid ascending)."""
+    lo, hi = 0, grid.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if grid[mid] >= x:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(parallel=True, cache=True)
+def grid_correct_counts(a, b, labels, grid, rel_band):
+    """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.
+
+    a, b: float64 (N, C); labels: int64 (N,); grid: float64 (G,) ascending. Returns int64 (G,).
+
+    For one sample the true class wins on an interval of eps. The kernel computes, per sample,
+    the eps where the win is certain (every margin > band) and where it is possible (every
+    margin >= -band), with band = rel_band * max|value|. Grid points in the certain part count
+    through a difference array; grid points between the two are re-checked with the
+    brute-force arithmetic, so the counts equal the brute-force grid's exactly, ties included.
+    """
+    n_samples, n_classes = a.shape
+    n_grid = grid.shape[0]
+    n_blocks = min(numba.get_num_threads() * 4, n_samples)
+    diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
+    for blk in prange(n_blocks):
+        start = blk * n_samples // n_blocks
+        stop = (blk + 1) * n_samples // n_blocks
+        for n in range(start, stop):
+            y = labels[n]
+            ay = a[n, y]
+            by = b[n, y]
+            scale = 0.0
+            for c in range(n_classes):
+                scale = max(scale, abs(a[n, c]), abs(b[n, c]))
+            band = rel_band * scale
+            # certain-win interval (lw, hw) open; possible-win interval [lp, hp] closed
+            lw, hw, lp, hp = -np.inf, np.inf, -np.inf, np.inf
+            empty = False
+            for c in range(n_classes):
+                if c == y:
+                    continue
+                icpt = by - b[n, c]
+                slope = (ay - a[n, c]) - icpt
+                if slope > 0.0:
+                    lw = max(lw, (band - icpt) / slope)
+                    lp = max(lp, (-band - icpt) / slope)
+                elif slope < 0.0:
+                    hw = min(hw, (band - icpt) / slope)
+                    hp = min(hp, (-band - icpt) / slope)
+                else:
+                    if icpt <= band:
+                        hw = -np.inf  # never certain
+                    if icpt < -band:
+                        empty = True
+                        break
+            if empty:
+                continue
+            p0 = _first_at_least(grid, lp)
+            p1 = _first_above(grid, hp)  # possible grid points: [p0, p1)
+            if p0 >= p1:
+                continue
+            w0, w1 = p1, p1  # certain grid points: [w0, w1)
+            if lw < hw:
+                w0 = max(_first_above(grid, lw), p0)
+                w1 = min(_first_at_least(grid, hw), p1)
+                if w0 < w1:
+                    diff[blk, w0] += 1
+                    diff[blk, w1] -= 1
+            for g in range(p0, p1):
+                if w0 <= g < w1:
+                    continue
+                if _mixture_argmax(a, b, n, grid[g]) == y:
+                    diff[blk, g] += 1
+                    diff[blk, g + 1] -= 1
+    total = diff.sum(axis=0)
+    return np.cumsum(total[:n_grid])
+
+
+@njit(parallel=True, cache=True)
+def win_intervals(a, b, labels):
+    """Per sample, the interval of eps in [0, 1] where eps*a + (1-eps)*b ranks the label first.
+
+    Returns lo, hi (float64 (N,)), lo_open, hi_open, valid (bool (N,)); a class below the label
+    must be beaten strictly, one above it only matched (argmax ties go to the lowest index).
+    """
+    n_samples, n_classes = a.shape
+    lo = np.zeros(n_samples)
+    hi = np.ones(n_samples)
+    lo_open = np.zeros(n_samples, dtype=np.bool_)
+    hi_open = np.zeros(n_samples, dtype=np.bool_)
+    valid = np.ones(n_samples, dtype=np.bool_)
+    for n in prange(n_samples):
+        y = labels[n]
+        ay = a[n, y]
+        by = b[n, y]
+        low, high = 0.0, 1.0
+        lopen, hopen = False, False
+        ok = True
+        for c in range(n_classes):
+            if c == y:
+                continue
+            strict = c < y
+            icpt = by - b[n, c]
+            slope = (ay - a[n, c]) - icpt
+            if slope == 0.0:
+                if icpt < 0.0 or (strict and icpt == 0.0):
+                    ok = False
+                    break
+                continue
+            t = -icpt / slope
+            if slope > 0.0:
+                if t > low or (t == low and strict):
+                    low = t
+                    lopen = strict
+            else:
+                if t < high or (t == high and strict):
+                    high = t
+                    hopen = strict
+        if ok and (low > high or (low == high and (lopen or hopen))):
+            ok = False
+        lo[n] = low
+        hi[n] = high
+        lo_open[n] = lopen
+        hi_open[n] = hopen
+        valid[n] = ok
+    return lo, hi, lo_open, hi_open, valid
+
+
+@njit(parallel=True, cache=True)
+def mixture_correct_count(a, b, labels, eps):
+    """Number of samples that eps*a + (1-eps)*b classifies correctly. a, b: float64 (N, C)."""
+    count = 0
+    for n in prange(a.shape[0]):
+        if _mixture_argmax(a, b, n, eps) == labels[n]:
+            count += 1
+    return count
+
+
+@njit(parallel=True, cache=True)
+def sum_correct_count(s, p, labels):
+    """Number of samples whose argmax of s + p is the label. s, p: float64 (N, C)."""
+    count = 0
+    for n in prange(s.shape[0]):
+        best = 0
+        best_v = s[n, 0] + p[n, 0]
+        for c in range(1, s.shape[1]):
+            v = s[n, c] + p[n, c]
+            if v > best_v:
+                best = c
+                best_v = v
+        if best == labels[n]:
+            count += 1
+    return count

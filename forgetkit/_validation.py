@@ -1,0 +1,120 @@
+"""Input checks shared by the whole package.
+
+Every error names the argument, what was expected and what was seen.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+KINDS = ("logits", "probs")
+
+
+def check_option(name, value, choices):
+    """Return ``value`` if it is one of ``choices``, else raise a ValueError listing them."""
+    if value not in choices:
+        valid = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {valid}; got {value!r}")
+    return value
+
+
+def check_int(name, value, *, minimum=None, allow_none=False):
+    """Return ``value`` as an int, checking its type and lower bound."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer; got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def is_streamed(outputs):
+    """True for outputs read from disk on demand (memmap, lazy Parquet): checked per chunk."""
+    return isinstance(outputs, np.memmap) or getattr(outputs, "_forgetkit_lazy", False)
+
+
+def check_outputs(outputs):
+    """Check a model-output tensor of shape (n_epochs, n_samples, n_classes).
+
+    ndarrays and memmaps keep their dtype (float16, float32 or float64) and are not copied.
+    """
+    if not isinstance(outputs, np.ndarray) and not is_streamed(outputs):
+        outputs = np.asarray(outputs)
+    if outputs.ndim != 3:
+        raise ValueError(
+            "outputs must have shape (epochs, samples, classes); "
+            f"got shape {tuple(outputs.shape)}"
+        )
+    if outputs.dtype.type not in FLOAT_DTYPES:
+        raise TypeError(f"outputs must be float16, float32 or float64; got dtype {outputs.dtype}")
+    n_epochs, n_samples, n_classes = outputs.shape
+    if n_epochs == 0 or n_samples == 0:
+        raise ValueError(f"outputs is an empty run: got shape {tuple(outputs.shape)}")
+    if n_classes < 2:
+        raise ValueError(f"outputs must have at least 2 classes; got shape {tuple(outputs.shape)}")
+    return outputs
+
+
+def check_labels(labels, n_samples, n_classes, *, name="labels"):
+    """Return labels as an int64 array of shape (n_samples,) with values in [0, n_classes)."""
+    arr = np.asarray(labels)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional; got shape {arr.shape}")
+    if arr.shape[0] != n_samples:
+        raise ValueError(f"{name} must have length {n_samples} (samples); got {arr.shape[0]}")
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            raise TypeError(f"{name} must be integers; got non-integer values of dtype {arr.dtype}")
+    elif arr.dtype.kind not in "iub":
+        raise TypeError(f"{name} must be integers; got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= n_classes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} must lie in [0, {n_classes}); got value {bad}")
+    return arr
+
+
+def check_epochs(epochs, n_epochs):
+    """Return epoch numbers as a strictly increasing int64 array of shape (n_epochs,)."""
+    if epochs is None:
+        return np.arange(n_epochs, dtype=np.int64)
+    arr = np.asarray(epochs)
+    if arr.shape != (n_epochs,):
+        raise ValueError(f"epochs must have shape ({n_epochs},); got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"epochs must be integers; got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    steps = np.diff(arr)
+    if np.any(steps <= 0):
+        i = int(np.argmax(steps <= 0))
+        raise ValueError(
+            "epochs must be strictly increasing (no duplicates); "
+            f"got {arr[i]} followed by {arr[i + 1]} at position {i + 1}"
+        )
+    return arr
+
+
+def check_indices(name, indices, size):
+    """Return integer (or boolean-mask) indices into an axis of length ``size`` as int64."""
+    arr = np.asarray(indices)
+    if arr.dtype.kind == "b":
+        if arr.shape != (size,):
+            raise ValueError(f"{name} as a boolean mask must have shape ({size},); got {arr.shape}")
+        return np.flatnonzero(arr)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional; got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers or a boolean mask; got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.size == 0:
+        raise ValueError(f"{name} selects nothing")
+    if arr.min() < -size or arr.max() >= size:
+        bad = arr.min() if arr.min() < -size else arr.max()
+        raise ValueError(f"{name} must lie in [0, {size}); got {bad}")
+    return np.where(arr < 0, arr + size, arr)

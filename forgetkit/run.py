@@ -1,0 +1,226 @@
+"""The `Run` object: stored model outputs of one training run plus labels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validation import (
+    KINDS,
+    check_epochs,
+    check_indices,
+    check_int,
+    check_labels,
+    check_option,
+    check_outputs,
+    is_streamed,
+)
+
+#: Runs smaller than this many values are fully checked (finite, probabilities sum to 1) when
+#: built; larger ones (memmaps, huge arrays) are checked chunk by chunk as they are read.
+EAGER_CHECK_VALUES = 1 << 27
+PROBS_TOLERANCE = 1e-3
+
+
+def split_indices(n_samples, frac=0.5, seed=0):
+    """Validation and test sample indices of the paper's split-half protocol.
+
+    ``perm = numpy.random.default_rng(seed).permutation(n_samples)``; validation is
+    ``perm[:int(n_samples * frac)]`` (``perm[:N//2]`` for frac 0.5), test the rest.
+
+    Returns
+    -------
+    val, test : ndarray of int64
+    """
+    if not 0.0 < frac < 1.0:
+        raise ValueError(f"frac must lie strictly between 0 and 1; got {frac}")
+    perm = np.random.default_rng(seed).permutation(n_samples)
+    n_val = int(n_samples * frac)
+    if n_val < 1 or n_val >= n_samples:
+        raise ValueError(f"frac={frac} leaves an empty half of {n_samples} samples")
+    return perm[:n_val], perm[n_val:]
+
+
+def softmax(values, out=None):
+    """Softmax over the last axis in float64 (or into ``out``'s dtype)."""
+    x = np.asarray(values)
+    if out is None:
+        out = np.empty(x.shape, dtype=np.float64)
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=out, dtype=out.dtype)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+
+
+class Run:
+    """Model outputs of one training run, as stored after every (few) epoch(s).
+
+    Parameters
+    ----------
+    outputs : ndarray or memmap of shape (n_epochs, n_samples, n_classes)
+        float16, float32 or float64 logits or probabilities. Not copied.
+    labels : array-like of shape (n_samples,)
+        True class of each sample, integers in [0, n_classes).
+    kind : {"logits", "probs"}
+    epochs : array-like of shape (n_epochs,), optional
+        Epoch numbers, strictly increasing; default 0..n_epochs-1.
+    sample_ids : array-like of shape (n_samples,), optional
+    class_names : sequence of str of length n_classes, optional
+    meta : dict, optional
+        Free metadata (model, seed, hyper-parameters...), kept through save/load.
+
+    Epochs are addressed by *index* (0..n_epochs-1) everywhere in forgetkit; ``run.epochs``
+    maps indices to the stored epoch numbers.
+    """
+
+    def __init__(
+        self,
+        outputs,
+        labels,
+        *,
+        kind="logits",
+        epochs=None,
+        sample_ids=None,
+        class_names=None,
+        meta=None,
+    ):
+        self.outputs = check_outputs(outputs)
+        n_epochs, n_samples, n_classes = self.outputs.shape
+        self.kind = check_option("kind", kind, KINDS)
+        self.labels = check_labels(labels, n_samples, n_classes)
+        self.epochs = check_epochs(epochs, n_epochs)
+        if sample_ids is not None:
+            sample_ids = np.asarray(sample_ids)
+            if sample_ids.shape != (n_samples,):
+                raise ValueError(
+                    f"sample_ids must have shape ({n_samples},); got shape {sample_ids.shape}"
+                )
+        self.sample_ids = sample_ids
+        if class_names is not None:
+            class_names = [str(c) for c in class_names]
+            if len(class_names) != n_classes:
+                raise ValueError(
+                    f"class_names must have {n_classes} entries; got {len(class_names)}"
+                )
+        self.class_names = class_names
+        if meta is not None and not isinstance(meta, dict):
+            raise TypeError(f"meta must be a dict; got {type(meta).__name__}")
+        self.meta = dict(meta or {})
+        self._cache = {}
+        if not self._checked_per_read:
+            for e in range(n_epochs):
+                self.check_epoch(e, self.outputs[e])
+
+    @property
+    def _checked_per_read(self):
+        return is_streamed(self.outputs) or self.outputs.size > EAGER_CHECK_VALUES
+
+    # ----------------------------------------------------------------- shape
+    @property
+    def n_epochs(self):
+        return self.outputs.shape[0]
+
+    @property
+    def n_samples(self):
+        return self.outputs.shape[1]
+
+    @property
+    def n_classes(self):
+        return self.outputs.shape[2]
+
+    @property
+    def shape(self):
+        return self.outputs.shape
+
+    def __repr__(self):
+        e, n, c = self.shape
+        return (
+            f"Run(epochs={e}, samples={n}, classes={c}, kind={self.kind!r}, "
+            f"dtype={self.outputs.dtype}, epoch numbers {self.epochs[0]}..{self.epochs[-1]})"
+        )
+
+    # ----------------------------------------------------------------- checks
+    def check_epoch(self, index, values):
+        """Raise ValueError if epoch ``index``'s values (n_samples, n_classes) are not valid."""
+        if not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"outputs contain NaN or inf at epoch index {index} (epoch {self.epochs[index]})"
+            )
+        if self.kind == "probs":
+            sums = values.sum(axis=-1, dtype=np.float64)
+            bad = np.abs(sums - 1.0) > PROBS_TOLERANCE
+            neg = (values < 0).any(axis=-1)
+            if bad.any() or neg.any():
+                n = int(np.argmax(bad | neg))
+                raise ValueError(
+                    f'kind="probs" but sample {n} at epoch index {index} '
+                    f"(epoch {self.epochs[index]}) is not a probability vector "
+                    f"(sum {sums[n]:.6g}, tolerance {PROBS_TOLERANCE})"
+                )
+
+    # ------------------------------------------------------------ conversion
+    def probs(self, epochs=None, *, dtype=np.float64):
+        """Probabilities of one or several epochs (softmax of logits, float64 by default).
+
+        Parameters
+        ----------
+        epochs : int, sequence of int or None
+            Epoch index (returns shape (n_samples, n_classes)) or indices (returns shape
+            (len(epochs), n_samples, n_classes)); None means all epochs.
+        """
+        if epochs is None:
+            epochs = range(self.n_epochs)
+        if np.ndim(epochs) == 0:
+            e = self._epoch_index(epochs)
+            return self._epoch_probs(e, dtype)
+        idx = [self._epoch_index(e) for e in epochs]
+        out = np.empty((len(idx), self.n_samples, self.n_classes), dtype=dtype)
+        for i, e in enumerate(idx):
+            out[i] = self._epoch_probs(e, dtype)
+        return out
+
+    def _epoch_index(self, e):
+        e = check_int("epoch index", e)
+        if not -self.n_epochs <= e < self.n_epochs:
+            raise ValueError(f"epoch index must lie in [0, {self.n_epochs}); got {e}")
+        return e % self.n_epochs
+
+    def _epoch_probs(self, e, dtype):
+        values = np.asarray(self.outputs[e])
+        if self._checked_per_read:
+            self.check_epoch(e, values)
+        if self.kind == "probs":
+            return values.astype(dtype, copy=True)
+        return softmax(values, out=np.empty(values.shape, dtype=dtype))
+
+    # ------------------------------------------------------------- selection
+    def subset(self, indices):
+        """A new Run holding only the samples ``indices`` (ints or a boolean mask).
+
+        Sample ids are kept; without ids, the new Run records the original positions as ids.
+        """
+        idx = check_indices("indices", indices, self.n_samples)
+        ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
+        return self._derive(self.outputs[:, idx], self.labels[idx], sample_ids=ids[idx])
+
+    def epochs_subset(self, indices):
+        """A new Run holding only the epochs at ``indices`` (ints or a boolean mask)."""
+        idx = check_indices("indices", indices, self.n_epochs)
+        if np.any(np.diff(idx) <= 0):
+            raise ValueError("epoch indices must be strictly increasing")
+        return self._derive(self.outputs[idx], self.labels, epochs=self.epochs[idx])
+
+    def split(self, frac=0.5, seed=0):
+        """(validation, test) Runs of the paper's split-half protocol; see `split_indices`."""
+        val, test = split_indices(self.n_samples, frac, seed)
+        return self.subset(val), self.subset(test)
+
+    def _derive(self, outputs, labels, **changes):
+        fields = dict(
+            kind=self.kind,
+            epochs=self.epochs,
+            sample_ids=self.sample_ids,
+            class_names=self.class_names,
+            meta=self.meta,
+        )
+        fields.update(changes)
+        return Run(outputs, labels, **fields)

@@ -1,0 +1,34 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import forgetkit as fk
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_RUN = ROOT / "data_samples" / "fmnist_resnet18_clean_seed100.npz"
+SHARED_RUN = ROOT.parent / "shared" / "data" / "fmnist_resnet18_clean_seed100.npz"
+
+
+@pytest.fixture(scope="session")
+def real_run():
+    """The real ResNet-18 / Fashion-MNIST run (60 epochs, 10,000 test images)."""
+    return fk.load(SAMPLE_RUN)
+
+
+@pytest.fixture(scope="session")
+def real_small(real_run):
+    """2,000 samples of the real run (fast format and dtype sweeps)."""
+    return real_run.subset(np.arange(2000))
+
+
+def make_run(n_epochs=12, n_samples=300, n_classes=5, seed=0, dtype=np.float32, ties=False):
+    """A random run; with ties=True values are multiples of 1/4 (many exact ties)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, n_classes, n_samples)
+    out = rng.normal(size=(n_epochs, n_samples, n_classes))
+    # make later epochs more often right, with some forgetting
+    out[:, np.arange(n_samples), labels] += np.linspace(0, 2, n_epochs)[:, None]
+    if ties:
+        out = np.round(out * 4) / 4
+    return fk.Run(out.astype(dtype), labels)

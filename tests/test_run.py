@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+import forgetkit as fk
+
+from .conftest import make_run
+
+
+def test_attributes_and_defaults():
+    run = make_run(n_epochs=3, n_samples=8, n_classes=4)
+    assert run.shape == (3, 8, 4) and run.kind == "logits"
+    assert run.epochs.tolist() == [0, 1, 2]
+    assert run.sample_ids is None and run.class_names is None and run.meta == {}
+    assert "epochs=3" in repr(run)
+
+
+@pytest.mark.parametrize(
+    "outputs,labels,kw,exc,msg",
+    [
+        (np.zeros((50000, 10)), np.zeros(50000, int), {}, ValueError,
+         r"outputs must have shape \(epochs, samples, classes\); got shape \(50000, 10\)"),
+        (np.zeros((2, 3, 4), dtype=np.int32), [0, 1, 2], {}, TypeError, "float16, float32"),
+        (np.zeros((0, 3, 4)), [0, 1, 2], {}, ValueError, "empty run"),
+        (np.zeros((2, 3, 4)), [0, 1], {}, ValueError, "labels must have length 3"),
+        (np.zeros((2, 3, 4)), [0, 1, 4], {}, ValueError,
+         r"labels must lie in \[0, 4\); got value 4"),
+        (np.zeros((2, 3, 4)), [0, -1, 2], {}, ValueError, "got value -1"),
+        (np.zeros((2, 3, 4)), [0.5, 1, 2], {}, TypeError, "labels must be integers"),
+        (np.zeros((2, 3, 4)), [0, 1, 2], {"kind": "logit"}, ValueError,
+         "kind must be one of 'logits', 'probs'; got 'logit'"),
+        (np.zeros((2, 3, 4)), [0, 1, 2], {"kind": "probs"}, ValueError, "not a probability"),
+        (np.zeros((3, 3, 4)), [0, 1, 2], {"epochs": [0, 2, 2]}, ValueError,
+         "strictly increasing.*got 2 followed by 2"),
+        (np.zeros((3, 3, 4)), [0, 1, 2], {"epochs": [5, 3, 7]}, ValueError,
+         "got 5 followed by 3"),
+        (np.zeros((3, 3, 4)), [0, 1, 2], {"epochs": [1, 2]}, ValueError, r"shape \(3,\)"),
+        (np.zeros((2, 3, 4)), [0, 1, 2], {"class_names": ["a"]}, ValueError, "4 entries"),
+    ],
+)
+def test_bad_inputs_are_named(outputs, labels, kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        fk.Run(outputs, labels, **kw)
+
+
+def test_nan_names_the_epoch():
+    out = np.zeros((4, 3, 2))
+    out[2, 1, 0] = np.inf
+    with pytest.raises(ValueError, match=r"NaN or inf at epoch index 2 \(epoch 30\)"):
+        fk.Run(out, [0, 1, 0], epochs=[0, 10, 30, 40])
+
+
+def test_probs_kind_accepts_probabilities():
+    p = np.full((2, 3, 4), 0.25)
+    run = fk.Run(p, [0, 1, 2], kind="probs")
+    assert np.array_equal(run.probs(0), p[0])
+
+
+def test_probs_is_softmax_in_float64():
+    run = make_run(dtype=np.float16)
+    p = run.probs([0, 3])
+    assert p.dtype == np.float64 and p.shape == (2, run.n_samples, run.n_classes)
+    x = np.asarray(run.outputs[3], dtype=np.float64)
+    ref = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(p[1], ref / ref.sum(1, keepdims=True), rtol=1e-14)
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-14)
+    assert run.probs(-1).shape == (run.n_samples, run.n_classes)
+    with pytest.raises(ValueError, match=r"epoch index must lie in \[0, 12\); got 12"):
+        run.probs(12)
+
+
+def test_subset_and_epochs_subset():
+    run = make_run(n_epochs=5, n_samples=20)
+    sub = run.subset([3, 1])
+    assert sub.sample_ids.tolist() == [3, 1]
+    assert np.array_equal(sub.outputs[:, 0], run.outputs[:, 3])
+    mask = np.zeros(20, bool)
+    mask[[2, 5]] = True
+    assert run.subset(mask).sample_ids.tolist() == [2, 5]
+    ep = run.epochs_subset([0, 2, 4])
+    assert ep.epochs.tolist() == [0, 2, 4]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        run.epochs_subset([2, 0])
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 20\); got 20"):
+        run.subset([20])
+
+
+def test_split_follows_the_protocol():
+    run = make_run(n_samples=11)
+    val, test = run.split(0.5, seed=1)
+    perm = np.random.default_rng(1).permutation(11)
+    assert val.sample_ids.tolist() == perm[:5].tolist()
+    assert test.sample_ids.tolist() == perm[5:].tolist()
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        run.split(1.0)
