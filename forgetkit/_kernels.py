@@ -8,7 +8,6 @@ order is the order of the float values (-0.0 and +0.0 share a key).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -17,10 +16,10 @@ _F16_EXP_MASK = 0x7C00  # exponent bits all ones: inf or nan
 
 @njit(inline="always")
 def _f16_key(bits):
-    x = np.int32(bits)
-    if x < 0:
-        return (x ^ 0x7FFF) + 1
-    return x
+    """Order-preserving int16 key of float16 bits, branch-free so the max loop vectorises:
+    negatives get their 15 low bits flipped, plus one so that -0.0 and +0.0 share key 0."""
+    m = np.int16((bits >> np.int16(15)) & np.int16(0x7FFF))
+    return np.int16((bits ^ m) + (m & np.int16(1)))
 
 
 @njit(parallel=True, cache=True)
@@ -28,21 +27,24 @@ def argmax_f16(bits, out):
     """Row-wise argmax of float16 values given as int16 bits.
 
     bits: int16 (rows, C); out: int32 (rows,). A row holding inf or nan gets -1.
+    Two passes over each (cache-resident) row: the max key and the largest magnitude bits
+    (vectorised), then the first index holding the max key.
     """
     rows, n_classes = bits.shape
     for r in prange(rows):
-        best = -1
-        best_key = np.int32(-(2**30))
+        row = bits[r]
+        best_key = np.int16(-32768)
+        magnitude = np.int16(0)
         for c in range(n_classes):
-            b = bits[r, c]
-            if (b & _F16_EXP_MASK) == _F16_EXP_MASK:
-                best = -1
+            best_key = max(best_key, _f16_key(row[c]))
+            magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+        out[r] = -1
+        if magnitude >= _F16_EXP_MASK:  # inf or nan somewhere in the row
+            continue
+        for c in range(n_classes):
+            if _f16_key(row[c]) == best_key:
+                out[r] = c
                 break
-            k = _f16_key(b)
-            if best < 0 or k > best_key:
-                best = c
-                best_key = k
-        out[r] = best
 
 
 @njit(parallel=True, cache=True)
@@ -107,10 +109,11 @@ def _first_at_least(grid, x):
 
 
 @njit(parallel=True, cache=True)
-def grid_correct_counts(a, b, labels, grid, rel_band):
+def grid_correct_counts(a, b, labels, grid, rel_band, n_blocks):
     """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.
 
-    a, b: float64 (N, C); labels: int64 (N,); grid: float64 (G,) ascending. Returns int64 (G,).
+    a, b: float64 (N, C); labels: int64 (N,); grid: float64 (G,) ascending; n_blocks: number
+    of sample blocks (one counts row each, merged at the end). Returns int64 (G,).
 
     For one sample the true class wins on an interval of eps. The kernel computes, per sample,
     the eps where the win is certain (every margin > band) and where it is possible (every
@@ -120,7 +123,7 @@ def grid_correct_counts(a, b, labels, grid, rel_band):
     """
     n_samples, n_classes = a.shape
     n_grid = grid.shape[0]
-    n_blocks = min(numba.get_num_threads() * 4, n_samples)
+    n_blocks = max(1, min(n_blocks, n_samples))
     diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
     for blk in prange(n_blocks):
         start = blk * n_samples // n_blocks

@@ -1,0 +1,387 @@
+"""Knowledge Fusion (paper section 5, Algorithm 1) and likelihood-weighted fusion.
+
+Fusers follow scikit-learn: ``__init__`` stores options, ``fit(run)`` on validation data
+returns self and sets attributes ending in ``_``, ``predict_proba(run)`` / ``predict(run)``
+apply the fitted fusion to any run with the same epochs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from . import _kernels
+from ._progress import Progress
+from ._validation import check_int, check_option
+from .forgetting import correctness
+from .run import Run
+
+#: Half-width of the band (relative to the largest |value| of a sample) around interval ends
+#: where the exact epsilon search re-checks grid points with the brute-force arithmetic.
+REL_BAND = 1e-12
+#: Probabilities of all epochs are kept in memory when they take at most this many bytes.
+PROBS_CACHE_BYTES = 2 << 30
+RULES = ("best", "paper")
+
+
+# --------------------------------------------------------------------------- helpers
+def as_run(run, labels=None, *, kind="logits"):
+    """Accept a Run, or an outputs array (E, N, C) with labels."""
+    if isinstance(run, Run):
+        if labels is not None:
+            raise TypeError("labels are taken from the Run; pass either a Run or (outputs, labels)")
+        return run
+    if labels is None:
+        raise TypeError("fit(outputs, labels): labels are required with a bare outputs array")
+    return Run(run, labels, kind=kind)
+
+
+class EpochProbs:
+    """Float64 probabilities of a run's epochs, all cached when they fit in
+    ``PROBS_CACHE_BYTES``, else computed per request."""
+
+    def __init__(self, run, cache_bytes=PROBS_CACHE_BYTES):
+        self.run = run
+        self._all = None
+        if run.n_epochs * run.n_samples * run.n_classes * 8 <= cache_bytes:
+            self._all = run._cache.get("probs64")
+            if self._all is None:
+                self._all = run.probs()
+                run._cache["probs64"] = self._all
+
+    def __getitem__(self, e):
+        return self._all[e] if self._all is not None else self.run.probs(e)
+
+    def mean(self, indices):
+        """Mean of the probabilities of epochs ``indices``: summed in order, then divided."""
+        indices = list(indices)
+        total = np.array(self[indices[0]], dtype=np.float64, copy=True)
+        for e in indices[1:]:
+            total += self[e]
+        total /= len(indices)
+        return total
+
+    def weighted(self, indices, weights):
+        """sum_i weights[i] * P[indices[i]] (N, C)."""
+        total = np.zeros((self.run.n_samples, self.run.n_classes))
+        for e, w in zip(indices, weights, strict=True):
+            total += w * self[e]
+        return total
+
+
+def check_validation_run(run):
+    if run.n_samples < 2:
+        raise ValueError(f"the validation set needs at least 2 samples; got {run.n_samples}")
+    if np.unique(run.labels).size < 2:
+        raise ValueError("the validation set holds a single class; fusion needs at least two")
+    if run.n_epochs < 2:
+        raise ValueError(f"fusion needs a run with at least 2 epochs; got {run.n_epochs}")
+
+
+class Fuser:
+    """Base of every fuser: fitted-state check, epoch mapping and ``predict``."""
+
+    def _check_fitted(self):
+        if not hasattr(self, "epochs_"):
+            raise ValueError(
+                f"this {type(self).__name__} is not fitted yet: call fit(validation_run) first"
+            )
+
+    def _fit_shape(self, run):
+        self.epochs_ = run.epochs.copy()
+        self.n_classes_ = run.n_classes
+
+    def _positions(self, run, indices):
+        """Positions in ``run`` of fitted epoch indices, matched by epoch number."""
+        self._check_fitted()
+        if run.n_classes != self.n_classes_:
+            raise ValueError(f"the run has {run.n_classes} classes; the fusion was fitted on "
+                             f"{self.n_classes_}")
+        wanted = self.epochs_[np.asarray(indices, dtype=np.int64)]
+        pos = np.searchsorted(run.epochs, wanted)
+        pos = np.minimum(pos, run.n_epochs - 1)
+        missing = wanted[run.epochs[pos] != wanted]
+        if missing.size:
+            raise ValueError(
+                f"the run lacks epochs {missing.tolist()} that the fusion uses (it holds epochs "
+                f"{run.epochs[0]}..{run.epochs[-1]}, {run.n_epochs} stored)"
+            )
+        return pos
+
+    def predict(self, run):
+        """Fused class predictions: int64 (n_samples,)."""
+        return np.argmax(self.predict_proba(run), axis=1)
+
+    @property
+    def ensemble_size_(self):
+        """Number of checkpoints needed at inference (k)."""
+        return len(self.checkpoints_)
+
+
+# --------------------------------------------------------------------- KF itself
+class KnowledgeFusion(Fuser):
+    """Knowledge Fusion: mix forgotten-knowledge checkpoints into the final model.
+
+    Parameters
+    ----------
+    window : int, default 1
+        Each step averages epochs a-window..a+window (clipped) around the chosen epoch a.
+    grid : int or None, default 101
+        Number of eps points in numpy.arange(grid) / (grid - 1); None searches the exact best
+        eps over the continuous interval [0, 1].
+    rule : {"best", "paper"}
+        "best": eps of highest validation accuracy (ties: the smallest eps); "paper": the
+        largest eps whose accuracy is >= the current accuracy.
+    max_windows : int or None
+        Budget of windows with eps > 0 (KF(i) is max_windows=1; None is KF(inf)).
+    stop_when_no_gain : bool
+        Stop at the first step whose best accuracy does not exceed the current one (that step
+        is not added to the plan).
+
+    Attributes
+    ----------
+    plan_ : list of (epoch_index, eps)
+    checkpoints_ : list of int, sorted epoch indices needed at inference
+    val_accuracy_ : list of float, validation accuracy after each step
+    initial_accuracy_ : float, validation accuracy of the final epoch alone
+    epochs_ : ndarray, the epoch numbers of the fitted run
+    """
+
+    def __init__(self, window=1, grid=101, rule="best", max_windows=None,
+                 stop_when_no_gain=False, progress=False):
+        self.window = window
+        self.grid = grid
+        self.rule = rule
+        self.max_windows = max_windows
+        self.stop_when_no_gain = stop_when_no_gain
+        self.progress = progress
+
+    def _grid_points(self):
+        if self.grid is None:
+            return None
+        n = check_int("grid", self.grid, minimum=2)
+        return np.arange(n) / (n - 1)
+
+    def _window(self, a, n_epochs):
+        return range(max(a - self.window, 0), min(a + self.window, n_epochs - 1) + 1)
+
+    def fit(self, run, labels=None):
+        """Fit the plan on validation data: a Run, or outputs (E, N, C) and labels (N,)."""
+        run = as_run(run, labels)
+        check_int("window", self.window, minimum=0)
+        check_option("rule", self.rule, RULES)
+        check_int("max_windows", self.max_windows, minimum=1, allow_none=True)
+        grid = self._grid_points()
+        check_validation_run(run)
+        n_epochs, y = run.n_epochs, run.labels
+        probs = EpochProbs(run)
+        correct = correctness(run)
+        prob = np.array(probs[n_epochs - 1], copy=True)
+        cur = np.argmax(prob, axis=1) == y
+        explore = np.ones(n_epochs, dtype=bool)
+        plan, accs, used = [], [], 0
+        bar = Progress(n_epochs, "knowledge fusion", enabled=self.progress)
+        while explore.any() and (self.max_windows is None or used < self.max_windows):
+            forget = (correct & ~cur).sum(axis=1)
+            forget[~explore] = -1
+            a = int(np.argmax(forget))  # ties: the earliest epoch
+            window = self._window(a, n_epochs)
+            before = int(explore.sum())
+            explore[max(a - self.window, 0): a + self.window + 1] = False
+            bar.update(before - int(explore.sum()))
+            mean = probs.mean(window)
+            eps, n_correct = self._choose_eps(mean, prob, y, grid, int(cur.sum()))
+            if self.stop_when_no_gain and n_correct <= cur.sum():
+                break
+            plan.append((a, float(eps)))
+            if eps > 0:
+                prob = eps * mean + (1 - eps) * prob
+                cur = np.argmax(prob, axis=1) == y
+                used += 1
+            accs.append(float(cur.mean()))
+        self._fit_shape(run)
+        self.plan_ = plan
+        self.val_accuracy_ = accs
+        self.initial_accuracy_ = float(correct[-1].mean())
+        needed = {n_epochs - 1}
+        for a, eps in plan:
+            if eps > 0:
+                needed.update(self._window(a, n_epochs))
+        self.checkpoints_ = sorted(needed)
+        return self
+
+    def _choose_eps(self, mean, prob, y, grid, base):
+        """(eps, number correct) chosen by the rule; ``base`` = number correct at eps=0."""
+        if grid is not None:
+            counts = _kernels.grid_correct_counts(mean, prob, y, grid, REL_BAND,
+                                                  4 * numba.get_num_threads())
+            if self.rule == "best":
+                i = int(np.argmax(counts))
+            else:
+                i = int(np.flatnonzero(counts >= base).max())
+            return grid[i], int(counts[i])
+        return best_continuous_eps(mean, prob, y, rule=self.rule, base=base)
+
+    def predict_proba(self, run):
+        """Fused probabilities (n_samples, n_classes) of any run holding the fitted epochs
+        (all of them, or only ``checkpoints_``)."""
+        self._check_fitted()
+        n_epochs = len(self.epochs_)
+        pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
+        probs = EpochProbs(run, cache_bytes=0)
+        prob = np.array(probs[pos[n_epochs - 1]], copy=True)
+        for a, eps in self.plan_:
+            if eps > 0:
+                mean = probs.mean(pos[e] for e in self._window(a, n_epochs))
+                prob = eps * mean + (1 - eps) * prob
+        return prob
+
+    # -------------------------------------------------------------- persistence
+    def to_json(self, path=None):
+        """The fitted plan as JSON (epoch numbers included); written to ``path`` if given."""
+        self._check_fitted()
+        record = {
+            "format": "forgetkit-knowledge-fusion",
+            "version": 1,
+            "params": {"window": self.window, "grid": self.grid, "rule": self.rule,
+                       "max_windows": self.max_windows,
+                       "stop_when_no_gain": self.stop_when_no_gain},
+            "epochs": [int(e) for e in self.epochs_],
+            "n_classes": int(self.n_classes_),
+            "plan": [{"epoch_index": a, "epoch": int(self.epochs_[a]), "eps": eps}
+                     for a, eps in self.plan_],
+            "checkpoints": [{"epoch_index": e, "epoch": int(self.epochs_[e])}
+                            for e in self.checkpoints_],
+            "val_accuracy": self.val_accuracy_,
+            "initial_accuracy": self.initial_accuracy_,
+        }
+        text = json.dumps(record, indent=1)
+        if path is not None:
+            from .io import _write_json_atomic
+
+            _write_json_atomic(Path(path), record)
+        return text
+
+    @classmethod
+    def from_json(cls, source):
+        """A fitted KnowledgeFusion from a JSON string or a path to a JSON file."""
+        text = source
+        if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip()
+                                        .startswith("{")):
+            try:
+                text = Path(source).read_text()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"no such plan file: {str(source)!r}") from None
+        try:
+            rec = json.loads(text)
+            if rec.get("format") != "forgetkit-knowledge-fusion":
+                raise ValueError(f"not a forgetkit Knowledge Fusion plan "
+                                 f"(format={rec.get('format')!r})")
+            kf = cls(**rec["params"])
+            kf.epochs_ = np.asarray(rec["epochs"], dtype=np.int64)
+            kf.n_classes_ = int(rec["n_classes"])
+            kf.plan_ = [(int(s["epoch_index"]), float(s["eps"])) for s in rec["plan"]]
+            kf.checkpoints_ = [int(c["epoch_index"]) for c in rec["checkpoints"]]
+            kf.val_accuracy_ = list(rec["val_accuracy"])
+            kf.initial_accuracy_ = float(rec["initial_accuracy"])
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"cannot read the Knowledge Fusion plan: {err}") from None
+        return kf
+
+
+def best_continuous_eps(a, b, labels, *, rule="best", base=None):
+    """Exact best eps over [0, 1] for eps*a + (1-eps)*b, by a sweep over per-sample intervals.
+
+    Returns (eps, number correct at eps, computed with the brute-force arithmetic). With rule
+    "best" ties go to the smallest eps; with "paper" the largest eps whose count is >= base.
+    """
+    lo, hi, lo_open, hi_open, valid = _kernels.win_intervals(a, b, labels)
+    lo, hi, lo_open, hi_open = lo[valid], hi[valid], lo_open[valid], hi_open[valid]
+    ends = np.unique(np.concatenate([[0.0, 1.0], lo, hi]))
+    ends = ends[(ends >= 0) & (ends <= 1)]
+    mids = (ends[:-1] + ends[1:]) / 2
+    cand = np.sort(np.concatenate([ends, mids]))
+    lo_closed_s, lo_open_s = np.sort(lo[~lo_open]), np.sort(lo[lo_open])
+    hi_closed_s, hi_open_s = np.sort(hi[~hi_open]), np.sort(hi[hi_open])
+    started = np.searchsorted(lo_closed_s, cand, "right") + np.searchsorted(lo_open_s, cand, "left")
+    ended = np.searchsorted(hi_closed_s, cand, "left") + np.searchsorted(hi_open_s, cand, "right")
+    cover = started - ended
+    if base is None:
+        base = _kernels.mixture_correct_count(a, b, labels, 0.0)
+    if rule == "best":
+        order = np.flatnonzero(cover == cover.max())
+    else:
+        order = np.flatnonzero(cover >= base)[::-1]
+    best_eps, best_count = 0.0, base
+    for i in order[:16]:  # verify candidates with the brute-force arithmetic
+        count = _kernels.mixture_correct_count(a, b, labels, float(cand[i]))
+        better = count > best_count if rule == "best" else count >= base
+        if better:
+            best_eps, best_count = float(cand[i]), count
+            if rule == "paper":
+                break
+    return best_eps, int(best_count)
+
+
+# ------------------------------------------------------------- likelihood fusion
+class LikelihoodFusion(Fuser):
+    """Mixture weights over checkpoints that maximise the validation log-likelihood.
+
+    maximise sum_n log(sum_e w_e P[e, n, y_n]) over the simplex (concave), by EM. With
+    ``max_checkpoints`` the k largest weights are kept and refitted. Beyond the paper.
+
+    Attributes
+    ----------
+    weights_ : ndarray (n_checkpoints,), checkpoints_ : list of epoch indices,
+    log_likelihood_ : mean validation log-likelihood, n_iter_ : EM iterations used.
+    """
+
+    def __init__(self, max_checkpoints=None, max_iter=2000, tol=1e-10, min_weight=1e-6):
+        self.max_checkpoints = max_checkpoints
+        self.max_iter = max_iter
+        self.tol = tol
+        self.min_weight = min_weight
+
+    def fit(self, run, labels=None):
+        run = as_run(run, labels)
+        check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
+        check_validation_run(run)
+        probs = EpochProbs(run)
+        rows = np.arange(run.n_samples)
+        q = np.stack([probs[e][rows, run.labels] for e in range(run.n_epochs)], axis=1)
+        q = np.maximum(q, 1e-300)
+        idx = np.arange(run.n_epochs)
+        w, self.n_iter_ = self._em(q)
+        keep = w > self.min_weight * w.max()
+        if self.max_checkpoints is not None and keep.sum() > self.max_checkpoints:
+            keep = np.zeros_like(keep)
+            keep[np.argsort(-w, kind="stable")[: self.max_checkpoints]] = True
+        if not keep.all():
+            idx = idx[keep]
+            w, self.n_iter_ = self._em(q[:, keep])
+        self._fit_shape(run)
+        self.checkpoints_ = idx.tolist()
+        self.weights_ = w
+        self.log_likelihood_ = float(np.mean(np.log(q[:, keep] @ w)))
+        return self
+
+    def _em(self, q):
+        n, k = q.shape
+        w = np.full(k, 1.0 / k)
+        prev = -np.inf
+        for it in range(1, self.max_iter + 1):
+            mix = q @ w
+            ll = np.mean(np.log(mix))
+            w = w * (q / mix[:, None]).mean(axis=0)
+            w /= w.sum()
+            if ll - prev < self.tol:
+                break
+            prev = ll
+        return w, it
+
+    def predict_proba(self, run):
+        pos = self._positions(run, self.checkpoints_)
+        return EpochProbs(run, cache_bytes=0).weighted(pos, self.weights_)
