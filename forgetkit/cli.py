@@ -10,8 +10,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from . import forgetting
-from .io import _write_json_atomic, convert, load
+from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table
+from .fusion import KnowledgeFusion
+from .io import _atomic_path, _write_json_atomic, convert, load
+from .run import split_indices
 
 
 def _pct(x):
@@ -62,6 +67,110 @@ def _cmd_convert(args):
         print(f"wrote {out}")
 
 
+def _validation_split(args, run):
+    """(validation run, test run or None, description) from the fuse options."""
+    if args.val_run:
+        return load(args.val_run), None, f"validation run {args.val_run}"
+    if args.val_indices:
+        idx = np.loadtxt(args.val_indices, dtype=np.int64, ndmin=1)
+        rest = np.setdiff1d(np.arange(run.n_samples), idx)
+        test = run.subset(rest) if rest.size else None
+        return run.subset(idx), test, f"{idx.size} validation indices from {args.val_indices}"
+    val, test = split_indices(run.n_samples, args.val_frac, args.seed)
+    return run.subset(val), run.subset(test), \
+        f"split-half protocol (val_frac={args.val_frac}, seed={args.seed})"
+
+
+def _cmd_fuse(args):
+    run = load(args.run)
+    val, test, how = _validation_split(args, run)
+    kf = KnowledgeFusion(window=args.window, grid=None if args.grid == 0 else args.grid,
+                         rule=args.rule, max_windows=args.max_windows,
+                         progress=not args.quiet).fit(val)
+    kf.to_json(args.plan)
+    used = [(a, eps) for a, eps in kf.plan_ if eps > 0]
+    print(f"fitted on {how}: {val.n_samples} samples, {val.n_epochs} epochs")
+    print(f"validation accuracy: {_pct(kf.initial_accuracy_)} (final epoch) -> "
+          f"{_pct(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} (fused)")
+    print(f"windows used: {len(used)} of {len(kf.plan_)} tried; ensemble size k = "
+          f"{kf.ensemble_size_} checkpoints")
+    for a, eps in used:
+        print(f"  epoch {kf.epochs_[a]} (window {args.window}): eps = {eps:.4g}")
+    if test is not None:
+        single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        fused = np.mean(kf.predict(test) == test.labels)
+        print(f"held-out accuracy: {_pct(single)} (final epoch) -> {_pct(fused)} (fused), "
+              f"{test.n_samples} samples")
+    print(f"wrote {args.plan}")
+
+
+def _cmd_apply(args):
+    out = Path(args.out)
+    for given in (args.run, args.plan):
+        if Path(given).exists() and out.resolve() == Path(given).resolve():
+            raise ValueError(f"--out {args.out} would overwrite the input {given}")
+    if out.suffix != ".npy":
+        raise ValueError(f"--out must be a .npy file; got {args.out!r}")
+    kf = KnowledgeFusion.from_json(Path(args.plan))
+    probs = kf.predict_proba(load(args.run))
+    tmp = _atomic_path(out)
+    try:
+        with open(tmp, "wb") as f:  # np.save on an open file adds no .npy suffix
+            np.save(f, probs)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if not args.quiet:
+        print(f"wrote {out}: fused probabilities {probs.shape} from "
+              f"{kf.ensemble_size_} checkpoints")
+
+
+def _cmd_compare(args):
+    run = load(args.run)
+    val_run = load(args.val_run) if args.val_run else None
+    table = compare(run, methods=args.methods, seeds=tuple(args.seeds), val_frac=args.val_frac,
+                    val_run=val_run, window=args.window)
+    print(format_table(table, markdown=args.markdown))
+    if args.json:
+        _write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
+
+
+def _add_fusion_commands(sub):
+    p = sub.add_parser("fuse", help="fit a Knowledge Fusion plan on validation data")
+    p.add_argument("run")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--val-indices", metavar="FILE", help="text file of validation indices")
+    how.add_argument("--val-run", metavar="RUN", help="a separate validation run")
+    p.add_argument("--val-frac", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window", type=int, default=1)
+    p.add_argument("--grid", type=int, default=101,
+                   help="eps grid points (0: exact search over [0, 1])")
+    p.add_argument("--rule", choices=("best", "paper"), default="best")
+    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--plan", required=True, metavar="OUT.json")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_fuse)
+
+    p = sub.add_parser("apply", help="apply a fitted plan to a run; write fused probabilities")
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("run")
+    p.add_argument("--out", required=True, metavar="FUSED.npy")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_apply)
+
+    p = sub.add_parser("compare", help="KF against the baselines (the paper's protocol)")
+    p.add_argument("run")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--val-frac", type=float, default=0.5)
+    p.add_argument("--val-run", metavar="RUN", help="fit on this run, score on RUN")
+    p.add_argument("--window", type=int, default=1)
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS))
+    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--markdown", action="store_true")
+    p.set_defaults(func=_cmd_compare)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="forgetkit",
@@ -85,6 +194,7 @@ def build_parser():
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_convert)
 
+    _add_fusion_commands(sub)
     return parser
 
 

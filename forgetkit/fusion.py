@@ -371,8 +371,9 @@ class LikelihoodFusion(Fuser):
     def _em(self, q):
         n, k = q.shape
         w = np.full(k, 1.0 / k)
-        prev = -np.inf
-        for it in range(1, self.max_iter + 1):
+        prev, n_iter = -np.inf, 0
+        while n_iter < self.max_iter:
+            n_iter += 1
             mix = q @ w
             ll = np.mean(np.log(mix))
             w = w * (q / mix[:, None]).mean(axis=0)
@@ -380,7 +381,7 @@ class LikelihoodFusion(Fuser):
             if ll - prev < self.tol:
                 break
             prev = ll
-        return w, it
+        return w, n_iter
 
     def predict_proba(self, run):
         pos = self._positions(run, self.checkpoints_)

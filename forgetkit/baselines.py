@@ -1,0 +1,183 @@
+"""The baselines KF is compared with (paper section 5 and App. C).
+
+Fixed averages are plain functions returning fused probabilities (n_samples, n_classes);
+every baseline is also a fuser (fit on validation data, predict_proba on any run with the
+same epochs) so that `forgetkit.compare` treats all methods alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernels
+from ._validation import check_int, check_option
+from .fusion import EpochProbs, Fuser, as_run, check_validation_run
+from .run import Run
+
+FIXED = ("single", "horizontal", "fixed_jumps", "uniform")
+
+
+def fixed_epochs(n_epochs, select, k=1):
+    """Epoch indices of a fixed average.
+
+    "single": [E-1]; "horizontal": the last k epochs; "fixed_jumps": k epochs spaced
+    E // k apart, ending at E-1; "uniform": all epochs.
+    """
+    check_option("select", select, FIXED)
+    k = check_int("k", k, minimum=1)
+    if select in ("horizontal", "fixed_jumps") and k > n_epochs:
+        raise ValueError(f"k={k} exceeds the {n_epochs} stored epochs")
+    if select == "single":
+        return [n_epochs - 1]
+    if select == "horizontal":
+        return list(range(n_epochs - k, n_epochs))
+    if select == "fixed_jumps":
+        step = max(1, n_epochs // k)
+        return sorted(n_epochs - 1 - step * j for j in range(k))
+    return list(range(n_epochs))
+
+
+def single(run):
+    """Probabilities of the final epoch (the single network)."""
+    return EpochProbs(run, cache_bytes=0).mean(fixed_epochs(run.n_epochs, "single"))
+
+
+def horizontal(run, k):
+    """Mean probabilities of the last k epochs (horizontal ensemble)."""
+    return EpochProbs(run, cache_bytes=0).mean(fixed_epochs(run.n_epochs, "horizontal", k))
+
+
+def fixed_jumps(run, k):
+    """Mean probabilities of k epochs equally spaced over training, ending at the last."""
+    return EpochProbs(run, cache_bytes=0).mean(fixed_epochs(run.n_epochs, "fixed_jumps", k))
+
+
+def uniform(run):
+    """Mean probabilities of all stored epochs."""
+    return EpochProbs(run, cache_bytes=0).mean(range(run.n_epochs))
+
+
+def snapshot(run, cycle_ends):
+    """Mean probabilities at the cycle-end epochs (epoch *numbers*) of a cyclic schedule."""
+    ends = np.asarray(cycle_ends, dtype=np.int64)
+    pos = np.searchsorted(run.epochs, ends).clip(0, run.n_epochs - 1)
+    missing = ends[run.epochs[pos] != ends]
+    if missing.size or ends.size == 0:
+        raise ValueError(f"cycle_ends must be stored epoch numbers; not stored: "
+                         f"{missing.tolist() or 'none given'}")
+    return EpochProbs(run, cache_bytes=0).mean(pos)
+
+
+def multi_run(runs):
+    """Mean final-epoch probabilities of independently trained runs on the same samples."""
+    runs = list(runs)
+    if not runs:
+        raise ValueError("multi_run needs at least one run")
+    _check_same_samples(runs)
+    total = single(runs[0])
+    for r in runs[1:]:
+        total += single(r)
+    return total / len(runs)
+
+
+def average_runs(runs):
+    """Test-time augmentation: a probabilities Run averaging, epoch by epoch, runs that hold
+    the same samples and epochs under different augmentations. Fit KF on it as on any run."""
+    runs = list(runs)
+    if not runs:
+        raise ValueError("average_runs needs at least one run")
+    _check_same_samples(runs)
+    first = runs[0]
+    for r in runs[1:]:
+        if not np.array_equal(r.epochs, first.epochs):
+            raise ValueError("runs to average must hold the same epochs")
+    out = np.empty(first.shape, dtype=np.float64)
+    for e in range(first.n_epochs):
+        out[e] = first.probs(e)
+        for r in runs[1:]:
+            out[e] += r.probs(e)
+        out[e] /= len(runs)
+    return Run(out, first.labels, kind="probs", epochs=first.epochs,
+               sample_ids=first.sample_ids, class_names=first.class_names,
+               meta=dict(first.meta, averaged_runs=len(runs)))
+
+
+def _check_same_samples(runs):
+    first = runs[0]
+    for i, r in enumerate(runs[1:], 1):
+        if r.n_samples != first.n_samples or r.n_classes != first.n_classes:
+            raise ValueError(f"run {i} has shape {r.shape[1:]} (samples, classes); run 0 has "
+                             f"{first.shape[1:]}")
+        if not np.array_equal(r.labels, first.labels):
+            raise ValueError(f"run {i} has other labels than run 0: not the same samples")
+
+
+# ------------------------------------------------------------------------ fusers
+class CheckpointAverage(Fuser):
+    """A fixed average of epochs as a fuser: ``select`` in "single", "horizontal",
+    "fixed_jumps", "uniform" (k used by horizontal and fixed_jumps)."""
+
+    def __init__(self, select="single", k=1):
+        self.select = select
+        self.k = k
+
+    def fit(self, run, labels=None):
+        run = as_run(run, labels)
+        self.checkpoints_ = fixed_epochs(run.n_epochs, self.select, self.k)
+        self._fit_shape(run)
+        return self
+
+    def predict_proba(self, run):
+        return EpochProbs(run, cache_bytes=0).mean(self._positions(run, self.checkpoints_))
+
+
+class EarlyStopping(Fuser):
+    """The epoch of best validation accuracy (ties: the earliest)."""
+
+    def fit(self, run, labels=None):
+        from .forgetting import accuracy
+
+        run = as_run(run, labels)
+        check_validation_run(run)
+        self.best_epoch_index_ = int(np.argmax(accuracy(run)))
+        self.checkpoints_ = [self.best_epoch_index_]
+        self._fit_shape(run)
+        return self
+
+    def predict_proba(self, run):
+        return EpochProbs(run, cache_bytes=0).mean(self._positions(run, self.checkpoints_))
+
+
+class EnsembleSelection(Fuser):
+    """Greedy forward selection with replacement (Caruana et al. 2004).
+
+    ``k`` rounds; each adds the checkpoint whose inclusion gives the best validation accuracy
+    of the averaged probabilities (ties: the earlier epoch). ``selection_`` lists the picks,
+    ``checkpoints_`` the distinct ones, ``weights_`` their share of the picks.
+    """
+
+    def __init__(self, k=5):
+        self.k = k
+
+    def fit(self, run, labels=None):
+        run = as_run(run, labels)
+        k = check_int("k", self.k, minimum=1)
+        check_validation_run(run)
+        probs = EpochProbs(run)
+        total = np.zeros((run.n_samples, run.n_classes))
+        picks = []
+        for _ in range(k):
+            scores = [_kernels.sum_correct_count(total, probs[e], run.labels)
+                      for e in range(run.n_epochs)]
+            e = int(np.argmax(scores))
+            picks.append(e)
+            total += probs[e]
+        self.selection_ = picks
+        self.checkpoints_ = sorted(set(picks))
+        self.weights_ = np.array([picks.count(e) / k for e in self.checkpoints_])
+        self._fit_shape(run)
+        return self
+
+    def predict_proba(self, run):
+        pos = self._positions(run, self.checkpoints_)
+        return EpochProbs(run, cache_bytes=0).weighted(pos, self.weights_)

@@ -1,0 +1,169 @@
+"""The paper's evaluation protocol: split-half fits, comparison tables, paired tests.
+
+For seed s in ``seeds``: perm = numpy.random.default_rng(s).permutation(N), validation =
+perm[:N//2], test = the rest; every method is fitted on validation and scored on test.
+Baselines use the ensemble size k of KF(inf) on the same split (the paper's rule).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ._validation import check_option
+from .baselines import CheckpointAverage, EarlyStopping, EnsembleSelection
+from .fusion import PROBS_CACHE_BYTES, KnowledgeFusion, LikelihoodFusion
+from .run import Run, split_indices
+
+#: name -> (label in tables, factory(k, window) of an unfitted fuser)
+METHODS = {
+    "single": ("single network", lambda k, w: CheckpointAverage("single")),
+    "kf1": ("KF(1)", lambda k, w: KnowledgeFusion(window=w, max_windows=1)),
+    "kf": ("KF(inf)", lambda k, w: KnowledgeFusion(window=w)),
+    "horizontal": ("horizontal", lambda k, w: CheckpointAverage("horizontal", k)),
+    "fixed_jumps": ("fixed jumps", lambda k, w: CheckpointAverage("fixed_jumps", k)),
+    "early_stopping": ("early stopping", lambda k, w: EarlyStopping()),
+    "ensemble_selection": ("ensemble selection", lambda k, w: EnsembleSelection(k)),
+    "likelihood": ("likelihood fusion", lambda k, w: LikelihoodFusion(max_checkpoints=k)),
+    "uniform": ("uniform (all epochs)", lambda k, w: CheckpointAverage("uniform")),
+}
+DEFAULT_METHODS = ("single", "kf1", "kf", "horizontal", "fixed_jumps", "early_stopping",
+                   "ensemble_selection", "likelihood")
+
+
+# ----------------------------------------------------------------------- metrics
+def nll(probs, labels):
+    """Mean negative log-likelihood of the labels (probabilities clipped at 1e-12)."""
+    p = probs[np.arange(len(labels)), labels]
+    return float(-np.mean(np.log(np.clip(p, 1e-12, None))))
+
+
+def ece(probs, labels, n_bins=15):
+    """Expected calibration error with ``n_bins`` equal-width confidence bins."""
+    conf = probs.max(axis=1)
+    hit = probs.argmax(axis=1) == labels
+    bins = np.minimum((conf * n_bins).astype(int), n_bins - 1)
+    total = 0.0
+    for b in range(n_bins):
+        m = bins == b
+        if m.any():
+            total += m.mean() * abs(hit[m].mean() - conf[m].mean())
+    return float(total)
+
+
+def mcnemar(correct_a, correct_b):
+    """Exact McNemar test (two-sided binomial on the discordant pairs): p-value that two
+    classifiers scored on the same samples have the same accuracy."""
+    from scipy.stats import binomtest
+
+    a_only = int(np.sum(correct_a & ~correct_b))
+    b_only = int(np.sum(~correct_a & correct_b))
+    if a_only + b_only == 0:
+        return 1.0
+    return float(binomtest(min(a_only, b_only), a_only + b_only, 0.5).pvalue)
+
+
+# ---------------------------------------------------------------------- protocol
+def _prepare(run):
+    """A probabilities Run of ``run`` kept in memory when it fits, so that each split and
+    method reuses one softmax pass."""
+    if run.kind == "probs" or run.n_epochs * run.n_samples * run.n_classes * 8 > PROBS_CACHE_BYTES:
+        return run
+    return Run(run.probs(), run.labels, kind="probs", epochs=run.epochs,
+               sample_ids=run.sample_ids, class_names=run.class_names, meta=run.meta)
+
+
+def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5,
+                   val_run=None, window=1):
+    """One row per (split, method): test accuracy, NLL, ECE, ensemble size k, gain over the
+    single network on the same split and the McNemar p-value of that difference.
+
+    With ``val_run`` (e.g. held-out training data with the same epochs) every method is
+    fitted on it and scored on all of ``run``; ``seeds`` are then ignored.
+    """
+    methods = list(methods)
+    for m in methods:
+        check_option("method", m, tuple(METHODS))
+    if val_run is not None:
+        splits = [("val_run", _prepare(val_run), _prepare(run))]
+    else:
+        full = _prepare(run)
+        splits = []
+        for s in seeds:
+            val, test = split_indices(run.n_samples, val_frac, s)
+            splits.append((s, full.subset(val), full.subset(test)))
+    rows = []
+    for seed, val, test in splits:
+        kf = KnowledgeFusion(window=window).fit(val)
+        k = kf.ensemble_size_
+        single_hit = np.argmax(test.probs(-1), axis=1) == test.labels
+        for m in methods:
+            fuser = kf if m == "kf" else METHODS[m][1](k, window).fit(val)
+            p = fuser.predict_proba(test)
+            hit = np.argmax(p, axis=1) == test.labels
+            rows.append({
+                "split": seed, "method": m, "k": fuser.ensemble_size_,
+                "accuracy": 100 * hit.mean(),
+                "gain": 100 * (hit.mean() - single_hit.mean()),
+                "nll": nll(p, test.labels), "ece": ece(p, test.labels),
+                "p_value": mcnemar(hit, single_hit),
+            })
+    return pd.DataFrame(rows)
+
+
+def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
+            window=1):
+    """The paper's comparison table: one row per method.
+
+    Columns: method (label), k (ensemble size, mean over splits), accuracy and accuracy_se
+    (test accuracy in percent, mean and standard error = std(ddof=1) / sqrt(n_splits)),
+    gain and gain_se (over the single network, percentage points), nll, ece, and p_max (the
+    largest McNemar p-value over splits of the difference with the single network) with
+    significant = p_max < 0.05 on every split.
+
+    Returns
+    -------
+    pandas.DataFrame indexed by method name, in the order of ``methods``.
+    """
+    long = compare_splits(run, methods, seeds=seeds, val_frac=val_frac, val_run=val_run,
+                          window=window)
+    n = long["split"].nunique()
+
+    def se(x):
+        return float(np.std(x, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+
+    rows = []
+    for m, g in long.groupby("method", sort=False):
+        rows.append({
+            "method": m, "label": METHODS[m][0], "k": g["k"].mean(),
+            "accuracy": g["accuracy"].mean(), "accuracy_se": se(g["accuracy"]),
+            "gain": g["gain"].mean(), "gain_se": se(g["gain"]),
+            "nll": g["nll"].mean(), "ece": g["ece"].mean(),
+            "p_max": g["p_value"].max(),
+            "significant": bool((g["p_value"] < 0.05).all()) and m != "single",
+        })
+    return pd.DataFrame(rows).set_index("method")
+
+
+def format_table(table, *, markdown=False):
+    """The comparison table as text (paper style: mean ± standard error, in percent)."""
+    header = ["method", "k", "test accuracy (%)", "gain (pp)", "NLL", "ECE", "McNemar p"]
+    lines = []
+    for _, r in table.iterrows():
+        def pm(m, s):
+            return f"{m:.2f} ± {s:.2f}" if np.isfinite(s) else f"{m:.2f}"
+
+        p = "" if r["label"] == "single network" else \
+            f"{r['p_max']:.3g}{' *' if r['significant'] else ''}"
+        lines.append([r["label"], f"{r['k']:.1f}".rstrip("0").rstrip("."),
+                      pm(r["accuracy"], r["accuracy_se"]), pm(r["gain"], r["gain_se"]),
+                      f"{r['nll']:.4f}", f"{r['ece']:.4f}", p])
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(row) + " |" for row in lines]
+        return "\n".join(out)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*row) for row in lines]
+    return "\n".join(out) + "\n(* significant at 0.05 on every split; p is the largest over splits)"

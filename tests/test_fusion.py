@@ -1,0 +1,237 @@
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import forgetkit as fk
+from forgetkit import _kernels
+from forgetkit.baselines import (
+    CheckpointAverage,
+    EarlyStopping,
+    EnsembleSelection,
+    average_runs,
+    fixed_epochs,
+    fixed_jumps,
+    horizontal,
+    multi_run,
+    single,
+    snapshot,
+    uniform,
+)
+from forgetkit.fusion import KnowledgeFusion, LikelihoodFusion, best_continuous_eps
+
+from .conftest import make_run
+from .reference import (
+    apply_plan_ref,
+    ensemble_selection_ref,
+    grid_accuracy_ref,
+    knowledge_fusion_ref,
+)
+
+
+def tie_heavy(n, c, seed):
+    """Probability-like rows rounded to multiples of 1/64: many exact ties."""
+    rng = np.random.default_rng(seed)
+    a = np.round(rng.random((n, c)) * 8) / 64
+    b = np.round(rng.random((n, c)) * 8) / 64
+    return a, b, rng.integers(0, c, n)
+
+
+# ------------------------------------------------------------------ the eps kernel
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("n_grid", [11, 101])
+def test_grid_kernel_is_exact_on_tie_heavy_data(seed, n_grid):
+    a, b, y = tie_heavy(4000, 7, seed)
+    grid = np.arange(n_grid) / (n_grid - 1)
+    counts = _kernels.grid_correct_counts(a, b, y, grid, 1e-12, 8)
+    assert np.array_equal(counts / len(y), grid_accuracy_ref(a, b, y, grid))
+
+
+@given(st.integers(1, 300), st.integers(2, 9), st.integers(0, 10**6), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_grid_kernel_property(n, c, seed, ties):
+    rng = np.random.default_rng(seed)
+    if ties:
+        a, b, y = tie_heavy(n, c, seed)
+    else:
+        a = rng.dirichlet(np.ones(c), n)
+        b = rng.dirichlet(np.ones(c), n)
+        y = rng.integers(0, c, n)
+    grid = np.arange(101) / 100
+    counts = _kernels.grid_correct_counts(a, b, y, grid, 1e-12, 3)
+    assert np.array_equal(counts / n, grid_accuracy_ref(a, b, y, grid))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_continuous_eps_is_at_least_as_good_as_any_grid(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.dirichlet(np.ones(5) * 0.5, 2000)
+    b = rng.dirichlet(np.ones(5) * 0.5, 2000)
+    y = rng.integers(0, 5, 2000)
+    eps, count = best_continuous_eps(a, b, y)
+    fine = np.arange(2001) / 2000
+    assert count == np.sum(np.argmax(eps * a + (1 - eps) * b, 1) == y)
+    assert count >= np.max(grid_accuracy_ref(a, b, y, fine) * 2000) - 1e-9
+
+
+# --------------------------------------------------------------- the algorithm
+@pytest.mark.parametrize("window", [0, 1, 2])
+@pytest.mark.parametrize("rule", ["best", "paper"])
+@pytest.mark.parametrize("grid", [11, 101])
+def test_kf_equals_reference_on_random_runs(window, rule, grid):
+    for seed in range(3):
+        run = make_run(n_epochs=9, n_samples=400, n_classes=4, seed=seed, ties=seed == 2)
+        kf = KnowledgeFusion(window=window, grid=grid, rule=rule).fit(run)
+        plan, accs = knowledge_fusion_ref(run.probs(), run.labels, window=window, grid=grid,
+                                          rule=rule)
+        assert kf.plan_ == plan
+        assert kf.val_accuracy_ == accs
+        np.testing.assert_array_equal(kf.predict_proba(run),
+                                      apply_plan_ref(run.probs(), plan, window))
+
+
+@pytest.mark.parametrize("window", [0, 1, 2])
+@pytest.mark.parametrize("rule", ["best", "paper"])
+def test_kf_equals_reference_on_the_real_run(real_run, window, rule):
+    val, test = real_run.split(0.5, seed=1)
+    kf = KnowledgeFusion(window=window, rule=rule).fit(val)
+    plan, accs = knowledge_fusion_ref(val.probs(), val.labels, window=window, rule=rule)
+    assert kf.plan_ == plan and kf.val_accuracy_ == accs
+    np.testing.assert_array_equal(kf.predict_proba(test), apply_plan_ref(test.probs(), plan,
+                                                                           window))
+
+
+def test_budget_and_early_stop_match_reference(real_small):
+    for kw in ({"max_windows": 1}, {"max_windows": 3}, {"stop_when_no_gain": True}):
+        kf = KnowledgeFusion(**kw).fit(real_small)
+        plan, _ = knowledge_fusion_ref(real_small.probs(), real_small.labels, **kw)
+        assert kf.plan_ == plan
+    kf1 = KnowledgeFusion(max_windows=1).fit(real_small)
+    assert sum(eps > 0 for _, eps in kf1.plan_) <= 1
+    assert kf1.ensemble_size_ <= 4
+
+
+def test_kf_beats_single_network_on_the_real_run(real_run):
+    gains = []
+    for seed in (0, 1, 2):
+        val, test = real_run.split(0.5, seed)
+        kf = KnowledgeFusion().fit(val)
+        gains.append(np.mean(kf.predict(test) == test.labels)
+                     - np.mean(np.argmax(test.probs(-1), 1) == test.labels))
+    assert np.mean(gains) > 0
+
+
+@given(st.integers(0, 10**6), st.sampled_from([0, 1, 2]), st.sampled_from([None, 11]))
+@settings(max_examples=25, deadline=None)
+def test_fused_probabilities_sum_to_one(seed, window, grid):
+    run = make_run(n_epochs=6, n_samples=120, n_classes=5, seed=seed)
+    p = KnowledgeFusion(window=window, grid=grid).fit(run).predict_proba(run)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    assert (p >= 0).all()
+
+
+def test_continuous_grid_never_loses_to_the_101_grid(real_small):
+    cont = KnowledgeFusion(grid=None, max_windows=1).fit(real_small)
+    grid = KnowledgeFusion(max_windows=1).fit(real_small)
+    assert cont.val_accuracy_[0] >= grid.val_accuracy_[0]
+
+
+def test_plan_json_roundtrip_and_checkpoints_only_inference(real_run, tmp_path):
+    val, test = real_run.split(0.5, 0)
+    kf = KnowledgeFusion().fit(val)
+    kf.to_json(tmp_path / "plan.json")
+    back = KnowledgeFusion.from_json(tmp_path / "plan.json")
+    assert back.plan_ == kf.plan_ and back.checkpoints_ == kf.checkpoints_
+    full = kf.predict_proba(test)
+    np.testing.assert_array_equal(back.predict_proba(test), full)
+    only = test.epochs_subset(kf.checkpoints_)  # production: just the needed checkpoints
+    np.testing.assert_array_equal(back.predict_proba(only), full)
+    rec = json.loads(kf.to_json())
+    assert rec["checkpoints"][-1]["epoch"] == 59
+
+
+# ------------------------------------------------------------------ bad input
+def test_kf_refuses_bad_input():
+    run = make_run(n_epochs=5, n_samples=50)
+    with pytest.raises(ValueError, match="not fitted yet"):
+        KnowledgeFusion().predict_proba(run)
+    with pytest.raises(ValueError, match="window must be >= 0; got -1"):
+        KnowledgeFusion(window=-1).fit(run)
+    with pytest.raises(ValueError, match="grid must be >= 2; got 1"):
+        KnowledgeFusion(grid=1).fit(run)
+    with pytest.raises(ValueError, match="rule must be one of 'best', 'paper'; got 'greedy'"):
+        KnowledgeFusion(rule="greedy").fit(run)
+    with pytest.raises(ValueError, match="single class"):
+        KnowledgeFusion().fit(fk.Run(run.outputs, np.zeros(50, int)))
+    with pytest.raises(ValueError, match="at least 2 samples; got 1"):
+        KnowledgeFusion().fit(run.subset([0]))
+    with pytest.raises(ValueError, match="at least 2 epochs; got 1"):
+        KnowledgeFusion().fit(run.epochs_subset([4]))
+    kf = KnowledgeFusion().fit(run)
+    other = fk.Run(run.outputs, run.labels, epochs=[10, 11, 12, 13, 14])
+    with pytest.raises(ValueError, match="lacks epochs"):
+        kf.predict_proba(other)
+    with pytest.raises(ValueError, match="has 3 classes; the fusion was fitted on 5"):
+        kf.predict_proba(make_run(n_epochs=5, n_classes=3))
+    with pytest.raises(TypeError, match="labels are required"):
+        KnowledgeFusion().fit(np.asarray(run.outputs))
+    with pytest.raises(ValueError, match="not a forgetkit Knowledge Fusion plan"):
+        KnowledgeFusion.from_json('{"format": "other"}')
+
+
+def test_fit_accepts_outputs_and_labels():
+    run = make_run()
+    a = KnowledgeFusion().fit(np.asarray(run.outputs), run.labels)
+    assert a.plan_ == KnowledgeFusion().fit(run).plan_
+
+
+# -------------------------------------------------------------------- baselines
+def test_fixed_averages():
+    run = make_run(n_epochs=10)
+    p = run.probs()
+    assert fixed_epochs(10, "fixed_jumps", 3) == [3, 6, 9]
+    assert fixed_epochs(10, "horizontal", 3) == [7, 8, 9]
+    np.testing.assert_array_equal(single(run), p[9])
+    np.testing.assert_allclose(horizontal(run, 3), p[7:].mean(0), rtol=1e-15)
+    np.testing.assert_allclose(fixed_jumps(run, 3), p[[3, 6, 9]].mean(0), rtol=1e-15)
+    np.testing.assert_allclose(uniform(run), p.mean(0), rtol=1e-14)
+    np.testing.assert_allclose(snapshot(run, [4, 9]), p[[4, 9]].mean(0), rtol=1e-15)
+    with pytest.raises(ValueError, match="not stored: \\[12\\]"):
+        snapshot(run, [4, 12])
+    with pytest.raises(ValueError, match="k=11 exceeds the 10 stored epochs"):
+        horizontal(run, 11)
+
+
+def test_early_stopping_and_selection_match_reference(real_small):
+    es = EarlyStopping().fit(real_small)
+    assert es.checkpoints_ == [int(np.argmax(fk.accuracy(real_small)))]
+    sel = EnsembleSelection(k=6).fit(real_small)
+    assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 6)
+    np.testing.assert_allclose(sel.predict_proba(real_small).sum(1), 1, atol=1e-12)
+
+
+def test_multi_run_and_tta():
+    runs = [make_run(seed=0), fk.Run(make_run(seed=1).outputs, make_run(seed=0).labels)]
+    np.testing.assert_allclose(multi_run(runs), (single(runs[0]) + single(runs[1])) / 2)
+    avg = average_runs(runs)
+    assert avg.kind == "probs"
+    np.testing.assert_allclose(avg.probs(3), (runs[0].probs(3) + runs[1].probs(3)) / 2)
+    KnowledgeFusion().fit(avg)  # combinable with KF
+    with pytest.raises(ValueError, match="other labels"):
+        multi_run([make_run(seed=0), make_run(seed=1)])
+
+
+def test_likelihood_fusion(real_small):
+    lf = LikelihoodFusion().fit(real_small)
+    assert np.isclose(lf.weights_.sum(), 1) and (lf.weights_ >= 0).all()
+    p = real_small.probs()
+    y = real_small.labels
+    ll_single = np.mean(np.log(p[-1][np.arange(len(y)), y]))
+    ll_uniform = np.mean(np.log(p.mean(0)[np.arange(len(y)), y]))
+    assert lf.log_likelihood_ >= max(ll_single, ll_uniform)
+    pruned = LikelihoodFusion(max_checkpoints=3).fit(real_small)
+    assert pruned.ensemble_size_ == 3 and len(pruned.weights_) == 3
+    np.testing.assert_allclose(pruned.predict_proba(real_small).sum(1), 1, atol=1e-12)
+    assert CheckpointAverage("horizontal", 3).fit(real_small).checkpoints_ == [57, 58, 59]
