@@ -254,3 +254,97 @@ def sum_correct_count(s, p, labels):
         if best == labels[n]:
             count += 1
     return count
+
+
+# ------------------------------------------------------------------------- softmax
+#: float64 value of every float16 bit pattern (index: the bits as uint16).
+F16_TO_F64 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
+
+
+@njit(parallel=True, cache=True)
+def shift_by_row_max_f16(bits, table, out):
+    """out[r, c] = x[r, c] - max_c x[r, c] in float64, x float16 given as int16 bits.
+
+    bits: int16 (rows, C); table: F16_TO_F64; out: float64 (rows, C).
+    Returns the number of rows holding inf or nan (their output is undefined).
+    """
+    rows, n_classes = bits.shape
+    n_bad = 0
+    for r in prange(rows):
+        m = -np.inf
+        magnitude = np.int16(0)
+        for c in range(n_classes):
+            m = max(m, table[np.uint16(bits[r, c])])
+            magnitude = max(magnitude, np.int16(bits[r, c] & np.int16(0x7FFF)))
+        if magnitude >= _F16_EXP_MASK:
+            n_bad += 1
+        for c in range(n_classes):
+            out[r, c] = table[np.uint16(bits[r, c])] - m
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
+def shift_by_row_max(values, out):
+    """out[r, c] = values[r, c] - max_c values[r, c] in float64 (values float32/64).
+
+    Returns the number of rows holding inf or nan (their output is undefined).
+    """
+    rows, n_classes = values.shape
+    n_bad = 0
+    for r in prange(rows):
+        m = -np.inf
+        finite = True
+        for c in range(n_classes):
+            v = np.float64(values[r, c])
+            finite &= np.isfinite(v)
+            m = max(m, v)
+        if not finite:
+            n_bad += 1
+        for c in range(n_classes):
+            out[r, c] = np.float64(values[r, c]) - m
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
+def normalize_rows(x):
+    """x[r] /= sum(x[r]) in place, summing classes in order. x: float64 (rows, C)."""
+    rows, n_classes = x.shape
+    for r in prange(rows):
+        s = 0.0
+        for c in range(n_classes):
+            s += x[r, c]
+        for c in range(n_classes):
+            x[r, c] /= s
+
+
+# -------------------------------------------------------------- fusion step helpers
+@njit(parallel=True, cache=True)
+def mean_first_axis(stack, out):
+    """out = mean of stack (k, rows, C) over its first axis: summed in order, then divided
+    by k (the arithmetic of ``total = s[0].copy(); total += s[1] ...; total /= k``)."""
+    k, rows, n_classes = stack.shape
+    for r in prange(rows):
+        for c in range(n_classes):
+            s = stack[0, r, c]
+            for i in range(1, k):
+                s += stack[i, r, c]
+            out[r, c] = s / k
+
+
+@njit(parallel=True, cache=True)
+def mix_into(a, b, eps, labels, correct):
+    """b <- eps*a + (1-eps)*b in place (numpy's arithmetic); correct[n] <- argmax b[n] == y.
+
+    a, b: float64 (N, C); labels: int64 (N,); correct: bool (N,).
+    """
+    one_minus = 1.0 - eps
+    for n in prange(a.shape[0]):
+        best = 0
+        best_v = 0.0
+        for c in range(a.shape[1]):
+            v = eps * a[n, c] + one_minus * b[n, c]
+            b[n, c] = v
+            if c == 0 or v > best_v:
+                best = c
+                best_v = v
+        correct[n] = best == labels[n]

@@ -39,22 +39,22 @@ def fixed_epochs(n_epochs, select, k=1):
 
 def single(run):
     """Probabilities of the final epoch (the single network)."""
-    return EpochProbs(run, cache_bytes=0).mean(fixed_epochs(run.n_epochs, "single"))
+    return EpochProbs(run).mean(fixed_epochs(run.n_epochs, "single"))
 
 
 def horizontal(run, k):
     """Mean probabilities of the last k epochs (horizontal ensemble)."""
-    return EpochProbs(run, cache_bytes=0).mean(fixed_epochs(run.n_epochs, "horizontal", k))
+    return EpochProbs(run).mean(fixed_epochs(run.n_epochs, "horizontal", k))
 
 
 def fixed_jumps(run, k):
     """Mean probabilities of k epochs equally spaced over training, ending at the last."""
-    return EpochProbs(run, cache_bytes=0).mean(fixed_epochs(run.n_epochs, "fixed_jumps", k))
+    return EpochProbs(run).mean(fixed_epochs(run.n_epochs, "fixed_jumps", k))
 
 
 def uniform(run):
     """Mean probabilities of all stored epochs."""
-    return EpochProbs(run, cache_bytes=0).mean(range(run.n_epochs))
+    return EpochProbs(run).mean(range(run.n_epochs))
 
 
 def snapshot(run, cycle_ends):
@@ -65,7 +65,7 @@ def snapshot(run, cycle_ends):
     if missing.size or ends.size == 0:
         raise ValueError(f"cycle_ends must be stored epoch numbers; not stored: "
                          f"{missing.tolist() or 'none given'}")
-    return EpochProbs(run, cache_bytes=0).mean(pos)
+    return EpochProbs(run).mean(pos)
 
 
 def multi_run(runs):
@@ -128,7 +128,7 @@ class CheckpointAverage(Fuser):
         return self
 
     def predict_proba(self, run):
-        return EpochProbs(run, cache_bytes=0).mean(self._positions(run, self.checkpoints_))
+        return EpochProbs(run).mean(self._positions(run, self.checkpoints_))
 
 
 class EarlyStopping(Fuser):
@@ -145,7 +145,7 @@ class EarlyStopping(Fuser):
         return self
 
     def predict_proba(self, run):
-        return EpochProbs(run, cache_bytes=0).mean(self._positions(run, self.checkpoints_))
+        return EpochProbs(run).mean(self._positions(run, self.checkpoints_))
 
 
 class EnsembleSelection(Fuser):
@@ -163,7 +163,7 @@ class EnsembleSelection(Fuser):
         run = as_run(run, labels)
         k = check_int("k", self.k, minimum=1)
         check_validation_run(run)
-        probs = EpochProbs(run)
+        probs = EpochProbs(run, cache=True)
         total = np.zeros((run.n_samples, run.n_classes))
         picks = []
         for _ in range(k):
@@ -180,4 +180,4 @@ class EnsembleSelection(Fuser):
 
     def predict_proba(self, run):
         pos = self._positions(run, self.checkpoints_)
-        return EpochProbs(run, cache_bytes=0).weighted(pos, self.weights_)
+        return EpochProbs(run).weighted(pos, self.weights_)

@@ -1,4 +1,4 @@
-"""Command line: ``forgetkit analyze|convert|fuse|apply|compare ...``.
+"""Command line: ``forgetkit analyze|convert|fuse|apply|compare|distill ...``.
 
 A thin layer: parse, load, one library call, write. Library errors become one line on stderr
 and exit status 1 (2 for usage errors), never a traceback.
@@ -135,6 +135,15 @@ def _cmd_compare(args):
         _write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
 
 
+def _cmd_distill(args):
+    from .distill import write_soft_targets
+
+    kf = KnowledgeFusion.from_json(Path(args.plan))
+    out = write_soft_targets(args.out, kf, load(args.train_run), temperature=args.temperature)
+    if not args.quiet:
+        print(f"wrote {out}: soft targets from {kf.ensemble_size_} checkpoints")
+
+
 def _add_fusion_commands(sub):
     p = sub.add_parser("fuse", help="fit a Knowledge Fusion plan on validation data")
     p.add_argument("run")
@@ -169,6 +178,14 @@ def _add_fusion_commands(sub):
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--markdown", action="store_true")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("distill", help="write fused soft targets of a training-set run")
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("train_run", metavar="TRAIN_RUN")
+    p.add_argument("--out", required=True, metavar="targets.parquet|targets.npy")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_distill)
 
 
 def build_parser():

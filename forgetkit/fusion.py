@@ -40,29 +40,41 @@ def as_run(run, labels=None, *, kind="logits"):
 
 
 class EpochProbs:
-    """Float64 probabilities of a run's epochs, all cached when they fit in
-    ``PROBS_CACHE_BYTES``, else computed per request."""
+    """Float64 probabilities of a run's epochs, computed per request.
 
-    def __init__(self, run, cache_bytes=PROBS_CACHE_BYTES):
+    With ``cache=True`` all epochs are computed once and kept on the run when they take at
+    most ``PROBS_CACHE_BYTES`` (methods that revisit every epoch, such as ensemble
+    selection); a cache already on the run is always used.
+    """
+
+    def __init__(self, run, *, cache=False):
         self.run = run
-        self._all = None
-        if run.n_epochs * run.n_samples * run.n_classes * 8 <= cache_bytes:
-            self._all = run._cache.get("probs64")
-            if self._all is None:
-                self._all = run.probs()
-                run._cache["probs64"] = self._all
+        self._all = run._cache.get("probs64")
+        size = run.n_epochs * run.n_samples * run.n_classes * 8
+        if self._all is None and cache and size <= PROBS_CACHE_BYTES:
+            self._all = run._cache["probs64"] = run.probs()
 
     def __getitem__(self, e):
         return self._all[e] if self._all is not None else self.run.probs(e)
 
     def mean(self, indices):
-        """Mean of the probabilities of epochs ``indices``: summed in order, then divided."""
-        indices = list(indices)
-        total = np.array(self[indices[0]], dtype=np.float64, copy=True)
-        for e in indices[1:]:
-            total += self[e]
-        total /= len(indices)
-        return total
+        """Mean of the probabilities of epochs ``indices`` (summed in order, then divided)."""
+        idx = np.asarray(list(indices), dtype=np.int64)
+        if self._all is None:  # stream: one epoch in memory besides the total
+            total = self.run.probs(int(idx[0]))
+            if len(idx) > 1:
+                tmp = np.empty_like(total)
+                for e in idx[1:]:
+                    total += self.run._epoch_probs(int(e), tmp)
+                total /= len(idx)
+            return total
+        if np.all(np.diff(idx) == 1):
+            stack = self._all[idx[0]: idx[-1] + 1]  # a view, no copy
+        else:
+            stack = self._all[idx]
+        out = np.empty(stack.shape[1:])
+        _kernels.mean_first_axis(stack, out)  # same arithmetic, parallel
+        return out
 
     def weighted(self, indices, weights):
         """sum_i weights[i] * P[indices[i]] (N, C)."""
@@ -198,8 +210,7 @@ class KnowledgeFusion(Fuser):
                 break
             plan.append((a, float(eps)))
             if eps > 0:
-                prob = eps * mean + (1 - eps) * prob
-                cur = np.argmax(prob, axis=1) == y
+                _kernels.mix_into(mean, prob, eps, y, cur)  # prob <- eps*mean + (1-eps)*prob
                 used += 1
             accs.append(float(cur.mean()))
         self._fit_shape(run)
@@ -231,12 +242,13 @@ class KnowledgeFusion(Fuser):
         self._check_fitted()
         n_epochs = len(self.epochs_)
         pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
-        probs = EpochProbs(run, cache_bytes=0)
+        probs = EpochProbs(run)
         prob = np.array(probs[pos[n_epochs - 1]], copy=True)
+        hit = np.empty(run.n_samples, dtype=bool)
         for a, eps in self.plan_:
             if eps > 0:
                 mean = probs.mean(pos[e] for e in self._window(a, n_epochs))
-                prob = eps * mean + (1 - eps) * prob
+                _kernels.mix_into(mean, prob, eps, run.labels, hit)
         return prob
 
     # -------------------------------------------------------------- persistence
@@ -349,7 +361,7 @@ class LikelihoodFusion(Fuser):
         run = as_run(run, labels)
         check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
         check_validation_run(run)
-        probs = EpochProbs(run)
+        probs = EpochProbs(run, cache=True)
         rows = np.arange(run.n_samples)
         q = np.stack([probs[e][rows, run.labels] for e in range(run.n_epochs)], axis=1)
         q = np.maximum(q, 1e-300)
@@ -385,4 +397,4 @@ class LikelihoodFusion(Fuser):
 
     def predict_proba(self, run):
         pos = self._positions(run, self.checkpoints_)
-        return EpochProbs(run, cache_bytes=0).weighted(pos, self.weights_)
+        return EpochProbs(run).weighted(pos, self.weights_)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _kernels
 from ._validation import (
     KINDS,
     check_epochs,
@@ -41,13 +42,25 @@ def split_indices(n_samples, frac=0.5, seed=0):
 
 
 def softmax(values, out=None):
-    """Softmax over the last axis in float64 (or into ``out``'s dtype)."""
-    x = np.asarray(values)
+    """Softmax over the last axis of (n_samples, n_classes) values, in float64.
+
+    exp(x - max) / sum(exp(x - max)), the sum taken over classes in order. float16 is read
+    through a lookup table (no float16 arithmetic), exp is numpy's vectorised one.
+    Raises ValueError if a value is NaN or inf.
+    """
+    x = np.ascontiguousarray(values)
+    if x.ndim != 2:
+        raise ValueError(f"softmax expects (samples, classes); got shape {x.shape}")
     if out is None:
         out = np.empty(x.shape, dtype=np.float64)
-    np.subtract(x, x.max(axis=-1, keepdims=True), out=out, dtype=out.dtype)
+    if x.dtype == np.float16:
+        n_bad = _kernels.shift_by_row_max_f16(x.view(np.int16), _kernels.F16_TO_F64, out)
+    else:
+        n_bad = _kernels.shift_by_row_max(x, out)
+    if n_bad:
+        raise ValueError(f"{n_bad} rows hold NaN or inf")
     np.exp(out, out=out)
-    out /= out.sum(axis=-1, keepdims=True)
+    _kernels.normalize_rows(out)
     return out
 
 
@@ -170,12 +183,12 @@ class Run:
         if epochs is None:
             epochs = range(self.n_epochs)
         if np.ndim(epochs) == 0:
-            e = self._epoch_index(epochs)
-            return self._epoch_probs(e, dtype)
+            out = np.empty((self.n_samples, self.n_classes), dtype=dtype)
+            return self._epoch_probs(self._epoch_index(epochs), out)
         idx = [self._epoch_index(e) for e in epochs]
         out = np.empty((len(idx), self.n_samples, self.n_classes), dtype=dtype)
         for i, e in enumerate(idx):
-            out[i] = self._epoch_probs(e, dtype)
+            self._epoch_probs(e, out[i])
         return out
 
     def _epoch_index(self, e):
@@ -184,13 +197,23 @@ class Run:
             raise ValueError(f"epoch index must lie in [0, {self.n_epochs}); got {e}")
         return e % self.n_epochs
 
-    def _epoch_probs(self, e, dtype):
+    def _epoch_probs(self, e, out):
+        """Write the probabilities of epoch index ``e`` into ``out`` (n_samples, n_classes)."""
         values = np.asarray(self.outputs[e])
-        if self._checked_per_read:
-            self.check_epoch(e, values)
         if self.kind == "probs":
-            return values.astype(dtype, copy=True)
-        return softmax(values, out=np.empty(values.shape, dtype=dtype))
+            if self._checked_per_read:
+                self.check_epoch(e, values)
+            out[...] = values
+            return out
+        target = out if out.dtype == np.float64 else np.empty(out.shape)
+        try:
+            softmax(values, out=target)
+        except ValueError:
+            self.check_epoch(e, values)  # names the epoch
+            raise
+        if target is not out:
+            out[...] = target
+        return out
 
     # ------------------------------------------------------------- selection
     def subset(self, indices):

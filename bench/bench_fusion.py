@@ -1,0 +1,95 @@
+"""KF(inf) fit: forgetkit (exact O(N*C) eps search in numba) against a straightforward numpy
+implementation (brute-force accuracy at every grid point), same plan required.
+
+    python -m bench.bench_fusion [--ref-steps-large 2]
+
+Sizes: E=100, N=5,000, C=100 (reference run to the end) and E=90, N=25,000, C=1,000 (float16
+NPY on disk, 4.5 GB; the reference is timed on its first --ref-steps-large steps and its
+total extrapolated from the mean step time, since it would run for about half an hour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .common import DATA, machine, peak_rss_anon, write_synthetic_npy
+
+
+def numpy_kf(run, *, window=1, grid=101, max_steps=None):
+    """Brute-force Knowledge Fusion (DESIGN.md's algorithm read literally), streaming the
+    probabilities of each window from the run. Returns (plan, seconds per step)."""
+    import forgetkit as fk
+
+    n_epochs, y = run.n_epochs, run.labels
+    G = np.arange(grid) / (grid - 1)
+    correct = fk.correctness(run)
+    prob = run.probs(n_epochs - 1)
+    explore = set(range(n_epochs))
+    plan, step_times = [], []
+    while explore and (max_steps is None or len(plan) < max_steps):
+        t = time.perf_counter()
+        cur = np.argmax(prob, axis=1) == y
+        f = {e: np.mean(correct[e] & ~cur) for e in explore}
+        a = min(e for e in explore if f[e] == max(f.values()))
+        for e in range(a - window, a + window + 1):
+            explore.discard(e)
+        lo, hi = max(a - window, 0), min(a + window, n_epochs - 1)
+        A = np.mean(run.probs(range(lo, hi + 1)), axis=0)
+        acc = [np.mean(np.argmax(eps * A + (1 - eps) * prob, axis=1) == y) for eps in G]
+        eps = G[int(np.argmax(acc))]
+        plan.append((a, float(eps)))
+        prob = eps * A + (1 - eps) * prob
+        step_times.append(time.perf_counter() - t)
+    return plan, step_times
+
+
+def bench_size(n_epochs, n_samples, n_classes, ref_steps):
+    import forgetkit as fk
+
+    path = write_synthetic_npy(DATA / f"kf_{n_epochs}x{n_samples}x{n_classes}.npy", n_epochs,
+                               n_samples, n_classes, seed=1, noise=0.1)
+    run = fk.load(path)
+    fk.KnowledgeFusion().fit(fk.Run(np.asarray(run.outputs[:3, :50]), run.labels[:50]))
+    with peak_rss_anon() as mem:
+        t = time.perf_counter()
+        kf = fk.KnowledgeFusion().fit(run)
+        secs = time.perf_counter() - t
+    ref_plan, step_times = numpy_kf(fk.load(path), max_steps=ref_steps)
+    n_steps = len(kf.plan_)
+    ref_total = float(np.mean(step_times)) * n_steps
+    same = kf.plan_[: len(ref_plan)] == ref_plan
+    return dict(shape=(n_epochs, n_samples, n_classes), seconds=secs, steps=n_steps,
+                k=kf.ensemble_size_, ref_seconds=ref_total, ref_steps=len(ref_plan),
+                same=same, peak_mb=mem["peak_mb"], gb=run.outputs.nbytes / 1e9)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ref-steps-large", type=int, default=2)
+    p.add_argument("--skip-large", action="store_true")
+    args = p.parse_args(argv)
+    sizes = [(100, 5000, 100, None)]
+    if not args.skip_large:
+        sizes.append((90, 25000, 1000, args.ref_steps_large))
+    rows = [bench_size(*s) for s in sizes]
+    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}")
+    print("| E x N x C | GB (f16) | KF steps / k | forgetkit s | numpy brute force s | "
+          "speed-up | identical plan | peak RssAnon MB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ref = f"{r['ref_seconds']:.1f}"
+        if r["ref_steps"] < r["steps"]:
+            ref += f" (extrapolated from {r['ref_steps']} of {r['steps']} steps)"
+        print(f"| {'x'.join(map(str, r['shape']))} | {r['gb']:.2f} | {r['steps']} / {r['k']} | "
+              f"{r['seconds']:.2f} | {ref} | {r['ref_seconds'] / r['seconds']:.0f}x | "
+              f"{'yes' if r['same'] else 'NO'}"
+              f"{'' if r['ref_steps'] == r['steps'] else ' (steps compared: ' + str(r['ref_steps']) + ')'} | "
+              f"{r['peak_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
