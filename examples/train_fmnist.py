@@ -143,7 +143,8 @@ def main(argv=None):
     meta = dict(vars(args), dataset="fashion-mnist (Debian dataset-fashion-mnist)",
                 n_train=len(xtr), device_name=torch.cuda.get_device_name(dev)
                 if dev.type == "cuda" else "cpu", torch=torch.__version__)
-    recorder = LogitRecorder(args.out, (xte, yte), batch_size=2048, meta=meta, mode="w")
+    recorder = LogitRecorder(args.out, (xte, yte), batch_size=2048, meta=meta, mode="w",
+                             class_names=FASHION_MNIST_CLASSES)
     train_rec = None
     if args.train_out:
         n = args.train_record_n or len(xtr)
@@ -174,7 +175,6 @@ def main(argv=None):
     seconds = time.time() - t0
 
     run = fk.load(args.out)
-    run.class_names = FASHION_MNIST_CLASSES
     s = fk.forgetting.summary(run)
     result = {"seconds": seconds, "record_seconds": record_seconds,
               "final_accuracy": s["final_accuracy"], "best_accuracy": s["best_accuracy"],

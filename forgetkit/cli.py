@@ -1,4 +1,4 @@
-"""Command line: ``forgetkit analyze|convert|fuse|apply|compare|distill ...``.
+"""Command line: ``forgetkit analyze|convert|fuse|apply|compare|distill|report ...``.
 
 A thin layer: parse, load, one library call, write. Library errors become one line on stderr
 and exit status 1 (2 for usage errors), never a traceback.
@@ -144,6 +144,27 @@ def _cmd_distill(args):
         print(f"wrote {out}: soft targets from {kf.ensemble_size_} checkpoints")
 
 
+def _cmd_report(args):
+    from .report import write_report
+
+    run = load(args.run)
+    train_run, mask = None, None
+    if args.train_run:
+        train_run = load(args.train_run)
+        flipped = train_run.meta.get("noise_mask")
+        if flipped is None:
+            raise ValueError(f"{args.train_run} has no meta['noise_mask'] (the indices of its "
+                             "noisy labels); the noise figure needs it")
+        mask = np.zeros(train_run.n_samples, dtype=bool)
+        mask[np.asarray(flipped, dtype=np.int64)] = True
+    paths = write_report(run, args.out, fmt=args.format, source=Path(args.run).name,
+                         val_frac=args.val_frac, seeds=tuple(args.seeds), window=args.window,
+                         train_run=train_run, noise_mask=mask)
+    if not args.quiet:
+        print(f"wrote {paths[0]}" if args.format == "html"
+              else f"wrote {len(paths)} figures to {args.out}")
+
+
 def _add_fusion_commands(sub):
     p = sub.add_parser("fuse", help="fit a Knowledge Fusion plan on validation data")
     p.add_argument("run")
@@ -186,6 +207,18 @@ def _add_fusion_commands(sub):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_distill)
+
+    p = sub.add_parser("report", help="HTML report: summary, comparison, plan and figures")
+    p.add_argument("run")
+    p.add_argument("-o", "--out", required=True, help="report.html, or a folder with --format png")
+    p.add_argument("--format", choices=("html", "png"), default="html")
+    p.add_argument("--val-frac", type=float, default=0.5)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--window", type=int, default=1)
+    p.add_argument("--train-run", metavar="RUN",
+                   help="training-set run with meta['noise_mask'], for the label-noise figure")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_report)
 
 
 def build_parser():

@@ -73,6 +73,18 @@ def _prepare(run):
                sample_ids=run.sample_ids, class_names=run.class_names, meta=run.meta)
 
 
+def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None):
+    """Yield (split, validation run, test run) of the paper's protocol, or the one pair
+    ("val_run", val_run, run) when a separate validation run is given."""
+    if val_run is not None:
+        yield "val_run", _prepare(val_run), _prepare(run)
+        return
+    full = _prepare(run)
+    for s in seeds:
+        val, test = split_indices(run.n_samples, val_frac, s)
+        yield s, full.subset(val), full.subset(test)
+
+
 def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5,
                    val_run=None, window=1):
     """One row per (split, method): test accuracy, NLL, ECE, ensemble size k, gain over the
@@ -84,16 +96,9 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     methods = list(methods)
     for m in methods:
         check_option("method", m, tuple(METHODS))
-    if val_run is not None:
-        splits = [("val_run", _prepare(val_run), _prepare(run))]
-    else:
-        full = _prepare(run)
-        splits = []
-        for s in seeds:
-            val, test = split_indices(run.n_samples, val_frac, s)
-            splits.append((s, full.subset(val), full.subset(test)))
     rows = []
-    for seed, val, test in splits:
+    for seed, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac,
+                                           val_run=val_run):
         kf = KnowledgeFusion(window=window).fit(val)
         k = kf.ensemble_size_
         single_hit = np.argmax(test.probs(-1), axis=1) == test.labels
@@ -167,3 +172,38 @@ def format_table(table, *, markdown=False):
     out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     out += [fmt.format(*row) for row in lines]
     return "\n".join(out) + "\n(* significant at 0.05 on every split; p is the largest over splits)"
+
+
+# ------------------------------------------------------------- ablation curves
+def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1):
+    """Test gain of KF(i) over the single network against its ensemble size k.
+
+    KF(i) (at most i windows with eps > 0) is the prefix of KF(inf)'s plan up to its i-th
+    used window, so one fit per split gives every i. Returns a DataFrame with columns split,
+    windows (i), k, accuracy and gain (percent / percentage points).
+    """
+    rows = []
+    for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
+        kf = KnowledgeFusion(window=window).fit(val)
+        single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        n_used = sum(eps > 0 for _, eps in kf.plan_)
+        for i in range(n_used + 1):
+            kf_i = kf.with_windows(i)
+            acc = np.mean(kf_i.predict(test) == test.labels)
+            rows.append({"split": s, "windows": i, "k": kf_i.ensemble_size_,
+                         "accuracy": 100 * acc, "gain": 100 * (acc - single)})
+    return pd.DataFrame(rows)
+
+
+def window_curve(run, windows=(0, 1, 2, 3, 4), *, seeds=(0, 1, 2), val_frac=0.5):
+    """Test gain of KF(inf) over the single network for each window size w (the window
+    ablation). Returns a DataFrame with columns split, window, k, accuracy, gain."""
+    rows = []
+    for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
+        single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        for w in windows:
+            kf = KnowledgeFusion(window=w).fit(val)
+            acc = np.mean(kf.predict(test) == test.labels)
+            rows.append({"split": s, "window": w, "k": kf.ensemble_size_,
+                         "accuracy": 100 * acc, "gain": 100 * (acc - single)})
+    return pd.DataFrame(rows)

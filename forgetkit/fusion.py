@@ -217,12 +217,37 @@ class KnowledgeFusion(Fuser):
         self.plan_ = plan
         self.val_accuracy_ = accs
         self.initial_accuracy_ = float(correct[-1].mean())
+        self.checkpoints_ = self._checkpoints(plan)
+        return self
+
+    def _checkpoints(self, plan):
+        """Epoch indices needed to apply ``plan``: the final one and every used window."""
+        n_epochs = len(self.epochs_)
         needed = {n_epochs - 1}
         for a, eps in plan:
             if eps > 0:
                 needed.update(self._window(a, n_epochs))
-        self.checkpoints_ = sorted(needed)
-        return self
+        return sorted(needed)
+
+    def with_windows(self, n_windows):
+        """The fitted KF(n_windows): this plan cut after its n-th window with eps > 0.
+
+        KnowledgeFusion(max_windows=n) fitted on the same data gives exactly this plan, so
+        one KF(inf) fit yields every KF(i) (the ensemble-size curve).
+        """
+        self._check_fitted()
+        check_int("n_windows", n_windows, minimum=0)
+        used = [i for i, (_, eps) in enumerate(self.plan_) if eps > 0]
+        cut = 0 if n_windows == 0 else (used[n_windows - 1] + 1 if n_windows <= len(used)
+                                        else len(self.plan_))
+        new = KnowledgeFusion(window=self.window, grid=self.grid, rule=self.rule,
+                              max_windows=n_windows or None,
+                              stop_when_no_gain=self.stop_when_no_gain)
+        new.epochs_, new.n_classes_ = self.epochs_, self.n_classes_
+        new.initial_accuracy_ = self.initial_accuracy_
+        new.plan_, new.val_accuracy_ = self.plan_[:cut], self.val_accuracy_[:cut]
+        new.checkpoints_ = new._checkpoints(new.plan_)
+        return new
 
     def _choose_eps(self, mean, prob, y, grid, base):
         """(eps, number correct) chosen by the rule; ``base`` = number correct at eps=0."""

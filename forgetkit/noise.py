@@ -51,3 +51,47 @@ def asymmetric(labels, p, mapping, seed=0):
     noisy = y.copy()
     noisy[chosen] = mapping[y[chosen]]
     return noisy, noisy != y
+
+
+def training_losses(run):
+    """Cross-entropy loss of every stored epoch on every sample of a (training-set) run,
+    against ``run.labels`` (the labels it was trained with): float64 (n_epochs, n_samples)."""
+    rows = np.arange(run.n_samples)
+    out = np.empty((run.n_epochs, run.n_samples))
+    for e in range(run.n_epochs):
+        out[e] = -np.log(np.clip(run.probs(e)[rows, run.labels], 1e-300, None))
+    return out
+
+
+def large_loss_dominance(losses, noise_mask, *, frac=None):
+    """Per epoch, clean minus noisy count among the largest-loss training points (paper
+    Fig. 2c-d): positive when clean points dominate the hard set, negative when the noisy
+    (not yet memorised) points do.
+
+    Parameters
+    ----------
+    losses : ndarray (n_epochs, n_samples), or a training-set Run (losses are computed)
+    noise_mask : bool (n_samples,), True for samples whose label was corrupted
+    frac : share of samples counted as large-loss; default the noise rate (the size of the
+        noisy set), as in the paper.
+
+    Returns
+    -------
+    ndarray of int64 (n_epochs,)
+    """
+    from .run import Run
+
+    if isinstance(losses, Run):
+        losses = training_losses(losses)
+    losses = np.asarray(losses, dtype=np.float64)
+    mask = np.asarray(noise_mask, dtype=bool)
+    if losses.ndim != 2 or mask.shape != (losses.shape[1],):
+        raise ValueError(f"losses must be (epochs, samples) and noise_mask (samples,); got "
+                         f"{losses.shape} and {mask.shape}")
+    frac = mask.mean() if frac is None else frac
+    k = int(round(frac * losses.shape[1]))
+    if k < 1:
+        raise ValueError("no large-loss points to count: frac (or the noise rate) is 0")
+    top = np.argpartition(-losses, k - 1, axis=1)[:, :k]
+    noisy = mask[top].sum(axis=1)
+    return (k - noisy) - noisy

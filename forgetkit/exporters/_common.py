@@ -11,11 +11,11 @@ class RecorderBase:
     """Opens the RunWriter on the first epoch (when N and C are known) and checks that later
     epochs see the same samples in the same order."""
 
-    def __init__(self, path, *, dtype, kind, format, layout, meta, mode):
+    def __init__(self, path, *, dtype, kind, format, layout, meta, class_names, mode):
         self.path = path
         self.dtype = np.dtype(dtype)
         self._writer_options = dict(kind=kind, dtype=self.dtype, format=format, layout=layout,
-                                    meta=meta, mode=mode)
+                                    meta=meta, class_names=class_names, mode=mode)
         self._writer = None
         self._labels = None
 

@@ -32,16 +32,16 @@ class LogitRecorder(RecorderBase):
     apply_fn : callable (params, inputs) -> (batch, n_classes) logits.
     dtype : "float16" (default), "float32" or "float64", the stored precision.
     jit : bool, default True: wrap ``apply_fn`` (and the cast) in ``jax.jit``.
-    kind, format, layout, meta, mode : passed to `forgetkit.RunWriter`.
+    kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
 
     Outputs stay on the device until the epoch is done; then one ``jax.device_get`` brings
     them to the host (one transfer per batch at most, no per-sample copies).
     """
 
     def __init__(self, path, batches, apply_fn, *, dtype="float16", jit=True, kind="logits",
-                 format=None, layout="list", meta=None, mode="a"):
+                 format=None, layout="list", meta=None, class_names=None, mode="a"):
         super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
-                         meta=meta, mode=mode)
+                         meta=meta, class_names=class_names, mode=mode)
         self.batches = batches
         store = jnp.dtype(self.dtype.name)
 

@@ -46,13 +46,14 @@ class LogitRecorder(RecorderBase):
         Maps the model's output to the (batch, n_classes) logits tensor (default: the tensor,
         the first element of a tuple, or ``out["logits"]``).
     batch_size : int, used when ``data`` is a pair of tensors.
-    kind, format, layout, meta, mode : passed to `forgetkit.RunWriter`.
+    kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
     """
 
     def __init__(self, path, data, *, dtype="float16", output_fn=None, batch_size=1024,
-                 kind="logits", format=None, layout="list", meta=None, mode="a"):
+                 kind="logits", format=None, layout="list", meta=None, class_names=None,
+                 mode="a"):
         super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
-                         meta=meta, mode=mode)
+                         meta=meta, class_names=class_names, mode=mode)
         if (isinstance(data, (tuple, list)) and len(data) == 2
                 and all(isinstance(t, torch.Tensor) for t in data)):
             inputs, labels = data

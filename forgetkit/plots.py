@@ -1,0 +1,171 @@
+"""The paper's figures. Each function takes ``ax=None`` (a new figure is made), returns the
+Axes and never calls ``plt.show()``; matplotlib is imported inside."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import forgetting
+
+
+def _axes(ax, figsize=(6.4, 4.0)):
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=figsize, layout="constrained")
+    return ax
+
+
+def _class_names(run):
+    return run.class_names or [f"class {c}" for c in range(run.n_classes)]
+
+
+def accuracy_retention(run, *, ax=None):
+    """Test accuracy per epoch and the share of samples correct at that epoch *and* at the
+    end (paper Fig. 2a-b); the gap between the curves is the forget fraction F_e. Double
+    descent phases are marked when found."""
+    ax = _axes(ax)
+    correct = forgetting.correctness(run)
+    acc = correct.mean(axis=1)
+    kept = (correct & correct[-1]).mean(axis=1)
+    ax.plot(run.epochs, 100 * acc, label="test accuracy", color="C0")
+    ax.plot(run.epochs, 100 * kept, label="correct at epoch and at the end", color="C1")
+    ax.fill_between(run.epochs, 100 * kept, 100 * acc, color="C3", alpha=0.2,
+                    label="forgotten by the end (F_e)")
+    dd = forgetting.double_descent(run)
+    if dd.found:
+        ax.axvspan(dd.peak_epoch, dd.dip_epoch, color="0.85", zorder=0,
+                   label="double-descent dip")
+        ax.axvline(dd.second_peak_epoch, color="0.5", ls=":", lw=1)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("share of test samples (%)")
+    ax.set_title("Accuracy and what of it survives to the end")
+    ax.legend(loc="lower right", fontsize="small")
+    return ax
+
+
+def forget_learn(runs, *, labels=None, ax=None):
+    """Forget fraction F_e (solid) and learn fraction L_e (dashed) per epoch (Fig. 3a).
+
+    ``runs``: one Run or a list (e.g. model sizes or data fractions) with ``labels``.
+    """
+    from .run import Run
+
+    ax = _axes(ax)
+    runs = [runs] if isinstance(runs, Run) else list(runs)
+    labels = labels or ([""] if len(runs) == 1 else [f"run {i}" for i in range(len(runs))])
+    for i, (run, name) in enumerate(zip(runs, labels, strict=True)):
+        sep = ": " if name else ""
+        ax.plot(run.epochs, 100 * forgetting.forget_fraction(run), color=f"C{i}",
+                label=f"{name}{sep}F_e (forget)")
+        ax.plot(run.epochs, 100 * forgetting.learn_fraction(run), color=f"C{i}", ls="--",
+                label=f"{name}{sep}L_e (learn)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("share of test samples (%)")
+    ax.set_title("Forget and learn fractions against the final model")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def _wrong_at_end(run):
+    df = forgetting.sample_dynamics(run)
+    return df[~df["correct_final"]]
+
+
+def epochs_correct_hist(run, *, ax=None):
+    """Among samples wrong after training: how many epochs each was correct (Fig. 3b)."""
+    ax = _axes(ax)
+    wrong = _wrong_at_end(run)
+    ax.hist(wrong["epochs_correct"], bins=np.arange(run.n_epochs + 2) - 0.5, color="C0")
+    ax.set_xlabel("number of epochs correct")
+    ax.set_ylabel("samples wrong at the end")
+    ax.set_title(f"{len(wrong)} samples wrong at the end: epochs they were right")
+    return ax
+
+
+def last_correct_hist(run, *, ax=None):
+    """Among samples wrong after training but correct at some epoch: the last epoch they
+    were correct (Fig. 3c)."""
+    ax = _axes(ax)
+    last = _wrong_at_end(run)["last_correct"].dropna().astype(int)
+    edges = np.append(run.epochs, run.epochs[-1] + 1) - 0.5
+    ax.hist(last, bins=edges, color="C3")
+    ax.set_xlabel("last epoch correct")
+    ax.set_ylabel("forgotten samples")
+    ax.set_title(f"{len(last)} forgotten samples: when they were last right")
+    return ax
+
+
+def noisy_dominance(losses, noise_mask, *, epochs=None, frac=None, ax=None):
+    """Clean minus noisy count among the large-loss training points per epoch (Fig. 2c-d).
+
+    ``losses``: (n_epochs, n_samples) training losses or a training-set Run.
+    """
+    from .noise import large_loss_dominance
+
+    ax = _axes(ax)
+    diff = large_loss_dominance(losses, noise_mask, frac=frac)
+    x = np.arange(len(diff)) if epochs is None else np.asarray(epochs)
+    ax.axhline(0, color="0.5", lw=1)
+    ax.plot(x, diff, color="C2", marker=".")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("clean − noisy among large-loss points")
+    ax.set_title("Which points dominate the large-loss set")
+    return ax
+
+
+def gain_vs_checkpoints(curve, *, ax=None):
+    """KF gain over the single network against the ensemble size k (App. figure), from
+    `forgetkit.evaluate.ensemble_size_curve`: mean over splits with standard errors."""
+    ax = _axes(ax)
+    g = curve.groupby("windows")
+    mean, se = g["gain"].mean(), g["gain"].sem().fillna(0)
+    k = g["k"].mean()
+    ax.errorbar(k, mean, yerr=se, marker="o", capsize=3)
+    ax.axhline(0, color="0.5", lw=1)
+    ax.set_xlabel("checkpoints used (k)")
+    ax.set_ylabel("test gain over single network (pp)")
+    ax.set_title("KF(i): gain against ensemble size")
+    return ax
+
+
+def gain_vs_window(curve, *, ax=None):
+    """KF(inf) gain against the window size w, from `forgetkit.evaluate.window_curve`."""
+    ax = _axes(ax)
+    g = curve.groupby("window")
+    ax.errorbar(g["gain"].mean().index, g["gain"].mean(), yerr=g["gain"].sem().fillna(0),
+                marker="o", capsize=3)
+    ax.axhline(0, color="0.5", lw=1)
+    ax.set_xlabel("window w (epochs averaged: 2w + 1)")
+    ax.set_ylabel("test gain over single network (pp)")
+    ax.set_title("KF(inf): gain against window size")
+    return ax
+
+
+def compare_methods(table, *, ax=None):
+    """Test accuracy of each method with standard errors, from `forgetkit.compare`."""
+    ax = _axes(ax)
+    y = np.arange(len(table))[::-1]
+    err = np.nan_to_num(table["accuracy_se"].to_numpy())
+    ax.errorbar(table["accuracy"], y, xerr=err, fmt="o", capsize=3)
+    ax.axvline(table.loc["single", "accuracy"] if "single" in table.index else np.nan,
+               color="0.5", ls=":", lw=1)
+    ax.set_yticks(y, [f"{lab} (k={k:.0f})" for lab, k in zip(table["label"], table["k"],
+                                                              strict=True)])
+    ax.set_xlabel("test accuracy (%), mean ± standard error over splits")
+    ax.set_title("Knowledge Fusion against the baselines")
+    return ax
+
+
+def per_class_forgetting(run, *, ax=None):
+    """Share of each class's samples that were learned and then forgotten by the end."""
+    ax = _axes(ax)
+    df = forgetting.sample_dynamics(run)
+    share = df.groupby("label")["forgotten"].mean().reindex(range(run.n_classes), fill_value=0)
+    names = _class_names(run)
+    order = np.argsort(share.to_numpy())
+    ax.barh(np.arange(run.n_classes), 100 * share.to_numpy()[order], color="C3")
+    ax.set_yticks(np.arange(run.n_classes), [names[i] for i in order])
+    ax.set_xlabel("samples forgotten by the end (% of the class)")
+    ax.set_title("Which classes lose the most to forgetting")
+    return ax

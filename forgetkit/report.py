@@ -1,0 +1,227 @@
+"""A report a person reads: one self-contained HTML file (figures embedded as PNG), or the
+figures as PNG files."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import evaluate, forgetting, plots
+from .fusion import KnowledgeFusion
+from .io import _atomic_path
+from .run import split_indices
+
+
+@dataclass
+class Figure:
+    name: str
+    title: str
+    caption: str
+    png: bytes
+
+
+def _render(draw, figsize=(7.0, 4.2)):
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=figsize, layout="constrained")
+    draw(fig.add_subplot())
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def _pct(x):
+    return f"{100 * x:.2f}%"
+
+
+def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise_mask=None):
+    """Compute everything the report shows. Returns (summary dict, comparison table,
+    KnowledgeFusion fitted on the first split, list of Figure)."""
+    summary = forgetting.summary(run)
+    table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window)
+    val_idx, _ = split_indices(run.n_samples, val_frac, seeds[0])
+    kf = KnowledgeFusion(window=window).fit(run.subset(val_idx))
+    size = evaluate.ensemble_size_curve(run, seeds=seeds, val_frac=val_frac, window=window)
+    windows = evaluate.window_curve(run, seeds=seeds, val_frac=val_frac)
+    f = forgetting.forget_fraction(run)
+    dd = summary["double_descent"]
+    wrong = forgetting.sample_dynamics(run)
+    wrong = wrong[~wrong["correct_final"]]
+    never = int((wrong["epochs_correct"] == 0).sum())
+    by_class = forgetting.sample_dynamics(run).groupby("label")["forgotten"].mean()
+    worst = int(by_class.idxmax())
+    names = plots._class_names(run)
+    best_k = size.groupby("windows").agg(k=("k", "mean"), gain=("gain", "mean"))
+    best_w = windows.groupby("window")["gain"].mean()
+    kf_row = table.loc["kf"]
+
+    figs = [
+        ("accuracy", "Accuracy and retention",
+         lambda ax, f=plots.accuracy_retention: f(run, ax=ax),
+         f"Test accuracy per epoch (blue) and the share of test samples that are correct at "
+         f"that epoch and still correct at the end (orange). The red band is F_e: at epoch "
+         f"{summary['max_forget_epoch']} it reaches {_pct(summary['max_forget_fraction'])} of "
+         "the test set, knowledge the final model has lost. "
+         + (f"A double-descent dip runs from epoch {dd['peak_epoch']} to {dd['dip_epoch']}."
+            if dd["found"] else "No epoch-wise double descent was found.")),
+        ("forget_learn", "Forget and learn fractions",
+         lambda ax, f=plots.forget_learn: f(run, ax=ax),
+         f"F_e (solid): correct at epoch e, wrong at the end; L_e (dashed): wrong at e, "
+         f"correct at the end. The final accuracy equals a_e + L_e − F_e at every epoch. "
+         f"Mean F_e over training: {_pct(f.mean())}."),
+        ("epochs_correct", "Wrong at the end: epochs correct",
+         lambda ax, f=plots.epochs_correct_hist: f(run, ax=ax),
+         f"{len(wrong)} test samples are wrong after training; {never} of them were never "
+         f"right, the other {len(wrong) - never} were right at some epoch and forgotten."),
+        ("last_correct", "Forgotten samples: last epoch correct",
+         lambda ax, f=plots.last_correct_hist: f(run, ax=ax),
+         "When each forgotten sample was last classified correctly: mass late in training "
+         "means recent forgetting that nearby checkpoints can recover."),
+        ("per_class", "Forgetting per class",
+         lambda ax, f=plots.per_class_forgetting: f(run, ax=ax),
+         f"Share of each class's test samples learned and then forgotten; {names[worst]} "
+         f"loses the most ({_pct(by_class.max())})."),
+        ("compare", "Knowledge Fusion against the baselines",
+         lambda ax: plots.compare_methods(table, ax=ax),
+         f"Test accuracy over {len(seeds)} split(s) of the test set (fit on one half, score on "
+         f"the other). KF(inf) gains {kf_row['gain']:.2f} ± {kf_row['gain_se']:.2f} "
+         f"percentage points over the single network with k = {kf_row['k']:.1f} "
+         "checkpoints; the baselines use the same k."),
+        ("ensemble_size", "Gain against ensemble size",
+         lambda ax: plots.gain_vs_checkpoints(size, ax=ax),
+         f"KF(i) for growing i: the gain against the number of checkpoints used. The largest "
+         f"mean gain, {best_k['gain'].max():.2f} pp, comes with k ≈ "
+         f"{best_k.loc[best_k['gain'].idxmax(), 'k']:.0f}."),
+        ("window", "Gain against window size", lambda ax: plots.gain_vs_window(windows, ax=ax),
+         f"KF(inf) with windows of 2w + 1 epochs; the best mean gain is at w = "
+         f"{int(best_w.idxmax())} ({best_w.max():.2f} pp)."),
+    ]
+    if train_run is not None and noise_mask is not None:
+        figs.append((
+            "noise", "Clean against noisy among large-loss training points",
+            lambda ax: plots.noisy_dominance(train_run, noise_mask, epochs=train_run.epochs,
+                                             ax=ax),
+            f"Per epoch, among the {_pct(np.mean(noise_mask))} of training samples with the "
+            "largest loss: clean minus noisy count. Negative values: the mislabelled points "
+            "are still the hard ones (not yet memorised)."))
+    rendered = [Figure(name, title, caption, _render(draw)) for name, title, draw, caption
+                in figs]
+    return summary, table, kf, rendered
+
+
+def _pm(mean, se):
+    return f"{mean:.2f} ± {se:.2f}" if np.isfinite(se) else f"{mean:.2f}"
+
+
+def _html_table(table):
+    head = ["method", "k", "test accuracy (%)", "gain (pp)", "NLL", "ECE", "McNemar p"]
+    rows = []
+    for _, r in table.iterrows():
+        p = "" if r["label"] == "single network" else \
+            f"{r['p_max']:.3g}{' *' if r['significant'] else ''}"
+        cells = [r["label"], f"{r['k']:.1f}", _pm(r["accuracy"], r["accuracy_se"]),
+                 _pm(r["gain"], r["gain_se"]), f"{r['nll']:.4f}", f"{r['ece']:.4f}", p]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+            + "".join(rows) + "</table>")
+
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222;
+line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;
+text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
+figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#444;font-size:.95em}
+.numbers td:first-child{font-weight:600}"""
+
+
+def to_html(run, summary, table, kf, figures, *, source=""):
+    """The report as one HTML string (figures inline, no external resources)."""
+    dd = summary["double_descent"]
+    meta = ", ".join(f"{k}: {v}" for k, v in run.meta.items()
+                     if isinstance(v, (str, int, float)) and len(str(v)) < 80)
+    numbers = [
+        ("final accuracy", _pct(summary["final_accuracy"])),
+        ("best accuracy", f"{_pct(summary['best_accuracy'])} at epoch {summary['best_epoch']}"),
+        ("max forget fraction F_e",
+         f"{_pct(summary['max_forget_fraction'])} at epoch {summary['max_forget_epoch']}"),
+        ("ever forgotten", f"{_pct(summary['ever_forgotten'])} of test samples were right at "
+                           "some epoch and wrong at the end"),
+        ("double descent", (f"peak at {dd['peak_epoch']}, dip at {dd['dip_epoch']}, second "
+                            f"peak at {dd['second_peak_epoch']}; forgotten in the dip "
+                            f"{_pct(dd['forgotten_in_dip'])}") if dd["found"] else "none found"),
+    ]
+    used = [(a, eps, acc) for (a, eps), acc in zip(kf.plan_, kf.val_accuracy_, strict=True)
+            if eps > 0]
+    plan_rows = "".join(
+        f"<tr><td>{kf.epochs_[a]}</td><td>{eps:.3g}</td><td>{_pct(acc)}</td></tr>"
+        for a, eps, acc in used)
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>forgetkit report: {html.escape(source)}</title><style>{STYLE}</style></head>",
+        "<body>",
+        f"<h1>Forgetting and Knowledge Fusion: {html.escape(source)}</h1>",
+        f"<p>{run.n_epochs} stored epochs (numbers {run.epochs[0]}..{run.epochs[-1]}), "
+        f"{run.n_samples} test samples, {run.n_classes} classes, {run.kind} stored as "
+        f"{run.outputs.dtype}. {html.escape(meta)}</p>",
+        "<h2>Summary</h2><table class='numbers'>",
+        "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                for k, v in numbers),
+        "</table>",
+        "<h2>Comparison</h2><p>Every method is fitted on half of the test set and scored on "
+        "the other half, over several random halves (the paper's protocol); mean ± standard "
+        "error. * marks a gain over the single network significant (McNemar, p &lt; 0.05) on "
+        "every split.</p>",
+        _html_table(table),
+        "<h2>The fused plan</h2>",
+        f"<p>Knowledge Fusion fitted on the first validation half: validation accuracy "
+        f"{_pct(kf.initial_accuracy_)} (final epoch) → "
+        f"{_pct(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} with "
+        f"{len(used)} windows of {2 * kf.window + 1} epochs ({kf.ensemble_size_} checkpoints)."
+        " Each step mixes the window's mean prediction into the current one with weight "
+        "eps.</p>",
+        "<table><tr><th>window centre (epoch)</th><th>eps</th><th>validation accuracy after"
+        f"</th></tr>{plan_rows}</table>",
+        "<h2>Figures</h2>",
+    ]
+    for fig in figures:
+        data = base64.b64encode(fig.png).decode()
+        parts.append(f"<figure id='{fig.name}'><h3>{html.escape(fig.title)}</h3>"
+                     f"<img alt='{html.escape(fig.title)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>")
+    parts.append(f"<p style='color:#888'>forgetkit, {time.strftime('%Y-%m-%d %H:%M')}</p>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def write_report(run, out, *, fmt="html", source="", **options):
+    """Write the report: ``fmt="html"`` one self-contained file at ``out``; ``fmt="png"``
+    one PNG per figure in the folder ``out``. Options go to `build`. Returns the paths."""
+    from ._validation import check_option
+
+    check_option("fmt", fmt, ("html", "png"))
+    out = Path(out)
+    summary, table, kf, figures = build(run, **options)
+    if fmt == "png":
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for fig in figures:
+            path = out / f"{fig.name}.png"
+            tmp = _atomic_path(path)
+            tmp.write_bytes(fig.png)
+            tmp.replace(path)
+            paths.append(path)
+        return paths
+    tmp = _atomic_path(out)
+    try:
+        tmp.write_text(to_html(run, summary, table, kf, figures, source=source),
+                       encoding="utf-8")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return [out]
