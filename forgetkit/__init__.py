@@ -5,7 +5,7 @@ Weinshall, AAAI 2025). Deep-learning frameworks are never imported here; see
 ``forgetkit.exporters`` for the PyTorch and JAX writers.
 """
 
-from . import baselines
+from . import baselines, datasets, distill, fairness, linear, noise, plots, report
 from .baselines import (
     CheckpointAverage,
     EarlyStopping,
@@ -44,6 +44,13 @@ __all__ = [
     "RunWriter",
     "average_runs",
     "baselines",
+    "datasets",
+    "distill",
+    "fairness",
+    "linear",
+    "noise",
+    "plots",
+    "report",
     "compare",
     "compare_splits",
     "fixed_jumps",

@@ -89,3 +89,22 @@ def test_fashion_mnist_matches_the_sample_run(real_run):
     except FileNotFoundError:
         pytest.skip("Debian package dataset-fashion-mnist not installed")
     assert x.shape == (10000, 28, 28) and np.array_equal(y, real_run.labels)
+
+
+def test_large_loss_dominance_by_hand():
+    # 6 samples, 2 noisy (4, 5); large-loss set = top 2 (the noise rate)
+    losses = np.array([[0.1, 0.2, 0.3, 0.4, 5.0, 6.0],    # both noisy on top: 0 - 2
+                       [0.1, 0.2, 9.0, 0.4, 5.0, 0.0],    # one clean, one noisy: 1 - 1
+                       [7.0, 8.0, 0.3, 0.4, 0.0, 0.0]])   # memorised: 2 - 0
+    mask = np.array([0, 0, 0, 0, 1, 1], bool)
+    assert noise.large_loss_dominance(losses, mask).tolist() == [-2, 0, 2]
+    assert noise.large_loss_dominance(losses, mask, frac=0.5).tolist() == [-1, 1, 3]
+    with pytest.raises(ValueError, match="noise_mask"):
+        noise.large_loss_dominance(losses, mask[:5])
+
+
+def test_training_losses_are_cross_entropy():
+    run = make_run(n_epochs=3)
+    losses = noise.training_losses(run)
+    p = run.probs(1)[np.arange(run.n_samples), run.labels]
+    np.testing.assert_allclose(losses[1], -np.log(p))
