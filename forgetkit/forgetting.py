@@ -149,6 +149,9 @@ class DoubleDescent:
 
 
 def _moving_average(x, width):
+    """Centred moving average of odd ``width`` with edge padding."""
+    if width % 2 == 0:
+        raise ValueError(f"smooth must be odd (a centred window); got {width}")
     if width <= 1:
         return x.astype(np.float64)
     pad = width // 2
@@ -160,7 +163,8 @@ def double_descent(run, *, min_drop=0.01, smooth=None):
     """Find the first peak, the dip and the second ascent of the accuracy curve.
 
     On the accuracy curve smoothed by a centred moving average of ``smooth`` stored epochs
-    (default: max(3, n_epochs // 10), so that epoch-to-epoch SGD noise is not taken for a dip):
+    (default: max(3, n_epochs // 10), made odd so the average stays centred; this keeps
+    epoch-to-epoch SGD noise from being taken for a dip):
     the peak is the running maximum at the first epoch where the curve has fallen at least
     ``min_drop`` below it; the dip is the minimum after the peak; the second ascent exists when
     the curve later climbs at least ``min_drop`` above the dip (its peak: the maximum after the
@@ -174,7 +178,7 @@ def double_descent(run, *, min_drop=0.01, smooth=None):
         raise ValueError(f"min_drop must be > 0; got {min_drop}")
     correct = correctness(run)
     acc = correct.mean(axis=1)
-    smooth = max(3, run.n_epochs // 10) if smooth is None else int(smooth)
+    smooth = (max(3, run.n_epochs // 10) | 1) if smooth is None else int(smooth)
     curve = _moving_average(acc, smooth)
     running_max = np.maximum.accumulate(curve)
     fallen = np.flatnonzero(curve <= running_max - min_drop)
