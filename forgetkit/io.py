@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ._validation import FLOAT_DTYPES, check_option
-from .run import Run
+from .run import LazyOutputs, Run
 
 SIDECAR_SUFFIX = ".forgetkit.json"
 PARQUET_KEY = b"forgetkit"
@@ -692,42 +692,17 @@ def _infer_parquet_record(pf, epochs):
             "dtype": np.dtype(typ.value_type.to_pandas_dtype()).name}
 
 
-class ParquetOutputs:
-    """Lazy (n_epochs, n_samples, n_classes) view of a Parquet run: indexing the first axis
-    reads those epochs' row groups; ``numpy.asarray`` reads everything."""
-
-    _forgetkit_lazy = True
-    ndim = 3
+class ParquetOutputs(LazyOutputs):
+    """Lazy (n_epochs, n_samples, n_classes) view of a Parquet run: reading an epoch reads
+    its row group."""
 
     def __init__(self, source):
+        super().__init__((len(source.epochs), source.n_samples, source.n_classes),
+                         source.dtype)
         self._source = source
-        self.shape = (len(source.epochs), source.n_samples, source.n_classes)
-        self.dtype = source.dtype
-        self.itemsize = source.dtype.itemsize
-        self.size = int(np.prod(self.shape))
 
-    def __len__(self):
-        return self.shape[0]
-
-    def __getitem__(self, key):
-        key = key if isinstance(key, tuple) else (key,)
-        first, rest = key[0], key[1:]
-        if isinstance(first, (int, np.integer)):
-            e = int(first) % self.shape[0] if -self.shape[0] <= first < self.shape[0] else None
-            if e is None:
-                raise IndexError(f"epoch index {first} out of range for {self.shape[0]} epochs")
-            out = self._source.read_epoch(e)
-        else:
-            idx = np.arange(self.shape[0])[first]
-            out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
-            for i, e in enumerate(idx):
-                out[i] = self._source.read_epoch(int(e))
-            rest = (slice(None),) + rest if rest else rest
-        return out[rest] if rest else out
-
-    def __array__(self, dtype=None, copy=None):
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
+    def _read(self, e):
+        return self._source.read_epoch(e)
 
 
 def _load_parquet(path, *, labels=None, kind=None):

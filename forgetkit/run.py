@@ -64,6 +64,60 @@ def softmax(values, out=None):
     return out
 
 
+class LazyOutputs:
+    """Base of outputs read on demand, shaped (n_epochs, n_samples, n_classes).
+
+    Indexing the first axis reads those epochs (subclasses implement ``_read(e)`` for one
+    epoch index); further indices apply to the result; ``numpy.asarray`` reads everything.
+    """
+
+    _forgetkit_lazy = True
+    ndim = 3
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(int(x) for x in shape)
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
+        self.size = int(np.prod(self.shape))
+
+    def _read(self, e):
+        raise NotImplementedError
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        first, rest = key[0], key[1:]
+        if isinstance(first, (int, np.integer)):
+            if not -self.shape[0] <= first < self.shape[0]:
+                raise IndexError(f"epoch index {first} out of range for {self.shape[0]} epochs")
+            out = self._read(int(first) % self.shape[0])
+        else:
+            idx = np.arange(self.shape[0])[first]
+            out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
+            for i, e in enumerate(idx):
+                out[i] = self._read(int(e))
+            rest = (slice(None),) + rest if rest else rest
+        return out[rest] if rest else out
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+
+class SubsetOutputs(LazyOutputs):
+    """Lazy sample subset of streamed outputs (memmap or another lazy view): each epoch is
+    read from the base and indexed on the fly, so a subset never copies the whole run."""
+
+    def __init__(self, base, index):
+        super().__init__((base.shape[0], len(index), base.shape[2]), base.dtype)
+        self._base, self._index = base, index
+
+    def _read(self, e):
+        return np.asarray(self._base[e])[self._index]
+
+
 class Run:
     """Model outputs of one training run, as stored after every (few) epoch(s).
 
@@ -220,10 +274,14 @@ class Run:
         """A new Run holding only the samples ``indices`` (ints or a boolean mask).
 
         Sample ids are kept; without ids, the new Run records the original positions as ids.
+        In-memory outputs are copied; streamed ones (memmap, Parquet) stay on disk behind a
+        lazy view that reads epoch by epoch.
         """
         idx = check_indices("indices", indices, self.n_samples)
         ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
-        return self._derive(self.outputs[:, idx], self.labels[idx], sample_ids=ids[idx])
+        outputs = SubsetOutputs(self.outputs, idx) if is_streamed(self.outputs) \
+            else self.outputs[:, idx]
+        return self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
 
     def epochs_subset(self, indices):
         """A new Run holding only the epochs at ``indices`` (ints or a boolean mask)."""

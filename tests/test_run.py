@@ -92,3 +92,19 @@ def test_split_follows_the_protocol():
     assert test.sample_ids.tolist() == perm[5:].tolist()
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         run.split(1.0)
+
+
+def test_subset_of_a_streamed_run_is_lazy_and_equal(tmp_path):
+    from forgetkit.run import SubsetOutputs
+
+    run = make_run(n_epochs=6, n_samples=200, dtype=np.float16)
+    fk.save(run, tmp_path / "r.npy")
+    mm = fk.load(tmp_path / "r.npy")
+    idx = np.random.default_rng(0).permutation(200)[:90]
+    lazy, eager = mm.subset(idx), run.subset(idx)
+    assert isinstance(lazy.outputs, SubsetOutputs) and lazy.shape == (6, 90, 5)
+    assert np.array_equal(np.asarray(lazy.outputs), np.asarray(eager.outputs))
+    assert np.array_equal(lazy.outputs[2:4, 5], np.asarray(eager.outputs)[2:4, 5])
+    assert np.array_equal(fk.forget_fraction(lazy), fk.forget_fraction(eager))
+    assert fk.KnowledgeFusion().fit(lazy).plan_ == fk.KnowledgeFusion().fit(eager).plan_
+    assert isinstance(lazy.subset([0, 1]).outputs, SubsetOutputs)  # nested stays lazy
