@@ -15,6 +15,8 @@ from .fusion import EpochProbs, Fuser, as_run, check_validation_run
 from .run import Run
 
 FIXED = ("single", "horizontal", "fixed_jumps", "uniform")
+#: Rounding headroom above a lead of 1 before ensemble selection calls a sample decided.
+UNDECIDED_SLACK = 1e-9
 
 
 def fixed_epochs(n_epochs, select, k=1):
@@ -148,12 +150,28 @@ class EarlyStopping(Fuser):
         return EpochProbs(run).mean(self._positions(run, self.checkpoints_))
 
 
+def _rows_probs(run, probs, rows):
+    """Yield the probabilities of ``rows`` at every epoch (from the cache when there is one;
+    else from a lazy subset, so a large run computes those rows only)."""
+    if probs._all is not None:
+        for e in range(run.n_epochs):
+            yield probs._all[e][rows]
+        return
+    sub = run.subset(rows) if len(rows) < run.n_samples else run
+    for e in range(run.n_epochs):
+        yield sub.probs(e)
+
+
 class EnsembleSelection(Fuser):
     """Greedy forward selection with replacement (Caruana et al. 2004).
 
     ``k`` rounds; each adds the checkpoint whose inclusion gives the best validation accuracy
     of the averaged probabilities (ties: the earlier epoch). ``selection_`` lists the picks,
     ``checkpoints_`` the distinct ones, ``weights_`` their share of the picks.
+
+    Exact shortcut: in a round, a sample whose summed probabilities lead by more than 1
+    cannot change its prediction whichever checkpoint is added, so candidates are scored on
+    the undecided samples only (on large runs only those rows' probabilities are computed).
     """
 
     def __init__(self, k=5):
@@ -164,12 +182,23 @@ class EnsembleSelection(Fuser):
         k = check_int("k", self.k, minimum=1)
         check_validation_run(run)
         probs = EpochProbs(run, cache=True)
+        y = run.labels
         total = np.zeros((run.n_samples, run.n_classes))
         picks = []
         for _ in range(k):
-            scores = [_kernels.sum_correct_count(total, probs[e], run.labels)
-                      for e in range(run.n_epochs)]
-            e = int(np.argmax(scores))
+            # this round adds one probability vector, which moves any class difference by
+            # at most 1: samples whose sum leads by more than 1 keep their prediction for
+            # every candidate, so only the undecided ones need scoring
+            top2 = np.partition(total, -2, axis=1)[:, -2:]
+            open_ = top2[:, 1] - top2[:, 0] <= 1.0 + UNDECIDED_SLACK
+            rows = np.flatnonzero(open_)
+            decided = int(np.sum(np.argmax(total[~open_], axis=1) == y[~open_]))
+            scores = [decided] * run.n_epochs
+            if rows.size:
+                total_rows, y_rows = total[rows], y[rows]
+                scores = [decided + _kernels.sum_correct_count(total_rows, p, y_rows)
+                          for p in _rows_probs(run, probs, rows)]
+            e = int(np.argmax(scores))  # ties: the earlier epoch
             picks.append(e)
             total += probs[e]
         self.selection_ = picks

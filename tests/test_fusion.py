@@ -207,9 +207,19 @@ def test_fixed_averages():
 def test_early_stopping_and_selection_match_reference(real_small):
     es = EarlyStopping().fit(real_small)
     assert es.checkpoints_ == [int(np.argmax(fk.accuracy(real_small)))]
-    sel = EnsembleSelection(k=6).fit(real_small)
-    assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 6)
+    sel = EnsembleSelection(k=20).fit(real_small)
+    assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 20)
     np.testing.assert_allclose(sel.predict_proba(real_small).sum(1), 1, atol=1e-12)
+
+
+def test_ensemble_selection_streams_large_runs(real_small, tmp_path, monkeypatch):
+    """Without the probability cache (a run too large for memory) the picks are the same."""
+    import forgetkit.fusion as fusion
+
+    fk.save(real_small, tmp_path / "r.npy")
+    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
+    sel = EnsembleSelection(k=8).fit(fk.load(tmp_path / "r.npy"))
+    assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 8)
 
 
 def test_multi_run_and_tta():
