@@ -239,23 +239,6 @@ def mixture_correct_count(a, b, labels, eps):
     return count
 
 
-@njit(parallel=True, cache=True)
-def sum_correct_count(s, p, labels):
-    """Number of samples whose argmax of s + p is the label. s, p: float64 (N, C)."""
-    count = 0
-    for n in prange(s.shape[0]):
-        best = 0
-        best_v = s[n, 0] + p[n, 0]
-        for c in range(1, s.shape[1]):
-            v = s[n, c] + p[n, c]
-            if v > best_v:
-                best = c
-                best_v = v
-        if best == labels[n]:
-            count += 1
-    return count
-
-
 # ------------------------------------------------------------------------- softmax
 #: float64 value of every float16 bit pattern (index: the bits as uint16).
 F16_TO_F64 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
@@ -348,3 +331,21 @@ def mix_into(a, b, eps, labels, correct):
                 best = c
                 best_v = v
         correct[n] = best == labels[n]
+
+
+@njit(parallel=True, cache=True)
+def sum_correct_count_rows(s, p, labels, rows):
+    """Number of ``rows`` whose argmax of s[r] + p[r] is labels[r]. s, p: float64 (N, C)."""
+    count = 0
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        best = 0
+        best_v = s[r, 0] + p[r, 0]
+        for c in range(1, s.shape[1]):
+            v = s[r, c] + p[r, c]
+            if v > best_v:
+                best = c
+                best_v = v
+        if best == labels[r]:
+            count += 1
+    return count

@@ -150,18 +150,6 @@ class EarlyStopping(Fuser):
         return EpochProbs(run).mean(self._positions(run, self.checkpoints_))
 
 
-def _rows_probs(run, probs, rows):
-    """Yield the probabilities of ``rows`` at every epoch (from the cache when there is one;
-    else from a lazy subset, so a large run computes those rows only)."""
-    if probs._all is not None:
-        for e in range(run.n_epochs):
-            yield probs._all[e][rows]
-        return
-    sub = run.subset(rows) if len(rows) < run.n_samples else run
-    for e in range(run.n_epochs):
-        yield sub.probs(e)
-
-
 class EnsembleSelection(Fuser):
     """Greedy forward selection with replacement (Caruana et al. 2004).
 
@@ -194,10 +182,15 @@ class EnsembleSelection(Fuser):
             rows = np.flatnonzero(open_)
             decided = int(np.sum(np.argmax(total[~open_], axis=1) == y[~open_]))
             scores = [decided] * run.n_epochs
-            if rows.size:
-                total_rows, y_rows = total[rows], y[rows]
-                scores = [decided + _kernels.sum_correct_count(total_rows, p, y_rows)
-                          for p in _rows_probs(run, probs, rows)]
+            if rows.size and probs._all is not None:  # cached: score the rows in place
+                scores = [decided + _kernels.sum_correct_count_rows(total, probs._all[e], y, rows)
+                          for e in range(run.n_epochs)]
+            elif rows.size:  # large run: compute the probabilities of those rows only
+                sub = run.subset(rows) if rows.size < run.n_samples else run
+                total_rows, y_rows, all_rows = total[rows], y[rows], np.arange(rows.size)
+                scores = [decided + _kernels.sum_correct_count_rows(total_rows, sub.probs(e),
+                                                                    y_rows, all_rows)
+                          for e in range(run.n_epochs)]
             e = int(np.argmax(scores))  # ties: the earlier epoch
             picks.append(e)
             total += probs[e]

@@ -50,6 +50,10 @@ class EpochProbs:
     def __init__(self, run, *, cache=False):
         self.run = run
         self._all = run._cache.get("probs64")
+        out = run.outputs
+        if self._all is None and run.kind == "probs" and isinstance(out, np.ndarray) \
+                and not isinstance(out, np.memmap) and out.dtype == np.float64:
+            self._all = out  # already float64 probabilities in memory: no copy
         size = run.n_epochs * run.n_samples * run.n_classes * 8
         if self._all is None and cache and size <= PROBS_CACHE_BYTES:
             self._all = run._cache["probs64"] = run.probs()

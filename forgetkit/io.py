@@ -247,24 +247,22 @@ def save(run, path, *, layout="list", compress=True):
         finally:
             tmp.unlink(missing_ok=True)
         return path
-    tmp = Path(str(path) + ".saving")
-    if tmp.exists():
-        _remove(tmp)
-    writer = RunWriter(tmp, run.n_samples, run.n_classes, labels=run.labels, kind=run.kind,
-                       dtype=run.outputs.dtype, sample_ids=run.sample_ids,
-                       class_names=run.class_names, meta=run.meta, format=fmt,
-                       layout=layout, mode="w")
+    tmp = _atomic_path(path)
     try:
-        for e in range(run.n_epochs):
-            writer.append(int(run.epochs[e]), np.asarray(run.outputs[e]))
-        writer.close()
         if fmt == "npy":
-            os.replace(_sidecar(tmp), _sidecar(path))
+            _write_npy(tmp, run)
+            side = _atomic_path(_sidecar(path))
+            try:
+                side.write_text(json.dumps(_run_record(run)))
+                os.replace(side, _sidecar(path))
+            finally:
+                side.unlink(missing_ok=True)
+        else:
+            _write_parquet(tmp, _checked_epochs(run), run.n_classes, run.outputs.dtype, layout,
+                           _run_record(run))
         os.replace(tmp, path)
     finally:
-        writer.abort()
-        _remove(tmp)
-        _remove(_sidecar(tmp))
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -421,12 +419,7 @@ class RunWriter:
         return rec
 
     def _npy_header(self, n_epochs):
-        d = {"descr": self.dtype.str, "fortran_order": False,
-             "shape": (n_epochs, self.n_samples, self.n_classes)}
-        text = repr(d).encode("latin1")
-        pad = NPY_HEADER_BYTES - 10 - len(text) - 1
-        return b"\x93NUMPY\x01\x00" + np.uint16(NPY_HEADER_BYTES - 10).tobytes() + text \
-            + b" " * pad + b"\n"
+        return _npy_header(self.dtype, (n_epochs, self.n_samples, self.n_classes))
 
     def _open_npy(self, resume):
         if resume:
@@ -493,16 +486,11 @@ class RunWriter:
         _write_json_atomic(self._staging / "run.json", self._record())
 
     def _merge_parquet(self):
-        import pyarrow.parquet as pq
-
         source = _open_parquet_run(self.path, self._staging)
-        schema = _parquet_schema(self.n_classes, self.dtype, self.layout, self._record())
         tmp = _atomic_path(self.path)
         try:
-            with pq.ParquetWriter(tmp, schema, compression="none") as writer:
-                for i, epoch in enumerate(source.epochs):
-                    writer.write_table(_epoch_table(epoch, source.read_epoch(i), self.layout),
-                                       row_group_size=self.n_samples)
+            epochs = ((e, source.read_epoch(i)) for i, e in enumerate(source.epochs))
+            _write_parquet(tmp, epochs, self.n_classes, self.dtype, self.layout, self._record())
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -527,6 +515,44 @@ class RunWriter:
             _write_json_atomic(self._staging / "run.json", self._record())
 
 
+# ------------------------------------------------------------------ writing cores
+def _npy_header(dtype, shape):
+    """An NPY 1.0 header padded to NPY_HEADER_BYTES, so that it can be rewritten in place
+    when epochs are appended."""
+    d = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)}
+    text = repr(d).encode("latin1")
+    pad = NPY_HEADER_BYTES - 10 - len(text) - 1
+    return b"\x93NUMPY\x01\x00" + np.uint16(NPY_HEADER_BYTES - 10).tobytes() + text \
+        + b" " * pad + b"\n"
+
+
+def _checked_epochs(run):
+    """Yield (epoch number, outputs (N, C)) of every epoch, checking streamed ones."""
+    for e in range(run.n_epochs):
+        values = np.ascontiguousarray(run.outputs[e])
+        if run._checked_per_read:
+            run.check_epoch(e, values)
+        yield int(run.epochs[e]), values
+
+
+def _write_npy(path, run):
+    with open(path, "wb") as f:
+        f.write(_npy_header(run.outputs.dtype, run.shape))
+        for _, values in _checked_epochs(run):
+            f.write(values.tobytes())
+
+
+def _write_parquet(path, epochs, n_classes, dtype, layout, record):
+    """Write (epoch number, outputs (N, C)) pairs as one row group per epoch."""
+    import pyarrow.parquet as pq
+
+    schema = _parquet_schema(n_classes, dtype, layout, record)
+    with pq.ParquetWriter(path, schema, compression="none") as writer:
+        for epoch, values in epochs:
+            writer.write_table(_epoch_table(epoch, values.astype(dtype, copy=False), layout),
+                               row_group_size=len(values))
+
+
 # ------------------------------------------------------------------- Parquet core
 def _parquet_schema(n_classes, dtype, layout, record):
     import pyarrow as pa
@@ -548,7 +574,9 @@ def _epoch_table(epoch, values, layout):
     n, c = values.shape
     values = np.ascontiguousarray(values)
     if layout == "list":
-        outputs = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), c)
+        flat = pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), n * c,
+                                     [None, pa.py_buffer(values)])  # zero-copy, also float16
+        outputs = pa.FixedSizeListArray.from_arrays(flat, c)
     else:
         raw = values.astype(values.dtype.newbyteorder("<"), copy=False)
         outputs = pa.FixedSizeBinaryArray.from_buffers(
@@ -586,7 +614,12 @@ def _column_to_numpy(column, n_classes, dtype, where):
                 raise ValueError(f"{where} has rows of {bad} classes; expected {n_classes}")
         if arr.null_count:
             raise ValueError(f"{where} has missing (null) outputs")
-        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        child = arr.flatten()
+        if child.null_count:
+            raise ValueError(f"{where} has missing (null) values")
+        child_dtype = np.dtype(child.type.to_pandas_dtype())
+        flat = np.frombuffer(child.buffers()[1], dtype=child_dtype, count=len(child),
+                             offset=child.offset * child_dtype.itemsize)  # zero-copy
         return flat.reshape(len(arr), n_classes)
     raise TypeError(f"{where}: column 'outputs' must be a list or fixed-size binary; got {typ}")
 

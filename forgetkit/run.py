@@ -134,6 +134,11 @@ class Run:
     class_names : sequence of str of length n_classes, optional
     meta : dict, optional
         Free metadata (model, seed, hyper-parameters...), kept through save/load.
+    validate : bool, default True
+        Check that the outputs are finite (and rows of "probs" sum to 1): when built for
+        in-memory runs up to EAGER_CHECK_VALUES values, else as each epoch is read. False
+        skips the value checks (shapes and labels are always checked), for outputs that are
+        already known to be valid, such as probabilities forgetkit computed itself.
 
     Epochs are addressed by *index* (0..n_epochs-1) everywhere in forgetkit; ``run.epochs``
     maps indices to the stored epoch numbers.
@@ -149,6 +154,7 @@ class Run:
         sample_ids=None,
         class_names=None,
         meta=None,
+        validate=True,
     ):
         self.outputs = check_outputs(outputs)
         n_epochs, n_samples, n_classes = self.outputs.shape
@@ -173,13 +179,18 @@ class Run:
             raise TypeError(f"meta must be a dict; got {type(meta).__name__}")
         self.meta = dict(meta or {})
         self._cache = {}
-        if not self._checked_per_read:
+        self._validate = bool(validate)
+        if validate and not self._checked_per_read:
             for e in range(n_epochs):
                 self.check_epoch(e, self.outputs[e])
 
     @property
-    def _checked_per_read(self):
+    def _large(self):
         return is_streamed(self.outputs) or self.outputs.size > EAGER_CHECK_VALUES
+
+    @property
+    def _checked_per_read(self):
+        return self._validate and self._large
 
     # ----------------------------------------------------------------- shape
     @property
@@ -274,13 +285,12 @@ class Run:
         """A new Run holding only the samples ``indices`` (ints or a boolean mask).
 
         Sample ids are kept; without ids, the new Run records the original positions as ids.
-        In-memory outputs are copied; streamed ones (memmap, Parquet) stay on disk behind a
-        lazy view that reads epoch by epoch.
+        Small in-memory outputs are copied; streamed (memmap, Parquet) or large ones stay
+        where they are behind a lazy view that reads epoch by epoch.
         """
         idx = check_indices("indices", indices, self.n_samples)
         ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
-        outputs = SubsetOutputs(self.outputs, idx) if is_streamed(self.outputs) \
-            else self.outputs[:, idx]
+        outputs = SubsetOutputs(self.outputs, idx) if self._large else self.outputs[:, idx]
         return self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
 
     def epochs_subset(self, indices):
@@ -302,6 +312,7 @@ class Run:
             sample_ids=self.sample_ids,
             class_names=self.class_names,
             meta=self.meta,
+            validate=self._validate,
         )
         fields.update(changes)
         return Run(outputs, labels, **fields)
