@@ -62,10 +62,10 @@ def _kf_numpy(path, max_steps):
     return {"steps": len(plan), "step_seconds": float(np.mean(times))}
 
 
-def _compare(path, methods):
+def _compare(path, methods, seeds):
     import forgetkit as fk
 
-    table = fk.compare(fk.load(path), methods=methods)
+    table = fk.compare(fk.load(path), methods=methods, seeds=tuple(seeds))
     return {"kf_gain": float(table.loc["kf", "gain"]) if "kf" in table.index else None}
 
 
@@ -118,7 +118,7 @@ def measure(task, *args, timeout=3600):
 
 
 # ------------------------------------------------------------------------ suite
-def bench_size(name, rows, *, numpy_kf_steps):
+def bench_size(name, rows, *, numpy_kf_steps, skip=(), seeds=(0, 1, 2)):
     n_epochs, n_samples, n_classes = SIZES[name]
     path = write_synthetic_npy(DATA / f"suite_{name}.npy", n_epochs, n_samples, n_classes,
                                seed=7, noise=0.1)
@@ -132,6 +132,7 @@ def bench_size(name, rows, *, numpy_kf_steps):
             ratio = f"{baseline / r['seconds']:.1f}x {base_name}"
         rows.append([name, what, f"{r['seconds']:.2f}", f"{gb / r['seconds']:.2f}",
                      ratio, f"{r['peak_mb']:.0f}", note])
+        print("| " + " | ".join(rows[-1]) + " |", file=sys.stderr, flush=True)
 
     rows.append([name, f"cat (I/O floor), {gb:.2f} GB", f"{floor:.2f}", f"{gb / floor:.2f}",
                  "", "", ""])
@@ -157,9 +158,11 @@ def bench_size(name, rows, *, numpy_kf_steps):
             row(f"{label} fit + apply", r, note=note)
     methods = ["single", "kf1", "kf", "horizontal", "fixed_jumps", "early_stopping",
                "ensemble_selection", "likelihood"]
-    r = measure("compare", str(path), methods)
-    row("compare, 3 seeds, all baselines", r, note=f"KF gain {r['extra']['kf_gain']:.2f} pp")
-    for layout in ("binary", "list"):
+    if "compare" not in skip:
+        r = measure("compare", str(path), methods, list(seeds))
+        row(f"compare, {len(seeds)} seed(s), all baselines", r,
+            note=f"KF gain {r['extra']['kf_gain']:.2f} pp (synthetic data: not meaningful)")
+    for layout in [lay for lay in ("binary", "list") if f"parquet_{lay}" not in skip]:
         pq_path = DATA / f"suite_{name}_{layout}.parquet"
         rs = measure("save", str(path), str(pq_path), layout)
         row(f"save Parquet ({layout})", rs)
@@ -182,17 +185,22 @@ def main(argv=None):
     p.add_argument("--numpy-kf-steps", type=int, default=2,
                    help="brute-force KF steps timed on L (extrapolated to the full fit)")
     p.add_argument("--out", help="also write the markdown table here")
+    p.add_argument("--skip", nargs="*", default=[],
+                   choices=["compare", "parquet_binary", "parquet_list"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="splits of the compare measurement")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(*args.child)
     rows = []
     for name in args.sizes:
-        bench_size(name, rows, numpy_kf_steps=args.numpy_kf_steps)
+        bench_size(name, rows, numpy_kf_steps=args.numpy_kf_steps, skip=args.skip,
+                   seeds=args.seeds)
         print(f"size {name} done", file=sys.stderr, flush=True)
     head = ["size", "what", "wall s", "GB/s", "ratio", "peak RssAnon MB", "note"]
     lines = [f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}; "
-             f"command: python -m bench --sizes {' '.join(args.sizes)}", "",
+             f"command: python -m bench {' '.join(sys.argv[1:])}", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     text = "\n".join(lines)

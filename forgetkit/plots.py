@@ -114,32 +114,31 @@ def noisy_dominance(losses, noise_mask, *, epochs=None, frac=None, ax=None):
     return ax
 
 
+def _gain_curve(ax, grouped, x, xlabel, title):
+    """Mean gain over splits with standard errors against ``x``."""
+    ax = _axes(ax)
+    ax.errorbar(x, grouped["gain"].mean(), yerr=grouped["gain"].sem().fillna(0), marker="o",
+                capsize=3)
+    ax.axhline(0, color="0.5", lw=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test gain over single network (pp)")
+    ax.set_title(title)
+    return ax
+
+
 def gain_vs_checkpoints(curve, *, ax=None):
     """KF gain over the single network against the ensemble size k (App. figure), from
     `forgetkit.evaluate.ensemble_size_curve`: mean over splits with standard errors."""
-    ax = _axes(ax)
     g = curve.groupby("windows")
-    mean, se = g["gain"].mean(), g["gain"].sem().fillna(0)
-    k = g["k"].mean()
-    ax.errorbar(k, mean, yerr=se, marker="o", capsize=3)
-    ax.axhline(0, color="0.5", lw=1)
-    ax.set_xlabel("checkpoints used (k)")
-    ax.set_ylabel("test gain over single network (pp)")
-    ax.set_title("KF(i): gain against ensemble size")
-    return ax
+    return _gain_curve(ax, g, g["k"].mean(), "checkpoints used (k)",
+                       "KF(i): gain against ensemble size")
 
 
 def gain_vs_window(curve, *, ax=None):
     """KF(inf) gain against the window size w, from `forgetkit.evaluate.window_curve`."""
-    ax = _axes(ax)
     g = curve.groupby("window")
-    ax.errorbar(g["gain"].mean().index, g["gain"].mean(), yerr=g["gain"].sem().fillna(0),
-                marker="o", capsize=3)
-    ax.axhline(0, color="0.5", lw=1)
-    ax.set_xlabel("window w (epochs averaged: 2w + 1)")
-    ax.set_ylabel("test gain over single network (pp)")
-    ax.set_title("KF(inf): gain against window size")
-    return ax
+    return _gain_curve(ax, g, g["gain"].mean().index, "window w (epochs averaged: 2w + 1)",
+                       "KF(inf): gain against window size")
 
 
 def compare_methods(table, *, ax=None):

@@ -1,3 +1,8 @@
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,3 +37,13 @@ def make_run(n_epochs=12, n_samples=300, n_classes=5, seed=0, dtype=np.float32, 
     if ties:
         out = np.round(out * 4) / 4
     return fk.Run(out.astype(dtype), labels)
+
+
+def kill_when_ready(script, path, *, settle=0.2):
+    """Run ``script`` (python source, argv[1] = path) until it prints "ready", let it work
+    ``settle`` seconds more, then SIGKILL it mid-write."""
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    time.sleep(settle)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -1,17 +1,16 @@
 """The PyTorch and JAX recorders, run for real on the CPU."""
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 import types
 
 import numpy as np
 import pytest
 
 import forgetkit as fk
+
+from .conftest import kill_when_ready
 
 torch = pytest.importorskip("torch")
 
@@ -173,11 +172,7 @@ KILLED = textwrap.dedent("""
 
 def test_killed_training_keeps_recorded_epochs(tmp_path):
     path = tmp_path / "k.npy"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)], stdout=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"ready"
-    time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when_ready(KILLED, path)
     run = fk.load(path)
     assert run.n_epochs >= 2 and run.epochs.tolist() == list(range(run.n_epochs))
 

@@ -1,10 +1,5 @@
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +8,7 @@ import pytest
 
 import forgetkit as fk
 
-from .conftest import SHARED_RUN, make_run
+from .conftest import SHARED_RUN, kill_when_ready, make_run
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".npy", ".parquet"])
@@ -206,11 +201,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("suffix", [".npy", ".parquet"])
 def test_killed_writer_keeps_completed_epochs(tmp_path, suffix):
     path = tmp_path / f"killed{suffix}"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"ready"
-    time.sleep(0.3)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when_ready(CHILD, path, settle=0.3)
     run = fk.load(path)
     assert run.n_epochs >= 3
     assert run.epochs.tolist() == list(range(run.n_epochs))
