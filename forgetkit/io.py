@@ -319,8 +319,10 @@ class RunWriter:
         if self.dtype.type not in FLOAT_DTYPES:
             raise TypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
         # A Run validates labels, kind, ids and names with its usual messages.
-        probe = Run(np.zeros((1, n_samples, n_classes), dtype=self.dtype), labels,
-                    kind="logits", sample_ids=sample_ids, class_names=class_names, meta=meta)
+        shape = (1, n_samples, n_classes)  # a zero-stride view: nothing is allocated
+        probe = Run(np.broadcast_to(np.zeros(1, dtype=self.dtype), shape), labels,
+                    kind="logits", sample_ids=sample_ids, class_names=class_names, meta=meta,
+                    validate=False)
         probe.kind = check_option("kind", kind, ("logits", "probs"))
         self.n_samples, self.n_classes = int(n_samples), int(n_classes)
         self._fields = probe
