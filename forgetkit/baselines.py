@@ -61,13 +61,10 @@ def uniform(run):
 
 def snapshot(run, cycle_ends):
     """Mean probabilities at the cycle-end epochs (epoch *numbers*) of a cyclic schedule."""
-    ends = np.asarray(cycle_ends, dtype=np.int64)
-    pos = np.searchsorted(run.epochs, ends).clip(0, run.n_epochs - 1)
-    missing = ends[run.epochs[pos] != ends]
-    if missing.size or ends.size == 0:
-        raise ValueError(f"cycle_ends must be stored epoch numbers; not stored: "
-                         f"{missing.tolist() or 'none given'}")
-    return EpochProbs(run).mean(pos)
+    ends = np.asarray(cycle_ends, dtype=np.int64).reshape(-1)
+    if ends.size == 0:
+        raise ValueError("cycle_ends must list at least one stored epoch number")
+    return EpochProbs(run).mean(run.epoch_positions(ends))
 
 
 def multi_run(runs):
@@ -182,8 +179,8 @@ class EnsembleSelection(Fuser):
             rows = np.flatnonzero(open_)
             decided = int(np.sum(np.argmax(total[~open_], axis=1) == y[~open_]))
             scores = [decided] * run.n_epochs
-            if rows.size and probs._all is not None:  # cached: score the rows in place
-                scores = [decided + _kernels.sum_correct_count_rows(total, probs._all[e], y, rows)
+            if rows.size and probs.cached is not None:  # cached: score the rows in place
+                scores = [decided + _kernels.sum_correct_count_rows(total, probs.cached[e], y, rows)
                           for e in range(run.n_epochs)]
             elif rows.size:  # large run: compute the probabilities of those rows only
                 sub = run.subset(rows) if rows.size < run.n_samples else run

@@ -58,6 +58,11 @@ class EpochProbs:
         if self._all is None and cache and size <= PROBS_CACHE_BYTES:
             self._all = run._cache["probs64"] = run.probs()
 
+    @property
+    def cached(self):
+        """All epochs' probabilities (n_epochs, n_samples, n_classes) if held, else None."""
+        return self._all
+
     def __getitem__(self, e):
         return self._all[e] if self._all is not None else self.run.probs(e)
 
@@ -116,16 +121,7 @@ class Fuser:
         if run.n_classes != self.n_classes_:
             raise ValueError(f"the run has {run.n_classes} classes; the fusion was fitted on "
                              f"{self.n_classes_}")
-        wanted = self.epochs_[np.asarray(indices, dtype=np.int64)]
-        pos = np.searchsorted(run.epochs, wanted)
-        pos = np.minimum(pos, run.n_epochs - 1)
-        missing = wanted[run.epochs[pos] != wanted]
-        if missing.size:
-            raise ValueError(
-                f"the run lacks epochs {missing.tolist()} that the fusion uses (it holds epochs "
-                f"{run.epochs[0]}..{run.epochs[-1]}, {run.n_epochs} stored)"
-            )
-        return pos
+        return run.epoch_positions(self.epochs_[np.asarray(indices, dtype=np.int64)])
 
     def predict(self, run):
         """Fused class predictions: int64 (n_samples,)."""

@@ -256,6 +256,19 @@ class Run:
             self._epoch_probs(e, out[i])
         return out
 
+    def epoch_positions(self, epoch_numbers):
+        """Indices (int64) of the given stored epoch *numbers*; ValueError naming any that
+        this run does not hold."""
+        wanted = np.asarray(epoch_numbers, dtype=np.int64).reshape(-1)
+        pos = np.minimum(np.searchsorted(self.epochs, wanted), self.n_epochs - 1)
+        missing = wanted[self.epochs[pos] != wanted]
+        if missing.size:
+            raise ValueError(
+                f"the run lacks epochs {missing.tolist()} (it holds epochs {self.epochs[0]}.."
+                f"{self.epochs[-1]}, {self.n_epochs} stored)"
+            )
+        return pos
+
     def _epoch_index(self, e):
         e = check_int("epoch index", e)
         if not -self.n_epochs <= e < self.n_epochs:

@@ -198,8 +198,10 @@ def test_fixed_averages():
     np.testing.assert_allclose(fixed_jumps(run, 3), p[[3, 6, 9]].mean(0), rtol=1e-15)
     np.testing.assert_allclose(uniform(run), p.mean(0), rtol=1e-14)
     np.testing.assert_allclose(snapshot(run, [4, 9]), p[[4, 9]].mean(0), rtol=1e-15)
-    with pytest.raises(ValueError, match="not stored: \\[12\\]"):
+    with pytest.raises(ValueError, match="lacks epochs \\[12\\]"):
         snapshot(run, [4, 12])
+    with pytest.raises(ValueError, match="at least one stored epoch"):
+        snapshot(run, [])
     with pytest.raises(ValueError, match="k=11 exceeds the 10 stored epochs"):
         horizontal(run, 11)
 
