@@ -51,10 +51,10 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
     windows = evaluate.window_curve(run, seeds=seeds, val_frac=val_frac)
     f = forgetting.forget_fraction(run)
     dd = summary["double_descent"]
-    wrong = forgetting.sample_dynamics(run)
-    wrong = wrong[~wrong["correct_final"]]
+    dynamics = forgetting.sample_dynamics(run)
+    wrong = dynamics[~dynamics["correct_final"]]
     never = int((wrong["epochs_correct"] == 0).sum())
-    by_class = forgetting.sample_dynamics(run).groupby("label")["forgotten"].mean()
+    by_class = dynamics.groupby("label")["forgotten"].mean()
     worst = int(by_class.idxmax())
     names = plots._class_names(run)
     best_k = size.groupby("windows").agg(k=("k", "mean"), gain=("gain", "mean"))
