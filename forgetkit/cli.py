@@ -15,7 +15,7 @@ import numpy as np
 from . import forgetting
 from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table
 from .fusion import KnowledgeFusion
-from .io import _atomic_path, _write_json_atomic, convert, load
+from .io import _write_json_atomic, atomic_write, convert, load
 from .run import split_indices
 
 
@@ -113,13 +113,8 @@ def _cmd_apply(args):
         raise ValueError(f"--out must be a .npy file; got {args.out!r}")
     kf = KnowledgeFusion.from_json(Path(args.plan))
     probs = kf.predict_proba(load(args.run))
-    tmp = _atomic_path(out)
-    try:
-        with open(tmp, "wb") as f:  # np.save on an open file adds no .npy suffix
-            np.save(f, probs)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(out) as tmp, open(tmp, "wb") as f:
+        np.save(f, probs)  # on an open file np.save adds no .npy suffix
     if not args.quiet:
         print(f"wrote {out}: fused probabilities {probs.shape} from "
               f"{kf.ensemble_size_} checkpoints")

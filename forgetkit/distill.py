@@ -4,12 +4,11 @@ training set, written as soft labels keyed by sample id (see the README for the 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-from .io import _atomic_path, _sidecar, _write_json_atomic
+from .io import _sidecar, _write_json_atomic, atomic_write
 
 
 def soft_targets(fuser, train_run, *, temperature=1.0):
@@ -40,8 +39,7 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
     q = soft_targets(fuser, train_run, temperature=temperature).astype(np.float32)
     ids = train_run.sample_ids if train_run.sample_ids is not None else \
         np.arange(train_run.n_samples)
-    tmp = _atomic_path(path)
-    try:
+    with atomic_write(path) as tmp:
         if path.suffix == ".parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -59,8 +57,5 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
             _write_json_atomic(_sidecar(path), {
                 "format": "forgetkit-soft-targets", "temperature": temperature,
                 "sample_id": np.asarray(ids).tolist(), "label": train_run.labels.tolist()})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 

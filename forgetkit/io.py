@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -95,13 +96,21 @@ def _atomic_path(path):
     return Path(tmp)
 
 
-def _write_json_atomic(path, record):
+@contextmanager
+def atomic_write(path):
+    """Yield a temporary path beside ``path`` to write to; when the block ends without error
+    it atomically replaces ``path``, otherwise it is removed and ``path`` is left as it was."""
     tmp = _atomic_path(path)
     try:
-        tmp.write_text(json.dumps(record))
+        yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _write_json_atomic(path, record):
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(record))
 
 
 def _corrupt(path, err):
@@ -234,9 +243,8 @@ def save(run, path, *, layout="list", compress=True):
     if fmt == "cartography":
         raise ValueError("saving to Dataset Cartography folders is not supported")
     check_option("layout", layout, LAYOUTS)
-    if fmt == "npz":
-        tmp = _atomic_path(path)
-        try:
+    with atomic_write(path) as tmp:
+        if fmt == "npz":
             arrays = {run.kind: np.asarray(run.outputs), "labels": run.labels,
                       "epochs": run.epochs, "meta": np.array(json.dumps(run.meta))}
             if run.sample_ids is not None:
@@ -246,26 +254,12 @@ def save(run, path, *, layout="list", compress=True):
                 arrays["class_names"] = np.array(run.class_names)
             with open(tmp, "wb") as f:
                 (np.savez_compressed if compress else np.savez)(f, **arrays)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
-    tmp = _atomic_path(path)
-    try:
-        if fmt == "npy":
+        elif fmt == "npy":
             _write_npy(tmp, run)
-            side = _atomic_path(_sidecar(path))
-            try:
-                side.write_text(json.dumps(_run_record(run)))
-                os.replace(side, _sidecar(path))
-            finally:
-                side.unlink(missing_ok=True)
+            _write_json_atomic(_sidecar(path), _run_record(run))
         else:
             _write_parquet(tmp, _checked_epochs(run), run.n_classes, run.outputs.dtype, layout,
                            _run_record(run))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -480,25 +474,16 @@ class RunWriter:
         import pyarrow.parquet as pq
 
         table = _epoch_table(epoch, values, self.layout)
-        target = self._epoch_file(epoch)
-        tmp = _atomic_path(target)
-        try:
+        with atomic_write(self._epoch_file(epoch)) as tmp:
             pq.write_table(table, tmp, **PARQUET_WRITE_OPTIONS)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
         self.epochs.append(epoch)
         _write_json_atomic(self._staging / "run.json", self._record())
 
     def _merge_parquet(self):
         source = _open_parquet_run(self.path, self._staging)
-        tmp = _atomic_path(self.path)
-        try:
+        with atomic_write(self.path) as tmp:
             epochs = ((e, source.read_epoch(i)) for i, e in enumerate(source.epochs))
             _write_parquet(tmp, epochs, self.n_classes, self.dtype, self.layout, self._record())
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
         _remove(self._staging)
 
     def _truncate(self, keep):

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import evaluate, forgetting, plots
 from .fusion import KnowledgeFusion
-from .io import _atomic_path
+from .io import atomic_write
 from .run import split_indices
 
 
@@ -212,16 +212,11 @@ def write_report(run, out, *, fmt="html", source="", **options):
         paths = []
         for fig in figures:
             path = out / f"{fig.name}.png"
-            tmp = _atomic_path(path)
-            tmp.write_bytes(fig.png)
-            tmp.replace(path)
+            with atomic_write(path) as tmp:
+                tmp.write_bytes(fig.png)
             paths.append(path)
         return paths
-    tmp = _atomic_path(out)
-    try:
+    with atomic_write(out) as tmp:
         tmp.write_text(to_html(run, summary, table, kf, figures, source=source),
                        encoding="utf-8")
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return [out]

@@ -245,3 +245,17 @@ def test_failed_save_leaves_existing_file_intact(tmp_path):
     assert target.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == \
         ["bad.npy", "out.forgetkit.json", "out.npy"]
+
+
+def test_atomic_write_keeps_the_target_on_error(tmp_path):
+    from forgetkit.io import atomic_write
+
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_write(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("disk full")
+    assert target.read_bytes() == b"old" and sorted(tmp_path.iterdir()) == [target]
+    with atomic_write(target) as tmp:
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new" and sorted(tmp_path.iterdir()) == [target]
