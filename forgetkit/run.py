@@ -325,7 +325,9 @@ class Run:
             sample_ids=self.sample_ids,
             class_names=self.class_names,
             meta=self.meta,
-            validate=self._validate,
+            # values of an eagerly checked run are known to be valid; streamed or large ones
+            # were not all read yet and stay checked per read
+            validate=self._checked_per_read,
         )
         fields.update(changes)
         return Run(outputs, labels, **fields)

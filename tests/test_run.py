@@ -108,3 +108,16 @@ def test_subset_of_a_streamed_run_is_lazy_and_equal(tmp_path):
     assert np.array_equal(fk.forget_fraction(lazy), fk.forget_fraction(eager))
     assert fk.KnowledgeFusion().fit(lazy).plan_ == fk.KnowledgeFusion().fit(eager).plan_
     assert isinstance(lazy.subset([0, 1]).outputs, SubsetOutputs)  # nested stays lazy
+
+
+def test_subsets_keep_checking_what_was_not_checked(tmp_path):
+    run = make_run(n_epochs=4, n_samples=30)
+    out = np.asarray(run.outputs).copy()
+    out[2, 5, 1] = np.nan
+    np.save(tmp_path / "o.npy", out)
+    streamed = fk.load(tmp_path / "o.npy", labels=run.labels)
+    with pytest.raises(ValueError, match="NaN or inf at epoch index 2"):
+        streamed.subset(np.arange(10)).probs(2)  # lazy: checked when read
+    with pytest.raises(ValueError, match="NaN or inf at epoch index 1"):
+        streamed.epochs_subset([1, 2])  # copied into memory: checked when built
+    assert not run.subset([0, 1])._checked_per_read  # checked once, when built
