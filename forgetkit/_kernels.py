@@ -8,6 +8,8 @@ order is the order of the float values (-0.0 and +0.0 share a key).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -108,6 +110,69 @@ def _first_at_least(grid, x):
     return lo
 
 
+# numba's float max/min reductions do not vectorise; these loops reduce order-preserving int64
+# keys of the float64 bits instead (integer max/min vectorise), with the same results.
+_LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+@njit(inline="always")
+def _key64(x):
+    """Order-preserving int64 key of a float64 (an involution: it also maps keys back)."""
+    b = np.float64(x).view(np.int64)
+    return b ^ ((b >> np.int64(63)) & _LOW63)
+
+
+@njit(inline="always")
+def _float_of_key64(key):
+    return np.int64(key ^ ((key >> np.int64(63)) & _LOW63)).view(np.float64)
+
+
+@njit
+def _abs_max(a, b):
+    """max(|a|, |b|) over two rows (C,) of finite float64 values."""
+    sa = np.int64(0)
+    sb = np.int64(0)
+    for c in range(a.shape[0]):
+        sa = max(sa, np.float64(a[c]).view(np.int64) & _LOW63)
+        sb = max(sb, np.float64(b[c]).view(np.int64) & _LOW63)
+    return np.int64(max(sa, sb)).view(np.float64)
+
+
+@njit
+def _win_bounds(a, b, y, band):
+    """Where eps*a + (1-eps)*b ranks class y first, for rows a, b (C,) of finite values.
+
+    Returns lw, hw (the open interval where every margin > band: the win is certain), lp, hp
+    (the closed interval where every margin >= -band: the win is possible) and whether no eps
+    can win. Branch-free so that it vectorises.
+    """
+    ay = a[y]
+    by = b[y]
+    neg_inf = _key64(-np.inf)
+    pos_inf = _key64(np.inf)
+    lw, lp, hw, hp = neg_inf, neg_inf, pos_inf, pos_inf
+    never = 0
+    empty = 0
+    for c in range(a.shape[0]):
+        icpt = by - b[c]
+        slope = (ay - a[c]) - icpt
+        safe = slope if slope != 0.0 else 1.0
+        k_win = _key64((band - icpt) / safe)
+        k_possible = _key64((-band - icpt) / safe)
+        up = slope > 0.0
+        down = slope < 0.0
+        lw = max(lw, k_win if up else neg_inf)
+        lp = max(lp, k_possible if up else neg_inf)
+        hw = min(hw, k_win if down else pos_inf)
+        hp = min(hp, k_possible if down else pos_inf)
+        flat = (slope == 0.0) & (c != y)  # at c == y both are 0 by construction
+        never = max(never, np.int64(flat & (icpt <= band)))
+        empty = max(empty, np.int64(flat & (icpt < -band)))
+    high_win = -np.inf if never else _float_of_key64(hw)
+    return (_float_of_key64(lw), high_win, _float_of_key64(lp), _float_of_key64(hp),
+            empty > 0)
+
+
 @njit(parallel=True, cache=True)
 def grid_correct_counts(a, b, labels, grid, rel_band, n_blocks):
     """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.
@@ -130,32 +195,8 @@ def grid_correct_counts(a, b, labels, grid, rel_band, n_blocks):
         stop = (blk + 1) * n_samples // n_blocks
         for n in range(start, stop):
             y = labels[n]
-            ay = a[n, y]
-            by = b[n, y]
-            scale = 0.0
-            for c in range(n_classes):
-                scale = max(scale, abs(a[n, c]), abs(b[n, c]))
-            band = rel_band * scale
-            # certain-win interval (lw, hw) open; possible-win interval [lp, hp] closed
-            lw, hw, lp, hp = -np.inf, np.inf, -np.inf, np.inf
-            empty = False
-            for c in range(n_classes):
-                if c == y:
-                    continue
-                icpt = by - b[n, c]
-                slope = (ay - a[n, c]) - icpt
-                if slope > 0.0:
-                    lw = max(lw, (band - icpt) / slope)
-                    lp = max(lp, (-band - icpt) / slope)
-                elif slope < 0.0:
-                    hw = min(hw, (band - icpt) / slope)
-                    hp = min(hp, (-band - icpt) / slope)
-                else:
-                    if icpt <= band:
-                        hw = -np.inf  # never certain
-                    if icpt < -band:
-                        empty = True
-                        break
+            band = rel_band * _abs_max(a[n], b[n])
+            lw, hw, lp, hp, empty = _win_bounds(a[n], b[n], y, band)
             if empty:
                 continue
             p0 = _first_at_least(grid, lp)
@@ -240,64 +281,199 @@ def mixture_correct_count(a, b, labels, eps):
 
 
 # ------------------------------------------------------------------------- softmax
-#: float64 value of every float16 bit pattern (index: the bits as uint16).
-F16_TO_F64 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
+# exp(x) for -708 <= x <= 0 in straight-line arithmetic that vectorises (numba has no
+# vectorised exp on this platform): x = k*ln2 + r with |r| <= ln2/2 (Cody-Waite), a degree-13
+# Taylor polynomial for exp(r), and 2**k built from the bits of k. At most 1 ulp from the
+# correctly rounded exp (numpy's exp is too; the two differ by 1 ulp on ~10% of inputs).
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01  # trailing zeros: k * _LN2_HI is exact
+_LN2_LO = 1.90821492927058770002e-10
+_ROUND = 6755399441055744.0  # 1.5 * 2**52: x + _ROUND - _ROUND rounds x to an integer
+_ROUND_BITS = 0x4338000000000000  # the bits of _ROUND
+#: Below this shifted logit the fast exp would leave the normal range: such rows take math.exp.
+EXP_MIN = -708.0
+_TWO_1008 = 2.0**1008  # float16 exponent bias 15 -> float64 bias 1023
+
+
+@njit(inline="always")
+def _exp_nonpositive(x):
+    """exp(x) for EXP_MIN <= x <= 0, branch-free."""
+    t = x * _LOG2E + _ROUND
+    k = t - _ROUND
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    p = 1.0 / 6227020800.0
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    scale = (np.float64(t).view(np.int64) - np.int64(_ROUND_BITS - 1023)) << np.int64(52)
+    return (1.0 + (r + r * r * p)) * np.int64(scale).view(np.float64)
+
+
+@njit(inline="always")
+def _f16_to_f64(bits):
+    """float64 value of finite float16 bits (int16): the 15 low bits shifted into a float64
+    whose exponent is off by 2**1008 (subnormals included), then rescaled exactly."""
+    b = np.int64(bits)
+    f = ((b & np.int64(0x7FFF)) << np.int64(42)) | ((b & np.int64(0x8000)) << np.int64(48))
+    return np.int64(f).view(np.float64) * _TWO_1008
+
+
+@njit(inline="always")
+def _f16_bits_of_key(key):
+    """Inverse of ``_f16_key`` (+0.0 for key 0)."""
+    if key >= 0:
+        return key
+    return np.int16((key - np.int16(1)) ^ np.int16(0x7FFF))
+
+
+@njit(fastmath={"contract"})
+def _exp_shifted_f16(row, m, out):
+    """out[c] = exp(x[c] - m) for float16 bits ``row`` with every x[c] - m >= EXP_MIN."""
+    for c in range(row.shape[0]):
+        out[c] = _exp_nonpositive(_f16_to_f64(row[c]) - m)
+
+
+@njit(fastmath={"contract"})
+def _exp_shifted(row, m, out):
+    """out[c] = exp(x[c] - m) for float32/64 ``row`` with every x[c] - m >= EXP_MIN."""
+    for c in range(row.shape[0]):
+        out[c] = _exp_nonpositive(np.float64(row[c]) - m)
+
+
+@njit(fastmath={"reassoc"})
+def _sum(x):
+    """Sum of x (C,), in vector lanes (not the order of numpy's pairwise sum)."""
+    s = 0.0
+    for c in range(x.shape[0]):
+        s += x[c]
+    return s
+
+
+@njit(inline="always")
+def _normalize(out):
+    inv = 1.0 / _sum(out)
+    for c in range(out.shape[0]):
+        out[c] *= inv
+
+
+@njit(inline="always")
+def _softmax_row_f16(row, out):
+    """out = softmax of float16 bits ``row`` (C,) in float64; False if it holds inf or nan."""
+    hi = np.int16(-32768)
+    lo = np.int16(32767)
+    magnitude = np.int16(0)
+    for c in range(row.shape[0]):
+        key = _f16_key(row[c])
+        hi = max(hi, key)
+        lo = min(lo, key)
+        magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+    if magnitude >= _F16_EXP_MASK:
+        return False
+    m = _f16_to_f64(_f16_bits_of_key(hi))
+    if _f16_to_f64(_f16_bits_of_key(lo)) - m >= EXP_MIN:
+        _exp_shifted_f16(row, m, out)
+    else:  # some exp underflows to a subnormal or zero
+        for c in range(row.shape[0]):
+            out[c] = math.exp(_f16_to_f64(row[c]) - m)
+    _normalize(out)
+    return True
+
+
+@njit(inline="always")
+def _softmax_row_float(row, out):
+    """out = softmax of float32/64 ``row`` (C,) in float64; False if it holds inf or nan."""
+    hi = -np.inf
+    lo = np.inf
+    for c in range(row.shape[0]):
+        v = np.float64(row[c])
+        if not np.isfinite(v):
+            return False
+        hi = max(hi, v)
+        lo = min(lo, v)
+    if lo - hi >= EXP_MIN:
+        _exp_shifted(row, hi, out)
+    else:
+        for c in range(row.shape[0]):
+            out[c] = math.exp(np.float64(row[c]) - hi)
+    _normalize(out)
+    return True
 
 
 @njit(parallel=True, cache=True)
-def shift_by_row_max_f16(bits, table, out):
-    """out[r, c] = x[r, c] - max_c x[r, c] in float64, x float16 given as int16 bits.
-
-    bits: int16 (rows, C); table: F16_TO_F64; out: float64 (rows, C).
-    Returns the number of rows holding inf or nan (their output is undefined).
-    """
-    rows, n_classes = bits.shape
+def softmax_f16(bits, out):
+    """Row-wise softmax of float16 values given as int16 bits (rows, C) into float64 ``out``:
+    exp(x - max) * (1 / sum). Returns the number of rows holding inf or nan."""
     n_bad = 0
-    for r in prange(rows):
-        m = -np.inf
-        magnitude = np.int16(0)
-        for c in range(n_classes):
-            m = max(m, table[np.uint16(bits[r, c])])
-            magnitude = max(magnitude, np.int16(bits[r, c] & np.int16(0x7FFF)))
-        if magnitude >= _F16_EXP_MASK:
+    for r in prange(bits.shape[0]):
+        if not _softmax_row_f16(bits[r], out[r]):
             n_bad += 1
-        for c in range(n_classes):
-            out[r, c] = table[np.uint16(bits[r, c])] - m
     return n_bad
 
 
 @njit(parallel=True, cache=True)
-def shift_by_row_max(values, out):
-    """out[r, c] = values[r, c] - max_c values[r, c] in float64 (values float32/64).
-
-    Returns the number of rows holding inf or nan (their output is undefined).
-    """
-    rows, n_classes = values.shape
+def softmax_float(values, out):
+    """Row-wise softmax of float32/64 ``values`` (rows, C) into float64 ``out``, the
+    arithmetic of ``softmax_f16``. Returns the number of rows holding inf or nan."""
     n_bad = 0
-    for r in prange(rows):
-        m = -np.inf
-        finite = True
-        for c in range(n_classes):
-            v = np.float64(values[r, c])
-            finite &= np.isfinite(v)
-            m = max(m, v)
-        if not finite:
+    for r in prange(values.shape[0]):
+        if not _softmax_row_float(values[r], out[r]):
             n_bad += 1
-        for c in range(n_classes):
-            out[r, c] = np.float64(values[r, c]) - m
     return n_bad
 
 
 @njit(parallel=True, cache=True)
-def normalize_rows(x):
-    """x[r] /= sum(x[r]) in place, summing classes in order. x: float64 (rows, C)."""
-    rows, n_classes = x.shape
-    for r in prange(rows):
-        s = 0.0
-        for c in range(n_classes):
-            s += x[r, c]
-        for c in range(n_classes):
-            x[r, c] /= s
+def mean_softmax_f16(stack, out, n_blocks):
+    """out = mean over the first axis of the row-wise softmax of float16 bits ``stack``
+    (k, rows, C): each epoch's softmax as ``softmax_f16`` computes it, summed in epoch order,
+    then divided by k. Returns the number of (epoch, row) pairs holding inf or nan."""
+    k, rows, n_classes = stack.shape
+    n_blocks = max(1, min(n_blocks, rows))
+    n_bad = 0
+    for blk in prange(n_blocks):
+        tmp = np.empty(n_classes)
+        for r in range(blk * rows // n_blocks, (blk + 1) * rows // n_blocks):
+            for i in range(k):
+                if not _softmax_row_f16(stack[i, r], tmp):
+                    n_bad += 1
+                _accumulate(out[r], tmp, i, k)
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
+def mean_softmax_float(stack, out, n_blocks):
+    """``mean_softmax_f16`` for float32/64 ``stack`` (k, rows, C)."""
+    k, rows, n_classes = stack.shape
+    n_blocks = max(1, min(n_blocks, rows))
+    n_bad = 0
+    for blk in prange(n_blocks):
+        tmp = np.empty(n_classes)
+        for r in range(blk * rows // n_blocks, (blk + 1) * rows // n_blocks):
+            for i in range(k):
+                if not _softmax_row_float(stack[i, r], tmp):
+                    n_bad += 1
+                _accumulate(out[r], tmp, i, k)
+    return n_bad
+
+
+@njit(inline="always")
+def _accumulate(total, p, i, k):
+    """Step i of k of ``total = p0; total += p1; ...; total /= k`` on one row."""
+    if i == 0:
+        total[:] = p
+    else:
+        for c in range(total.shape[0]):
+            total[c] += p[c]
+    if i == k - 1 and k > 1:
+        for c in range(total.shape[0]):
+            total[c] /= k
 
 
 # -------------------------------------------------------------- fusion step helpers

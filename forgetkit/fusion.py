@@ -17,7 +17,7 @@ from . import _kernels
 from ._progress import Progress
 from ._validation import check_int, check_option
 from .forgetting import correctness
-from .run import Run
+from .run import Run, mean_softmax
 
 #: Half-width of the band (relative to the largest |value| of a sample) around interval ends
 #: where the exact epsilon search re-checks grid points with the brute-force arithmetic.
@@ -69,6 +69,11 @@ class EpochProbs:
     def mean(self, indices):
         """Mean of the probabilities of epochs ``indices`` (summed in order, then divided)."""
         idx = np.asarray(list(indices), dtype=np.int64)
+        if self._all is None and self.run.kind == "logits":
+            try:
+                return mean_softmax(self.run.outputs[_as_slice(idx)])
+            except ValueError:
+                pass  # epoch by epoch below, for an error message naming the epoch
         if self._all is None:  # stream: one epoch in memory besides the total
             total = self.run.probs(int(idx[0]))
             if len(idx) > 1:
@@ -91,6 +96,13 @@ class EpochProbs:
         for e, w in zip(indices, weights, strict=True):
             total += w * self[e]
         return total
+
+
+def _as_slice(idx):
+    """A slice for consecutive indices (a view of a memmap), else the indices."""
+    if len(idx) and np.all(np.diff(idx) == 1):
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
 
 
 def check_validation_run(run):
@@ -197,7 +209,7 @@ class KnowledgeFusion(Fuser):
         plan, accs, used = [], [], 0
         bar = Progress(n_epochs, "knowledge fusion", enabled=self.progress)
         while explore.any() and (self.max_windows is None or used < self.max_windows):
-            forget = (correct & ~cur).sum(axis=1)
+            forget = correct[:, ~cur].sum(axis=1)  # F'_e * n_samples
             forget[~explore] = -1
             a = int(np.argmax(forget))  # ties: the earliest epoch
             window = self._window(a, n_epochs)

@@ -121,3 +121,73 @@ def test_subsets_keep_checking_what_was_not_checked(tmp_path):
     with pytest.raises(ValueError, match="NaN or inf at epoch index 1"):
         streamed.epochs_subset([1, 2])  # copied into memory: checked when built
     assert not run.subset([0, 1])._checked_per_read  # checked once, when built
+
+
+# ------------------------------------------------------------------ softmax kernels
+def _ulps(a, b):
+    return np.abs(a.view(np.int64) - b.view(np.int64))
+
+
+def test_fast_exp_within_one_ulp_of_numpy():
+    from numba import njit
+
+    from forgetkit import _kernels
+
+    @njit
+    def fast_exp(x, out):
+        for i in range(x.shape[0]):
+            out[i] = _kernels._exp_nonpositive(x[i])
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([-rng.exponential(30, 200_000), -rng.random(50_000) * 1e-6,
+                        [0.0, -0.0, -1e-300, _kernels.EXP_MIN, -np.log(2), -700.5]])
+    x = np.maximum(x, _kernels.EXP_MIN)
+    out = np.empty_like(x)
+    fast_exp(x, out)
+    assert _ulps(out, np.exp(x)).max() <= 1
+    assert out[x == 0].tolist() == [1.0, 1.0]
+
+
+def test_float16_bits_convert_exactly():
+    from numba import njit
+
+    from forgetkit import _kernels
+
+    @njit
+    def convert(bits, out):
+        for i in range(bits.shape[0]):
+            out[i] = _kernels._f16_to_f64(bits[i])
+
+    half = np.arange(65536, dtype=np.uint16).view(np.float16)
+    finite = np.isfinite(half)
+    out = np.empty(65536)
+    convert(half.view(np.int16), out)
+    ref = half.astype(np.float64)
+    assert np.array_equal(out[finite], ref[finite])
+    assert np.array_equal(np.signbit(out[finite]), np.signbit(ref[finite]))  # -0.0 stays
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_softmax_extreme_rows_take_the_exact_path(dtype):
+    # spreads beyond 708 underflow to subnormals: those rows go through math.exp
+    x = np.array([[0.0, -700.0, -720.0, -760.0], [3.0, 2.0, 1.0, 0.0],
+                  [-1000.0, -1000.0, -1700.0, -1010.0]], dtype=dtype)
+    p = fk.run.softmax(x)
+    x64 = x.astype(np.float64)
+    ref = np.exp(x64 - x64.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    assert _ulps(p[p > 1e-300], ref[p > 1e-300]).max() <= 4
+    np.testing.assert_array_equal(p == 0, ref == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_mean_softmax_equals_the_mean_of_per_epoch_softmax(dtype):
+    run = make_run(n_epochs=5, n_samples=203, n_classes=37, dtype=dtype)
+    for idx in ([1, 2, 3], [4], [0, 2]):
+        stack = np.asarray(run.outputs)[idx]
+        ref = np.mean(np.stack([fk.run.softmax(s) for s in stack]), axis=0)
+        np.testing.assert_array_equal(fk.run.mean_softmax(stack), ref)
+    bad = np.asarray(run.outputs)[:2].copy()
+    bad[1, 7, 3] = np.nan
+    with pytest.raises(ValueError, match="1 rows hold NaN or inf"):
+        fk.run.mean_softmax(bad)
