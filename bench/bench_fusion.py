@@ -19,15 +19,35 @@ import numpy as np
 from .common import DATA, machine, peak_rss_anon, write_synthetic_npy
 
 
-def numpy_kf(run, *, window=1, grid=101, max_steps=None):
+def numpy_probs(run, epochs):
+    """Plain numpy softmax (float64) of the stored outputs of ``epochs``: (k, N, C)."""
+    x = np.asarray(run.outputs[list(epochs)], dtype=np.float64)
+    e = np.exp(x - x.max(axis=2, keepdims=True))
+    return e / e.sum(axis=2, keepdims=True)
+
+
+def numpy_kf(run, *, window=1, grid=101, max_steps=None, softmax="numpy"):
     """Brute-force Knowledge Fusion (DESIGN.md's algorithm read literally), streaming the
-    probabilities of each window from the run. Returns (plan, seconds per step)."""
+    probabilities of each window from the run. Returns (plan, seconds per step, seconds
+    before the first step).
+
+    softmax="numpy" is the straightforward implementation: numpy computes correctness and
+    every softmax. softmax="forgetkit" takes both from forgetkit's kernels instead, leaving
+    only the grid search in numpy (the baseline before 2026-11-26, session 2).
+    """
     import forgetkit as fk
 
+    t = time.perf_counter()
     n_epochs, y = run.n_epochs, run.labels
     G = np.arange(grid) / (grid - 1)
-    correct = fk.correctness(run)
-    prob = run.probs(n_epochs - 1)
+    if softmax == "numpy":
+        correct = np.stack([np.argmax(run.outputs[e], axis=1) == y for e in range(n_epochs)])
+        probs = lambda epochs: numpy_probs(run, epochs)  # noqa: E731
+    else:
+        correct = fk.correctness(run)
+        probs = run.probs
+    prob = probs([n_epochs - 1])[0]
+    setup = time.perf_counter() - t
     explore = set(range(n_epochs))
     plan, step_times = [], []
     while explore and (max_steps is None or len(plan) < max_steps):
@@ -38,13 +58,13 @@ def numpy_kf(run, *, window=1, grid=101, max_steps=None):
         for e in range(a - window, a + window + 1):
             explore.discard(e)
         lo, hi = max(a - window, 0), min(a + window, n_epochs - 1)
-        A = np.mean(run.probs(range(lo, hi + 1)), axis=0)
+        A = np.mean(probs(range(lo, hi + 1)), axis=0)
         acc = [np.mean(np.argmax(eps * A + (1 - eps) * prob, axis=1) == y) for eps in G]
         eps = G[int(np.argmax(acc))]
         plan.append((a, float(eps)))
         prob = eps * A + (1 - eps) * prob
         step_times.append(time.perf_counter() - t)
-    return plan, step_times
+    return plan, step_times, setup
 
 
 def bench_size(n_epochs, n_samples, n_classes, ref_steps):
@@ -58,13 +78,14 @@ def bench_size(n_epochs, n_samples, n_classes, ref_steps):
         t = time.perf_counter()
         kf = fk.KnowledgeFusion().fit(run)
         secs = time.perf_counter() - t
-    ref_plan, step_times = numpy_kf(fk.load(path), max_steps=ref_steps)
-    n_steps = len(kf.plan_)
-    ref_total = float(np.mean(step_times)) * n_steps
-    same = kf.plan_[: len(ref_plan)] == ref_plan
-    return dict(shape=(n_epochs, n_samples, n_classes), seconds=secs, steps=n_steps,
-                k=kf.ensemble_size_, ref_seconds=ref_total, ref_steps=len(ref_plan),
-                same=same, peak_mb=mem["peak_mb"], gb=run.outputs.nbytes / 1e9)
+    refs = {}
+    for softmax in ("numpy", "forgetkit"):
+        plan, step_times, setup = numpy_kf(fk.load(path), max_steps=ref_steps, softmax=softmax)
+        refs[softmax] = dict(seconds=setup + float(np.mean(step_times)) * len(kf.plan_),
+                             steps=len(plan), same=kf.plan_[: len(plan)] == plan)
+    return dict(shape=(n_epochs, n_samples, n_classes), seconds=secs, steps=len(kf.plan_),
+                k=kf.ensemble_size_, refs=refs, peak_mb=mem["peak_mb"],
+                gb=run.outputs.nbytes / 1e9)
 
 
 def main(argv=None):
@@ -77,17 +98,23 @@ def main(argv=None):
         sizes.append((90, 25000, 1000, args.ref_steps_large))
     rows = [bench_size(*s) for s in sizes]
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}")
-    print("| E x N x C | GB (f16) | KF steps / k | forgetkit s | numpy brute force s | "
-          "speed-up | identical plan | peak RssAnon MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| E x N x C | GB (f16) | KF steps / k | forgetkit s | brute force, all numpy s | "
+          "speed-up | brute force, forgetkit softmax s | speed-up | identical plans | "
+          "peak RssAnon MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ref, same = f"{r['ref_seconds']:.1f}", "yes" if r["same"] else "NO"
-        if r["ref_steps"] < r["steps"]:
-            ref += f" (extrapolated from {r['ref_steps']} of {r['steps']} steps)"
-            same += f" (first {r['ref_steps']} steps)"
+        cells, same = [], []
+        for softmax in ("numpy", "forgetkit"):
+            ref = r["refs"][softmax]
+            cell = f"{ref['seconds']:.1f}"
+            if ref["steps"] < r["steps"]:
+                cell += f" (extrapolated from {ref['steps']} of {r['steps']} steps)"
+            cells += [cell, f"{ref['seconds'] / r['seconds']:.0f}x"]
+            same.append(("yes" if ref["same"] else "NO")
+                        + (f" (first {ref['steps']} steps)" if ref["steps"] < r["steps"] else ""))
         print(f"| {'x'.join(map(str, r['shape']))} | {r['gb']:.2f} | {r['steps']} / {r['k']} | "
-              f"{r['seconds']:.2f} | {ref} | {r['ref_seconds'] / r['seconds']:.0f}x | "
-              f"{same} | {r['peak_mb']:.0f} |")
+              f"{r['seconds']:.2f} | {' | '.join(cells)} | {' / '.join(same)} | "
+              f"{r['peak_mb']:.0f} |")
 
 
 if __name__ == "__main__":

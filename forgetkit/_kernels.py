@@ -29,24 +29,32 @@ def argmax_f16(bits, out):
     """Row-wise argmax of float16 values given as int16 bits.
 
     bits: int16 (rows, C); out: int32 (rows,). A row holding inf or nan gets -1.
-    Two passes over each (cache-resident) row: the max key and the largest magnitude bits
-    (vectorised), then the first index holding the max key.
+    One vectorised pass per row: the max of key << 16 | (0xFFFF - c), whose low half then
+    names the first class holding the max key, and the max magnitude (inf/nan check). Rows of
+    more than 0xFFFF classes take two passes (max key, then the first index holding it).
     """
     rows, n_classes = bits.shape
     for r in prange(rows):
         row = bits[r]
-        best_key = np.int16(-32768)
         magnitude = np.int16(0)
-        for c in range(n_classes):
-            best_key = max(best_key, _f16_key(row[c]))
-            magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
-        out[r] = -1
+        if n_classes <= 0xFFFF:
+            best = np.int32(-2147483648)
+            for c in range(n_classes):
+                key = np.int32(_f16_key(row[c]))
+                best = max(best, (key << np.int32(16)) | np.int32(0xFFFF - c))
+                magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+            out[r] = np.int32(0xFFFF) - (best & np.int32(0xFFFF))
+        else:
+            best_key = np.int16(-32768)
+            for c in range(n_classes):
+                best_key = max(best_key, _f16_key(row[c]))
+                magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+            for c in range(n_classes):
+                if _f16_key(row[c]) == best_key:
+                    out[r] = c
+                    break
         if magnitude >= _F16_EXP_MASK:  # inf or nan somewhere in the row
-            continue
-        for c in range(n_classes):
-            if _f16_key(row[c]) == best_key:
-                out[r] = c
-                break
+            out[r] = -1
 
 
 @njit(parallel=True, cache=True)

@@ -77,6 +77,18 @@ def test_float16_kernel_matches_numpy_on_any_bits(bits):
     assert np.array_equal(out[finite], expect)
 
 
+def test_float16_kernel_beyond_65535_classes():
+    # the packed one-pass key holds the class index in 16 bits: wider rows take two passes
+    rng = np.random.default_rng(1)
+    vals = (rng.integers(-8, 8, size=(4, 70_000)) / 8).astype(np.float16)
+    vals[1, 69_999] = 3.0
+    vals[2, 5] = np.nan
+    out = np.empty(4, dtype=np.int32)
+    _kernels.argmax_f16(vals.view(np.int16), out)
+    expect = np.argmax(vals.astype(np.float64), axis=1)
+    assert out.tolist() == [expect[0], 69_999, -1, expect[3]]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_float_kernel_on_tie_heavy_data(dtype):
     rng = np.random.default_rng(3)
