@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 _F16_EXP_MASK = 0x7C00  # exponent bits all ones: inf or nan
 
@@ -342,18 +343,64 @@ def _f16_bits_of_key(key):
     return np.int16((key - np.int16(1)) ^ np.int16(0x7FFF))
 
 
-@njit(fastmath={"contract"})
-def _exp_shifted_f16(row, m, out):
-    """out[c] = exp(x[c] - m) for float16 bits ``row`` with every x[c] - m >= EXP_MIN."""
-    for c in range(row.shape[0]):
-        out[c] = _exp_nonpositive(_f16_to_f64(row[c]) - m)
+def _to_f64(value):
+    """float64 of one stored value: float16 bits (int16) or a float32/64 (numba only)."""
+
+
+@overload(_to_f64, inline="always")
+def _to_f64_impl(value):
+    if isinstance(value, types.Integer):
+        return lambda value: _f16_to_f64(value)
+    return lambda value: np.float64(value)
+
+
+def _row_range(row):
+    """(max, min, finite) of one row of stored values (numba only)."""
+
+
+@overload(_row_range, inline="always")
+def _row_range_impl(row):
+    if isinstance(row.dtype, types.Integer):  # float16 bits: vectorised int16 keys
+
+        def impl(row):
+            hi = np.int16(-32768)
+            lo = np.int16(32767)
+            magnitude = np.int16(0)
+            for c in range(row.shape[0]):
+                key = _f16_key(row[c])
+                hi = max(hi, key)
+                lo = min(lo, key)
+                magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+            return (_f16_to_f64(_f16_bits_of_key(hi)), _f16_to_f64(_f16_bits_of_key(lo)),
+                    magnitude < _F16_EXP_MASK)
+
+        return impl
+
+    def impl(row):
+        hi = -np.inf
+        lo = np.inf
+        for c in range(row.shape[0]):
+            v = np.float64(row[c])
+            if not np.isfinite(v):
+                return hi, lo, False
+            hi = max(hi, v)
+            lo = min(lo, v)
+        return hi, lo, True
+
+    return impl
 
 
 @njit(fastmath={"contract"})
 def _exp_shifted(row, m, out):
-    """out[c] = exp(x[c] - m) for float32/64 ``row`` with every x[c] - m >= EXP_MIN."""
+    """out[c] = exp(x[c] - m) for a row of stored values with every x[c] - m >= EXP_MIN."""
     for c in range(row.shape[0]):
-        out[c] = _exp_nonpositive(np.float64(row[c]) - m)
+        out[c] = _exp_nonpositive(_to_f64(row[c]) - m)
+
+
+@njit(fastmath={"contract"})
+def _exp_shifted_one(value, m):
+    """One element of ``_exp_shifted``, with the same arithmetic."""
+    return _exp_nonpositive(_to_f64(value) - m)
 
 
 @njit(fastmath={"reassoc"})
@@ -366,82 +413,46 @@ def _sum(x):
 
 
 @njit(inline="always")
-def _normalize(out):
+def _softmax_row(row, out):
+    """out = softmax of one row of stored values (C,) in float64.
+
+    Returns (status, m, inv): status 1 when out = exp(x - m) * inv with the fast exp (then
+    every out[c] <= inv), 0 when some exp underflowed and math.exp was used, -1 when the row
+    holds inf or nan (out is then undefined).
+    """
+    hi, lo, finite = _row_range(row)
+    if not finite:
+        return -1, hi, np.nan
+    status = 1
+    if lo - hi >= EXP_MIN:
+        _exp_shifted(row, hi, out)
+    else:  # some exp underflows to a subnormal or zero
+        status = 0
+        for c in range(row.shape[0]):
+            out[c] = math.exp(_to_f64(row[c]) - hi)
     inv = 1.0 / _sum(out)
     for c in range(out.shape[0]):
         out[c] *= inv
-
-
-@njit(inline="always")
-def _softmax_row_f16(row, out):
-    """out = softmax of float16 bits ``row`` (C,) in float64; False if it holds inf or nan."""
-    hi = np.int16(-32768)
-    lo = np.int16(32767)
-    magnitude = np.int16(0)
-    for c in range(row.shape[0]):
-        key = _f16_key(row[c])
-        hi = max(hi, key)
-        lo = min(lo, key)
-        magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
-    if magnitude >= _F16_EXP_MASK:
-        return False
-    m = _f16_to_f64(_f16_bits_of_key(hi))
-    if _f16_to_f64(_f16_bits_of_key(lo)) - m >= EXP_MIN:
-        _exp_shifted_f16(row, m, out)
-    else:  # some exp underflows to a subnormal or zero
-        for c in range(row.shape[0]):
-            out[c] = math.exp(_f16_to_f64(row[c]) - m)
-    _normalize(out)
-    return True
-
-
-@njit(inline="always")
-def _softmax_row_float(row, out):
-    """out = softmax of float32/64 ``row`` (C,) in float64; False if it holds inf or nan."""
-    hi = -np.inf
-    lo = np.inf
-    for c in range(row.shape[0]):
-        v = np.float64(row[c])
-        if not np.isfinite(v):
-            return False
-        hi = max(hi, v)
-        lo = min(lo, v)
-    if lo - hi >= EXP_MIN:
-        _exp_shifted(row, hi, out)
-    else:
-        for c in range(row.shape[0]):
-            out[c] = math.exp(np.float64(row[c]) - hi)
-    _normalize(out)
-    return True
+    return status, hi, inv
 
 
 @njit(parallel=True, cache=True)
-def softmax_f16(bits, out):
-    """Row-wise softmax of float16 values given as int16 bits (rows, C) into float64 ``out``:
-    exp(x - max) * (1 / sum). Returns the number of rows holding inf or nan."""
-    n_bad = 0
-    for r in prange(bits.shape[0]):
-        if not _softmax_row_f16(bits[r], out[r]):
-            n_bad += 1
-    return n_bad
-
-
-@njit(parallel=True, cache=True)
-def softmax_float(values, out):
-    """Row-wise softmax of float32/64 ``values`` (rows, C) into float64 ``out``, the
-    arithmetic of ``softmax_f16``. Returns the number of rows holding inf or nan."""
+def softmax_rows(values, out):
+    """Row-wise softmax of ``values`` (rows, C), float16 given as int16 bits or float32/64,
+    into float64 ``out``: exp(x - max) * (1 / sum). Returns the number of rows holding inf or
+    nan."""
     n_bad = 0
     for r in prange(values.shape[0]):
-        if not _softmax_row_float(values[r], out[r]):
+        if _softmax_row(values[r], out[r])[0] < 0:
             n_bad += 1
     return n_bad
 
 
 @njit(parallel=True, cache=True)
-def mean_softmax_f16(stack, out, n_blocks):
-    """out = mean over the first axis of the row-wise softmax of float16 bits ``stack``
-    (k, rows, C): each epoch's softmax as ``softmax_f16`` computes it, summed in epoch order,
-    then divided by k. Returns the number of (epoch, row) pairs holding inf or nan."""
+def mean_softmax(stack, out, n_blocks):
+    """out = mean over the first axis of the row-wise softmax of ``stack`` (k, rows, C):
+    each epoch's softmax as ``softmax_rows`` computes it, summed in epoch order, then divided
+    by k. Returns the number of (epoch, row) pairs holding inf or nan."""
     k, rows, n_classes = stack.shape
     n_blocks = max(1, min(n_blocks, rows))
     n_bad = 0
@@ -449,23 +460,7 @@ def mean_softmax_f16(stack, out, n_blocks):
         tmp = np.empty(n_classes)
         for r in range(blk * rows // n_blocks, (blk + 1) * rows // n_blocks):
             for i in range(k):
-                if not _softmax_row_f16(stack[i, r], tmp):
-                    n_bad += 1
-                _accumulate(out[r], tmp, i, k)
-    return n_bad
-
-
-@njit(parallel=True, cache=True)
-def mean_softmax_float(stack, out, n_blocks):
-    """``mean_softmax_f16`` for float32/64 ``stack`` (k, rows, C)."""
-    k, rows, n_classes = stack.shape
-    n_blocks = max(1, min(n_blocks, rows))
-    n_bad = 0
-    for blk in prange(n_blocks):
-        tmp = np.empty(n_classes)
-        for r in range(blk * rows // n_blocks, (blk + 1) * rows // n_blocks):
-            for i in range(k):
-                if not _softmax_row_float(stack[i, r], tmp):
+                if _softmax_row(stack[i, r], tmp)[0] < 0:
                     n_bad += 1
                 _accumulate(out[r], tmp, i, k)
     return n_bad
@@ -482,6 +477,102 @@ def _accumulate(total, p, i, k):
     if i == k - 1 and k > 1:
         for c in range(total.shape[0]):
             total[c] /= k
+
+
+# ------------------------------------------------------------ ensemble selection
+@njit(inline="always")
+def _row_max(t):
+    top = t[0]
+    for c in range(t.shape[0]):
+        top = t[c] if t[c] > top else top
+    return top
+
+
+@njit(parallel=True, cache=True)
+def selection_candidates(total, rows, bound, slack, limit):
+    """Classes that can still win row r = rows[i] of ``total`` (N, C) when one probability
+    vector whose entries are at most bound[i] is added: those within bound[i] + slack of
+    the row's max. Returns cand_ptr (R+1,), cand (ascending classes per row, CSR) and full
+    (R,) bool: rows with more than ``limit`` candidates, listed with none (score them whole).
+    """
+    n_rows = rows.shape[0]
+    counts = np.zeros(n_rows + 1, dtype=np.int64)
+    full = np.zeros(n_rows, dtype=np.bool_)
+    for i in prange(n_rows):
+        t = total[rows[i]]
+        threshold = _row_max(t) - bound[i] - slack
+        n = 0
+        for c in range(t.shape[0]):
+            n += t[c] >= threshold
+        if n > limit:
+            full[i] = True
+        else:
+            counts[i + 1] = n
+    ptr = np.cumsum(counts)
+    cand = np.empty(ptr[-1], dtype=np.int64)
+    for i in prange(n_rows):
+        if full[i]:
+            continue
+        t = total[rows[i]]
+        threshold = _row_max(t) - bound[i] - slack
+        j = ptr[i]
+        for c in range(t.shape[0]):
+            if t[c] >= threshold:
+                cand[j] = c
+                j += 1
+    return ptr, cand, full
+
+
+@njit(parallel=True, cache=True)
+def selection_correct_count(values, src, total, rows, labels, shift, inv, cand_ptr, cand,
+                            full, n_blocks):
+    """Rows r = rows[i] whose argmax of total[r] + softmax(values[src[i]]) is labels[r].
+
+    values: one epoch's stored outputs (M, C) (float16 as int16 bits); src (R,): the row of
+    values holding each row; shift, inv (N,): per row of total, the max and 1/sum of that
+    softmax (nan: not known yet; filled here from every row scored whole). Rows not ``full``
+    are scored on their candidate classes only (``selection_candidates``), each probability
+    computed exactly as ``softmax_rows`` does; the others, and rows of unknown inv, whole.
+    Returns (count, number of rows holding inf or nan).
+    """
+    n_rows = rows.shape[0]
+    n_classes = total.shape[1]
+    n_blocks = max(1, min(n_blocks, n_rows))
+    count = 0
+    n_bad = 0
+    for blk in prange(n_blocks):
+        tmp = np.empty(n_classes)
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            x = values[src[i]]
+            t = total[r]
+            best = -1
+            best_v = -np.inf
+            if full[i] or not inv[r] > 0.0:
+                status, m, scale = _softmax_row(x, tmp)
+                if status < 0:
+                    n_bad += 1
+                    continue
+                if status == 1:
+                    shift[r] = m
+                    inv[r] = scale
+                for c in range(n_classes):
+                    v = t[c] + tmp[c]
+                    if best < 0 or v > best_v:
+                        best = c
+                        best_v = v
+            else:
+                m = shift[r]
+                scale = inv[r]
+                for j in range(cand_ptr[i], cand_ptr[i + 1]):
+                    c = cand[j]
+                    v = t[c] + _exp_shifted_one(x[c], m) * scale
+                    if best < 0 or v > best_v:
+                        best = c
+                        best_v = v
+            if best == labels[r]:
+                count += 1
+    return count, n_bad
 
 
 # -------------------------------------------------------------- fusion step helpers

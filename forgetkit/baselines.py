@@ -7,12 +7,13 @@ same epochs) so that `forgetkit.compare` treats all methods alike.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from . import _kernels
 from ._validation import check_int, check_option
 from .fusion import EpochProbs, Fuser, as_run, check_validation_run
-from .run import Run
+from .run import Run, _kernel_view, epoch_rows
 
 FIXED = ("single", "horizontal", "fixed_jumps", "uniform")
 #: Rounding headroom above a lead of 1 before ensemble selection calls a sample decided.
@@ -167,6 +168,7 @@ class EnsembleSelection(Fuser):
         k = check_int("k", self.k, minimum=1)
         check_validation_run(run)
         probs = EpochProbs(run, cache=True)
+        scorer = _StreamedScorer(run) if probs.cached is None else None
         y = run.labels
         total = np.zeros((run.n_samples, run.n_classes))
         picks = []
@@ -182,7 +184,9 @@ class EnsembleSelection(Fuser):
             if rows.size and probs.cached is not None:  # cached: score the rows in place
                 scores = [decided + _kernels.sum_correct_count_rows(total, probs.cached[e], y, rows)
                           for e in range(run.n_epochs)]
-            elif rows.size:  # large run: compute the probabilities of those rows only
+            elif rows.size and run.kind == "logits":  # large run: from the stored logits
+                scores = [decided + n for n in scorer.correct_counts(total, rows)]
+            elif rows.size:  # large probabilities run: read those rows only
                 sub = run.subset(rows) if rows.size < run.n_samples else run
                 total_rows, y_rows, all_rows = total[rows], y[rows], np.arange(rows.size)
                 scores = [decided + _kernels.sum_correct_count_rows(total_rows, sub.probs(e),
@@ -200,3 +204,38 @@ class EnsembleSelection(Fuser):
     def predict_proba(self, run):
         pos = self._positions(run, self.checkpoints_)
         return EpochProbs(run).weighted(pos, self.weights_)
+
+
+class _StreamedScorer:
+    """Ensemble-selection scores on a logits run whose probabilities are not held in memory.
+
+    Each epoch's stored outputs are read in place (no copy of a lazy subset) and a row's
+    softmax is never materialised. The first time a row is scored whole, its softmax max and
+    1/sum are kept (2 floats per epoch and sample); since no probability exceeds that 1/sum,
+    later rounds compute only the classes that can still win (``selection_candidates``),
+    with the arithmetic of the full softmax, so every score is exact.
+    """
+
+    def __init__(self, run):
+        self.run = run
+        self.shift = np.full((run.n_epochs, run.n_samples), np.nan)
+        self.inv = np.full((run.n_epochs, run.n_samples), np.nan)
+
+    def correct_counts(self, total, rows):
+        """Per epoch e: the number of ``rows`` whose argmax of total + P[e] is the label."""
+        run = self.run
+        known = self.inv[:, rows]
+        bound = np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))
+        ptr, cand, full = _kernels.selection_candidates(total, rows, bound, UNDECIDED_SLACK,
+                                                        max(1, run.n_classes // 4))
+        n_blocks = 8 * numba.get_num_threads()
+        counts = []
+        for e in range(run.n_epochs):
+            values, src = epoch_rows(run.outputs, e)
+            n_correct, n_bad = _kernels.selection_correct_count(
+                _kernel_view(np.ascontiguousarray(values)), src[rows], total, rows,
+                run.labels, self.shift[e], self.inv[e], ptr, cand, full, n_blocks)
+            if n_bad:
+                run.probs(e)  # raises the error naming the epoch and its bad values
+            counts.append(n_correct)
+        return counts

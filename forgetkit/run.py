@@ -42,6 +42,11 @@ def split_indices(n_samples, frac=0.5, seed=0):
     return perm[:n_val], perm[n_val:]
 
 
+def _kernel_view(values):
+    """The array the kernels take: float16 as its raw int16 bits, other floats as they are."""
+    return values.view(np.int16) if values.dtype == np.float16 else values
+
+
 def softmax(values, out=None):
     """Softmax over the last axis of (n_samples, n_classes) values, in float64.
 
@@ -54,10 +59,7 @@ def softmax(values, out=None):
         raise ValueError(f"softmax expects (samples, classes); got shape {x.shape}")
     if out is None:
         out = np.empty(x.shape, dtype=np.float64)
-    if x.dtype == np.float16:
-        n_bad = _kernels.softmax_f16(x.view(np.int16), out)
-    else:
-        n_bad = _kernels.softmax_float(x, out)
+    n_bad = _kernels.softmax_rows(_kernel_view(x), out)
     if n_bad:
         raise ValueError(f"{n_bad} rows hold NaN or inf")
     return out
@@ -71,10 +73,7 @@ def mean_softmax(stack, out=None):
     if out is None:
         out = np.empty(x.shape[1:], dtype=np.float64)
     n_blocks = 8 * numba.get_num_threads()
-    if x.dtype == np.float16:
-        n_bad = _kernels.mean_softmax_f16(x.view(np.int16), out, n_blocks)
-    else:
-        n_bad = _kernels.mean_softmax_float(x, out, n_blocks)
+    n_bad = _kernels.mean_softmax(_kernel_view(x), out, n_blocks)
     if n_bad:
         raise ValueError(f"{n_bad} rows hold NaN or inf")
     return out
@@ -132,6 +131,15 @@ class SubsetOutputs(LazyOutputs):
 
     def _read(self, e):
         return np.asarray(self._base[e])[self._index]
+
+
+def epoch_rows(outputs, e):
+    """(values, rows): epoch ``e`` of ``outputs`` as an (M, C) array that holds sample n at
+    row rows[n], without gathering a lazy subset's rows (a memmap's epoch is not read)."""
+    if isinstance(outputs, SubsetOutputs):
+        values, rows = epoch_rows(outputs._base, e)
+        return values, rows[outputs._index]
+    return np.asarray(outputs[e]), np.arange(outputs.shape[1])
 
 
 class Run:

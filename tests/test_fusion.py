@@ -222,6 +222,39 @@ def test_ensemble_selection_streams_large_runs(real_small, tmp_path, monkeypatch
     monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
     sel = EnsembleSelection(k=8).fit(fk.load(tmp_path / "r.npy"))
     assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 8)
+    # a lazy subset of the memmap (the protocol's validation half) is read in place
+    rows = np.random.default_rng(0).permutation(real_small.n_samples)[:900]
+    sub = fk.load(tmp_path / "r.npy").subset(rows)
+    sel = EnsembleSelection(k=20).fit(sub)
+    assert sel.selection_ == ensemble_selection_ref(real_small.probs()[:, rows],
+                                                    real_small.labels[rows], 20)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("ties", [False, True])
+def test_streamed_selection_on_candidate_classes_is_exact(dtype, ties, tmp_path, monkeypatch):
+    """Diffuse outputs over many classes: later rounds score only the classes that can still
+    win (bounded by each row's largest probability); picks equal the brute force's."""
+    import forgetkit.fusion as fusion
+
+    run = make_run(n_epochs=9, n_samples=400, n_classes=60, dtype=dtype, ties=ties)
+    fk.save(run, tmp_path / "r.npy")
+    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
+    sel = EnsembleSelection(k=15).fit(fk.load(tmp_path / "r.npy"))
+    assert sel.selection_ == ensemble_selection_ref(run.probs(), run.labels, 15)
+
+
+def test_streamed_selection_names_bad_values(tmp_path, monkeypatch):
+    import forgetkit.fusion as fusion
+
+    out = np.array(make_run(n_epochs=4, n_samples=50, n_classes=6).outputs)
+    out[2, 7, 1] = np.inf
+    np.save(tmp_path / "r.npy", out)
+    run = fk.load(tmp_path / "r.npy", labels=make_run(n_epochs=4, n_samples=50,
+                                                      n_classes=6).labels)
+    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
+    with pytest.raises(ValueError, match="epoch 2"):
+        EnsembleSelection(k=2).fit(run)
 
 
 def test_multi_run_and_tta():
