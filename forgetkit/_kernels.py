@@ -523,56 +523,71 @@ def selection_candidates(total, rows, bound, slack, limit):
     return ptr, cand, full
 
 
-@njit(parallel=True, cache=True)
-def selection_correct_count(values, src, total, rows, labels, shift, inv, cand_ptr, cand,
-                            full, n_blocks):
-    """Rows r = rows[i] whose argmax of total[r] + softmax(values[src[i]]) is labels[r].
+@njit(inline="always")
+def _first_argmax_nonnegative(t, p):
+    """First index of the max of t + p (rows (C,) of non-negative floats; p is overwritten
+    with the sums). Non-negative float64 order is the order of their bits, so both passes
+    vectorise as integer code."""
+    top = np.int64(0)
+    for c in range(t.shape[0]):
+        p[c] = t[c] + p[c]
+        top = max(top, np.float64(p[c]).view(np.int64))
+    for c in range(t.shape[0]):
+        if np.float64(p[c]).view(np.int64) == top:
+            return c
+    return -1
 
-    values: one epoch's stored outputs (M, C) (float16 as int16 bits); src (R,): the row of
-    values holding each row; shift, inv (N,): per row of total, the max and 1/sum of that
-    softmax (nan: not known yet; filled here from every row scored whole). Rows not ``full``
-    are scored on their candidate classes only (``selection_candidates``), each probability
-    computed exactly as ``softmax_rows`` does; the others, and rows of unknown inv, whole.
-    Returns (count, number of rows holding inf or nan).
+
+@njit(parallel=True, cache=True)
+def selection_correct_counts(values, src, total, rows, labels, shift, inv, cand_ptr, cand,
+                             full, n_blocks):
+    """Per epoch e: the rows r = rows[i] whose argmax of total[r] + softmax(values[e, src[i]])
+    is labels[r].
+
+    values: stored outputs (E, M, C) (float16 as int16 bits); src (R,): the row of values
+    holding each row; shift, inv (E, N): per epoch and row of total, the max and 1/sum of
+    that softmax (nan: not known yet; filled here from every row scored whole). Rows not
+    ``full`` are scored on their candidate classes only (``selection_candidates``), each
+    probability computed exactly as ``softmax_rows`` does; the others, and rows of unknown
+    inv, whole. A row of total is read once for all epochs.
+    Returns counts (E,) and the number of rows holding inf or nan per epoch (E,).
     """
+    n_epochs = values.shape[0]
     n_rows = rows.shape[0]
     n_classes = total.shape[1]
     n_blocks = max(1, min(n_blocks, n_rows))
-    count = 0
-    n_bad = 0
+    counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
+    bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
     for blk in prange(n_blocks):
         tmp = np.empty(n_classes)
         for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             r = rows[i]
-            x = values[src[i]]
             t = total[r]
-            best = -1
-            best_v = -np.inf
-            if full[i] or not inv[r] > 0.0:
-                status, m, scale = _softmax_row(x, tmp)
-                if status < 0:
-                    n_bad += 1
-                    continue
-                if status == 1:
-                    shift[r] = m
-                    inv[r] = scale
-                for c in range(n_classes):
-                    v = t[c] + tmp[c]
-                    if best < 0 or v > best_v:
-                        best = c
-                        best_v = v
-            else:
-                m = shift[r]
-                scale = inv[r]
-                for j in range(cand_ptr[i], cand_ptr[i + 1]):
-                    c = cand[j]
-                    v = t[c] + _exp_shifted_one(x[c], m) * scale
-                    if best < 0 or v > best_v:
-                        best = c
-                        best_v = v
-            if best == labels[r]:
-                count += 1
-    return count, n_bad
+            for e in range(n_epochs):
+                x = values[e, src[i]]
+                best = -1
+                if full[i] or not inv[e, r] > 0.0:
+                    status, m, scale = _softmax_row(x, tmp)
+                    if status < 0:
+                        bad[blk, e] += 1
+                        continue
+                    if status == 1:
+                        shift[e, r] = m
+                        inv[e, r] = scale
+                    best = _first_argmax_nonnegative(t, tmp)
+                else:
+                    m = shift[e, r]
+                    scale = inv[e, r]
+                    best_v = -np.inf
+                    for j in range(cand_ptr[i], cand_ptr[i + 1]):
+                        c = cand[j]
+                        v = t[c] + _exp_shifted_one(x[c], m) * scale
+                        if best < 0 or v > best_v:
+                            best = c
+                            best_v = v
+                if best == labels[r]:
+                    counts[blk, e] += 1
+    return counts.sum(axis=0), bad.sum(axis=0)
 
 
 # -------------------------------------------------------------- fusion step helpers

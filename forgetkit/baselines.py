@@ -13,7 +13,7 @@ import numpy as np
 from . import _kernels
 from ._validation import check_int, check_option
 from .fusion import EpochProbs, Fuser, as_run, check_validation_run
-from .run import Run, _kernel_view, epoch_rows
+from .run import Run, _kernel_view, stored_rows
 
 FIXED = ("single", "horizontal", "fixed_jumps", "uniform")
 #: Rounding headroom above a lead of 1 before ensemble selection calls a sample decided.
@@ -227,15 +227,20 @@ class _StreamedScorer:
         known = self.inv[:, rows]
         bound = np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))
         ptr, cand, full = _kernels.selection_candidates(total, rows, bound, UNDECIDED_SLACK,
-                                                        max(1, run.n_classes // 4))
+                                                        max(1, run.n_classes // 8))
         n_blocks = 8 * numba.get_num_threads()
+        stored = stored_rows(run.outputs)
+        if stored is not None:  # one pass over the rows, all epochs of a row together
+            parts = [(stored[0], stored[1], slice(0, run.n_epochs))]
+        else:  # outputs decoded epoch by epoch
+            parts = [(np.asarray(run.outputs[e])[None], np.arange(run.n_samples),
+                      slice(e, e + 1)) for e in range(run.n_epochs)]
         counts = []
-        for e in range(run.n_epochs):
-            values, src = epoch_rows(run.outputs, e)
-            n_correct, n_bad = _kernels.selection_correct_count(
-                _kernel_view(np.ascontiguousarray(values)), src[rows], total, rows,
-                run.labels, self.shift[e], self.inv[e], ptr, cand, full, n_blocks)
-            if n_bad:
-                run.probs(e)  # raises the error naming the epoch and its bad values
-            counts.append(n_correct)
+        for values, src, epochs in parts:  # shift/inv slices are views: filled in place
+            n_correct, n_bad = _kernels.selection_correct_counts(
+                _kernel_view(values), src[rows], total, rows, run.labels, self.shift[epochs],
+                self.inv[epochs], ptr, cand, full, n_blocks)
+            for e in np.flatnonzero(n_bad):
+                run.probs(epochs.start + int(e))  # raises the error naming the epoch
+            counts.extend(n_correct.tolist())
         return counts

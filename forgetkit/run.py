@@ -133,13 +133,16 @@ class SubsetOutputs(LazyOutputs):
         return np.asarray(self._base[e])[self._index]
 
 
-def epoch_rows(outputs, e):
-    """(values, rows): epoch ``e`` of ``outputs`` as an (M, C) array that holds sample n at
-    row rows[n], without gathering a lazy subset's rows (a memmap's epoch is not read)."""
+def stored_rows(outputs):
+    """(values, rows): ``outputs`` as an in-memory or memory-mapped (E, M, C) array that
+    holds sample n at row rows[n], without reading or gathering anything; None for outputs
+    decoded epoch by epoch (Parquet)."""
     if isinstance(outputs, SubsetOutputs):
-        values, rows = epoch_rows(outputs._base, e)
-        return values, rows[outputs._index]
-    return np.asarray(outputs[e]), np.arange(outputs.shape[1])
+        base = stored_rows(outputs._base)
+        return None if base is None else (base[0], base[1][outputs._index])
+    if isinstance(outputs, np.ndarray):
+        return outputs, np.arange(outputs.shape[1])
+    return None
 
 
 class Run:
