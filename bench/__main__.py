@@ -93,9 +93,24 @@ def _save(src, dst, layout="binary"):
     fk.save(fk.load(src), dst, layout=layout)
 
 
+def _warm():
+    """Compile every kernel into numba's on-disk cache (after an edit of forgetkit's
+    kernels the first process would otherwise time the compilation): the suite's tasks on a
+    tiny memory-mapped run, with the probability cache off as on L."""
+    import forgetkit as fk
+    import forgetkit.fusion as fusion
+
+    path = write_synthetic_npy(DATA / "warm.npy", 6, 300, 20, seed=1, noise=0.1)
+    for cache_bytes in (fusion.PROBS_CACHE_BYTES, 0):
+        fusion.PROBS_CACHE_BYTES = cache_bytes
+        run = fk.load(path)
+        fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,))
+        _forgetting(path)
+
+
 TASKS = {"forgetting": _forgetting, "forgetting_numpy": _forgetting_numpy, "kf": _kf,
          "kf_numpy": _kf_numpy, "compare": _compare, "read_parquet": _read_parquet,
-         "read_npy": _read_npy, "save": _save}
+         "read_npy": _read_npy, "save": _save, "warm": _warm}
 
 
 def child(task, args):
@@ -193,6 +208,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         return child(*args.child)
+    measure("warm")
     rows = []
     for name in args.sizes:
         bench_size(name, rows, numpy_kf_steps=args.numpy_kf_steps, skip=args.skip,
