@@ -190,11 +190,9 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1):
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
         kf = KnowledgeFusion(window=window).fit(val)
         single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
-        n_used = sum(eps > 0 for _, eps in kf.plan_)
-        for i in range(n_used + 1):
-            kf_i = kf.with_windows(i)
-            acc = np.mean(kf_i.predict(test) == test.labels)
-            rows.append({"split": s, "windows": i, "k": kf_i.ensemble_size_,
+        for i, prob in enumerate(kf.staged_predict_proba(test)):
+            acc = np.mean(np.argmax(prob, axis=1) == test.labels)
+            rows.append({"split": s, "windows": i, "k": kf.with_windows(i).ensemble_size_,
                          "accuracy": 100 * acc, "gain": 100 * (acc - single)})
     return pd.DataFrame(rows)
 

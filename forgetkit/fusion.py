@@ -276,17 +276,27 @@ class KnowledgeFusion(Fuser):
     def predict_proba(self, run):
         """Fused probabilities (n_samples, n_classes) of any run holding the fitted epochs
         (all of them, or only ``checkpoints_``)."""
+        *_, prob = self.staged_predict_proba(run)  # every stage is the same array
+        return prob
+
+    def staged_predict_proba(self, run):
+        """Yield the fused probabilities (n_samples, n_classes) of the final epoch alone,
+        then after each window with eps > 0: those of KF(0), KF(1), KF(2), ... in one pass.
+
+        The same array is updated in place between yields: copy it to keep a stage.
+        """
         self._check_fitted()
         n_epochs = len(self.epochs_)
         pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
         probs = EpochProbs(run)
         prob = np.array(probs[pos[n_epochs - 1]], copy=True)
         hit = np.empty(run.n_samples, dtype=bool)
+        yield prob
         for a, eps in self.plan_:
             if eps > 0:
                 mean = probs.mean(pos[e] for e in self._window(a, n_epochs))
                 _kernels.mix_into(mean, prob, eps, run.labels, hit)
-        return prob
+                yield prob
 
     # -------------------------------------------------------------- persistence
     def to_json(self, path=None):

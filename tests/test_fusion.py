@@ -113,6 +113,21 @@ def test_budget_and_early_stop_match_reference(real_small):
     assert kf1.ensemble_size_ <= 4
 
 
+def test_with_windows_is_the_budgeted_fit_and_staged_stages_are_its_predictions(real_small):
+    val, test = real_small.split(0.5, 1)
+    kf = KnowledgeFusion().fit(val)
+    stages = [p.copy() for p in kf.staged_predict_proba(test)]
+    n_used = sum(eps > 0 for _, eps in kf.plan_)
+    assert len(stages) == n_used + 1 >= 3
+    for i in (0, 1, 2, n_used):
+        kf_i = kf.with_windows(i)
+        if i:
+            assert kf_i.plan_ == KnowledgeFusion(max_windows=i).fit(val).plan_
+        np.testing.assert_array_equal(kf_i.predict_proba(test), stages[i])
+    np.testing.assert_array_equal(stages[0], test.probs(-1))
+    np.testing.assert_array_equal(stages[-1], kf.predict_proba(test))
+
+
 def test_kf_beats_single_network_on_the_real_run(real_run):
     gains = []
     for seed in (0, 1, 2):
