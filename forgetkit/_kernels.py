@@ -449,20 +449,40 @@ def softmax_rows(values, out):
 
 
 @njit(parallel=True, cache=True)
-def mean_softmax(stack, out, n_blocks):
-    """out = mean over the first axis of the row-wise softmax of ``stack`` (k, rows, C):
-    each epoch's softmax as ``softmax_rows`` computes it, summed in epoch order, then divided
-    by k. Returns the number of (epoch, row) pairs holding inf or nan."""
-    k, rows, n_classes = stack.shape
-    n_blocks = max(1, min(n_blocks, rows))
+def mean_softmax(values, epochs, src, out, n_blocks):
+    """out[i] = mean over ``epochs`` of the softmax of values[e, src[i]]: each epoch's
+    softmax as ``softmax_rows`` computes it, summed in the order of ``epochs``, then divided
+    by their number. values: stored outputs (E, M, C) (float16 as int16 bits), read in place;
+    epochs (k,), src (R,): int64; out: float64 (R, C).
+    Returns the number of (epoch, row) pairs holding inf or nan."""
+    k = epochs.shape[0]
+    n_rows, n_classes = out.shape
+    n_blocks = max(1, min(n_blocks, n_rows))
     n_bad = 0
     for blk in prange(n_blocks):
         tmp = np.empty(n_classes)
-        for r in range(blk * rows // n_blocks, (blk + 1) * rows // n_blocks):
+        for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             for i in range(k):
-                if _softmax_row(stack[i, r], tmp)[0] < 0:
+                if _softmax_row(values[epochs[i], src[r]], tmp)[0] < 0:
                     n_bad += 1
                 _accumulate(out[r], tmp, i, k)
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
+def label_probs(values, src, labels, out):
+    """out[i] = softmax(values[src[i]])[labels[i]], as ``softmax_rows`` computes it, without
+    storing the rows. values: (M, C) stored outputs (float16 as int16 bits); out: float64
+    (R,). Returns the number of rows holding inf or nan."""
+    n_rows = src.shape[0]
+    n_blocks = max(1, min(64, n_rows))
+    n_bad = 0
+    for blk in prange(n_blocks):
+        tmp = np.empty(values.shape[1])
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            if _softmax_row(values[src[i]], tmp)[0] < 0:
+                n_bad += 1
+            out[i] = tmp[labels[i]]
     return n_bad
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ._validation import check_option
 from .baselines import CheckpointAverage, EarlyStopping, EnsembleSelection
+from .forgetting import predictions
 from .fusion import PROBS_CACHE_BYTES, KnowledgeFusion, LikelihoodFusion
 from .run import Run, split_indices
 
@@ -81,6 +82,8 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None):
         yield "val_run", _prepare(val_run), _prepare(run)
         return
     full = _prepare(run)
+    if full.kind == "logits":  # streamed: one forgetting pass, shared by every split
+        predictions(full)
     for s in seeds:
         val, test = split_indices(run.n_samples, val_frac, s)
         yield s, full.subset(val), full.subset(test)

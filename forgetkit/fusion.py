@@ -17,7 +17,7 @@ from . import _kernels
 from ._progress import Progress
 from ._validation import check_int, check_option
 from .forgetting import correctness
-from .run import Run, mean_softmax
+from .run import Run, _kernel_view, mean_softmax, mean_softmax_rows, stored_rows
 
 #: Half-width of the band (relative to the largest |value| of a sample) around interval ends
 #: where the exact epsilon search re-checks grid points with the brute-force arithmetic.
@@ -70,7 +70,10 @@ class EpochProbs:
         """Mean of the probabilities of epochs ``indices`` (summed in order, then divided)."""
         idx = np.asarray(list(indices), dtype=np.int64)
         if self._all is None and self.run.kind == "logits":
+            stored = stored_rows(self.run.outputs)
             try:
+                if stored is not None:  # read in place, rows of a lazy subset included
+                    return mean_softmax_rows(stored[0], idx, stored[1])
                 return mean_softmax(self.run.outputs[_as_slice(idx)])
             except ValueError:
                 pass  # epoch by epoch below, for an error message naming the epoch
@@ -96,6 +99,27 @@ class EpochProbs:
         for e, w in zip(indices, weights, strict=True):
             total += w * self[e]
         return total
+
+
+def label_probabilities(run):
+    """Probability of each sample's label at every epoch: float64 (n_samples, n_epochs).
+
+    Logits not held in memory are read in place, one epoch at a time, and the rows'
+    probabilities are never stored whole."""
+    probs = EpochProbs(run, cache=True)
+    if probs.cached is not None or run.kind != "logits":
+        rows = np.arange(run.n_samples)
+        return np.stack([probs[e][rows, run.labels] for e in range(run.n_epochs)], axis=1)
+    stored = stored_rows(run.outputs)
+    q = np.empty((run.n_epochs, run.n_samples))
+    for e in range(run.n_epochs):
+        if stored is not None:
+            values, rows = stored[0][e], stored[1]
+        else:
+            values, rows = np.asarray(run.outputs[e]), np.arange(run.n_samples)
+        if _kernels.label_probs(_kernel_view(values), rows, run.labels, q[e]):
+            run.probs(e)  # raises the error naming the epoch and its bad values
+    return q.T
 
 
 def _as_slice(idx):
@@ -408,10 +432,7 @@ class LikelihoodFusion(Fuser):
         run = as_run(run, labels)
         check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
         check_validation_run(run)
-        probs = EpochProbs(run, cache=True)
-        rows = np.arange(run.n_samples)
-        q = np.stack([probs[e][rows, run.labels] for e in range(run.n_epochs)], axis=1)
-        q = np.maximum(q, 1e-300)
+        q = np.maximum(label_probabilities(run), 1e-300)
         idx = np.arange(run.n_epochs)
         w, self.n_iter_ = self._em(q)
         keep = w > self.min_weight * w.max()

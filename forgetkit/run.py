@@ -70,10 +70,21 @@ def mean_softmax(stack, out=None):
     the arithmetic of ``total = softmax(s[0]); total += softmax(s[1]); ...; total /= k`` in
     one fused pass. Raises ValueError if a value is NaN or inf."""
     x = np.ascontiguousarray(stack)
+    return mean_softmax_rows(x, np.arange(x.shape[0]), np.arange(x.shape[1]), out)
+
+
+def mean_softmax_rows(values, epochs, rows, out=None):
+    """``mean_softmax`` of values[epochs][:, rows], read in place (no gathered copy).
+
+    values: C-contiguous (E, M, C) logits (ndarray or memmap); epochs, rows: indices.
+    Returns float64 (len(rows), C).
+    """
+    epochs = np.asarray(epochs, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
     if out is None:
-        out = np.empty(x.shape[1:], dtype=np.float64)
-    n_blocks = 8 * numba.get_num_threads()
-    n_bad = _kernels.mean_softmax(_kernel_view(x), out, n_blocks)
+        out = np.empty((len(rows), values.shape[2]), dtype=np.float64)
+    n_bad = _kernels.mean_softmax(_kernel_view(values), epochs, rows, out,
+                                  8 * numba.get_num_threads())
     if n_bad:
         raise ValueError(f"{n_bad} rows hold NaN or inf")
     return out
@@ -134,13 +145,13 @@ class SubsetOutputs(LazyOutputs):
 
 
 def stored_rows(outputs):
-    """(values, rows): ``outputs`` as an in-memory or memory-mapped (E, M, C) array that
-    holds sample n at row rows[n], without reading or gathering anything; None for outputs
-    decoded epoch by epoch (Parquet)."""
+    """(values, rows): ``outputs`` as a C-contiguous in-memory or memory-mapped (E, M, C)
+    array that holds sample n at row rows[n], without reading or gathering anything; None
+    for outputs decoded epoch by epoch (Parquet) or laid out otherwise."""
     if isinstance(outputs, SubsetOutputs):
         base = stored_rows(outputs._base)
         return None if base is None else (base[0], base[1][outputs._index])
-    if isinstance(outputs, np.ndarray):
+    if isinstance(outputs, np.ndarray) and outputs.flags.c_contiguous:
         return outputs, np.arange(outputs.shape[1])
     return None
 
@@ -326,12 +337,18 @@ class Run:
 
         Sample ids are kept; without ids, the new Run records the original positions as ids.
         Small in-memory outputs are copied; streamed (memmap, Parquet) or large ones stay
-        where they are behind a lazy view that reads epoch by epoch.
+        where they are behind a lazy view that reads epoch by epoch. Predictions already
+        computed on this run (the forgetting pass) carry over.
         """
         idx = check_indices("indices", indices, self.n_samples)
         ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
         outputs = SubsetOutputs(self.outputs, idx) if self._large else self.outputs[:, idx]
-        return self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
+        sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
+        if "predictions" in self._cache:  # the forgetting pass is not read again
+            predictions = self._cache["predictions"][:, idx]
+            predictions.setflags(write=False)
+            sub._cache["predictions"] = predictions
+        return sub
 
     def epochs_subset(self, indices):
         """A new Run holding only the epochs at ``indices`` (ints or a boolean mask)."""

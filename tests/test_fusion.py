@@ -283,6 +283,24 @@ def test_multi_run_and_tta():
         multi_run([make_run(seed=0), make_run(seed=1)])
 
 
+def test_streamed_runs_fuse_like_cached_ones(real_small, tmp_path, monkeypatch):
+    """Likelihood fusion and the fixed averages read a streamed run's logits in place (rows
+    of a lazy subset included) and give the cached computation's results."""
+    import forgetkit.fusion as fusion
+
+    rows = np.random.default_rng(4).permutation(real_small.n_samples)[:700]
+    cached = real_small.subset(rows)
+    ref_lf = LikelihoodFusion(max_checkpoints=4).fit(cached)
+    ref_h = horizontal(cached, 5)
+    fk.save(real_small, tmp_path / "r.npy")
+    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
+    streamed = fk.load(tmp_path / "r.npy").subset(rows)
+    lf = LikelihoodFusion(max_checkpoints=4).fit(streamed)
+    assert lf.checkpoints_ == ref_lf.checkpoints_
+    np.testing.assert_array_equal(lf.weights_, ref_lf.weights_)
+    np.testing.assert_array_equal(horizontal(streamed, 5), ref_h)
+
+
 def test_likelihood_fusion(real_small):
     lf = LikelihoodFusion().fit(real_small)
     assert np.isclose(lf.weights_.sum(), 1) and (lf.weights_ >= 0).all()

@@ -191,3 +191,16 @@ def test_mean_softmax_equals_the_mean_of_per_epoch_softmax(dtype):
     bad[1, 7, 3] = np.nan
     with pytest.raises(ValueError, match="1 rows hold NaN or inf"):
         fk.run.mean_softmax(bad)
+
+
+def test_subset_carries_the_forgetting_pass_over(tmp_path):
+    run = make_run(n_epochs=6, n_samples=80, n_classes=7, dtype=np.float16)
+    fk.save(run, tmp_path / "r.npy")
+    streamed = fk.load(tmp_path / "r.npy")
+    idx = np.random.default_rng(2).permutation(80)[:30]
+    fresh = fk.predictions(streamed.subset(idx))
+    fk.predictions(streamed)
+    inherited = streamed.subset(idx)
+    assert "predictions" in inherited._cache
+    np.testing.assert_array_equal(fk.predictions(inherited), fresh)
+    assert not fk.predictions(inherited).flags.writeable
