@@ -397,12 +397,6 @@ def _exp_shifted(row, m, out):
         out[c] = _exp_nonpositive(_to_f64(row[c]) - m)
 
 
-@njit(fastmath={"contract"})
-def _exp_shifted_one(value, m):
-    """One element of ``_exp_shifted``, with the same arithmetic."""
-    return _exp_nonpositive(_to_f64(value) - m)
-
-
 @njit(fastmath={"reassoc"})
 def _sum(x):
     """Sum of x (C,), in vector lanes (not the order of numpy's pairwise sum)."""
@@ -470,6 +464,27 @@ def mean_softmax(values, epochs, src, out, n_blocks):
 
 
 @njit(parallel=True, cache=True)
+def weighted_softmax(values, epochs, weights, src, out, n_blocks):
+    """out[i] = sum over j of weights[j] * softmax(values[epochs[j], src[i]]), added in order
+    to zeros (numpy's ``total += w * p``). Arguments as in ``mean_softmax``; weights float64
+    (k,). Returns the number of (epoch, row) pairs holding inf or nan."""
+    n_rows, n_classes = out.shape
+    n_blocks = max(1, min(n_blocks, n_rows))
+    n_bad = 0
+    for blk in prange(n_blocks):
+        tmp = np.empty(n_classes)
+        for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            out[r, :] = 0.0
+            for j in range(epochs.shape[0]):
+                if _softmax_row(values[epochs[j], src[r]], tmp)[0] < 0:
+                    n_bad += 1
+                w = weights[j]
+                for c in range(n_classes):
+                    out[r, c] += w * tmp[c]
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
 def label_probs(values, src, labels, out):
     """out[i] = softmax(values[src[i]])[labels[i]], as ``softmax_rows`` computes it, without
     storing the rows. values: (M, C) stored outputs (float16 as int16 bits); out: float64
@@ -509,30 +524,22 @@ def _row_max(t):
 
 
 @njit(parallel=True, cache=True)
-def selection_candidates(total, rows, bound, slack, limit):
+def selection_candidates(total, rows, bound, slack):
     """Classes that can still win row r = rows[i] of ``total`` (N, C) when one probability
     vector whose entries are at most bound[i] is added: those within bound[i] + slack of
-    the row's max. Returns cand_ptr (R+1,), cand (ascending classes per row, CSR) and full
-    (R,) bool: rows with more than ``limit`` candidates, listed with none (score them whole).
-    """
+    the row's max. Returns cand_ptr (R+1,) and cand (ascending classes per row, CSR)."""
     n_rows = rows.shape[0]
     counts = np.zeros(n_rows + 1, dtype=np.int64)
-    full = np.zeros(n_rows, dtype=np.bool_)
     for i in prange(n_rows):
         t = total[rows[i]]
         threshold = _row_max(t) - bound[i] - slack
         n = 0
         for c in range(t.shape[0]):
             n += t[c] >= threshold
-        if n > limit:
-            full[i] = True
-        else:
-            counts[i + 1] = n
+        counts[i + 1] = n
     ptr = np.cumsum(counts)
     cand = np.empty(ptr[-1], dtype=np.int64)
     for i in prange(n_rows):
-        if full[i]:
-            continue
         t = total[rows[i]]
         threshold = _row_max(t) - bound[i] - slack
         j = ptr[i]
@@ -540,7 +547,7 @@ def selection_candidates(total, rows, bound, slack, limit):
             if t[c] >= threshold:
                 cand[j] = c
                 j += 1
-    return ptr, cand, full
+    return ptr, cand
 
 
 @njit(inline="always")
@@ -560,16 +567,16 @@ def _first_argmax_nonnegative(t, p):
 
 @njit(parallel=True, cache=True)
 def selection_correct_counts(values, src, total, rows, labels, shift, inv, cand_ptr, cand,
-                             full, n_blocks):
+                             n_blocks):
     """Per epoch e: the rows r = rows[i] whose argmax of total[r] + softmax(values[e, src[i]])
     is labels[r].
 
     values: stored outputs (E, M, C) (float16 as int16 bits); src (R,): the row of values
     holding each row; shift, inv (E, N): per epoch and row of total, the max and 1/sum of
-    that softmax (nan: not known yet; filled here from every row scored whole). Rows not
-    ``full`` are scored on their candidate classes only (``selection_candidates``), each
-    probability computed exactly as ``softmax_rows`` does; the others, and rows of unknown
-    inv, whole. A row of total is read once for all epochs.
+    that softmax (nan: not known yet; such rows are scored whole and their max and 1/sum
+    kept). Rows of known inv with at most C/2 candidate classes (``selection_candidates``)
+    are scored on those only, each probability computed exactly as ``softmax_rows`` does.
+    A row of total is read once for all epochs.
     Returns counts (E,) and the number of rows holding inf or nan per epoch (E,).
     """
     n_epochs = values.shape[0]
@@ -580,13 +587,16 @@ def selection_correct_counts(values, src, total, rows, labels, shift, inv, cand_
     bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
     for blk in prange(n_blocks):
         tmp = np.empty(n_classes)
+        picked = np.empty(n_classes)
         for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             r = rows[i]
             t = total[r]
             for e in range(n_epochs):
                 x = values[e, src[i]]
                 best = -1
-                if full[i] or not inv[e, r] > 0.0:
+                first = cand_ptr[i]
+                n = cand_ptr[i + 1] - first
+                if not inv[e, r] > 0.0 or 2 * n > n_classes:  # the whole row is cheaper
                     status, m, scale = _softmax_row(x, tmp)
                     if status < 0:
                         bad[blk, e] += 1
@@ -595,16 +605,15 @@ def selection_correct_counts(values, src, total, rows, labels, shift, inv, cand_
                         shift[e, r] = m
                         inv[e, r] = scale
                     best = _first_argmax_nonnegative(t, tmp)
-                else:
-                    m = shift[e, r]
+                else:  # the candidates' values, then vectorised exp and argmax over them
+                    for j in range(n):
+                        picked[j] = _to_f64(x[cand[first + j]])
+                    _exp_shifted(picked[:n], shift[e, r], tmp[:n])
                     scale = inv[e, r]
-                    best_v = -np.inf
-                    for j in range(cand_ptr[i], cand_ptr[i + 1]):
-                        c = cand[j]
-                        v = t[c] + _exp_shifted_one(x[c], m) * scale
-                        if best < 0 or v > best_v:
-                            best = c
-                            best_v = v
+                    for j in range(n):
+                        tmp[j] *= scale
+                        picked[j] = t[cand[first + j]]
+                    best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n])]
                 if best == labels[r]:
                     counts[blk, e] += 1
     return counts.sum(axis=0), bad.sum(axis=0)

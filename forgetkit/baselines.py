@@ -224,12 +224,13 @@ class _StreamedScorer:
     def correct_counts(self, total, rows):
         """Per epoch e: the number of ``rows`` whose argmax of total + P[e] is the label."""
         run = self.run
+        stored = stored_rows(run.outputs)
+        if stored is not None:  # rows in storage order: neighbouring reads in every epoch
+            rows = rows[np.argsort(stored[1][rows], kind="stable")]
         known = self.inv[:, rows]
         bound = np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))
-        ptr, cand, full = _kernels.selection_candidates(total, rows, bound, UNDECIDED_SLACK,
-                                                        max(1, run.n_classes // 8))
+        ptr, cand = _kernels.selection_candidates(total, rows, bound, UNDECIDED_SLACK)
         n_blocks = 8 * numba.get_num_threads()
-        stored = stored_rows(run.outputs)
         if stored is not None:  # one pass over the rows, all epochs of a row together
             parts = [(stored[0], stored[1], slice(0, run.n_epochs))]
         else:  # outputs decoded epoch by epoch
@@ -239,7 +240,7 @@ class _StreamedScorer:
         for values, src, epochs in parts:  # shift/inv slices are views: filled in place
             n_correct, n_bad = _kernels.selection_correct_counts(
                 _kernel_view(values), src[rows], total, rows, run.labels, self.shift[epochs],
-                self.inv[epochs], ptr, cand, full, n_blocks)
+                self.inv[epochs], ptr, cand, n_blocks)
             for e in np.flatnonzero(n_bad):
                 run.probs(epochs.start + int(e))  # raises the error naming the epoch
             counts.extend(n_correct.tolist())

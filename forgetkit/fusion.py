@@ -94,7 +94,16 @@ class EpochProbs:
         return out
 
     def weighted(self, indices, weights):
-        """sum_i weights[i] * P[indices[i]] (N, C)."""
+        """sum_i weights[i] * P[indices[i]] (N, C), added in order to zeros."""
+        stored = stored_rows(self.run.outputs) if self._all is None else None
+        if stored is not None and self.run.kind == "logits":  # read in place
+            out = np.empty((self.run.n_samples, self.run.n_classes))
+            n_bad = _kernels.weighted_softmax(
+                _kernel_view(stored[0]), np.asarray(indices, dtype=np.int64),
+                np.asarray(weights, dtype=np.float64), stored[1], out,
+                8 * numba.get_num_threads())
+            if not n_bad:
+                return out  # else epoch by epoch below, for an error naming the epoch
         total = np.zeros((self.run.n_samples, self.run.n_classes))
         for e, w in zip(indices, weights, strict=True):
             total += w * self[e]

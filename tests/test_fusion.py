@@ -299,6 +299,7 @@ def test_streamed_runs_fuse_like_cached_ones(real_small, tmp_path, monkeypatch):
     assert lf.checkpoints_ == ref_lf.checkpoints_
     np.testing.assert_array_equal(lf.weights_, ref_lf.weights_)
     np.testing.assert_array_equal(horizontal(streamed, 5), ref_h)
+    np.testing.assert_array_equal(lf.predict_proba(streamed), ref_lf.predict_proba(cached))
 
 
 def test_likelihood_fusion(real_small):

@@ -204,3 +204,18 @@ def test_subset_carries_the_forgetting_pass_over(tmp_path):
     assert "predictions" in inherited._cache
     np.testing.assert_array_equal(fk.predictions(inherited), fresh)
     assert not fk.predictions(inherited).flags.writeable
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_exp_of_gathered_values_is_bitwise_the_row_kernels(dtype):
+    """Ensemble selection exponentiates a row's candidate classes from a float64 buffer:
+    it must give the row kernel's values bit for bit."""
+    from forgetkit import _kernels
+
+    x = (np.random.default_rng(5).standard_normal(4099) * 6).astype(dtype)
+    m = float(x.max())
+    row = x.view(np.int16) if dtype == np.float16 else x
+    whole, gathered = np.empty(x.size), np.empty(x.size)
+    _kernels._exp_shifted(row, m, whole)
+    _kernels._exp_shifted(x.astype(np.float64), m, gathered)
+    np.testing.assert_array_equal(whole, gathered)
