@@ -407,12 +407,12 @@ def _sum(x):
 
 
 @njit(inline="always")
-def _softmax_row(row, out):
-    """out = softmax of one row of stored values (C,) in float64.
+def _exp_row(row, out):
+    """out = exp(x - max) of one row of stored values (C,), unnormalised.
 
-    Returns (status, m, inv): status 1 when out = exp(x - m) * inv with the fast exp (then
-    every out[c] <= inv), 0 when some exp underflowed and math.exp was used, -1 when the row
-    holds inf or nan (out is then undefined).
+    Returns (status, m, inv): the softmax is out * inv, computed as ``out[c] * inv``.
+    status 1: the fast exp was used (then every probability is at most inv); 0: some exp
+    underflowed and math.exp was used; -1: the row holds inf or nan (out is undefined).
     """
     hi, lo, finite = _row_range(row)
     if not finite:
@@ -424,10 +424,17 @@ def _softmax_row(row, out):
         status = 0
         for c in range(row.shape[0]):
             out[c] = math.exp(_to_f64(row[c]) - hi)
-    inv = 1.0 / _sum(out)
+    return status, hi, 1.0 / _sum(out)
+
+
+@njit(inline="always")
+def _softmax_row(row, out):
+    """out = softmax of one row of stored values (C,) in float64; returns ``_exp_row``'s
+    (status, m, inv)."""
+    status, m, inv = _exp_row(row, out)
     for c in range(out.shape[0]):
         out[c] *= inv
-    return status, hi, inv
+    return status, m, inv
 
 
 @njit(parallel=True, cache=True)
@@ -456,10 +463,21 @@ def mean_softmax(values, epochs, src, out, n_blocks):
     for blk in prange(n_blocks):
         tmp = np.empty(n_classes)
         for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            total = out[r]
             for i in range(k):
-                if _softmax_row(values[epochs[i], src[r]], tmp)[0] < 0:
+                status, _, inv = _exp_row(values[epochs[i], src[r]], tmp)
+                if status < 0:
                     n_bad += 1
-                _accumulate(out[r], tmp, i, k)
+                # total = p0; total += p1; ...; total /= k, with p = exp * inv
+                if i == 0:
+                    for c in range(n_classes):
+                        total[c] = tmp[c] * inv
+                else:
+                    for c in range(n_classes):
+                        total[c] += tmp[c] * inv
+            if k > 1:
+                for c in range(n_classes):
+                    total[c] /= k
     return n_bad
 
 
@@ -501,19 +519,6 @@ def label_probs(values, src, labels, out):
     return n_bad
 
 
-@njit(inline="always")
-def _accumulate(total, p, i, k):
-    """Step i of k of ``total = p0; total += p1; ...; total /= k`` on one row."""
-    if i == 0:
-        total[:] = p
-    else:
-        for c in range(total.shape[0]):
-            total[c] += p[c]
-    if i == k - 1 and k > 1:
-        for c in range(total.shape[0]):
-            total[c] /= k
-
-
 # ------------------------------------------------------------ ensemble selection
 @njit(inline="always")
 def _row_max(t):
@@ -551,16 +556,16 @@ def selection_candidates(total, rows, bound, slack):
 
 
 @njit(inline="always")
-def _first_argmax_nonnegative(t, p):
-    """First index of the max of t + p (rows (C,) of non-negative floats; p is overwritten
-    with the sums). Non-negative float64 order is the order of their bits, so both passes
-    vectorise as integer code."""
+def _first_argmax_nonnegative(t, e, scale):
+    """First index of the max of t + e * scale (rows (C,) of non-negative floats; e is
+    overwritten with the sums). Non-negative float64 order is the order of their bits, so
+    both passes vectorise as integer code."""
     top = np.int64(0)
     for c in range(t.shape[0]):
-        p[c] = t[c] + p[c]
-        top = max(top, np.float64(p[c]).view(np.int64))
+        e[c] = t[c] + e[c] * scale
+        top = max(top, np.float64(e[c]).view(np.int64))
     for c in range(t.shape[0]):
-        if np.float64(p[c]).view(np.int64) == top:
+        if np.float64(e[c]).view(np.int64) == top:
             return c
     return -1
 
@@ -597,23 +602,22 @@ def selection_correct_counts(values, src, total, rows, labels, shift, inv, cand_
                 first = cand_ptr[i]
                 n = cand_ptr[i + 1] - first
                 if not inv[e, r] > 0.0 or 2 * n > n_classes:  # the whole row is cheaper
-                    status, m, scale = _softmax_row(x, tmp)
+                    status, m, scale = _exp_row(x, tmp)
                     if status < 0:
                         bad[blk, e] += 1
                         continue
                     if status == 1:
                         shift[e, r] = m
                         inv[e, r] = scale
-                    best = _first_argmax_nonnegative(t, tmp)
+                    best = _first_argmax_nonnegative(t, tmp, scale)
                 else:  # the candidates' values, then vectorised exp and argmax over them
                     for j in range(n):
                         picked[j] = _to_f64(x[cand[first + j]])
                     _exp_shifted(picked[:n], shift[e, r], tmp[:n])
-                    scale = inv[e, r]
                     for j in range(n):
-                        tmp[j] *= scale
                         picked[j] = t[cand[first + j]]
-                    best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n])]
+                    best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
+                                                                  inv[e, r])]
                 if best == labels[r]:
                     counts[blk, e] += 1
     return counts.sum(axis=0), bad.sum(axis=0)
