@@ -66,17 +66,22 @@ class EpochProbs:
     def __getitem__(self, e):
         return self._all[e] if self._all is not None else self.run.probs(e)
 
-    def mean(self, indices):
-        """Mean of the probabilities of epochs ``indices`` (summed in order, then divided)."""
+    def mean(self, indices, out=None):
+        """Mean of the probabilities of epochs ``indices`` (summed in order, then divided);
+        written into ``out`` (n_samples, n_classes) if given (repeated calls then reuse
+        its memory)."""
         idx = np.asarray(list(indices), dtype=np.int64)
         if self._all is None and self.run.kind == "logits":
             stored = stored_rows(self.run.outputs)
             try:
                 if stored is not None:  # read in place, rows of a lazy subset included
-                    return mean_softmax_rows(stored[0], idx, stored[1])
-                return mean_softmax(self.run.outputs[_as_slice(idx)])
+                    return mean_softmax_rows(stored[0], idx, stored[1], out)
+                return mean_softmax(self.run.outputs[_as_slice(idx)], out)
             except ValueError:
                 pass  # epoch by epoch below, for an error message naming the epoch
+        if out is not None:
+            out[...] = self.mean(idx)
+            return out
         if self._all is None:  # stream: one epoch in memory besides the total
             total = self.run.probs(int(idx[0]))
             if len(idx) > 1:
@@ -236,8 +241,11 @@ class KnowledgeFusion(Fuser):
         n_epochs, y = run.n_epochs, run.labels
         probs = EpochProbs(run)
         correct = correctness(run)
-        prob = np.array(probs[n_epochs - 1], copy=True)
+        prob = probs[n_epochs - 1]
+        if probs.cached is not None:
+            prob = prob.copy()  # updated in place below
         cur = np.argmax(prob, axis=1) == y
+        mean = np.empty_like(prob)
         explore = np.ones(n_epochs, dtype=bool)
         plan, accs, used = [], [], 0
         bar = Progress(n_epochs, "knowledge fusion", enabled=self.progress)
@@ -249,7 +257,7 @@ class KnowledgeFusion(Fuser):
             before = int(explore.sum())
             explore[max(a - self.window, 0): a + self.window + 1] = False
             bar.update(before - int(explore.sum()))
-            mean = probs.mean(window)
+            probs.mean(window, out=mean)
             eps, n_correct = self._choose_eps(mean, prob, y, grid, int(cur.sum()))
             if self.stop_when_no_gain and n_correct <= cur.sum():
                 break
@@ -322,12 +330,15 @@ class KnowledgeFusion(Fuser):
         n_epochs = len(self.epochs_)
         pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
         probs = EpochProbs(run)
-        prob = np.array(probs[pos[n_epochs - 1]], copy=True)
+        prob = probs[pos[n_epochs - 1]]
+        if probs.cached is not None:
+            prob = prob.copy()  # updated in place below
         hit = np.empty(run.n_samples, dtype=bool)
+        mean = np.empty_like(prob)
         yield prob
         for a, eps in self.plan_:
             if eps > 0:
-                mean = probs.mean(pos[e] for e in self._window(a, n_epochs))
+                probs.mean((pos[e] for e in self._window(a, n_epochs)), out=mean)
                 _kernels.mix_into(mean, prob, eps, run.labels, hit)
                 yield prob
 
