@@ -314,3 +314,25 @@ def test_likelihood_fusion(real_small):
     assert pruned.ensemble_size_ == 3 and len(pruned.weights_) == 3
     np.testing.assert_allclose(pruned.predict_proba(real_small).sum(1), 1, atol=1e-12)
     assert CheckpointAverage("horizontal", 3).fit(real_small).checkpoints_ == [57, 58, 59]
+
+
+@pytest.mark.parametrize("grid", [np.arange(101) / 100, np.array([0.0, 0.001, 0.5, 0.51, 1.0]),
+                                  np.array([0.3, 0.3, 0.7])])
+def test_grid_searches_match_numpy_searchsorted(grid):
+    from numba import njit
+
+    from forgetkit import _kernels
+
+    @njit
+    def both(grid, xs):
+        out = np.empty((2, xs.shape[0]), dtype=np.int64)
+        for i in range(xs.shape[0]):
+            out[0, i] = _kernels._first_above(grid, xs[i])
+            out[1, i] = _kernels._first_at_least(grid, xs[i])
+        return out
+
+    xs = np.concatenate([grid, np.nextafter(grid, 2), np.nextafter(grid, -1),
+                         np.linspace(-0.5, 1.5, 997), [-np.inf, np.inf, 0.0, -0.0]])
+    above, at_least = both(grid, xs)
+    np.testing.assert_array_equal(above, np.searchsorted(grid, xs, side="right"))
+    np.testing.assert_array_equal(at_least, np.searchsorted(grid, xs, side="left"))
