@@ -89,13 +89,26 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None):
         yield s, full.subset(val), full.subset(test)
 
 
+def _fitted_kf(fits, split, val, window):
+    """KF(inf) of window ``window`` fitted on ``val``, taken from / stored in ``fits``."""
+    key = (split, window)
+    if fits is not None and key in fits:
+        return fits[key]
+    kf = KnowledgeFusion(window=window).fit(val)
+    if fits is not None:
+        fits[key] = kf
+    return kf
+
+
 def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5,
-                   val_run=None, window=1):
+                   val_run=None, window=1, kf_fits=None):
     """One row per (split, method): test accuracy, NLL, ECE, ensemble size k, gain over the
     single network on the same split and the McNemar p-value of that difference.
 
     With ``val_run`` (e.g. held-out training data with the same epochs) every method is
-    fitted on it and scored on all of ``run``; ``seeds`` are then ignored.
+    fitted on it and scored on all of ``run``; ``seeds`` are then ignored. ``kf_fits``, a
+    dict, keeps the KF(inf) fits by (split, window) and reuses those already in it (pass
+    the same dict to `ensemble_size_curve` and `window_curve` to fit each split once).
     """
     methods = list(methods)
     for m in methods:
@@ -103,7 +116,7 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     rows = []
     for seed, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac,
                                            val_run=val_run):
-        kf = KnowledgeFusion(window=window).fit(val)
+        kf = _fitted_kf(kf_fits, seed, val, window)
         k = kf.ensemble_size_
         single_hit = np.argmax(test.probs(-1), axis=1) == test.labels
         for m in methods:
@@ -124,7 +137,7 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
 
 
 def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
-            window=1):
+            window=1, kf_fits=None):
     """The paper's comparison table: one row per method.
 
     Columns: method (label), k (ensemble size, mean over splits), accuracy and accuracy_se
@@ -138,7 +151,7 @@ def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_
     pandas.DataFrame indexed by method name, in the order of ``methods``.
     """
     long = compare_splits(run, methods, seeds=seeds, val_frac=val_frac, val_run=val_run,
-                          window=window)
+                          window=window, kf_fits=kf_fits)
     n = long["split"].nunique()
 
     def se(x):
@@ -182,16 +195,17 @@ def format_table(table, *, markdown=False):
 
 
 # ------------------------------------------------------------- ablation curves
-def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1):
+def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits=None):
     """Test gain of KF(i) over the single network against its ensemble size k.
 
     KF(i) (at most i windows with eps > 0) is the prefix of KF(inf)'s plan up to its i-th
     used window, so one fit per split gives every i. Returns a DataFrame with columns split,
-    windows (i), k, accuracy and gain (percent / percentage points).
+    windows (i), k, accuracy and gain (percent / percentage points). ``kf_fits``: as in
+    `compare_splits`.
     """
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
-        kf = KnowledgeFusion(window=window).fit(val)
+        kf = _fitted_kf(kf_fits, s, val, window)
         single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
         for i, prob in enumerate(kf.staged_predict_proba(test)):
             acc = np.mean(np.argmax(prob, axis=1) == test.labels)
@@ -200,14 +214,16 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1):
     return pd.DataFrame(rows)
 
 
-def window_curve(run, windows=(0, 1, 2, 3, 4), *, seeds=(0, 1, 2), val_frac=0.5):
+def window_curve(run, windows=(0, 1, 2, 3, 4), *, seeds=(0, 1, 2), val_frac=0.5,
+                 kf_fits=None):
     """Test gain of KF(inf) over the single network for each window size w (the window
-    ablation). Returns a DataFrame with columns split, window, k, accuracy, gain."""
+    ablation). Returns a DataFrame with columns split, window, k, accuracy, gain.
+    ``kf_fits``: as in `compare_splits`."""
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
         single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
         for w in windows:
-            kf = KnowledgeFusion(window=w).fit(val)
+            kf = _fitted_kf(kf_fits, s, val, w)
             acc = np.mean(kf.predict(test) == test.labels)
             rows.append({"split": s, "window": w, "k": kf.ensemble_size_,
                          "accuracy": 100 * acc, "gain": 100 * (acc - single)})

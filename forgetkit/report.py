@@ -13,9 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import evaluate, forgetting, plots
-from .fusion import KnowledgeFusion
 from .io import atomic_write
-from .run import split_indices
 
 
 @dataclass
@@ -44,11 +42,12 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
     """Compute everything the report shows. Returns (summary dict, comparison table,
     KnowledgeFusion fitted on the first split, list of Figure)."""
     summary = forgetting.summary(run)
-    table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window)
-    val_idx, _ = split_indices(run.n_samples, val_frac, seeds[0])
-    kf = KnowledgeFusion(window=window).fit(run.subset(val_idx))
-    size = evaluate.ensemble_size_curve(run, seeds=seeds, val_frac=val_frac, window=window)
-    windows = evaluate.window_curve(run, seeds=seeds, val_frac=val_frac)
+    fits = {}  # KF(inf) fitted once per (split, window), shared by the table and curves
+    table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window, kf_fits=fits)
+    kf = fits[(seeds[0], window)]
+    size = evaluate.ensemble_size_curve(run, seeds=seeds, val_frac=val_frac, window=window,
+                                        kf_fits=fits)
+    windows = evaluate.window_curve(run, seeds=seeds, val_frac=val_frac, kf_fits=fits)
     f = forgetting.forget_fraction(run)
     dd = summary["double_descent"]
     dynamics = forgetting.sample_dynamics(run)

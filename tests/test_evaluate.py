@@ -2,6 +2,7 @@ import json
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import forgetkit as fk
@@ -96,3 +97,21 @@ def test_apply_never_overwrites_its_input(tmp_path, capsys):
                  str(tmp_path / "f.npy")]) == 1
     assert "lacks epochs" in capsys.readouterr().err
     assert not (tmp_path / "f.npy").exists()
+
+
+def test_kf_fits_are_shared_between_table_and_curves(real_small, monkeypatch):
+    from forgetkit import evaluate
+    from forgetkit.fusion import KnowledgeFusion
+
+    fits = {}
+    table = fk.compare(real_small, methods=["single", "kf"], seeds=(0, 1), kf_fits=fits)
+    assert sorted(fits) == [(0, 1), (1, 1)]
+    calls = []
+    original = KnowledgeFusion.fit
+    monkeypatch.setattr(KnowledgeFusion, "fit",
+                        lambda self, *a, **k: calls.append(self.window) or original(self, *a, **k))
+    again = fk.compare(real_small, methods=["single", "kf"], seeds=(0, 1), kf_fits=fits)
+    pd.testing.assert_frame_equal(table, again)
+    evaluate.ensemble_size_curve(real_small, seeds=(0, 1), kf_fits=fits)
+    evaluate.window_curve(real_small, windows=(0, 1), seeds=(0, 1), kf_fits=fits)
+    assert calls == [0, 0]  # only the window-0 fits were new
