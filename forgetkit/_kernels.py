@@ -450,13 +450,20 @@ def softmax_rows(values, out):
 
 
 @njit(parallel=True, cache=True)
-def mean_softmax(values, epochs, src, out, n_blocks):
-    """out[i] = mean over ``epochs`` of the softmax of values[e, src[i]]: each epoch's
-    softmax as ``softmax_rows`` computes it, summed in the order of ``epochs``, then divided
-    by their number. values: stored outputs (E, M, C) (float16 as int16 bits), read in place;
-    epochs (k,), src (R,): int64; out: float64 (R, C).
-    Returns the number of (epoch, row) pairs holding inf or nan."""
+def combine_softmax(values, epochs, weights, src, out, n_blocks):
+    """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
+    as ``softmax_rows`` computes it, added in the order of ``epochs``:
+
+    - ``weights`` empty: the mean, with numpy's arithmetic (``total = p0; total += p1; ...;
+      total /= k``);
+    - ``weights`` (k,) float64: the weighted sum (``total = zeros; total += w * p ...``).
+
+    values: stored outputs (E, M, C) (float16 as int16 bits), read in place; epochs (k,),
+    src (R,): int64; out: float64 (R, C).
+    Returns the number of (epoch, row) pairs holding inf or nan.
+    """
     k = epochs.shape[0]
+    mean = weights.shape[0] == 0
     n_rows, n_classes = out.shape
     n_blocks = max(1, min(n_blocks, n_rows))
     n_bad = 0
@@ -464,41 +471,25 @@ def mean_softmax(values, epochs, src, out, n_blocks):
         tmp = np.empty(n_classes)
         for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             total = out[r]
-            for i in range(k):
-                status, _, inv = _exp_row(values[epochs[i], src[r]], tmp)
+            if not mean:
+                total[:] = 0.0
+            for j in range(k):
+                status, _, inv = _exp_row(values[epochs[j], src[r]], tmp)
                 if status < 0:
                     n_bad += 1
-                # total = p0; total += p1; ...; total /= k, with p = exp * inv
-                if i == 0:
+                if mean and j == 0:
                     for c in range(n_classes):
                         total[c] = tmp[c] * inv
-                else:
+                elif mean:
                     for c in range(n_classes):
                         total[c] += tmp[c] * inv
-            if k > 1:
+                else:
+                    w = weights[j]
+                    for c in range(n_classes):
+                        total[c] += w * (tmp[c] * inv)
+            if mean and k > 1:
                 for c in range(n_classes):
                     total[c] /= k
-    return n_bad
-
-
-@njit(parallel=True, cache=True)
-def weighted_softmax(values, epochs, weights, src, out, n_blocks):
-    """out[i] = sum over j of weights[j] * softmax(values[epochs[j], src[i]]), added in order
-    to zeros (numpy's ``total += w * p``). Arguments as in ``mean_softmax``; weights float64
-    (k,). Returns the number of (epoch, row) pairs holding inf or nan."""
-    n_rows, n_classes = out.shape
-    n_blocks = max(1, min(n_blocks, n_rows))
-    n_bad = 0
-    for blk in prange(n_blocks):
-        tmp = np.empty(n_classes)
-        for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            out[r, :] = 0.0
-            for j in range(epochs.shape[0]):
-                if _softmax_row(values[epochs[j], src[r]], tmp)[0] < 0:
-                    n_bad += 1
-                w = weights[j]
-                for c in range(n_classes):
-                    out[r, c] += w * tmp[c]
     return n_bad
 
 

@@ -103,7 +103,7 @@ class EpochProbs:
         stored = stored_rows(self.run.outputs) if self._all is None else None
         if stored is not None and self.run.kind == "logits":  # read in place
             out = np.empty((self.run.n_samples, self.run.n_classes))
-            n_bad = _kernels.weighted_softmax(
+            n_bad = _kernels.combine_softmax(
                 _kernel_view(stored[0]), np.asarray(indices, dtype=np.int64),
                 np.asarray(weights, dtype=np.float64), stored[1], out,
                 8 * numba.get_num_threads())

@@ -83,8 +83,8 @@ def mean_softmax_rows(values, epochs, rows, out=None):
     rows = np.asarray(rows, dtype=np.int64)
     if out is None:
         out = np.empty((len(rows), values.shape[2]), dtype=np.float64)
-    n_bad = _kernels.mean_softmax(_kernel_view(values), epochs, rows, out,
-                                  8 * numba.get_num_threads())
+    n_bad = _kernels.combine_softmax(_kernel_view(values), epochs, np.empty(0), rows, out,
+                                     8 * numba.get_num_threads())
     if n_bad:
         raise ValueError(f"{n_bad} rows hold NaN or inf")
     return out
