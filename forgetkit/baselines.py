@@ -233,9 +233,9 @@ class _StreamedScorer:
         n_blocks = 8 * numba.get_num_threads()
         if stored is not None:  # one pass over the rows, all epochs of a row together
             parts = [(stored[0], stored[1], slice(0, run.n_epochs))]
-        else:  # outputs decoded epoch by epoch
-            parts = [(np.asarray(run.outputs[e])[None], np.arange(run.n_samples),
-                      slice(e, e + 1)) for e in range(run.n_epochs)]
+        else:  # outputs decoded epoch by epoch (one in memory at a time)
+            parts = ((np.asarray(run.outputs[e])[None], np.arange(run.n_samples),
+                      slice(e, e + 1)) for e in range(run.n_epochs))
         counts = []
         for values, src, epochs in parts:  # shift/inv slices are views: filled in place
             n_correct, n_bad = _kernels.selection_correct_counts(

@@ -321,8 +321,8 @@ class KnowledgeFusion(Fuser):
         return prob
 
     def staged_predict_proba(self, run):
-        """Yield the fused probabilities (n_samples, n_classes) of the final epoch alone,
-        then after each window with eps > 0: those of KF(0), KF(1), KF(2), ... in one pass.
+        """Yield the fused probabilities (n_samples, n_classes) of KF(0) (the final epoch
+        alone), KF(1), KF(2), ...: one stage after each window with eps > 0, in one pass.
 
         The same array is updated in place between yields: copy it to keep a stage.
         """

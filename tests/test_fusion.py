@@ -237,12 +237,15 @@ def test_ensemble_selection_streams_large_runs(real_small, tmp_path, monkeypatch
     monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
     sel = EnsembleSelection(k=8).fit(fk.load(tmp_path / "r.npy"))
     assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 8)
-    # a lazy subset of the memmap (the protocol's validation half) is read in place
+    # a lazy subset of the memmap (the protocol's validation half) is read in place, and a
+    # Parquet run is decoded epoch by epoch
     rows = np.random.default_rng(0).permutation(real_small.n_samples)[:900]
-    sub = fk.load(tmp_path / "r.npy").subset(rows)
-    sel = EnsembleSelection(k=20).fit(sub)
-    assert sel.selection_ == ensemble_selection_ref(real_small.probs()[:, rows],
-                                                    real_small.labels[rows], 20)
+    ref = ensemble_selection_ref(real_small.probs()[:, rows], real_small.labels[rows], 20)
+    assert EnsembleSelection(k=20).fit(fk.load(tmp_path / "r.npy").subset(rows)).selection_ \
+        == ref
+    fk.save(real_small, tmp_path / "r.parquet", layout="binary")
+    assert EnsembleSelection(k=20).fit(fk.load(tmp_path / "r.parquet").subset(rows)) \
+        .selection_ == ref
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
