@@ -8,6 +8,7 @@ order is the order of the float values (-0.0 and +0.0 share a key).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -93,30 +94,28 @@ def _mixture_argmax(a, b, n, eps):
     return best
 
 
-@njit(cache=True)
+# Branch-free binary searches (the select compiles to a conditional move): interval ends
+# fall anywhere in the grid, so the branches of a plain binary search mispredict.
+@njit(inline="always")
 def _first_above(grid, x):
-    """Index of the first grid point > x (grid ascending)."""
-    lo, hi = 0, grid.shape[0]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if grid[mid] > x:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    """Index of the first grid point > x (grid ascending, non-empty)."""
+    base, n = 0, grid.shape[0]
+    while n > 1:
+        half = n // 2
+        base = base + half if grid[base + half - 1] <= x else base
+        n -= half
+    return base + (grid[base] <= x)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _first_at_least(grid, x):
-    """Index of the first grid point >= x (grid ascending)."""
-    lo, hi = 0, grid.shape[0]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if grid[mid] >= x:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    """Index of the first grid point >= x (grid ascending, non-empty)."""
+    base, n = 0, grid.shape[0]
+    while n > 1:
+        half = n // 2
+        base = base + half if grid[base + half - 1] < x else base
+        n -= half
+    return base + (grid[base] < x)
 
 
 # numba's float max/min reductions do not vectorise; these loops reduce order-preserving int64
@@ -137,14 +136,42 @@ def _float_of_key64(key):
 
 
 @njit
-def _abs_max(a, b):
-    """max(|a|, |b|) over two rows (C,) of finite float64 values."""
-    sa = np.int64(0)
-    sb = np.int64(0)
-    for c in range(a.shape[0]):
-        sa = max(sa, np.float64(a[c]).view(np.int64) & _LOW63)
-        sb = max(sb, np.float64(b[c]).view(np.int64) & _LOW63)
-    return np.int64(max(sa, sb)).view(np.float64)
+def _lead(row, y):
+    """(row[y] - max of row[c != y], that max, max |row|) for a row (C,) of finite float64
+    values, C >= 2. Class y is masked with integer ops (a select on c != y would not
+    vectorise)."""
+    neg_inf = _key64(-np.inf)
+    key = neg_inf
+    magnitude = np.int64(0)
+    for c in range(row.shape[0]):
+        keep = -np.int64(c != y)  # all ones, or zero at c == y
+        key = max(key, (_key64(row[c]) & keep) | (neg_inf & ~keep))
+        magnitude = max(magnitude, np.float64(row[c]).view(np.int64) & _LOW63)
+    other = _float_of_key64(key)
+    return row[y] - other, other, np.int64(magnitude).view(np.float64)
+
+
+@njit(parallel=True, cache=True)
+def label_leads(p, labels, lead, magnitude, top, correct):
+    """Per row n of p (N, C) finite float64: lead[n] = p[n, y] - max of p[n, c != y],
+    magnitude[n] = max |p[n]|, top[n] = the first class c != y holding that max when the
+    lead is <= 0 (else -1) and correct[n] = whether y is the first argmax (numpy's rule).
+    These describe the current fusion for ``grid_correct_counts``."""
+    for n in prange(p.shape[0]):
+        _label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
+
+
+@njit(inline="always")
+def _label_lead_into(row, y, n, lead, magnitude, top, correct):
+    lead[n], other, magnitude[n] = _lead(row, y)
+    top[n] = -1
+    correct[n] = lead[n] > 0.0
+    if lead[n] <= 0.0:  # y ties or trails: the first other class holding the max
+        for c in range(row.shape[0]):
+            if c != y and row[c] == other:
+                top[n] = c
+                break
+        correct[n] = lead[n] == 0.0 and top[n] > y
 
 
 @njit
@@ -183,17 +210,21 @@ def _win_bounds(a, b, y, band):
 
 
 @njit(parallel=True, cache=True)
-def grid_correct_counts(a, b, labels, grid, rel_band, n_blocks):
+def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band, n_blocks):
     """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.
 
-    a, b: float64 (N, C); labels: int64 (N,); grid: float64 (G,) ascending; n_blocks: number
-    of sample blocks (one counts row each, merged at the end). Returns int64 (G,).
+    a, b: float64 (N, C); labels: int64 (N,); b_lead, b_magnitude, b_top: ``label_leads``
+    of b; grid: float64 (G,) ascending; n_blocks: number of sample blocks (one counts row
+    each, merged at the end). Returns int64 (G,).
 
-    For one sample the true class wins on an interval of eps. The kernel computes, per sample,
-    the eps where the win is certain (every margin > band) and where it is possible (every
-    margin >= -band), with band = rel_band * max|value|. Grid points in the certain part count
-    through a difference array; grid points between the two are re-checked with the
-    brute-force arithmetic, so the counts equal the brute-force grid's exactly, ties included.
+    For one sample the true class wins on an interval of eps (its margins are linear in
+    eps). With band = rel_band * max|value| of the sample: a label that leads both rows by
+    more than band wins at every eps, and one that trails b's top class by more than band
+    in both rows wins at none. For the other samples the kernel computes the eps where the
+    win is certain (every margin > band) and where it is possible (every margin >= -band).
+    Grid points in the certain part count through a difference array; grid points between
+    the two are re-checked with the brute-force arithmetic, so the counts equal the
+    brute-force grid's exactly, ties included.
     """
     n_samples, n_classes = a.shape
     n_grid = grid.shape[0]
@@ -204,7 +235,15 @@ def grid_correct_counts(a, b, labels, grid, rel_band, n_blocks):
         stop = (blk + 1) * n_samples // n_blocks
         for n in range(start, stop):
             y = labels[n]
-            band = rel_band * _abs_max(a[n], b[n])
+            lead_a, _, magnitude = _lead(a[n], y)
+            band = rel_band * max(magnitude, b_magnitude[n])
+            lead_b = b_lead[n]
+            if lead_a > band and lead_b > band:  # y wins at both ends, so at every eps
+                diff[blk, 0] += 1
+                diff[blk, n_grid] -= 1
+                continue
+            if lead_b < -band and lead_a < -band and a[n, b_top[n]] - a[n, y] > band:
+                continue  # b's top class beats y at both ends, so at every eps
             lw, hw, lp, hp, empty = _win_bounds(a[n], b[n], y, band)
             if empty:
                 continue
@@ -406,14 +445,69 @@ def _sum(x):
     return s
 
 
+# float16 rows need no shift: exp of each of the 65,536 bit patterns comes from a table and
+# the softmax is table[x] * (1 / sum(table[x])). Entries outside [EXP_MIN, F16_TABLE_MAX]
+# are nan, so a row holding one (or inf/nan) sums to nan and takes the shifted path.
+#: Largest float16 value read from the table (C * exp(600) cannot overflow).
+F16_TABLE_MAX = 600.0
+
+
+@functools.cache
+def f16_exp_table():
+    """float64 (65536,): exp of each float16 bit pattern (index: the bits as uint16) by
+    ``math.exp`` (< 1 ulp); nan outside [EXP_MIN, F16_TABLE_MAX] and for inf/nan. Read-only."""
+    values = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
+    table = np.full(65536, np.nan)
+    inside = np.flatnonzero((values >= EXP_MIN) & (values <= F16_TABLE_MAX))
+    table[inside] = [math.exp(v) for v in values[inside].tolist()]
+    table.flags.writeable = False
+    return table
+
+
+def _exp_table(row, table, out):
+    """out[c] = table[bits of x[c]] for float16 rows, returning sum(out) (nan if a value is
+    outside the table); nan at once for float32/64 rows (numba only)."""
+
+
+@overload(_exp_table, inline="always")
+def _exp_table_impl(row, table, out):
+    if isinstance(row.dtype, types.Integer):
+
+        def impl(row, table, out):
+            for c in range(row.shape[0]):
+                out[c] = table[np.uint16(row[c])]
+            return _sum(out)
+
+        return impl
+    return lambda row, table, out: np.nan
+
+
+def _is_table_row(row, m):
+    """Whether a row that ``_exp_row`` gave status 1 and shift m took the table (numba
+    only): float16 rows with m == 0. A float16 row on the shifted path has a value above
+    F16_TABLE_MAX or below EXP_MIN with a spread of at most -EXP_MIN, so its max is > 0."""
+
+
+@overload(_is_table_row, inline="always")
+def _is_table_row_impl(row, m):
+    if isinstance(row.dtype, types.Integer):
+        return lambda row, m: m == 0.0
+    return lambda row, m: False
+
+
 @njit(inline="always")
-def _exp_row(row, out):
-    """out = exp(x - max) of one row of stored values (C,), unnormalised.
+def _exp_row(row, out, table):
+    """out = exp(x - m) of one row of stored values (C,), unnormalised; table: the
+    ``f16_exp_table()``.
 
     Returns (status, m, inv): the softmax is out * inv, computed as ``out[c] * inv``.
-    status 1: the fast exp was used (then every probability is at most inv); 0: some exp
-    underflowed and math.exp was used; -1: the row holds inf or nan (out is undefined).
+    m is 0 for float16 rows within the table (exp read from it), else the row's max.
+    status 1: exp from the table or the fast exp; 0: some exp underflowed and math.exp was
+    used; -1: the row holds inf or nan (out is undefined).
     """
+    total = _exp_table(row, table, out)
+    if total == total:  # not nan: every value was in the table
+        return 1, 0.0, 1.0 / total
     hi, lo, finite = _row_range(row)
     if not finite:
         return -1, hi, np.nan
@@ -428,29 +522,29 @@ def _exp_row(row, out):
 
 
 @njit(inline="always")
-def _softmax_row(row, out):
+def _softmax_row(row, out, table):
     """out = softmax of one row of stored values (C,) in float64; returns ``_exp_row``'s
     (status, m, inv)."""
-    status, m, inv = _exp_row(row, out)
+    status, m, inv = _exp_row(row, out, table)
     for c in range(out.shape[0]):
         out[c] *= inv
     return status, m, inv
 
 
 @njit(parallel=True, cache=True)
-def softmax_rows(values, out):
+def softmax_rows(values, table, out):
     """Row-wise softmax of ``values`` (rows, C), float16 given as int16 bits or float32/64,
-    into float64 ``out``: exp(x - max) * (1 / sum). Returns the number of rows holding inf or
-    nan."""
+    into float64 ``out``: out[c] * inv as ``_exp_row`` gives them (table: the
+    ``f16_exp_table()``). Returns the number of rows holding inf or nan."""
     n_bad = 0
     for r in prange(values.shape[0]):
-        if _softmax_row(values[r], out[r])[0] < 0:
+        if _softmax_row(values[r], out[r], table)[0] < 0:
             n_bad += 1
     return n_bad
 
 
 @njit(parallel=True, cache=True)
-def combine_softmax(values, epochs, weights, src, out, n_blocks):
+def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
     """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
     as ``softmax_rows`` computes it, added in the order of ``epochs``:
 
@@ -459,7 +553,7 @@ def combine_softmax(values, epochs, weights, src, out, n_blocks):
     - ``weights`` (k,) float64: the weighted sum (``total = zeros; total += w * p ...``).
 
     values: stored outputs (E, M, C) (float16 as int16 bits), read in place; epochs (k,),
-    src (R,): int64; out: float64 (R, C).
+    src (R,): int64; table: the ``f16_exp_table()``; out: float64 (R, C).
     Returns the number of (epoch, row) pairs holding inf or nan.
     """
     k = epochs.shape[0]
@@ -474,7 +568,7 @@ def combine_softmax(values, epochs, weights, src, out, n_blocks):
             if not mean:
                 total[:] = 0.0
             for j in range(k):
-                status, _, inv = _exp_row(values[epochs[j], src[r]], tmp)
+                status, _, inv = _exp_row(values[epochs[j], src[r]], tmp, table)
                 if status < 0:
                     n_bad += 1
                 if mean and j == 0:
@@ -494,17 +588,17 @@ def combine_softmax(values, epochs, weights, src, out, n_blocks):
 
 
 @njit(parallel=True, cache=True)
-def label_probs(values, src, labels, out):
+def label_probs(values, src, labels, table, out):
     """out[i] = softmax(values[src[i]])[labels[i]], as ``softmax_rows`` computes it, without
-    storing the rows. values: (M, C) stored outputs (float16 as int16 bits); out: float64
-    (R,). Returns the number of rows holding inf or nan."""
+    storing the rows. values: (M, C) stored outputs (float16 as int16 bits); table: the
+    ``f16_exp_table()``; out: float64 (R,). Returns the number of rows holding inf or nan."""
     n_rows = src.shape[0]
     n_blocks = max(1, min(64, n_rows))
     n_bad = 0
     for blk in prange(n_blocks):
         tmp = np.empty(values.shape[1])
         for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            if _softmax_row(values[src[i]], tmp)[0] < 0:
+            if _softmax_row(values[src[i]], tmp, table)[0] < 0:
                 n_bad += 1
             out[i] = tmp[labels[i]]
     return n_bad
@@ -562,16 +656,17 @@ def _first_argmax_nonnegative(t, e, scale):
 
 
 @njit(parallel=True, cache=True)
-def selection_correct_counts(values, src, total, rows, labels, shift, inv, cand_ptr, cand,
-                             n_blocks):
+def selection_correct_counts(values, src, total, rows, labels, table, shift, inv, top,
+                             cand_ptr, cand, n_blocks):
     """Per epoch e: the rows r = rows[i] whose argmax of total[r] + softmax(values[e, src[i]])
     is labels[r].
 
     values: stored outputs (E, M, C) (float16 as int16 bits); src (R,): the row of values
-    holding each row; shift, inv (E, N): per epoch and row of total, the max and 1/sum of
-    that softmax (nan: not known yet; such rows are scored whole and their max and 1/sum
-    kept). Rows of known inv with at most C/2 candidate classes (``selection_candidates``)
-    are scored on those only, each probability computed exactly as ``softmax_rows`` does.
+    holding each row; table: the ``f16_exp_table()``; shift, inv, top (E, N): per epoch and
+    row of total, the m and inv of ``_exp_row`` and the largest probability of that softmax
+    (nan: not known yet; such rows are scored whole and the three kept). Rows of known inv
+    with at most C/2 candidate classes (``selection_candidates``) are scored on those only,
+    each probability computed exactly as ``softmax_rows`` does.
     A row of total is read once for all epochs.
     Returns counts (E,) and the number of rows holding inf or nan per epoch (E,).
     """
@@ -592,19 +687,25 @@ def selection_correct_counts(values, src, total, rows, labels, shift, inv, cand_
                 best = -1
                 first = cand_ptr[i]
                 n = cand_ptr[i + 1] - first
-                if not inv[e, r] > 0.0 or 2 * n > n_classes:  # the whole row is cheaper
-                    status, m, scale = _exp_row(x, tmp)
+                known = inv[e, r] > 0.0
+                if not known or 2 * n > n_classes:  # the whole row is cheaper
+                    status, m, scale = _exp_row(x, tmp, table)
                     if status < 0:
                         bad[blk, e] += 1
                         continue
-                    if status == 1:
+                    if status == 1 and not known:
                         shift[e, r] = m
                         inv[e, r] = scale
+                        top[e, r] = _row_max(tmp) * scale
                     best = _first_argmax_nonnegative(t, tmp, scale)
-                else:  # the candidates' values, then vectorised exp and argmax over them
-                    for j in range(n):
-                        picked[j] = _to_f64(x[cand[first + j]])
-                    _exp_shifted(picked[:n], shift[e, r], tmp[:n])
+                else:  # the candidates' exp (table or vectorised exp), then their argmax
+                    if _is_table_row(x, shift[e, r]):
+                        for j in range(n):
+                            tmp[j] = table[np.uint16(x[cand[first + j]])]
+                    else:
+                        for j in range(n):
+                            picked[j] = _to_f64(x[cand[first + j]])
+                        _exp_shifted(picked[:n], shift[e, r], tmp[:n])
                     for j in range(n):
                         picked[j] = t[cand[first + j]]
                     best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
@@ -629,22 +730,24 @@ def mean_first_axis(stack, out):
 
 
 @njit(parallel=True, cache=True)
-def mix_into(a, b, eps, labels, correct):
-    """b <- eps*a + (1-eps)*b in place (numpy's arithmetic); correct[n] <- argmax b[n] == y.
-
-    a, b: float64 (N, C); labels: int64 (N,); correct: bool (N,).
-    """
+def mix(a, b, eps):
+    """b <- eps*a + (1-eps)*b in place (numpy's arithmetic). a, b: float64 (N, C)."""
     one_minus = 1.0 - eps
     for n in prange(a.shape[0]):
-        best = 0
-        best_v = 0.0
         for c in range(a.shape[1]):
-            v = eps * a[n, c] + one_minus * b[n, c]
-            b[n, c] = v
-            if c == 0 or v > best_v:
-                best = c
-                best_v = v
-        correct[n] = best == labels[n]
+            b[n, c] = eps * a[n, c] + one_minus * b[n, c]
+
+
+@njit(parallel=True, cache=True)
+def mix_into(a, b, eps, labels, lead, magnitude, top, correct):
+    """b <- eps*a + (1-eps)*b in place (numpy's arithmetic), then ``label_leads`` of b into
+    lead, magnitude, top and correct. a, b: float64 (N, C); labels: int64 (N,)."""
+    one_minus = 1.0 - eps
+    for n in prange(a.shape[0]):
+        row = b[n]
+        for c in range(a.shape[1]):
+            row[c] = eps * a[n, c] + one_minus * row[c]
+        _label_lead_into(row, labels[n], n, lead, magnitude, top, correct)
 
 
 @njit(parallel=True, cache=True)

@@ -210,16 +210,18 @@ class _StreamedScorer:
     """Ensemble-selection scores on a logits run whose probabilities are not held in memory.
 
     Each epoch's stored outputs are read in place (no copy of a lazy subset) and a row's
-    softmax is never materialised. The first time a row is scored whole, its softmax max and
-    1/sum are kept (2 floats per epoch and sample); since no probability exceeds that 1/sum,
-    later rounds compute only the classes that can still win (``selection_candidates``),
-    with the arithmetic of the full softmax, so every score is exact.
+    softmax is never materialised. The first time a row is scored whole, its shift, 1/sum and
+    largest probability are kept (3 floats per epoch and sample); since no probability
+    exceeds the largest, later rounds compute only the classes that can still win
+    (``selection_candidates``), with the arithmetic of the full softmax, so every score is
+    exact.
     """
 
     def __init__(self, run):
         self.run = run
         self.shift = np.full((run.n_epochs, run.n_samples), np.nan)
         self.inv = np.full((run.n_epochs, run.n_samples), np.nan)
+        self.top = np.full((run.n_epochs, run.n_samples), np.nan)
 
     def correct_counts(self, total, rows):
         """Per epoch e: the number of ``rows`` whose argmax of total + P[e] is the label."""
@@ -227,7 +229,7 @@ class _StreamedScorer:
         stored = stored_rows(run.outputs)
         if stored is not None:  # rows in storage order: neighbouring reads in every epoch
             rows = rows[np.argsort(stored[1][rows], kind="stable")]
-        known = self.inv[:, rows]
+        known = self.top[:, rows]
         bound = np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))
         ptr, cand = _kernels.selection_candidates(total, rows, bound, UNDECIDED_SLACK)
         n_blocks = 8 * numba.get_num_threads()
@@ -237,10 +239,11 @@ class _StreamedScorer:
             parts = ((np.asarray(run.outputs[e])[None], np.arange(run.n_samples),
                       slice(e, e + 1)) for e in range(run.n_epochs))
         counts = []
-        for values, src, epochs in parts:  # shift/inv slices are views: filled in place
+        for values, src, epochs in parts:  # shift/inv/top slices are views: filled in place
             n_correct, n_bad = _kernels.selection_correct_counts(
-                _kernel_view(values), src[rows], total, rows, run.labels, self.shift[epochs],
-                self.inv[epochs], ptr, cand, n_blocks)
+                _kernel_view(values), src[rows], total, rows, run.labels,
+                _kernels.f16_exp_table(), self.shift[epochs], self.inv[epochs],
+                self.top[epochs], ptr, cand, n_blocks)
             for e in np.flatnonzero(n_bad):
                 run.probs(epochs.start + int(e))  # raises the error naming the epoch
             counts.extend(n_correct.tolist())

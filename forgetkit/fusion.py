@@ -105,8 +105,8 @@ class EpochProbs:
             out = np.empty((self.run.n_samples, self.run.n_classes))
             n_bad = _kernels.combine_softmax(
                 _kernel_view(stored[0]), np.asarray(indices, dtype=np.int64),
-                np.asarray(weights, dtype=np.float64), stored[1], out,
-                8 * numba.get_num_threads())
+                np.asarray(weights, dtype=np.float64), stored[1], _kernels.f16_exp_table(),
+                out, 8 * numba.get_num_threads())
             if not n_bad:
                 return out  # else epoch by epoch below, for an error naming the epoch
         total = np.zeros((self.run.n_samples, self.run.n_classes))
@@ -131,7 +131,8 @@ def label_probabilities(run):
             values, rows = stored[0][e], stored[1]
         else:
             values, rows = np.asarray(run.outputs[e]), np.arange(run.n_samples)
-        if _kernels.label_probs(_kernel_view(values), rows, run.labels, q[e]):
+        if _kernels.label_probs(_kernel_view(values), rows, run.labels,
+                               _kernels.f16_exp_table(), q[e]):
             run.probs(e)  # raises the error naming the epoch and its bad values
     return q.T
 
@@ -244,26 +245,33 @@ class KnowledgeFusion(Fuser):
         prob = probs[n_epochs - 1]
         if probs.cached is not None:
             prob = prob.copy()  # updated in place below
-        cur = np.argmax(prob, axis=1) == y
+        # the current fusion's lead of the label, magnitude, top class and correctness
+        lead, magnitude = np.empty(len(y)), np.empty(len(y))
+        top, cur = np.empty(len(y), dtype=np.int64), np.empty(len(y), dtype=bool)
+        _kernels.label_leads(prob, y, lead, magnitude, top, cur)
+        stats = (lead, magnitude, top)
         mean = np.empty_like(prob)
         explore = np.ones(n_epochs, dtype=bool)
+        missed = correct[:, ~cur].sum(axis=1)  # F'_e * n_samples, updated as cur changes
         plan, accs, used = [], [], 0
         bar = Progress(n_epochs, "knowledge fusion", enabled=self.progress)
         while explore.any() and (self.max_windows is None or used < self.max_windows):
-            forget = correct[:, ~cur].sum(axis=1)  # F'_e * n_samples
-            forget[~explore] = -1
-            a = int(np.argmax(forget))  # ties: the earliest epoch
+            a = int(np.argmax(np.where(explore, missed, -1)))  # ties: the earliest epoch
             window = self._window(a, n_epochs)
             before = int(explore.sum())
             explore[max(a - self.window, 0): a + self.window + 1] = False
             bar.update(before - int(explore.sum()))
             probs.mean(window, out=mean)
-            eps, n_correct = self._choose_eps(mean, prob, y, grid, int(cur.sum()))
+            eps, n_correct = self._choose_eps(mean, prob, stats, y, grid, int(cur.sum()))
             if self.stop_when_no_gain and n_correct <= cur.sum():
                 break
             plan.append((a, float(eps)))
             if eps > 0:
-                _kernels.mix_into(mean, prob, eps, y, cur)  # prob <- eps*mean + (1-eps)*prob
+                was_correct = cur.copy()
+                _kernels.mix_into(mean, prob, eps, y, *stats, cur)  # prob <- eps*mean + ...
+                flipped = np.flatnonzero(was_correct != cur)
+                missed += (correct[:, flipped[was_correct[flipped]]].sum(axis=1)
+                           - correct[:, flipped[cur[flipped]]].sum(axis=1))
                 used += 1
             accs.append(float(cur.mean()))
         self._fit_shape(run)
@@ -302,10 +310,11 @@ class KnowledgeFusion(Fuser):
         new.checkpoints_ = new._checkpoints(new.plan_)
         return new
 
-    def _choose_eps(self, mean, prob, y, grid, base):
-        """(eps, number correct) chosen by the rule; ``base`` = number correct at eps=0."""
+    def _choose_eps(self, mean, prob, stats, y, grid, base):
+        """(eps, number correct) chosen by the rule; ``stats``: ``label_leads`` of prob;
+        ``base`` = number correct at eps=0."""
         if grid is not None:
-            counts = _kernels.grid_correct_counts(mean, prob, y, grid, REL_BAND,
+            counts = _kernels.grid_correct_counts(mean, prob, y, *stats, grid, REL_BAND,
                                                   4 * numba.get_num_threads())
             if self.rule == "best":
                 i = int(np.argmax(counts))
@@ -333,13 +342,12 @@ class KnowledgeFusion(Fuser):
         prob = probs[pos[n_epochs - 1]]
         if probs.cached is not None:
             prob = prob.copy()  # updated in place below
-        hit = np.empty(run.n_samples, dtype=bool)
         mean = np.empty_like(prob)
         yield prob
         for a, eps in self.plan_:
             if eps > 0:
                 probs.mean((pos[e] for e in self._window(a, n_epochs)), out=mean)
-                _kernels.mix_into(mean, prob, eps, run.labels, hit)
+                _kernels.mix(mean, prob, eps)
                 yield prob
 
     # -------------------------------------------------------------- persistence

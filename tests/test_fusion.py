@@ -40,12 +40,59 @@ def tie_heavy(n, c, seed):
 
 
 # ------------------------------------------------------------------ the eps kernel
+def label_leads(p, y):
+    """``_kernels.label_leads`` of p: (lead, magnitude, top), correct."""
+    n = len(y)
+    lead, magnitude = np.empty(n), np.empty(n)
+    top, correct = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    _kernels.label_leads(p, y, lead, magnitude, top, correct)
+    return (lead, magnitude, top), correct
+
+
+def grid_counts(a, b, y, grid, n_blocks):
+    return _kernels.grid_correct_counts(a, b, y, *label_leads(b, y)[0], grid, 1e-12, n_blocks)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_label_leads_match_numpy(seed):
+    p, _, y = tie_heavy(3000, 6, seed)
+    p[:5] = -p[:5]  # negative values too
+    (lead, magnitude, top), correct = label_leads(p, y)
+    rows = np.arange(len(y))
+    others = p.copy()
+    others[rows, y] = -np.inf
+    np.testing.assert_array_equal(lead, p[rows, y] - others.max(1))
+    np.testing.assert_array_equal(magnitude, np.abs(p).max(1))
+    np.testing.assert_array_equal(top, np.where(lead <= 0, others.argmax(1), -1))
+    np.testing.assert_array_equal(correct, p.argmax(1) == y)
+    assert (lead == 0).sum() > 100  # the ties were exercised
+
+
+def test_mix_into_equals_numpy_then_label_leads():
+    a, b, y = tie_heavy(2000, 5, 7)
+    for eps in (0.0, 0.25, 0.5, 1.0):
+        ref = eps * a + (1 - eps) * b
+        out = b.copy()
+        n = len(y)
+        lead, magnitude = np.empty(n), np.empty(n)
+        top, correct = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+        _kernels.mix_into(a, out, eps, y, lead, magnitude, top, correct)
+        np.testing.assert_array_equal(out, ref)
+        (lead_ref, magnitude_ref, top_ref), correct_ref = label_leads(ref, y)
+        for got, want in ((lead, lead_ref), (magnitude, magnitude_ref), (top, top_ref),
+                          (correct, correct_ref)):
+            np.testing.assert_array_equal(got, want)
+        plain = b.copy()
+        _kernels.mix(a, plain, eps)
+        np.testing.assert_array_equal(plain, ref)
+
+
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("n_grid", [11, 101])
 def test_grid_kernel_is_exact_on_tie_heavy_data(seed, n_grid):
     a, b, y = tie_heavy(4000, 7, seed)
     grid = np.arange(n_grid) / (n_grid - 1)
-    counts = _kernels.grid_correct_counts(a, b, y, grid, 1e-12, 8)
+    counts = grid_counts(a, b, y, grid, 8)
     assert np.array_equal(counts / len(y), grid_accuracy_ref(a, b, y, grid))
 
 
@@ -60,7 +107,7 @@ def test_grid_kernel_property(n, c, seed, ties):
         b = rng.dirichlet(np.ones(c), n)
         y = rng.integers(0, c, n)
     grid = np.arange(101) / 100
-    counts = _kernels.grid_correct_counts(a, b, y, grid, 1e-12, 3)
+    counts = grid_counts(a, b, y, grid, 3)
     assert np.array_equal(counts / n, grid_accuracy_ref(a, b, y, grid))
 
 

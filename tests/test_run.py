@@ -167,6 +167,50 @@ def test_float16_bits_convert_exactly():
     assert np.array_equal(np.signbit(out[finite]), np.signbit(ref[finite]))  # -0.0 stays
 
 
+def test_float16_exp_table_is_math_exp_within_its_range():
+    import math
+
+    from forgetkit import _kernels
+
+    table = _kernels.f16_exp_table()
+    values = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
+    inside = (values >= _kernels.EXP_MIN) & (values <= _kernels.F16_TABLE_MAX)
+    assert inside.sum() > 45_000
+    assert table[inside].tolist() == [math.exp(v) for v in values[inside]]
+    assert np.isnan(table[~inside]).all()  # out of range, inf and nan: the shifted path
+    assert not table.flags.writeable
+
+
+@pytest.mark.parametrize("row", [[600.0, 0.0, -5.0], [600.5, 0.0, -5.0], [3.0, -708.0, 1.0],
+                                 [3.0, -708.5, 1.0], [0.0, -0.0, 0.0], [-700.0, -705.0, -708.0]])
+def test_float16_rows_on_both_sides_of_the_table_limits(row):
+    from forgetkit import _kernels
+
+    x = np.array([row], dtype=np.float16)
+    p = fk.run.softmax(x)
+    x64 = x.astype(np.float64)
+    ref = np.exp(x64 - x64.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    assert _ulps(p[p > 1e-300], ref[p > 1e-300]).max() <= 4
+    # float16 rows within the table are not shifted (m = 0); the others are shifted by
+    # their max, which is then > 0 (what ensemble selection's streamed scorer relies on)
+    in_table = x64.min() >= _kernels.EXP_MIN and x64.max() <= _kernels.F16_TABLE_MAX
+    m = _exp_row_shift(x.view(np.int16)[0])
+    assert (m == 0.0) == in_table
+
+
+def _exp_row_shift(bits):
+    from numba import njit
+
+    from forgetkit import _kernels
+
+    @njit
+    def shift(bits, table):
+        return _kernels._exp_row(bits, np.empty(bits.shape[0]), table)[1]
+
+    return shift(bits, _kernels.f16_exp_table())
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_softmax_extreme_rows_take_the_exact_path(dtype):
     # spreads beyond 708 underflow to subnormals: those rows go through math.exp
