@@ -94,28 +94,34 @@ def _mixture_argmax(a, b, n, eps):
     return best
 
 
-# Branch-free binary searches (the select compiles to a conditional move): interval ends
-# fall anywhere in the grid, so the branches of a plain binary search mispredict.
+# Grid searches start at x * (G - 1), the index on KnowledgeFusion's uniform grids, and walk
+# to the exact one (correct for any ascending grid); a binary search mispredicts its branches.
+@njit(inline="always")
+def _grid_guess(grid, x):
+    g = x * (grid.shape[0] - 1)
+    return 0 if not g >= 0.0 else (grid.shape[0] if g >= grid.shape[0] else int(g))
+
+
 @njit(inline="always")
 def _first_above(grid, x):
-    """Index of the first grid point > x (grid ascending, non-empty)."""
-    base, n = 0, grid.shape[0]
-    while n > 1:
-        half = n // 2
-        base = base + half if grid[base + half - 1] <= x else base
-        n -= half
-    return base + (grid[base] <= x)
+    """Index of the first grid point > x (grid ascending)."""
+    i = _grid_guess(grid, x)
+    while i > 0 and grid[i - 1] > x:
+        i -= 1
+    while i < grid.shape[0] and grid[i] <= x:
+        i += 1
+    return i
 
 
 @njit(inline="always")
 def _first_at_least(grid, x):
-    """Index of the first grid point >= x (grid ascending, non-empty)."""
-    base, n = 0, grid.shape[0]
-    while n > 1:
-        half = n // 2
-        base = base + half if grid[base + half - 1] < x else base
-        n -= half
-    return base + (grid[base] < x)
+    """Index of the first grid point >= x (grid ascending)."""
+    i = _grid_guess(grid, x)
+    while i > 0 and grid[i - 1] >= x:
+        i -= 1
+    while i < grid.shape[0] and grid[i] < x:
+        i += 1
+    return i
 
 
 # numba's float max/min reductions do not vectorise; these loops reduce order-preserving int64
@@ -574,6 +580,9 @@ def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
                 if mean and j == 0:
                     for c in range(n_classes):
                         total[c] = tmp[c] * inv
+                elif mean and j == k - 1:  # the last addition and the division, one pass
+                    for c in range(n_classes):
+                        total[c] = (total[c] + tmp[c] * inv) / k
                 elif mean:
                     for c in range(n_classes):
                         total[c] += tmp[c] * inv
@@ -581,9 +590,6 @@ def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
                     w = weights[j]
                     for c in range(n_classes):
                         total[c] += w * (tmp[c] * inv)
-            if mean and k > 1:
-                for c in range(n_classes):
-                    total[c] /= k
     return n_bad
 
 

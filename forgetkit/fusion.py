@@ -253,17 +253,18 @@ class KnowledgeFusion(Fuser):
         mean = np.empty_like(prob)
         explore = np.ones(n_epochs, dtype=bool)
         missed = correct[:, ~cur].sum(axis=1)  # F'_e * n_samples, updated as cur changes
+        n_correct, left = int(cur.sum()), n_epochs
         plan, accs, used = [], [], 0
         bar = Progress(n_epochs, "knowledge fusion", enabled=self.progress)
-        while explore.any() and (self.max_windows is None or used < self.max_windows):
+        while left and (self.max_windows is None or used < self.max_windows):
             a = int(np.argmax(np.where(explore, missed, -1)))  # ties: the earliest epoch
             window = self._window(a, n_epochs)
-            before = int(explore.sum())
-            explore[max(a - self.window, 0): a + self.window + 1] = False
-            bar.update(before - int(explore.sum()))
+            explore[window.start: window.stop] = False
+            before, left = left, int(explore.sum())
+            bar.update(before - left)
             probs.mean(window, out=mean)
-            eps, n_correct = self._choose_eps(mean, prob, stats, y, grid, int(cur.sum()))
-            if self.stop_when_no_gain and n_correct <= cur.sum():
+            eps, count = self._choose_eps(mean, prob, stats, y, grid, n_correct)
+            if self.stop_when_no_gain and count <= n_correct:
                 break
             plan.append((a, float(eps)))
             if eps > 0:
@@ -273,7 +274,8 @@ class KnowledgeFusion(Fuser):
                 missed += (correct[:, flipped[was_correct[flipped]]].sum(axis=1)
                            - correct[:, flipped[cur[flipped]]].sum(axis=1))
                 used += 1
-            accs.append(float(cur.mean()))
+            n_correct = count  # the eps search's counts are exact: cur.sum() == count
+            accs.append(n_correct / len(y))
         self._fit_shape(run)
         self.plan_ = plan
         self.val_accuracy_ = accs
