@@ -488,17 +488,22 @@ def _exp_table_impl(row, table, out):
     return lambda row, table, out: np.nan
 
 
+def _is_f16(values):
+    """Whether ``values`` holds float16 bits (int16), a compile-time constant (numba only)."""
+
+
+@overload(_is_f16, inline="always")
+def _is_f16_impl(values):
+    is_f16 = isinstance(values.dtype, types.Integer)
+    return lambda values: is_f16
+
+
+@njit(inline="always")
 def _is_table_row(row, m):
-    """Whether a row that ``_exp_row`` gave status 1 and shift m took the table (numba
-    only): float16 rows with m == 0. A float16 row on the shifted path has a value above
-    F16_TABLE_MAX or below EXP_MIN with a spread of at most -EXP_MIN, so its max is > 0."""
-
-
-@overload(_is_table_row, inline="always")
-def _is_table_row_impl(row, m):
-    if isinstance(row.dtype, types.Integer):
-        return lambda row, m: m == 0.0
-    return lambda row, m: False
+    """Whether a row that ``_exp_row`` gave status 1 and shift m took the table: float16
+    rows with m == 0. A float16 row on the shifted path has a value above F16_TABLE_MAX or
+    below EXP_MIN with a spread of at most -EXP_MIN, so its max is > 0."""
+    return _is_f16(row) and m == 0.0
 
 
 @njit(inline="always")
@@ -549,6 +554,32 @@ def softmax_rows(values, table, out):
     return n_bad
 
 
+@njit(inline="always")
+def _exp_rows(values, epochs, row, table, tmp, inv):
+    """tmp[j] = exp of the row values[epochs[j], row] and inv[j] its 1/sum, as ``_exp_row``
+    gives them, for up to 3 epochs. float16 rows read the table for all epochs in one loop,
+    which keeps more loads in flight. Returns the number of rows holding inf or nan."""
+    m = epochs.shape[0]
+    n_bad = 0
+    if _is_f16(values):
+        x0, x1, x2 = (values[epochs[0], row], values[epochs[min(1, m - 1)], row],
+                      values[epochs[m - 1], row])
+        for c in range(x0.shape[0]):
+            tmp[0, c] = table[np.uint16(x0[c])]
+            if m > 1:
+                tmp[1, c] = table[np.uint16(x1[c])]
+            if m > 2:
+                tmp[2, c] = table[np.uint16(x2[c])]
+    for j in range(m):
+        total = _sum(tmp[j]) if _is_f16(values) else np.nan
+        if total == total:  # every value was in the table
+            inv[j] = 1.0 / total
+        else:
+            status, _, inv[j] = _exp_row(values[epochs[j], row], tmp[j], table)
+            n_bad += status < 0
+    return n_bad
+
+
 @njit(parallel=True, cache=True)
 def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
     """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
@@ -560,7 +591,8 @@ def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
 
     values: stored outputs (E, M, C) (float16 as int16 bits), read in place; epochs (k,),
     src (R,): int64; table: the ``f16_exp_table()``; out: float64 (R, C).
-    Returns the number of (epoch, row) pairs holding inf or nan.
+    Epochs are taken 3 at a time, each group added in one pass (a mean's weights are 1.0,
+    an exact factor). Returns the number of (epoch, row) pairs holding inf or nan.
     """
     k = epochs.shape[0]
     mean = weights.shape[0] == 0
@@ -568,28 +600,28 @@ def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
     n_blocks = max(1, min(n_blocks, n_rows))
     n_bad = 0
     for blk in prange(n_blocks):
-        tmp = np.empty(n_classes)
+        tmp = np.empty((3, n_classes))
+        inv = np.empty(3)
+        w = np.ones(3)
         for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             total = out[r]
-            if not mean:
-                total[:] = 0.0
-            for j in range(k):
-                status, _, inv = _exp_row(values[epochs[j], src[r]], tmp, table)
-                if status < 0:
-                    n_bad += 1
-                if mean and j == 0:
-                    for c in range(n_classes):
-                        total[c] = tmp[c] * inv
-                elif mean and j == k - 1:  # the last addition and the division, one pass
-                    for c in range(n_classes):
-                        total[c] = (total[c] + tmp[c] * inv) / k
-                elif mean:
-                    for c in range(n_classes):
-                        total[c] += tmp[c] * inv
-                else:
-                    w = weights[j]
-                    for c in range(n_classes):
-                        total[c] += w * (tmp[c] * inv)
+            for g in range(0, k, 3):
+                m = min(3, k - g)
+                n_bad += _exp_rows(values, epochs[g: g + m], src[r], table, tmp, inv)
+                if not mean:
+                    w[:m] = weights[g: g + m]
+                p0, p1, p2 = tmp[0], tmp[1], tmp[2]
+                i0, i1, i2 = inv[0], inv[1], inv[2]
+                w0, w1, w2 = w[0], w[1], w[2]
+                first = g == 0
+                divide = mean and g + m == k
+                for c in range(n_classes):
+                    v = (0.0 if first else total[c]) + w0 * (p0[c] * i0)
+                    if m > 1:
+                        v += w1 * (p1[c] * i1)
+                    if m > 2:
+                        v += w2 * (p2[c] * i2)
+                    total[c] = v / k if divide else v
     return n_bad
 
 

@@ -237,6 +237,36 @@ def test_mean_softmax_equals_the_mean_of_per_epoch_softmax(dtype):
         fk.run.mean_softmax(bad)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 7])
+def test_combined_softmax_is_numpys_sequence_of_additions(dtype, k):
+    """Epochs are combined 3 at a time in one pass: the bits must be those of adding the
+    epochs' softmaxes one by one (and dividing, for the mean)."""
+    from forgetkit import _kernels
+
+    run = make_run(n_epochs=8, n_samples=120, n_classes=11, dtype=dtype)
+    values = np.asarray(run.outputs).copy()
+    values[3, 5, 2] = 650.0  # a float16 row outside the table: shifted exp
+    values[5, 6, 1] = -900.0  # a spread beyond 708: math.exp
+    epochs = np.random.default_rng(k).permutation(8)[:k]
+    probs = [fk.run.softmax(values[e]) for e in epochs]
+    weights = np.random.default_rng(k).random(k)
+    mean_ref = probs[0].copy()
+    for p in probs[1:]:
+        mean_ref += p
+    mean_ref /= k
+    weighted_ref = np.zeros_like(mean_ref)
+    for w, p in zip(weights, probs, strict=True):
+        weighted_ref += w * p
+    rows = np.arange(120)
+    stored = fk.run._kernel_view(values)
+    for w, ref in ((np.empty(0), mean_ref), (weights, weighted_ref)):
+        out = np.empty_like(ref)
+        assert _kernels.combine_softmax(stored, epochs, w, rows, _kernels.f16_exp_table(),
+                                        out, 7) == 0
+        np.testing.assert_array_equal(out, ref)
+
+
 def test_subset_carries_the_forgetting_pass_over(tmp_path):
     run = make_run(n_epochs=6, n_samples=80, n_classes=7, dtype=np.float16)
     fk.save(run, tmp_path / "r.npy")
