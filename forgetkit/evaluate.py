@@ -54,14 +54,19 @@ def ece(probs, labels, n_bins=15):
 
 def mcnemar(correct_a, correct_b):
     """Exact McNemar test (two-sided binomial on the discordant pairs): p-value that two
-    classifiers scored on the same samples have the same accuracy."""
-    from scipy.stats import binomtest
+    classifiers scored on the same samples have the same accuracy.
+
+    Binomial(n, 1/2) is symmetric, so the two-sided p-value is min(1, 2 * P(X <= k)) with k
+    the smaller discordant count (``scipy.stats.binomtest``'s value; scipy.special imports
+    in a fraction of scipy.stats' time)."""
+    from scipy.special import bdtr
 
     a_only = int(np.sum(correct_a & ~correct_b))
     b_only = int(np.sum(~correct_a & correct_b))
-    if a_only + b_only == 0:
+    n = a_only + b_only
+    if n == 0:
         return 1.0
-    return float(binomtest(min(a_only, b_only), a_only + b_only, 0.5).pvalue)
+    return float(min(1.0, 2.0 * bdtr(min(a_only, b_only), n, 0.5)))
 
 
 # ---------------------------------------------------------------------- protocol

@@ -486,7 +486,7 @@ class LikelihoodFusion(Fuser):
             n_iter += 1
             mix = q @ w
             ll = np.mean(np.log(mix))
-            w = w * (q / mix[:, None]).mean(axis=0)
+            w = w * (q.T @ (1.0 / mix)) / n  # the mean over samples of q / mix, as a matvec
             w /= w.sum()
             if ll - prev < self.tol:
                 break

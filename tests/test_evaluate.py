@@ -24,6 +24,17 @@ def test_metrics_by_hand():
     assert mcnemar(a, a) == 1.0
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 40, 333])
+def test_mcnemar_is_scipys_exact_binomial_test(n):
+    from scipy.stats import binomtest
+
+    for a_only in range(n + 1):
+        a = np.array([True] * a_only + [False] * (n - a_only) + [True] * 5)
+        b = np.array([False] * a_only + [True] * (n - a_only) + [True] * 5)
+        ref = binomtest(min(a_only, n - a_only), n, 0.5).pvalue
+        assert mcnemar(a, b) == pytest.approx(ref, rel=1e-11)
+
+
 def test_compare_on_the_real_run(real_run):
     t = time.perf_counter()
     table = compare(real_run)
