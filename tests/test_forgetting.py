@@ -77,6 +77,19 @@ def test_float16_kernel_matches_numpy_on_any_bits(bits):
     assert np.array_equal(out[finite], expect)
 
 
+@pytest.mark.parametrize("n_classes", [255, 256, 257, 1000])
+def test_float16_kernel_on_both_sides_of_the_row_pairing(n_classes):
+    bits = np.random.default_rng(n_classes).integers(-32768, 32768, size=(31, n_classes),
+                                                      dtype=np.int16)
+    vals = bits.view(np.float16)
+    vals[::3] = np.where(np.isfinite(vals[::3]), vals[::3], 1.0)  # every third row finite
+    finite = np.isfinite(vals).all(axis=1)
+    out = np.empty(len(vals), dtype=np.int32)
+    _kernels.argmax_f16(bits, out)
+    assert (out[~finite] == -1).all() and finite.sum() >= 11
+    assert np.array_equal(out[finite], np.argmax(vals[finite].astype(np.float64), axis=1))
+
+
 def test_float16_kernel_beyond_65535_classes():
     # the packed one-pass key holds the class index in 16 bits: wider rows take two passes
     rng = np.random.default_rng(1)
