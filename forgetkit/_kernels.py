@@ -3,7 +3,8 @@
 Conventions: rows are samples (or epoch*sample pairs), columns are classes; argmax ties go to
 the lowest class index (numpy's rule). float16 data is passed as its raw int16 bits, because
 numba has no float16 arithmetic on the CPU; ``_f16_key`` maps the bits to an integer key whose
-order is the order of the float values (-0.0 and +0.0 share a key).
+order is the order of the float values (-0.0 and +0.0 share a key). Softmax kernels take
+``table``, the ``f16_exp_table()`` (exp of every float16 value), as an argument.
 """
 
 from __future__ import annotations
