@@ -8,6 +8,7 @@ apply the fitted fusion to any run with the same epochs.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numba
@@ -440,16 +441,30 @@ def best_continuous_eps(a, b, labels, *, rule="best", base=None):
 
 
 # ------------------------------------------------------------- likelihood fusion
+def _mean_log(x):
+    return float(np.mean(np.log(x)))
+
+
+def _em_step(q, w):
+    """One EM step for mixture weights w (k,) of components q (N, k): w * mean(q / (q @ w)),
+    the mean over samples taken as a matrix-vector product."""
+    w = w * (q.T @ (1.0 / (q @ w))) / q.shape[0]
+    return w / w.sum()
+
+
 class LikelihoodFusion(Fuser):
     """Mixture weights over checkpoints that maximise the validation log-likelihood.
 
-    maximise sum_n log(sum_e w_e P[e, n, y_n]) over the simplex (concave), by EM. With
-    ``max_checkpoints`` the k largest weights are kept and refitted. Beyond the paper.
+    maximise sum_n log(sum_e w_e P[e, n, y_n]) over the simplex (concave), by EM accelerated
+    with SQUAREM (plain EM had not converged after 2,000 iterations on the sample runs).
+    Weights below ``min_weight`` times the largest are dropped, or with ``max_checkpoints``
+    only the k largest kept, and the rest refitted. Beyond the paper.
 
     Attributes
     ----------
     weights_ : ndarray (n_checkpoints,), checkpoints_ : list of epoch indices,
-    log_likelihood_ : mean validation log-likelihood, n_iter_ : EM iterations used.
+    log_likelihood_ : mean validation log-likelihood, n_iter_ : SQUAREM iterations of the
+    last solve (3 EM steps each; a RuntimeWarning says when ``max_iter`` stopped it).
     """
 
     def __init__(self, max_checkpoints=None, max_iter=2000, tol=1e-10, min_weight=1e-6):
@@ -479,18 +494,38 @@ class LikelihoodFusion(Fuser):
         return self
 
     def _em(self, q):
+        """Mixture weights maximising mean(log(q @ w)) over the simplex, for q (N, k) > 0:
+        EM accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3). Each iteration takes
+        two EM steps, extrapolates along them, keeps the extrapolated point when it stays
+        inside the simplex and raises the likelihood (else halves the step toward the
+        second EM step), then takes one more EM step: the likelihood never decreases.
+        Stops when an iteration gains less than ``tol``. Returns (w, iterations)."""
         n, k = q.shape
         w = np.full(k, 1.0 / k)
-        prev, n_iter = -np.inf, 0
-        while n_iter < self.max_iter:
-            n_iter += 1
-            mix = q @ w
-            ll = np.mean(np.log(mix))
-            w = w * (q.T @ (1.0 / mix)) / n  # the mean over samples of q / mix, as a matvec
-            w /= w.sum()
-            if ll - prev < self.tol:
-                break
-            prev = ll
+        cur = _mean_log(q @ w)
+        for n_iter in range(1, self.max_iter + 1):
+            w1 = _em_step(q, w)
+            w2 = _em_step(q, w1)
+            r, v = w1 - w, w2 - 2 * w1 + w
+            alpha = -np.sqrt((r @ r) / (v @ v)) if v @ v > 0 else -1.0
+            best, best_ll = w2, _mean_log(q @ w2)
+            while alpha < -1:  # alpha = -1 is the second EM step itself
+                point = w - 2 * alpha * r + alpha * alpha * v
+                if (point > 0).all():
+                    point /= point.sum()
+                    point_ll = _mean_log(q @ point)
+                    if point_ll >= best_ll:
+                        best, best_ll = point, point_ll
+                        break
+                alpha = (alpha - 1) / 2
+            w = _em_step(q, best)
+            new = _mean_log(q @ w)
+            if new - cur < self.tol:
+                return w, n_iter
+            cur = new
+        warnings.warn(f"likelihood fusion stopped at max_iter={self.max_iter} before its "
+                      f"gain per iteration fell below tol={self.tol}", RuntimeWarning,
+                      stacklevel=3)
         return w, n_iter
 
     def predict_proba(self, run):
