@@ -792,25 +792,29 @@ def mean_first_axis(stack, out):
             out[r, c] = s / k
 
 
+@njit(inline="always")
+def _mix_row(a, b, eps):
+    """b <- eps*a + (1-eps)*b for rows (C,), numpy's arithmetic: the fit (``mix_into``) and
+    the apply (``mix``) must give the same bits."""
+    one_minus = 1.0 - eps
+    for c in range(a.shape[0]):
+        b[c] = eps * a[c] + one_minus * b[c]
+
+
 @njit(parallel=True, cache=True)
 def mix(a, b, eps):
     """b <- eps*a + (1-eps)*b in place (numpy's arithmetic). a, b: float64 (N, C)."""
-    one_minus = 1.0 - eps
     for n in prange(a.shape[0]):
-        for c in range(a.shape[1]):
-            b[n, c] = eps * a[n, c] + one_minus * b[n, c]
+        _mix_row(a[n], b[n], eps)
 
 
 @njit(parallel=True, cache=True)
 def mix_into(a, b, eps, labels, lead, magnitude, top, correct):
     """b <- eps*a + (1-eps)*b in place (numpy's arithmetic), then ``label_leads`` of b into
     lead, magnitude, top and correct. a, b: float64 (N, C); labels: int64 (N,)."""
-    one_minus = 1.0 - eps
     for n in prange(a.shape[0]):
-        row = b[n]
-        for c in range(a.shape[1]):
-            row[c] = eps * a[n, c] + one_minus * row[c]
-        _label_lead_into(row, labels[n], n, lead, magnitude, top, correct)
+        _mix_row(a[n], b[n], eps)
+        _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
 
 
 @njit(parallel=True, cache=True)

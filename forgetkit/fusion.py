@@ -490,7 +490,7 @@ class LikelihoodFusion(Fuser):
         self._fit_shape(run)
         self.checkpoints_ = idx.tolist()
         self.weights_ = w
-        self.log_likelihood_ = float(np.mean(np.log(q[:, keep] @ w)))
+        self.log_likelihood_ = _mean_log(q[:, keep] @ w)
         return self
 
     def _em(self, q):
