@@ -100,13 +100,12 @@ def _warm():
     kernels the first process would otherwise time the compilation): the suite's tasks on a
     tiny memory-mapped run, with the probability cache off as on L."""
     import forgetkit as fk
-    import forgetkit.fusion as fusion
+    from forgetkit.run import DEFAULT_MEMORY_BUDGET
 
     path = write_synthetic_npy(DATA / "warm.npy", 6, 300, 20, seed=1, noise=0.1)
-    for cache_bytes in (fusion.PROBS_CACHE_BYTES, 0):
-        fusion.PROBS_CACHE_BYTES = cache_bytes
+    for budget in (DEFAULT_MEMORY_BUDGET, 0):
         run = fk.load(path)
-        fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,))
+        fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,), memory_budget=budget)
         _forgetting(path)
 
 
@@ -116,9 +115,9 @@ TASKS = {"forgetting": _forgetting, "forgetting_numpy": _forgetting_numpy, "kf":
 
 
 def child(task, args):
-    from forgetkit import _kernels
+    from forgetkit import kernels
 
-    _kernels.argmax_f16(np.zeros((2, 3), np.int16), np.empty(2, np.int32))  # load the cache
+    kernels.argmax_rows(np.zeros((2, 3), np.float16), np.empty(2, np.int32))  # load the cache
     with peak_rss_anon() as mem:
         t = time.perf_counter()
         extra = TASKS[task](*json.loads(args))

@@ -22,21 +22,21 @@ from .common import DATA, cat_seconds, machine, peak_rss_anon, write_synthetic_n
 
 def numpy_pass(run):
     """Straightforward numpy: argmax over classes of each chunk of epochs."""
-    from forgetkit.forgetting import CHUNK_BYTES, _epoch_chunks
+    from forgetkit.run import epoch_chunks
 
     out = np.empty(run.shape[:2], dtype=np.int64)
     per_epoch = run.n_samples * run.n_classes * run.outputs.itemsize
-    for start, stop in _epoch_chunks(run.n_epochs, per_epoch, CHUNK_BYTES):
+    for start, stop in epoch_chunks(run.n_epochs, per_epoch):
         out[start:stop] = np.argmax(run.outputs[start:stop], axis=-1)
     return out == run.labels
 
 
 def child(path, method):
     import forgetkit as fk
-    from forgetkit import _kernels
+    from forgetkit import kernels
 
     # compile outside the timing (numba caches to disk; this makes sure)
-    _kernels.argmax_f16(np.zeros((2, 3), np.int16), np.empty(2, np.int32))
+    kernels.argmax_rows(np.zeros((2, 3), np.float16), np.empty(2, np.int32))
     run = fk.load(path)
     with peak_rss_anon() as mem:
         t = time.perf_counter()

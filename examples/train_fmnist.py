@@ -175,7 +175,7 @@ def main(argv=None):
     seconds = time.time() - t0
 
     run = fk.load(args.out)
-    s = fk.forgetting.summary(run)
+    s = fk.analysis.summary(run)
     result = {"seconds": seconds, "record_seconds": record_seconds,
               "final_accuracy": s["final_accuracy"], "best_accuracy": s["best_accuracy"],
               "max_forget_fraction": s["max_forget_fraction"],

@@ -3,23 +3,15 @@
 Method: "On Local Overfitting and Forgetting in Deep Neural Networks" (Stern, Yaacoby,
 Weinshall, AAAI 2025). Deep-learning frameworks are never imported here; see
 ``forgetkit.exporters`` for the PyTorch and JAX writers.
+
+Subpackages: ``io`` (formats, atomic writes, `RunWriter`), ``kernels`` (numba, private),
+``analysis`` (forgetting), ``fusion`` (Knowledge Fusion and the baselines), ``theory``
+(section 4, fairness, label noise), ``report`` (figures, HTML); modules ``run`` (`Run`),
+``evaluate`` (the split-half protocol), ``cli``.
 """
 
-from . import baselines, datasets, distill, fairness, linear, noise, plots, report
-from .baselines import (
-    CheckpointAverage,
-    EarlyStopping,
-    EnsembleSelection,
-    average_runs,
-    fixed_jumps,
-    horizontal,
-    multi_run,
-    single,
-    snapshot,
-    uniform,
-)
-from .evaluate import compare, compare_splits, format_table, mcnemar
-from .forgetting import (
+from . import datasets, evaluate
+from .analysis import (
     accuracy,
     correctness,
     double_descent,
@@ -28,9 +20,28 @@ from .forgetting import (
     predictions,
     sample_dynamics,
 )
-from .fusion import KnowledgeFusion, LikelihoodFusion
+from .evaluate import compare, compare_splits, format_table, mcnemar
+from .fusion import (
+    CheckpointAverage,
+    EarlyStopping,
+    EnsembleSelection,
+    Fuser,
+    KnowledgeFusion,
+    LikelihoodFusion,
+    average_runs,
+    distill,
+    fixed_jumps,
+    horizontal,
+    load_fuser,
+    multi_run,
+    single,
+    snapshot,
+    uniform,
+)
 from .io import RunWriter, convert, load, load_cartography, save
+from .report import plots, write_report
 from .run import Run, split_indices
+from .theory import fairness, linear, noise
 
 __version__ = "0.1.0"
 
@@ -42,15 +53,16 @@ __all__ = [
     "LikelihoodFusion",
     "Run",
     "RunWriter",
+    "Fuser",
     "average_runs",
-    "baselines",
     "datasets",
     "distill",
+    "evaluate",
     "fairness",
     "linear",
     "noise",
     "plots",
-    "report",
+    "write_report",
     "compare",
     "compare_splits",
     "fixed_jumps",
@@ -69,6 +81,7 @@ __all__ = [
     "learn_fraction",
     "load",
     "load_cartography",
+    "load_fuser",
     "predictions",
     "sample_dynamics",
     "save",

@@ -118,3 +118,30 @@ def check_indices(name, indices, size):
         bad = arr.min() if arr.min() < -size else arr.max()
         raise ValueError(f"{name} must lie in [0, {size}); got {bad}")
     return np.where(arr < 0, arr + size, arr)
+
+
+def check_sample_ids(sample_ids, n_samples):
+    """Return sample ids as an array of shape (n_samples,), or None."""
+    if sample_ids is None:
+        return None
+    sample_ids = np.asarray(sample_ids)
+    if sample_ids.shape != (n_samples,):
+        raise ValueError(f"sample_ids must have shape ({n_samples},); got shape {sample_ids.shape}")
+    return sample_ids
+
+
+def check_class_names(class_names, n_classes):
+    """Return class names as a list of n_classes str, or None."""
+    if class_names is None:
+        return None
+    class_names = [str(c) for c in class_names]
+    if len(class_names) != n_classes:
+        raise ValueError(f"class_names must have {n_classes} entries; got {len(class_names)}")
+    return class_names
+
+
+def check_meta(meta):
+    """Return a copy of the metadata dict ({} for None)."""
+    if meta is not None and not isinstance(meta, dict):
+        raise TypeError(f"meta must be a dict; got {type(meta).__name__}")
+    return dict(meta or {})

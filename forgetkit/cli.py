@@ -12,15 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import forgetting
-from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table
-from .fusion import KnowledgeFusion
-from .io import _write_json_atomic, atomic_write, convert, load
+from .analysis import forgetting
+from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent
+from .fusion import KnowledgeFusion, load_fuser
+from .fusion.distill import write_soft_targets
+from .io import atomic_write, convert, load
+from .io.atomic import write_json_atomic
+from .report import write_report
 from .run import split_indices
-
-
-def _pct(x):
-    return f"{100 * x:.2f}%"
 
 
 def _cmd_analyze(args):
@@ -30,20 +29,20 @@ def _cmd_analyze(args):
     lines = [
         f"run: {args.run}  ({s['n_epochs']} epochs, {s['n_samples']} samples, "
         f"{s['n_classes']} classes)",
-        f"final accuracy:        {_pct(s['final_accuracy'])}",
-        f"best accuracy:         {_pct(s['best_accuracy'])} at epoch {s['best_epoch']}",
-        f"max forget fraction:   {_pct(s['max_forget_fraction'])} at epoch "
+        f"final accuracy:        {percent(s['final_accuracy'])}",
+        f"best accuracy:         {percent(s['best_accuracy'])} at epoch {s['best_epoch']}",
+        f"max forget fraction:   {percent(s['max_forget_fraction'])} at epoch "
         f"{s['max_forget_epoch']}",
-        f"ever forgotten:        {_pct(s['ever_forgotten'])} of samples were correct at some "
+        f"ever forgotten:        {percent(s['ever_forgotten'])} of samples were correct at some "
         "epoch and wrong at the end",
     ]
     if dd["found"]:
         lines.append(
             f"double descent:        peak at epoch {dd['peak_epoch']} "
-            f"({_pct(dd['peak_accuracy'])}), dip at {dd['dip_epoch']} "
-            f"({_pct(dd['dip_accuracy'])}), second peak at {dd['second_peak_epoch']} "
-            f"({_pct(dd['second_peak_accuracy'])}); forgotten in the dip "
-            f"{_pct(dd['forgotten_in_dip'])}, never re-learned {_pct(dd['never_relearned'])}"
+            f"({percent(dd['peak_accuracy'])}), dip at {dd['dip_epoch']} "
+            f"({percent(dd['dip_accuracy'])}), second peak at {dd['second_peak_epoch']} "
+            f"({percent(dd['second_peak_accuracy'])}); forgotten in the dip "
+            f"{percent(dd['forgotten_in_dip'])}, never re-learned {percent(dd['never_relearned'])}"
         )
     else:
         lines.append("double descent:        none found")
@@ -56,7 +55,7 @@ def _cmd_analyze(args):
             forget_fraction=forgetting.forget_fraction(run).tolist(),
             learn_fraction=forgetting.learn_fraction(run).tolist(),
         )
-        _write_json_atomic(Path(args.json), record)
+        write_json_atomic(Path(args.json), record)
         if not args.quiet:
             print(f"wrote {args.json}")
 
@@ -74,10 +73,10 @@ def _validation_split(args, run):
     if args.val_indices:
         idx = np.loadtxt(args.val_indices, dtype=np.int64, ndmin=1)
         rest = np.setdiff1d(np.arange(run.n_samples), idx)
-        test = run.subset(rest) if rest.size else None
-        return run.subset(idx), test, f"{idx.size} validation indices from {args.val_indices}"
+        test = run.isel(samples=rest) if rest.size else None
+        return run.isel(samples=idx), test, f"{idx.size} validation indices from {args.val_indices}"
     val, test = split_indices(run.n_samples, args.val_frac, args.seed)
-    return run.subset(val), run.subset(test), \
+    return run.isel(samples=val), run.isel(samples=test), \
         f"split-half protocol (val_frac={args.val_frac}, seed={args.seed})"
 
 
@@ -90,16 +89,16 @@ def _cmd_fuse(args):
     kf.to_json(args.plan)
     used = [(a, eps) for a, eps in kf.plan_ if eps > 0]
     print(f"fitted on {how}: {val.n_samples} samples, {val.n_epochs} epochs")
-    print(f"validation accuracy: {_pct(kf.initial_accuracy_)} (final epoch) -> "
-          f"{_pct(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} (fused)")
+    print(f"validation accuracy: {percent(kf.initial_accuracy_)} (final epoch) -> "
+          f"{percent(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} (fused)")
     print(f"windows used: {len(used)} of {len(kf.plan_)} tried; ensemble size k = "
           f"{kf.ensemble_size_} checkpoints")
     for a, eps in used:
         print(f"  epoch {kf.epochs_[a]} (window {args.window}): eps = {eps:.4g}")
     if test is not None:
-        single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        single = np.mean(test.correctness()[-1])
         fused = np.mean(kf.predict(test) == test.labels)
-        print(f"held-out accuracy: {_pct(single)} (final epoch) -> {_pct(fused)} (fused), "
+        print(f"held-out accuracy: {percent(single)} (final epoch) -> {percent(fused)} (fused), "
               f"{test.n_samples} samples")
     print(f"wrote {args.plan}")
 
@@ -111,13 +110,13 @@ def _cmd_apply(args):
             raise ValueError(f"--out {args.out} would overwrite the input {given}")
     if out.suffix != ".npy":
         raise ValueError(f"--out must be a .npy file; got {args.out!r}")
-    kf = KnowledgeFusion.from_json(Path(args.plan))
-    probs = kf.predict_proba(load(args.run))
+    fuser = load_fuser(Path(args.plan))
+    probs = fuser.predict_proba(load(args.run))
     with atomic_write(out) as tmp, open(tmp, "wb") as f:
         np.save(f, probs)  # on an open file np.save adds no .npy suffix
     if not args.quiet:
         print(f"wrote {out}: fused probabilities {probs.shape} from "
-              f"{kf.ensemble_size_} checkpoints")
+              f"{fuser.ensemble_size_} checkpoints")
 
 
 def _cmd_compare(args):
@@ -125,23 +124,19 @@ def _cmd_compare(args):
     val_run = load(args.val_run) if args.val_run else None
     table = compare(run, methods=args.methods, seeds=tuple(args.seeds), val_frac=args.val_frac,
                     val_run=val_run, window=args.window)
-    print(format_table(table, markdown=args.markdown))
+    print(format_table(table, "markdown" if args.markdown else "text"))
     if args.json:
-        _write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
+        write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
 
 
 def _cmd_distill(args):
-    from .distill import write_soft_targets
-
-    kf = KnowledgeFusion.from_json(Path(args.plan))
-    out = write_soft_targets(args.out, kf, load(args.train_run), temperature=args.temperature)
+    fuser = load_fuser(Path(args.plan))
+    out = write_soft_targets(args.out, fuser, load(args.train_run), temperature=args.temperature)
     if not args.quiet:
-        print(f"wrote {out}: soft targets from {kf.ensemble_size_} checkpoints")
+        print(f"wrote {out}: soft targets from {fuser.ensemble_size_} checkpoints")
 
 
 def _cmd_report(args):
-    from .report import write_report
-
     run = load(args.run)
     train_run, mask = None, None
     if args.train_run:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._validation import check_option
+
 #: Where Debian's ``dataset-fashion-mnist`` package puts the IDX files.
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
@@ -45,7 +47,6 @@ def load_fashion_mnist(split="train", root=None):
     -------
     images : ndarray of uint8, shape (n, 28, 28); labels : ndarray of int64, shape (n,)
     """
-    from ._validation import check_option
 
     check_option("split", split, ("train", "test"))
     root = Path(root) if root is not None else FASHION_MNIST_DIR

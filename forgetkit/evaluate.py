@@ -7,26 +7,43 @@ Baselines use the ensemble size k of KF(inf) on the same split (the paper's rule
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 
 from ._validation import check_option
-from .baselines import CheckpointAverage, EarlyStopping, EnsembleSelection
-from .forgetting import predictions
-from .fusion import PROBS_CACHE_BYTES, KnowledgeFusion, LikelihoodFusion
-from .run import Run, split_indices
+from .fusion import (
+    CheckpointAverage,
+    EarlyStopping,
+    EnsembleSelection,
+    KnowledgeFusion,
+    LikelihoodFusion,
+)
+from .run import DEFAULT_MEMORY_BUDGET, split_indices
 
-#: name -> (label in tables, factory(k, window) of an unfitted fuser)
+#: name -> label in tables
 METHODS = {
-    "single": ("single network", lambda k, w: CheckpointAverage("single")),
-    "kf1": ("KF(1)", lambda k, w: KnowledgeFusion(window=w, max_windows=1)),
-    "kf": ("KF(inf)", lambda k, w: KnowledgeFusion(window=w)),
-    "horizontal": ("horizontal", lambda k, w: CheckpointAverage("horizontal", k)),
-    "fixed_jumps": ("fixed jumps", lambda k, w: CheckpointAverage("fixed_jumps", k)),
-    "early_stopping": ("early stopping", lambda k, w: EarlyStopping()),
-    "ensemble_selection": ("ensemble selection", lambda k, w: EnsembleSelection(k)),
-    "likelihood": ("likelihood fusion", lambda k, w: LikelihoodFusion(max_checkpoints=k)),
-    "uniform": ("uniform (all epochs)", lambda k, w: CheckpointAverage("uniform")),
+    "single": "single network",
+    "kf1": "KF(1)",
+    "kf": "KF(inf)",
+    "horizontal": "horizontal",
+    "fixed_jumps": "fixed jumps",
+    "early_stopping": "early stopping",
+    "ensemble_selection": "ensemble selection",
+    "likelihood": "likelihood fusion",
+    "uniform": "uniform (all epochs)",
+}
+#: name -> factory(k, memory_budget) of an unfitted baseline with the ensemble budget k;
+#: "kf" and "kf1" come from the split's one KF(inf) fit.
+BASELINES = {
+    "single": lambda k, mb: CheckpointAverage("single"),
+    "horizontal": lambda k, mb: CheckpointAverage("horizontal", max_checkpoints=k),
+    "fixed_jumps": lambda k, mb: CheckpointAverage("fixed_jumps", max_checkpoints=k),
+    "early_stopping": lambda k, mb: EarlyStopping(),
+    "ensemble_selection": lambda k, mb: EnsembleSelection(max_checkpoints=k, memory_budget=mb),
+    "likelihood": lambda k, mb: LikelihoodFusion(max_checkpoints=k),
+    "uniform": lambda k, mb: CheckpointAverage("uniform"),
 }
 DEFAULT_METHODS = ("single", "kf1", "kf", "horizontal", "fixed_jumps", "early_stopping",
                    "ensemble_selection", "likelihood")
@@ -70,28 +87,33 @@ def mcnemar(correct_a, correct_b):
 
 
 # ---------------------------------------------------------------------- protocol
-def _prepare(run):
-    """A probabilities Run of ``run`` kept in memory when it fits, so that each split and
-    method reuses one softmax pass."""
-    if run.kind == "probs" or run.n_epochs * run.n_samples * run.n_classes * 8 > PROBS_CACHE_BYTES:
+def _prepare(run, memory_budget):
+    """A probabilities Run of ``run`` kept in memory when it fits ``memory_budget`` bytes,
+    so that each split and method reuses one softmax pass."""
+    if run.kind == "probs" or run.n_epochs * run.n_samples * run.n_classes * 8 > memory_budget:
         return run
-    return Run(run.probs(), run.labels, kind="probs", epochs=run.epochs,
-               sample_ids=run.sample_ids, class_names=run.class_names, meta=run.meta,
-               validate=False)  # forgetkit's own softmax: finite and normalised
+    # forgetkit's own softmax: finite and normalised, no need to check again
+    return run.replace(outputs=run.probs(), kind="probs", validate=False)
 
 
-def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None):
+def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
+                    memory_budget=DEFAULT_MEMORY_BUDGET):
     """Yield (split, validation run, test run) of the paper's protocol, or the one pair
     ("val_run", val_run, run) when a separate validation run is given."""
     if val_run is not None:
-        yield "val_run", _prepare(val_run), _prepare(run)
+        yield "val_run", _prepare(val_run, memory_budget), _prepare(run, memory_budget)
         return
-    full = _prepare(run)
+    full = _prepare(run, memory_budget)
     if full.kind == "logits":  # streamed: one forgetting pass, shared by every split
-        predictions(full)
+        full.predictions()
     for s in seeds:
         val, test = split_indices(run.n_samples, val_frac, s)
-        yield s, full.subset(val), full.subset(test)
+        yield s, full.isel(samples=val), full.isel(samples=test)
+
+
+def _single_hit(test):
+    """Whether the single network (the final epoch) classifies each test sample correctly."""
+    return test.correctness()[-1]
 
 
 def _fitted_kf(fits, split, val, window):
@@ -106,7 +128,7 @@ def _fitted_kf(fits, split, val, window):
 
 
 def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5,
-                   val_run=None, window=1, kf_fits=None):
+                   val_run=None, window=1, kf_fits=None, memory_budget=DEFAULT_MEMORY_BUDGET):
     """One row per (split, method): test accuracy, NLL, ECE, ensemble size k, gain over the
     single network on the same split and the McNemar p-value of that difference.
 
@@ -114,21 +136,23 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     fitted on it and scored on all of ``run``; ``seeds`` are then ignored. ``kf_fits``, a
     dict, keeps the KF(inf) fits by (split, window) and reuses those already in it (pass
     the same dict to `ensemble_size_curve` and `window_curve` to fit each split once).
+    ``memory_budget``: bytes of probabilities kept in memory (the run's, then each
+    ensemble selection's); larger runs are streamed.
     """
     methods = list(methods)
     for m in methods:
         check_option("method", m, tuple(METHODS))
     rows = []
     for seed, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac,
-                                           val_run=val_run):
+                                           val_run=val_run, memory_budget=memory_budget):
         kf = _fitted_kf(kf_fits, seed, val, window)
         k = kf.ensemble_size_
-        single_hit = np.argmax(test.probs(-1), axis=1) == test.labels
+        single_hit = _single_hit(test)
         for m in methods:
             if m in ("kf", "kf1"):  # KF(1) is the prefix of KF(inf)'s plan: no second fit
                 fuser = kf if m == "kf" else kf.with_windows(1)
             else:
-                fuser = METHODS[m][1](k, window).fit(val)
+                fuser = BASELINES[m](k, memory_budget).fit(val)
             p = fuser.predict_proba(test)
             hit = np.argmax(p, axis=1) == test.labels
             rows.append({
@@ -142,21 +166,21 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
 
 
 def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
-            window=1, kf_fits=None):
+            window=1, kf_fits=None, memory_budget=DEFAULT_MEMORY_BUDGET):
     """The paper's comparison table: one row per method.
 
     Columns: method (label), k (ensemble size, mean over splits), accuracy and accuracy_se
     (test accuracy in percent, mean and standard error = std(ddof=1) / sqrt(n_splits)),
     gain and gain_se (over the single network, percentage points), nll, ece, and p_max (the
     largest McNemar p-value over splits of the difference with the single network) with
-    significant = p_max < 0.05 on every split.
+    significant = p_max < 0.05 on every split. Options as in `compare_splits`.
 
     Returns
     -------
     pandas.DataFrame indexed by method name, in the order of ``methods``.
     """
     long = compare_splits(run, methods, seeds=seeds, val_frac=val_frac, val_run=val_run,
-                          window=window, kf_fits=kf_fits)
+                          window=window, kf_fits=kf_fits, memory_budget=memory_budget)
     n = long["split"].nunique()
 
     def se(x):
@@ -165,7 +189,7 @@ def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_
     rows = []
     for m, g in long.groupby("method", sort=False):
         rows.append({
-            "method": m, "label": METHODS[m][0], "k": g["k"].mean(),
+            "method": m, "label": METHODS[m], "k": g["k"].mean(),
             "accuracy": g["accuracy"].mean(), "accuracy_se": se(g["accuracy"]),
             "gain": g["gain"].mean(), "gain_se": se(g["gain"]),
             "nll": g["nll"].mean(), "ece": g["ece"].mean(),
@@ -175,27 +199,49 @@ def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_
     return pd.DataFrame(rows).set_index("method")
 
 
-def format_table(table, *, markdown=False):
-    """The comparison table as text (paper style: mean ± standard error, in percent)."""
-    header = ["method", "k", "test accuracy (%)", "gain (pp)", "NLL", "ECE", "McNemar p"]
-    lines = []
-    for _, r in table.iterrows():
-        def pm(m, s):
-            return f"{m:.2f} ± {s:.2f}" if np.isfinite(s) else f"{m:.2f}"
+TABLE_FORMATS = ("text", "markdown", "html")
+TABLE_HEADER = ("method", "k", "test accuracy (%)", "gain (pp)", "NLL", "ECE", "McNemar p")
 
-        p = "" if r["label"] == "single network" else \
-            f"{r['p_max']:.3g}{' *' if r['significant'] else ''}"
-        lines.append([r["label"], f"{r['k']:.1f}".rstrip("0").rstrip("."),
-                      pm(r["accuracy"], r["accuracy_se"]), pm(r["gain"], r["gain_se"]),
-                      f"{r['nll']:.4f}", f"{r['ece']:.4f}", p])
-    if markdown:
+
+def percent(x):
+    """A fraction as a percentage with two decimals: 0.1234 -> "12.34%"."""
+    return f"{100 * x:.2f}%"
+
+
+def _pm(mean, se):
+    return f"{mean:.2f} ± {se:.2f}" if np.isfinite(se) else f"{mean:.2f}"
+
+
+def table_cells(table):
+    """The comparison table's rows as strings, in paper style (mean ± standard error, in
+    percent; the single network has no p-value)."""
+    rows = []
+    for method, r in table.iterrows():
+        p = "" if method == "single" else f"{r['p_max']:.3g}{' *' if r['significant'] else ''}"
+        rows.append([r["label"], f"{r['k']:.1f}".rstrip("0").rstrip("."),
+                     _pm(r["accuracy"], r["accuracy_se"]), _pm(r["gain"], r["gain_se"]),
+                     f"{r['nll']:.4f}", f"{r['ece']:.4f}", p])
+    return rows
+
+
+def format_table(table, fmt="text"):
+    """The comparison table of `compare` as ``fmt``: "text" (aligned columns and a note),
+    "markdown" or "html" (a ``<table>``, cells escaped)."""
+    check_option("fmt", fmt, TABLE_FORMATS)
+    header, rows = list(TABLE_HEADER), table_cells(table)
+    if fmt == "markdown":
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        out += ["| " + " | ".join(row) + " |" for row in lines]
+        out += ["| " + " | ".join(row) + " |" for row in rows]
         return "\n".join(out)
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*row) for row in lines]
+    if fmt == "html":
+        cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                        for row in rows)
+        return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>" + cells
+                + "</table>")
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [line.format(*header), line.format(*("-" * w for w in widths))]
+    out += [line.format(*row) for row in rows]
     return "\n".join(out) + "\n(* significant at 0.05 on every split; p is the largest over splits)"
 
 
@@ -211,7 +257,7 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
         kf = _fitted_kf(kf_fits, s, val, window)
-        single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        single = np.mean(_single_hit(test))
         for i, prob in enumerate(kf.staged_predict_proba(test)):
             acc = np.mean(np.argmax(prob, axis=1) == test.labels)
             rows.append({"split": s, "windows": i, "k": kf.with_windows(i).ensemble_size_,
@@ -226,7 +272,7 @@ def window_curve(run, windows=(0, 1, 2, 3, 4), *, seeds=(0, 1, 2), val_frac=0.5,
     ``kf_fits``: as in `compare_splits`."""
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
-        single = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        single = np.mean(_single_hit(test))
         for w in windows:
             kf = _fitted_kf(kf_fits, s, val, w)
             acc = np.mean(kf.predict(test) == test.labels)

@@ -1,26 +1,41 @@
-"""The `Run` object: stored model outputs of one training run plus labels."""
+"""The `Run` object: stored model outputs of one training run plus labels.
+
+`Run` is the one place that reads outputs: the forgetting pass (predictions, correctness),
+probabilities, window means and weighted sums of epochs, each streaming epoch by epoch where
+the outputs are memory-mapped or lazy, with an explicit memory budget wherever something is
+kept in memory.
+"""
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+import pandas as pd
 
-from . import _kernels
+from . import kernels
+from ._progress import Progress
 from ._validation import (
     KINDS,
+    check_class_names,
     check_epochs,
     check_indices,
     check_int,
     check_labels,
+    check_meta,
     check_option,
     check_outputs,
+    check_sample_ids,
     is_streamed,
 )
 
 #: Runs smaller than this many values are fully checked (finite, probabilities sum to 1) when
 #: built; larger ones (memmaps, huge arrays) are checked chunk by chunk as they are read.
 EAGER_CHECK_VALUES = 1 << 27
+#: How far from 1 the row sums of a "probs" run may be.
 PROBS_TOLERANCE = 1e-3
+#: Bytes of outputs read per chunk of the forgetting pass.
+CHUNK_BYTES = 1 << 27
+#: Default memory budget, in bytes, for probabilities kept in memory (`Run.cache_probs`).
+DEFAULT_MEMORY_BUDGET = 2 << 30
 
 
 def split_indices(n_samples, frac=0.5, seed=0):
@@ -42,9 +57,11 @@ def split_indices(n_samples, frac=0.5, seed=0):
     return perm[:n_val], perm[n_val:]
 
 
-def _kernel_view(values):
-    """The array the kernels take: float16 as its raw int16 bits, other floats as they are."""
-    return values.view(np.int16) if values.dtype == np.float16 else values
+def epoch_chunks(n_epochs, bytes_per_epoch, chunk_bytes=CHUNK_BYTES):
+    """(start, stop) ranges of epochs that take about ``chunk_bytes`` each."""
+    step = max(1, chunk_bytes // max(bytes_per_epoch, 1))
+    for start in range(0, n_epochs, step):
+        yield start, min(start + step, n_epochs)
 
 
 def softmax(values, out=None):
@@ -61,7 +78,7 @@ def softmax(values, out=None):
         raise ValueError(f"softmax expects (samples, classes); got shape {x.shape}")
     if out is None:
         out = np.empty(x.shape, dtype=np.float64)
-    n_bad = _kernels.softmax_rows(_kernel_view(x), _kernels.f16_exp_table(), out)
+    n_bad = kernels.softmax_rows(x, out)
     if n_bad:
         raise ValueError(f"{n_bad} rows hold NaN or inf")
     return out
@@ -72,22 +89,9 @@ def mean_softmax(stack, out=None):
     the arithmetic of ``total = softmax(s[0]); total += softmax(s[1]); ...; total /= k`` in
     one fused pass. Raises ValueError if a value is NaN or inf."""
     x = np.ascontiguousarray(stack)
-    return mean_softmax_rows(x, np.arange(x.shape[0]), np.arange(x.shape[1]), out)
-
-
-def mean_softmax_rows(values, epochs, rows, out=None):
-    """``mean_softmax`` of values[epochs][:, rows], read in place (no gathered copy).
-
-    values: C-contiguous (E, M, C) logits (ndarray or memmap); epochs, rows: indices.
-    Returns float64 (len(rows), C).
-    """
-    epochs = np.asarray(epochs, dtype=np.int64)
-    rows = np.asarray(rows, dtype=np.int64)
     if out is None:
-        out = np.empty((len(rows), values.shape[2]), dtype=np.float64)
-    n_bad = _kernels.combine_softmax(_kernel_view(values), epochs, np.empty(0), rows,
-                                     _kernels.f16_exp_table(), out,
-                                     8 * numba.get_num_threads())
+        out = np.empty(x.shape[1:], dtype=np.float64)
+    n_bad = kernels.combine_softmax(x, np.arange(x.shape[0]), np.arange(x.shape[1]), out)
     if n_bad:
         raise ValueError(f"{n_bad} rows hold NaN or inf")
     return out
@@ -98,6 +102,7 @@ class LazyOutputs:
 
     Indexing the first axis reads those epochs (subclasses implement ``_read(e)`` for one
     epoch index); further indices apply to the result; ``numpy.asarray`` reads everything.
+    ``stored_rows()`` is None: the values are decoded, not stored as an array.
     """
 
     _forgetkit_lazy = True
@@ -111,6 +116,9 @@ class LazyOutputs:
 
     def _read(self, e):
         raise NotImplementedError
+
+    def stored_rows(self):
+        return None
 
     def __len__(self):
         return self.shape[0]
@@ -137,26 +145,37 @@ class LazyOutputs:
 
 class SubsetOutputs(LazyOutputs):
     """Lazy sample subset of streamed outputs (memmap or another lazy view): each epoch is
-    read from the base and indexed on the fly, so a subset never copies the whole run."""
+    read from ``base`` and indexed by ``index`` on the fly, so a subset never copies the
+    whole run."""
 
     def __init__(self, base, index):
         super().__init__((base.shape[0], len(index), base.shape[2]), base.dtype)
-        self._base, self._index = base, index
+        self.base, self.index = base, index
 
     def _read(self, e):
-        return np.asarray(self._base[e])[self._index]
+        return np.asarray(self.base[e])[self.index]
+
+    def stored_rows(self):
+        base = stored_rows(self.base)
+        return None if base is None else (base[0], base[1][self.index])
 
 
 def stored_rows(outputs):
     """(values, rows): ``outputs`` as a C-contiguous in-memory or memory-mapped (E, M, C)
     array that holds sample n at row rows[n], without reading or gathering anything; None
     for outputs decoded epoch by epoch (Parquet) or laid out otherwise."""
-    if isinstance(outputs, SubsetOutputs):
-        base = stored_rows(outputs._base)
-        return None if base is None else (base[0], base[1][outputs._index])
+    if isinstance(outputs, LazyOutputs):
+        return outputs.stored_rows()
     if isinstance(outputs, np.ndarray) and outputs.flags.c_contiguous:
         return outputs, np.arange(outputs.shape[1])
     return None
+
+
+def _as_slice(idx):
+    """A slice for consecutive indices (a view of a memmap), else the indices."""
+    if len(idx) and np.all(np.diff(idx) == 1):
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
 
 
 class Run:
@@ -181,8 +200,9 @@ class Run:
         skips the value checks (shapes and labels are always checked), for outputs that are
         already known to be valid, such as probabilities forgetkit computed itself.
 
-    Epochs are addressed by *index* (0..n_epochs-1) everywhere in forgetkit; ``run.epochs``
-    maps indices to the stored epoch numbers.
+    Epochs are addressed two ways, named apart everywhere: an epoch *index* is a position
+    0..n_epochs-1 (``isel``, ``probs``, a fuser's ``checkpoints_``); an epoch *number* is the
+    stored label in ``run.epochs`` (``sel``, ``epoch_positions``, a fuser's ``epochs_``).
     """
 
     def __init__(
@@ -202,26 +222,13 @@ class Run:
         self.kind = check_option("kind", kind, KINDS)
         self.labels = check_labels(labels, n_samples, n_classes)
         self.epochs = check_epochs(epochs, n_epochs)
-        if sample_ids is not None:
-            sample_ids = np.asarray(sample_ids)
-            if sample_ids.shape != (n_samples,):
-                raise ValueError(
-                    f"sample_ids must have shape ({n_samples},); got shape {sample_ids.shape}"
-                )
-        self.sample_ids = sample_ids
-        if class_names is not None:
-            class_names = [str(c) for c in class_names]
-            if len(class_names) != n_classes:
-                raise ValueError(
-                    f"class_names must have {n_classes} entries; got {len(class_names)}"
-                )
-        self.class_names = class_names
-        if meta is not None and not isinstance(meta, dict):
-            raise TypeError(f"meta must be a dict; got {type(meta).__name__}")
-        self.meta = dict(meta or {})
-        self._cache = {}
+        self.sample_ids = check_sample_ids(sample_ids, n_samples)
+        self.class_names = check_class_names(class_names, n_classes)
+        self.meta = check_meta(meta)
+        self._predictions = None  # the forgetting pass, (E, N) int32, read-only
+        self._probs = None  # float64 probabilities of every epoch, kept by cache_probs
         self._validate = bool(validate)
-        if validate and not self._checked_per_read:
+        if validate and not self.checked_per_read:
             for e in range(n_epochs):
                 self.check_epoch(e, self.outputs[e])
 
@@ -230,7 +237,9 @@ class Run:
         return is_streamed(self.outputs) or self.outputs.size > EAGER_CHECK_VALUES
 
     @property
-    def _checked_per_read(self):
+    def checked_per_read(self):
+        """Whether the values are checked as each epoch is read (streamed or large runs
+        built with validate=True) rather than once when the run was built."""
         return self._validate and self._large
 
     # ----------------------------------------------------------------- shape
@@ -276,26 +285,163 @@ class Run:
                     f"(sum {sums[n]:.6g}, tolerance {PROBS_TOLERANCE})"
                 )
 
-    # ------------------------------------------------------------ conversion
-    def probs(self, epochs=None, *, dtype=np.float64):
+    def epoch_values(self, index):
+        """The stored outputs of epoch ``index`` (n_samples, n_classes), checked if this run
+        checks per read."""
+        values = np.ascontiguousarray(self.outputs[index])
+        if self.checked_per_read:
+            self.check_epoch(index, values)
+        return values
+
+    # ---------------------------------------------------------- forgetting pass
+    def predictions(self, *, progress=False):
+        """Predicted class (argmax over classes, ties to the lowest index) at every epoch.
+
+        Streams the outputs in chunks of epochs; peak memory does not grow with n_epochs
+        beyond the result. Computed once per run (and inherited by sample subsets).
+
+        Returns
+        -------
+        ndarray of int32, shape (n_epochs, n_samples), read-only
+        """
+        if self._predictions is not None:
+            return self._predictions
+        n_epochs, n_samples, n_classes = self.shape
+        out = np.empty((n_epochs, n_samples), dtype=np.int32)
+        bar = Progress(n_epochs, "forgetting pass", enabled=progress)
+        for start, stop in epoch_chunks(n_epochs, n_samples * n_classes * self.outputs.itemsize):
+            block = np.ascontiguousarray(self.outputs[start:stop]).reshape(-1, n_classes)
+            kernels.argmax_rows(block, out[start:stop].reshape(-1))
+            bad = (out[start:stop] < 0).any(axis=1)
+            if bad.any():
+                e = start + int(np.argmax(bad))
+                raise ValueError(
+                    f"outputs contain NaN or inf at epoch index {e} (epoch {self.epochs[e]})"
+                )
+            bar.update(stop - start)
+        out.setflags(write=False)
+        self._predictions = out
+        return out
+
+    def correctness(self, *, progress=False):
+        """Whether each sample is classified correctly at each epoch: bool (E, N)."""
+        return self.predictions(progress=progress) == self.labels[None, :]
+
+    # ------------------------------------------------------------ probabilities
+    def probs(self, index=None, *, dtype=np.float64):
         """Probabilities of one or several epochs (softmax of logits, float64 by default).
 
         Parameters
         ----------
-        epochs : int, sequence of int or None
+        index : int, sequence of int or None
             Epoch index (returns shape (n_samples, n_classes)) or indices (returns shape
-            (len(epochs), n_samples, n_classes)); None means all epochs.
+            (len(index), n_samples, n_classes)); None means all epochs.
         """
-        if epochs is None:
-            epochs = range(self.n_epochs)
-        if np.ndim(epochs) == 0:
-            out = np.empty((self.n_samples, self.n_classes), dtype=dtype)
-            return self._epoch_probs(self._epoch_index(epochs), out)
-        idx = [self._epoch_index(e) for e in epochs]
+        if index is None:
+            index = range(self.n_epochs)
+        if np.ndim(index) == 0:
+            e = self._epoch_index(index)
+            if self._probs is not None and dtype == np.float64:
+                return self._probs[e].copy()
+            return self._epoch_probs(e, np.empty((self.n_samples, self.n_classes), dtype))
+        idx = [self._epoch_index(e) for e in index]
         out = np.empty((len(idx), self.n_samples, self.n_classes), dtype=dtype)
         for i, e in enumerate(idx):
             self._epoch_probs(e, out[i])
         return out
+
+    def cache_probs(self, memory_budget=DEFAULT_MEMORY_BUDGET):
+        """Compute the float64 probabilities of every epoch once and keep them on this run,
+        if they take at most ``memory_budget`` bytes (methods that revisit every epoch, such
+        as ensemble selection). Returns them (n_epochs, n_samples, n_classes), read-only,
+        or None when they do not fit; `clear_cache` frees them."""
+        held = self.cached_probs
+        if held is None and self.n_epochs * self.n_samples * self.n_classes * 8 <= memory_budget:
+            held = self._probs = self.probs()
+            held.setflags(write=False)
+        return held
+
+    @property
+    def cached_probs(self):
+        """All epochs' float64 probabilities if held in memory (kept by `cache_probs`, or the
+        outputs themselves for float64 "probs" held in memory), else None."""
+        if self._probs is not None:
+            return self._probs
+        out = self.outputs
+        if self.kind == "probs" and type(out) is np.ndarray and out.dtype == np.float64:
+            return out
+        return None
+
+    def clear_cache(self):
+        """Free the probabilities kept by `cache_probs` and the forgetting pass."""
+        self._probs = None
+        self._predictions = None
+
+    def mean_probs(self, indices, *, out=None):
+        """Mean of the probabilities of epoch ``indices`` (summed in index order, then
+        divided): float64 (n_samples, n_classes), written into ``out`` if given. Logits are
+        read in place (no copy of a memmap or lazy subset); one epoch at a time otherwise."""
+        idx = np.asarray(list(indices), dtype=np.int64)
+        cached = self.cached_probs
+        if out is None:
+            out = np.empty((self.n_samples, self.n_classes))
+        if cached is not None:
+            stack = cached[_as_slice(idx)]  # consecutive epochs: a view, no copy
+            return kernels.mean_first_axis(stack, out)
+        if self.kind == "logits":
+            stored = stored_rows(self.outputs)
+            if stored is not None:
+                if not kernels.combine_softmax(stored[0], idx, stored[1], out):
+                    return out
+            else:
+                stack = np.ascontiguousarray(self.outputs[_as_slice(idx)])
+                if not kernels.combine_softmax(stack, np.arange(len(idx)),
+                                               np.arange(self.n_samples), out):
+                    return out
+        # epoch by epoch: one epoch in memory besides the total; names a bad epoch
+        self._epoch_probs(int(idx[0]), out)
+        if len(idx) > 1:
+            tmp = np.empty_like(out)
+            for e in idx[1:]:
+                out += self._epoch_probs(int(e), tmp)
+            out /= len(idx)
+        return out
+
+    def weighted_probs(self, indices, weights):
+        """sum_i weights[i] * P[indices[i]]: float64 (n_samples, n_classes), added in order
+        to zeros; logits are read in place."""
+        idx = np.asarray(indices, dtype=np.int64)
+        out = np.empty((self.n_samples, self.n_classes))
+        stored = stored_rows(self.outputs) if self.cached_probs is None else None
+        if stored is not None and self.kind == "logits":
+            if not kernels.combine_softmax(stored[0], idx, stored[1], out, weights):
+                return out
+        out[...] = 0.0
+        tmp = np.empty_like(out)
+        for e, w in zip(idx, weights, strict=True):
+            out += w * self._epoch_probs(int(e), tmp)
+        return out
+
+    def label_probs(self):
+        """Probability of each sample's label at every epoch: float64 (n_samples, n_epochs).
+        Logits not held as probabilities are read in place, one epoch at a time, without
+        storing any epoch's probabilities."""
+        q = np.empty((self.n_epochs, self.n_samples))
+        rows = np.arange(self.n_samples)
+        stored = stored_rows(self.outputs)
+        if self.cached_probs is not None or self.kind != "logits":
+            tmp = np.empty((self.n_samples, self.n_classes))
+            for e in range(self.n_epochs):
+                q[e] = self._epoch_probs(e, tmp)[rows, self.labels]
+            return q.T
+        for e in range(self.n_epochs):
+            if stored is not None:
+                values, src = stored[0][e], stored[1]
+            else:
+                values, src = np.asarray(self.outputs[e]), rows
+            if kernels.label_probs(values, src, self.labels, q[e]):
+                self.probs(e)  # raises the error naming the epoch and its bad values
+        return q.T
 
     def epoch_positions(self, epoch_numbers):
         """Indices (int64) of the given stored epoch *numbers*; ValueError naming any that
@@ -310,6 +456,16 @@ class Run:
             )
         return pos
 
+    def sample_positions(self, sample_ids):
+        """Positions (int64) of the given sample ids (``run.sample_ids``, or positions when
+        the run has none); ValueError naming any id this run does not hold."""
+        ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
+        wanted = np.asarray(sample_ids).reshape(-1)
+        pos = pd.Index(ids).get_indexer(wanted)
+        if (pos < 0).any():
+            raise ValueError(f"the run lacks sample ids {wanted[pos < 0][:10].tolist()}")
+        return pos.astype(np.int64)
+
     def _epoch_index(self, e):
         e = check_int("epoch index", e)
         if not -self.n_epochs <= e < self.n_epochs:
@@ -318,9 +474,12 @@ class Run:
 
     def _epoch_probs(self, e, out):
         """Write the probabilities of epoch index ``e`` into ``out`` (n_samples, n_classes)."""
+        if self._probs is not None:
+            out[...] = self._probs[e]
+            return out
         values = np.asarray(self.outputs[e])
         if self.kind == "probs":
-            if self._checked_per_read:
+            if self.checked_per_read:
                 self.check_epoch(e, values)
             out[...] = values
             return out
@@ -335,46 +494,67 @@ class Run:
         return out
 
     # ------------------------------------------------------------- selection
-    def subset(self, indices):
-        """A new Run holding only the samples ``indices`` (ints or a boolean mask).
+    def isel(self, *, epochs=None, samples=None):
+        """A new Run of the epochs and samples at these *positions* (ints or boolean masks).
 
         Sample ids are kept; without ids, the new Run records the original positions as ids.
         Small in-memory outputs are copied; streamed (memmap, Parquet) or large ones stay
-        where they are behind a lazy view that reads epoch by epoch. Predictions already
-        computed on this run (the forgetting pass) carry over.
+        where they are behind a lazy view that reads epoch by epoch. The forgetting pass
+        already computed on this run carries over.
         """
-        idx = check_indices("indices", indices, self.n_samples)
-        ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
-        outputs = SubsetOutputs(self.outputs, idx) if self._large else self.outputs[:, idx]
-        sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
-        if "predictions" in self._cache:  # the forgetting pass is not read again
-            predictions = self._cache["predictions"][:, idx]
-            predictions.setflags(write=False)
-            sub._cache["predictions"] = predictions
-        return sub
+        run = self
+        if epochs is not None:
+            idx = check_indices("epochs", epochs, self.n_epochs)
+            if np.any(np.diff(idx) <= 0):
+                raise ValueError("epoch indices must be strictly increasing")
+            run = self._derive(self.outputs[idx], self.labels, epochs=self.epochs[idx])
+            if self._predictions is not None:
+                run._inherit_predictions(self._predictions[idx])
+        if samples is not None:
+            run = run._sample_subset(samples)
+        return run
 
-    def epochs_subset(self, indices):
-        """A new Run holding only the epochs at ``indices`` (ints or a boolean mask)."""
-        idx = check_indices("indices", indices, self.n_epochs)
-        if np.any(np.diff(idx) <= 0):
-            raise ValueError("epoch indices must be strictly increasing")
-        return self._derive(self.outputs[idx], self.labels, epochs=self.epochs[idx])
+    def sel(self, *, epochs=None, samples=None):
+        """A new Run of the stored epoch *numbers* ``epochs`` and the ``samples`` given by
+        sample id (``run.sample_ids``); see `isel`."""
+        return self.isel(
+            epochs=None if epochs is None else self.epoch_positions(epochs),
+            samples=None if samples is None else self.sample_positions(samples),
+        )
 
     def split(self, frac=0.5, seed=0):
         """(validation, test) Runs of the paper's split-half protocol; see `split_indices`."""
         val, test = split_indices(self.n_samples, frac, seed)
-        return self.subset(val), self.subset(test)
+        return self.isel(samples=val), self.isel(samples=test)
+
+    def replace(self, **changes):
+        """A new Run with these constructor arguments changed (``outputs``, ``labels``,
+        ``kind``, ``epochs``, ``sample_ids``, ``class_names``, ``meta``, ``validate``)."""
+        fields = dict(outputs=self.outputs, labels=self.labels, kind=self.kind,
+                      epochs=self.epochs, sample_ids=self.sample_ids,
+                      class_names=self.class_names, meta=self.meta, validate=self._validate)
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"replace() got unknown fields {sorted(unknown)}; valid: "
+                            f"{', '.join(fields)}")
+        fields.update(changes)
+        return Run(fields.pop("outputs"), fields.pop("labels"), **fields)
+
+    def _sample_subset(self, samples):
+        idx = check_indices("samples", samples, self.n_samples)
+        ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
+        outputs = SubsetOutputs(self.outputs, idx) if self._large else self.outputs[:, idx]
+        sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
+        if self._predictions is not None:  # the forgetting pass is not read again
+            sub._inherit_predictions(self._predictions[:, idx])
+        return sub
+
+    def _inherit_predictions(self, predictions):
+        predictions.setflags(write=False)
+        self._predictions = predictions
 
     def _derive(self, outputs, labels, **changes):
-        fields = dict(
-            kind=self.kind,
-            epochs=self.epochs,
-            sample_ids=self.sample_ids,
-            class_names=self.class_names,
-            meta=self.meta,
-            # values of an eagerly checked run are known to be valid; streamed or large ones
-            # were not all read yet and stay checked per read
-            validate=self._checked_per_read,
-        )
-        fields.update(changes)
-        return Run(outputs, labels, **fields)
+        # values of an eagerly checked run are known to be valid; streamed or large ones
+        # were not all read yet and stay checked per read
+        return self.replace(outputs=outputs, labels=labels, validate=self.checked_per_read,
+                            **changes)

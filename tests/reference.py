@@ -1,7 +1,8 @@
 """Plain-numpy references of every kernel and algorithm, written for clarity, not speed.
 
-They follow ../shared/DESIGN.md ("Definitions") literally; the tests compare forgetkit with
-them value by value.
+They follow docs/definitions.md (sections "Forgetting", "Knowledge Fusion (KF)", "Exact
+epsilon search" and "Baselines") literally; the tests compare forgetkit with them value by
+value.
 """
 
 from __future__ import annotations

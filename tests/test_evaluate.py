@@ -50,7 +50,7 @@ def test_compare_on_the_real_run(real_run):
     assert table.loc["single", "accuracy_se"] == pytest.approx(np.std(single, ddof=1) / np.sqrt(3))
     text = format_table(table)
     assert "KF(inf)" in text and "±" in text
-    assert format_table(table, markdown=True).startswith("| method | k |")
+    assert format_table(table, "markdown").startswith("| method | k |")
 
 
 def test_compare_with_a_validation_run():

@@ -10,9 +10,9 @@ import pytest
 
 import forgetkit as fk
 
-from .conftest import kill_when_ready
+from .conftest import import_real_part, kill_when_ready
 
-torch = pytest.importorskip("torch")
+torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 
 
 def test_import_forgetkit_imports_no_framework():
@@ -197,7 +197,7 @@ def test_lightning_callback_with_a_stub_module(tmp_path, monkeypatch):
 
 # -------------------------------------------------------------------------- JAX
 def test_jax_recorder_stores_the_model_outputs(tmp_path):
-    jax = pytest.importorskip("jax")
+    jax = import_real_part("jax", "JAX (pip install forgetkit[jax])")
     import jax.numpy as jnp
 
     from forgetkit.exporters.jax import LogitRecorder

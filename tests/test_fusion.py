@@ -6,12 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import forgetkit as fk
-from forgetkit import _kernels
-from forgetkit.baselines import (
+from forgetkit.fusion import (
     CheckpointAverage,
     EarlyStopping,
     EnsembleSelection,
+    KnowledgeFusion,
+    LikelihoodFusion,
     average_runs,
+    best_continuous_eps,
     fixed_epochs,
     fixed_jumps,
     horizontal,
@@ -20,7 +22,7 @@ from forgetkit.baselines import (
     snapshot,
     uniform,
 )
-from forgetkit.fusion import KnowledgeFusion, LikelihoodFusion, best_continuous_eps
+from forgetkit.kernels import eps_search as keps
 
 from .conftest import make_run
 from .reference import (
@@ -41,16 +43,16 @@ def tie_heavy(n, c, seed):
 
 # ------------------------------------------------------------------ the eps kernel
 def label_leads(p, y):
-    """``_kernels.label_leads`` of p: (lead, magnitude, top), correct."""
+    """``keps.label_leads`` of p: (lead, magnitude, top), correct."""
     n = len(y)
     lead, magnitude = np.empty(n), np.empty(n)
     top, correct = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
-    _kernels.label_leads(p, y, lead, magnitude, top, correct)
+    keps.label_leads(p, y, lead, magnitude, top, correct)
     return (lead, magnitude, top), correct
 
 
 def grid_counts(a, b, y, grid, n_blocks):
-    return _kernels.grid_correct_counts(a, b, y, *label_leads(b, y)[0], grid, 1e-12, n_blocks)
+    return keps.grid_correct_counts(a, b, y, *label_leads(b, y)[0], grid, 1e-12, n_blocks)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -76,14 +78,14 @@ def test_mix_into_equals_numpy_then_label_leads():
         n = len(y)
         lead, magnitude = np.empty(n), np.empty(n)
         top, correct = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
-        _kernels.mix_into(a, out, eps, y, lead, magnitude, top, correct)
+        keps.mix_into(a, out, eps, y, lead, magnitude, top, correct)
         np.testing.assert_array_equal(out, ref)
         (lead_ref, magnitude_ref, top_ref), correct_ref = label_leads(ref, y)
         for got, want in ((lead, lead_ref), (magnitude, magnitude_ref), (top, top_ref),
                           (correct, correct_ref)):
             np.testing.assert_array_equal(got, want)
         plain = b.copy()
-        _kernels.mix(a, plain, eps)
+        keps.mix(a, plain, eps)
         np.testing.assert_array_equal(plain, ref)
 
 
@@ -208,7 +210,7 @@ def test_plan_json_roundtrip_and_checkpoints_only_inference(real_run, tmp_path):
     assert back.plan_ == kf.plan_ and back.checkpoints_ == kf.checkpoints_
     full = kf.predict_proba(test)
     np.testing.assert_array_equal(back.predict_proba(test), full)
-    only = test.epochs_subset(kf.checkpoints_)  # production: just the needed checkpoints
+    only = test.isel(epochs=kf.checkpoints_)  # production: just the needed checkpoints
     np.testing.assert_array_equal(back.predict_proba(only), full)
     rec = json.loads(kf.to_json())
     assert rec["checkpoints"][-1]["epoch"] == 59
@@ -228,9 +230,9 @@ def test_kf_refuses_bad_input():
     with pytest.raises(ValueError, match="single class"):
         KnowledgeFusion().fit(fk.Run(run.outputs, np.zeros(50, int)))
     with pytest.raises(ValueError, match="at least 2 samples; got 1"):
-        KnowledgeFusion().fit(run.subset([0]))
+        KnowledgeFusion().fit(run.isel(samples=[0]))
     with pytest.raises(ValueError, match="at least 2 epochs; got 1"):
-        KnowledgeFusion().fit(run.epochs_subset([4]))
+        KnowledgeFusion().fit(run.isel(epochs=[4]))
     kf = KnowledgeFusion().fit(run)
     other = fk.Run(run.outputs, run.labels, epochs=[10, 11, 12, 13, 14])
     with pytest.raises(ValueError, match="lacks epochs"):
@@ -264,35 +266,33 @@ def test_fixed_averages():
         snapshot(run, [4, 12])
     with pytest.raises(ValueError, match="at least one stored epoch"):
         snapshot(run, [])
-    with pytest.raises(ValueError, match="k=11 exceeds the 10 stored epochs"):
+    with pytest.raises(ValueError, match="max_checkpoints=11 exceeds the 10 stored epochs"):
         horizontal(run, 11)
 
 
 def test_early_stopping_and_selection_match_reference(real_small):
     es = EarlyStopping().fit(real_small)
     assert es.checkpoints_ == [int(np.argmax(fk.accuracy(real_small)))]
-    sel = EnsembleSelection(k=20).fit(real_small)
+    sel = EnsembleSelection(max_checkpoints=20).fit(real_small)
     assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 20)
     np.testing.assert_allclose(sel.predict_proba(real_small).sum(1), 1, atol=1e-12)
 
 
 def test_ensemble_selection_streams_large_runs(real_small, tmp_path, monkeypatch):
     """Without the probability cache (a run too large for memory) the picks are the same."""
-    import forgetkit.fusion as fusion
 
     fk.save(real_small, tmp_path / "r.npy")
-    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
-    sel = EnsembleSelection(k=8).fit(fk.load(tmp_path / "r.npy"))
+    sel = EnsembleSelection(max_checkpoints=8, memory_budget=0).fit(fk.load(tmp_path /
+                                                                            "r.npy"))
     assert sel.selection_ == ensemble_selection_ref(real_small.probs(), real_small.labels, 8)
     # a lazy subset of the memmap (the protocol's validation half) is read in place, and a
     # Parquet run is decoded epoch by epoch
     rows = np.random.default_rng(0).permutation(real_small.n_samples)[:900]
     ref = ensemble_selection_ref(real_small.probs()[:, rows], real_small.labels[rows], 20)
-    assert EnsembleSelection(k=20).fit(fk.load(tmp_path / "r.npy").subset(rows)).selection_ \
-        == ref
+    streamed = EnsembleSelection(max_checkpoints=20, memory_budget=0)
+    assert streamed.fit(fk.load(tmp_path / "r.npy").isel(samples=rows)).selection_ == ref
     fk.save(real_small, tmp_path / "r.parquet", layout="binary")
-    assert EnsembleSelection(k=20).fit(fk.load(tmp_path / "r.parquet").subset(rows)) \
-        .selection_ == ref
+    assert streamed.fit(fk.load(tmp_path / "r.parquet").isel(samples=rows)).selection_ == ref
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -300,26 +300,22 @@ def test_ensemble_selection_streams_large_runs(real_small, tmp_path, monkeypatch
 def test_streamed_selection_on_candidate_classes_is_exact(dtype, ties, tmp_path, monkeypatch):
     """Diffuse outputs over many classes: later rounds score only the classes that can still
     win (bounded by each row's largest probability); picks equal the brute force's."""
-    import forgetkit.fusion as fusion
 
     run = make_run(n_epochs=9, n_samples=400, n_classes=60, dtype=dtype, ties=ties)
     fk.save(run, tmp_path / "r.npy")
-    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
-    sel = EnsembleSelection(k=15).fit(fk.load(tmp_path / "r.npy"))
+    sel = EnsembleSelection(max_checkpoints=15, memory_budget=0).fit(fk.load(tmp_path / "r.npy"))
     assert sel.selection_ == ensemble_selection_ref(run.probs(), run.labels, 15)
 
 
 def test_streamed_selection_names_bad_values(tmp_path, monkeypatch):
-    import forgetkit.fusion as fusion
 
     out = np.array(make_run(n_epochs=4, n_samples=50, n_classes=6).outputs)
     out[2, 7, 1] = np.inf
     np.save(tmp_path / "r.npy", out)
     run = fk.load(tmp_path / "r.npy", labels=make_run(n_epochs=4, n_samples=50,
                                                       n_classes=6).labels)
-    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
     with pytest.raises(ValueError, match="epoch 2"):
-        EnsembleSelection(k=2).fit(run)
+        EnsembleSelection(max_checkpoints=2, memory_budget=0).fit(run)
 
 
 def test_multi_run_and_tta():
@@ -336,15 +332,13 @@ def test_multi_run_and_tta():
 def test_streamed_runs_fuse_like_cached_ones(real_small, tmp_path, monkeypatch):
     """Likelihood fusion and the fixed averages read a streamed run's logits in place (rows
     of a lazy subset included) and give the cached computation's results."""
-    import forgetkit.fusion as fusion
 
     rows = np.random.default_rng(4).permutation(real_small.n_samples)[:700]
-    cached = real_small.subset(rows)
+    cached = real_small.isel(samples=rows)
     ref_lf = LikelihoodFusion(max_checkpoints=4).fit(cached)
     ref_h = horizontal(cached, 5)
     fk.save(real_small, tmp_path / "r.npy")
-    monkeypatch.setattr(fusion, "PROBS_CACHE_BYTES", 0)
-    streamed = fk.load(tmp_path / "r.npy").subset(rows)
+    streamed = fk.load(tmp_path / "r.npy").isel(samples=rows)
     lf = LikelihoodFusion(max_checkpoints=4).fit(streamed)
     assert lf.checkpoints_ == ref_lf.checkpoints_
     np.testing.assert_array_equal(lf.weights_, ref_lf.weights_)
@@ -356,9 +350,8 @@ def test_likelihood_fusion_reaches_the_optimum(real_small):
     """At the maximum of the concave log-likelihood over the simplex (KKT): the gradient
     mean(q_e / mix) is 1 on every kept checkpoint and at most 1 on the others, to the
     precision that tol=1e-10 gives (plain EM stopped at 2,000 iterations 2.2e-4 away)."""
-    from forgetkit.fusion import label_probabilities
 
-    q = np.maximum(label_probabilities(real_small), 1e-300)
+    q = np.maximum(real_small.label_probs(), 1e-300)
     lf = LikelihoodFusion(min_weight=0.0).fit(real_small)
     assert lf.n_iter_ < lf.max_iter and lf.ensemble_size_ == real_small.n_epochs
     gradient = (q / (q @ lf.weights_)[:, None]).mean(axis=0)
@@ -391,14 +384,12 @@ def test_grid_searches_match_numpy_searchsorted(grid):
     """The searches start from the uniform grid's index and walk: exact on any grid."""
     from numba import njit
 
-    from forgetkit import _kernels
-
     @njit
     def both(grid, xs):
         out = np.empty((2, xs.shape[0]), dtype=np.int64)
         for i in range(xs.shape[0]):
-            out[0, i] = _kernels._first_above(grid, xs[i])
-            out[1, i] = _kernels._first_at_least(grid, xs[i])
+            out[0, i] = keps._first_above(grid, xs[i])
+            out[1, i] = keps._first_at_least(grid, xs[i])
         return out
 
     xs = np.concatenate([grid, np.nextafter(grid, 2), np.nextafter(grid, -1),

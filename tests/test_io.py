@@ -8,7 +8,7 @@ import pytest
 
 import forgetkit as fk
 
-from .conftest import SHARED_RUN, kill_when_ready, make_run
+from .conftest import ROOT, kill_when_ready, make_run
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".npy", ".parquet"])
@@ -26,12 +26,20 @@ def test_roundtrip_keeps_everything(tmp_path, suffix):
     assert back.meta == {"model": "toy", "seed": 3}
 
 
-def test_shared_npz_format_loads():
-    if not SHARED_RUN.exists():
-        pytest.skip("../shared not beside the checkout")
-    run = fk.load(SHARED_RUN)
-    assert run.shape == (60, 10000, 10) and run.outputs.dtype == np.float16
-    assert run.meta["model"] == "resnet18-cifar-style"
+@pytest.mark.parametrize("name, shape, model", [
+    ("fmnist_resnet18_clean_seed100", (60, 10000, 10), "resnet18-cifar-style"),
+    ("fmnist_resnet18_sym20_h200_test", (40, 10000, 10), "resnet18"),
+    ("fmnist_resnet18_sym20_h200_train5k", (40, 5000, 10), "resnet18"),
+])
+def test_sample_npz_format_loads(name, shape, model):
+    """The NPZ runs in data_samples/ load as float16 logits with their JSON metadata."""
+    path = ROOT / "data_samples" / f"{name}.npz"
+    run = fk.load(path)
+    assert run.shape == shape and run.outputs.dtype == np.float16 and run.kind == "logits"
+    assert run.meta["model"] == model
+    with np.load(path) as raw:
+        assert np.array_equal(np.asarray(run.outputs), raw["logits"])
+        assert np.array_equal(run.labels, raw["labels"])
 
 
 def test_bare_npy_is_memory_mapped_and_needs_labels(tmp_path):
@@ -169,13 +177,13 @@ def test_disk_full_keeps_completed_epochs(tmp_path, monkeypatch):
     w = fk.RunWriter(path, 10, 3, labels=run.labels)
     w.append(0, run.outputs[0])
     w.append(1, run.outputs[1])
-    real_write = w._file.write
+    real_write = w._store._file.write
 
     def full(data):
         real_write(data[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(w._file, "write", full)
+    monkeypatch.setattr(w._store._file, "write", full)
     with pytest.raises(OSError, match="No space"):
         w.append(2, run.outputs[2])
     back = fk.load(path)

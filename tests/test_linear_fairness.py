@@ -3,7 +3,7 @@ import pytest
 
 import forgetkit as fk
 from forgetkit import linear
-from forgetkit.fairness import amplification_bias, compare_fairness
+from forgetkit.theory.fairness import amplification_bias, compare_fairness
 
 from .conftest import make_run
 

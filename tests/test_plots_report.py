@@ -16,7 +16,7 @@ from forgetkit.cli import main  # noqa: E402
 from forgetkit.evaluate import ensemble_size_curve, window_curve  # noqa: E402
 from forgetkit.report import build, to_html  # noqa: E402
 
-from .conftest import ROOT, SAMPLE_RUN  # noqa: E402
+from .conftest import ROOT, SAMPLE_RUN, require_real_part  # noqa: E402
 
 NOISY_TEST = ROOT / "data_samples" / "fmnist_resnet18_sym20_h200_test.npz"
 NOISY_TRAIN = ROOT / "data_samples" / "fmnist_resnet18_sym20_h200_train5k.npz"
@@ -40,7 +40,7 @@ def table(real_run):
 def test_every_figure_from_the_real_run(real_run, table, tmp_path):
     cases = {
         "accuracy": (plots.accuracy_retention(real_run), "epoch", "share of test samples (%)"),
-        "forget_learn": (plots.forget_learn([real_run, real_run.epochs_subset(range(0, 60, 2))],
+        "forget_learn": (plots.forget_learn([real_run, real_run.isel(epochs=range(0, 60, 2))],
                                             labels=["every epoch", "every 2nd"]),
                          "epoch", "share of test samples (%)"),
         "epochs_correct": (plots.epochs_correct_hist(real_run), "number of epochs correct",
@@ -108,8 +108,8 @@ def test_cli_report_html_and_png(tmp_path, capsys):
     assert not (tmp_path / "x.html").exists()
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed")
 def test_report_renders_in_headless_chromium(tmp_path):
+    require_real_part("Debian chromium (headless browser)", shutil.which("chromium") is not None)
     out = tmp_path / "r.html"
     assert main(["report", str(SAMPLE_RUN), "--seeds", "0", "-o", str(out), "--quiet"]) == 0
     shot = tmp_path / "shot.png"

@@ -2,6 +2,8 @@ import numpy as np
 import pytest
 
 import forgetkit as fk
+from forgetkit.kernels import floats as kfloats
+from forgetkit.kernels import softmax as ksoftmax
 
 from .conftest import make_run
 
@@ -68,20 +70,20 @@ def test_probs_is_softmax_in_float64():
         run.probs(12)
 
 
-def test_subset_and_epochs_subset():
+def test_isel_by_position():
     run = make_run(n_epochs=5, n_samples=20)
-    sub = run.subset([3, 1])
+    sub = run.isel(samples=[3, 1])
     assert sub.sample_ids.tolist() == [3, 1]
     assert np.array_equal(sub.outputs[:, 0], run.outputs[:, 3])
     mask = np.zeros(20, bool)
     mask[[2, 5]] = True
-    assert run.subset(mask).sample_ids.tolist() == [2, 5]
-    ep = run.epochs_subset([0, 2, 4])
+    assert run.isel(samples=mask).sample_ids.tolist() == [2, 5]
+    ep = run.isel(epochs=[0, 2, 4])
     assert ep.epochs.tolist() == [0, 2, 4]
     with pytest.raises(ValueError, match="strictly increasing"):
-        run.epochs_subset([2, 0])
-    with pytest.raises(ValueError, match=r"indices must lie in \[0, 20\); got 20"):
-        run.subset([20])
+        run.isel(epochs=[2, 0])
+    with pytest.raises(ValueError, match=r"samples must lie in \[0, 20\); got 20"):
+        run.isel(samples=[20])
 
 
 def test_split_follows_the_protocol():
@@ -101,13 +103,13 @@ def test_subset_of_a_streamed_run_is_lazy_and_equal(tmp_path):
     fk.save(run, tmp_path / "r.npy")
     mm = fk.load(tmp_path / "r.npy")
     idx = np.random.default_rng(0).permutation(200)[:90]
-    lazy, eager = mm.subset(idx), run.subset(idx)
+    lazy, eager = mm.isel(samples=idx), run.isel(samples=idx)
     assert isinstance(lazy.outputs, SubsetOutputs) and lazy.shape == (6, 90, 5)
     assert np.array_equal(np.asarray(lazy.outputs), np.asarray(eager.outputs))
     assert np.array_equal(lazy.outputs[2:4, 5], np.asarray(eager.outputs)[2:4, 5])
     assert np.array_equal(fk.forget_fraction(lazy), fk.forget_fraction(eager))
     assert fk.KnowledgeFusion().fit(lazy).plan_ == fk.KnowledgeFusion().fit(eager).plan_
-    assert isinstance(lazy.subset([0, 1]).outputs, SubsetOutputs)  # nested stays lazy
+    assert isinstance(lazy.isel(samples=[0, 1]).outputs, SubsetOutputs)  # nested stays lazy
 
 
 def test_subsets_keep_checking_what_was_not_checked(tmp_path):
@@ -117,10 +119,10 @@ def test_subsets_keep_checking_what_was_not_checked(tmp_path):
     np.save(tmp_path / "o.npy", out)
     streamed = fk.load(tmp_path / "o.npy", labels=run.labels)
     with pytest.raises(ValueError, match="NaN or inf at epoch index 2"):
-        streamed.subset(np.arange(10)).probs(2)  # lazy: checked when read
+        streamed.isel(samples=np.arange(10)).probs(2)  # lazy: checked when read
     with pytest.raises(ValueError, match="NaN or inf at epoch index 1"):
-        streamed.epochs_subset([1, 2])  # copied into memory: checked when built
-    assert not run.subset([0, 1])._checked_per_read  # checked once, when built
+        streamed.isel(epochs=[1, 2])  # copied into memory: checked when built
+    assert not run.isel(samples=[0, 1]).checked_per_read  # checked once, when built
 
 
 # ------------------------------------------------------------------ softmax kernels
@@ -131,17 +133,16 @@ def _ulps(a, b):
 def test_fast_exp_within_one_ulp_of_numpy():
     from numba import njit
 
-    from forgetkit import _kernels
 
     @njit
     def fast_exp(x, out):
         for i in range(x.shape[0]):
-            out[i] = _kernels._exp_nonpositive(x[i])
+            out[i] = ksoftmax._exp_nonpositive(x[i])
 
     rng = np.random.default_rng(0)
     x = np.concatenate([-rng.exponential(30, 200_000), -rng.random(50_000) * 1e-6,
-                        [0.0, -0.0, -1e-300, _kernels.EXP_MIN, -np.log(2), -700.5]])
-    x = np.maximum(x, _kernels.EXP_MIN)
+                        [0.0, -0.0, -1e-300, ksoftmax.EXP_MIN, -np.log(2), -700.5]])
+    x = np.maximum(x, ksoftmax.EXP_MIN)
     out = np.empty_like(x)
     fast_exp(x, out)
     assert _ulps(out, np.exp(x)).max() <= 1
@@ -151,12 +152,10 @@ def test_fast_exp_within_one_ulp_of_numpy():
 def test_float16_bits_convert_exactly():
     from numba import njit
 
-    from forgetkit import _kernels
-
     @njit
     def convert(bits, out):
         for i in range(bits.shape[0]):
-            out[i] = _kernels._f16_to_f64(bits[i])
+            out[i] = kfloats.f16_to_f64(bits[i])
 
     half = np.arange(65536, dtype=np.uint16).view(np.float16)
     finite = np.isfinite(half)
@@ -170,11 +169,9 @@ def test_float16_bits_convert_exactly():
 def test_float16_exp_table_is_math_exp_within_its_range():
     import math
 
-    from forgetkit import _kernels
-
-    table = _kernels.f16_exp_table()
+    table = ksoftmax.f16_exp_table()
     values = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
-    inside = (values >= _kernels.EXP_MIN) & (values <= _kernels.F16_TABLE_MAX)
+    inside = (values >= ksoftmax.EXP_MIN) & (values <= ksoftmax.F16_TABLE_MAX)
     assert inside.sum() > 45_000
     assert table[inside].tolist() == [math.exp(v) for v in values[inside]]
     assert np.isnan(table[~inside]).all()  # out of range, inf and nan: the shifted path
@@ -184,7 +181,6 @@ def test_float16_exp_table_is_math_exp_within_its_range():
 @pytest.mark.parametrize("row", [[600.0, 0.0, -5.0], [600.5, 0.0, -5.0], [3.0, -708.0, 1.0],
                                  [3.0, -708.5, 1.0], [0.0, -0.0, 0.0], [-700.0, -705.0, -708.0]])
 def test_float16_rows_on_both_sides_of_the_table_limits(row):
-    from forgetkit import _kernels
 
     x = np.array([row], dtype=np.float16)
     p = fk.run.softmax(x)
@@ -194,7 +190,7 @@ def test_float16_rows_on_both_sides_of_the_table_limits(row):
     assert _ulps(p[p > 1e-300], ref[p > 1e-300]).max() <= 4
     # float16 rows within the table are not shifted (m = 0); the others are shifted by
     # their max, which is then > 0 (what ensemble selection's streamed scorer relies on)
-    in_table = x64.min() >= _kernels.EXP_MIN and x64.max() <= _kernels.F16_TABLE_MAX
+    in_table = x64.min() >= ksoftmax.EXP_MIN and x64.max() <= ksoftmax.F16_TABLE_MAX
     m = _exp_row_shift(x.view(np.int16)[0])
     assert (m == 0.0) == in_table
 
@@ -202,13 +198,11 @@ def test_float16_rows_on_both_sides_of_the_table_limits(row):
 def _exp_row_shift(bits):
     from numba import njit
 
-    from forgetkit import _kernels
-
     @njit
     def shift(bits, table):
-        return _kernels._exp_row(bits, np.empty(bits.shape[0]), table)[1]
+        return ksoftmax.exp_row(bits, np.empty(bits.shape[0]), table)[1]
 
-    return shift(bits, _kernels.f16_exp_table())
+    return shift(bits, ksoftmax.f16_exp_table())
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -242,7 +236,6 @@ def test_mean_softmax_equals_the_mean_of_per_epoch_softmax(dtype):
 def test_combined_softmax_is_numpys_sequence_of_additions(dtype, k):
     """Epochs are combined 3 at a time in one pass: the bits must be those of adding the
     epochs' softmaxes one by one (and dividing, for the mean)."""
-    from forgetkit import _kernels
 
     run = make_run(n_epochs=8, n_samples=120, n_classes=11, dtype=dtype)
     values = np.asarray(run.outputs).copy()
@@ -259,10 +252,10 @@ def test_combined_softmax_is_numpys_sequence_of_additions(dtype, k):
     for w, p in zip(weights, probs, strict=True):
         weighted_ref += w * p
     rows = np.arange(120)
-    stored = fk.run._kernel_view(values)
+    stored = fk.kernels.stored(values)
     for w, ref in ((np.empty(0), mean_ref), (weights, weighted_ref)):
         out = np.empty_like(ref)
-        assert _kernels.combine_softmax(stored, epochs, w, rows, _kernels.f16_exp_table(),
+        assert ksoftmax.combine_softmax(stored, epochs, w, rows, ksoftmax.f16_exp_table(),
                                         out, 7) == 0
         np.testing.assert_array_equal(out, ref)
 
@@ -272,10 +265,10 @@ def test_subset_carries_the_forgetting_pass_over(tmp_path):
     fk.save(run, tmp_path / "r.npy")
     streamed = fk.load(tmp_path / "r.npy")
     idx = np.random.default_rng(2).permutation(80)[:30]
-    fresh = fk.predictions(streamed.subset(idx))
+    fresh = fk.predictions(streamed.isel(samples=idx))
     fk.predictions(streamed)
-    inherited = streamed.subset(idx)
-    assert "predictions" in inherited._cache
+    inherited = streamed.isel(samples=idx)
+    assert inherited._predictions is not None
     np.testing.assert_array_equal(fk.predictions(inherited), fresh)
     assert not fk.predictions(inherited).flags.writeable
 
@@ -284,12 +277,11 @@ def test_subset_carries_the_forgetting_pass_over(tmp_path):
 def test_exp_of_gathered_values_is_bitwise_the_row_kernels(dtype):
     """Ensemble selection exponentiates a row's candidate classes from a float64 buffer:
     it must give the row kernel's values bit for bit."""
-    from forgetkit import _kernels
 
     x = (np.random.default_rng(5).standard_normal(4099) * 6).astype(dtype)
     m = float(x.max())
     row = x.view(np.int16) if dtype == np.float16 else x
     whole, gathered = np.empty(x.size), np.empty(x.size)
-    _kernels._exp_shifted(row, m, whole)
-    _kernels._exp_shifted(x.astype(np.float64), m, gathered)
+    ksoftmax.exp_shifted(row, m, whole)
+    ksoftmax.exp_shifted(x.astype(np.float64), m, gathered)
     np.testing.assert_array_equal(whole, gathered)

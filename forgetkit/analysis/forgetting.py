@@ -1,8 +1,8 @@
 """Forgetting analysis (paper section 3): F_e, L_e, per-sample dynamics, double descent.
 
-All functions take a `Run`. The one pass over the outputs (`predictions`) is a numba kernel
-that reads float16/32/64 directly, streams the run in chunks of epochs and is cached on the
-Run, so calling several functions on one run reads the data once.
+All functions take a `Run`. The one pass over the outputs (`Run.predictions`) is a numba
+kernel that reads float16/32/64 directly, streams the run in chunks of epochs and is kept on
+the Run, so calling several functions on one run reads the data once.
 """
 
 from __future__ import annotations
@@ -12,57 +12,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from . import _kernels
-from ._progress import Progress
-
-#: Bytes of outputs read per chunk of the streaming pass.
-CHUNK_BYTES = 1 << 27
-
-
-def _epoch_chunks(n_epochs, bytes_per_epoch, chunk_bytes=CHUNK_BYTES):
-    step = max(1, chunk_bytes // max(bytes_per_epoch, 1))
-    for start in range(0, n_epochs, step):
-        yield start, min(start + step, n_epochs)
-
 
 def predictions(run, *, progress=False):
-    """Predicted class (argmax over classes, ties to the lowest index) at every epoch.
-
-    Streams the outputs in chunks of epochs; peak memory does not grow with n_epochs beyond
-    the (n_epochs, n_samples) result. Cached on the run.
-
-    Returns
-    -------
-    ndarray of int32, shape (n_epochs, n_samples)
-    """
-    cached = run._cache.get("predictions")
-    if cached is not None:
-        return cached
-    n_epochs, n_samples, n_classes = run.shape
-    out = np.empty((n_epochs, n_samples), dtype=np.int32)
-    bar = Progress(n_epochs, "forgetting pass", enabled=progress)
-    for start, stop in _epoch_chunks(n_epochs, n_samples * n_classes * run.outputs.itemsize):
-        block = np.ascontiguousarray(run.outputs[start:stop]).reshape(-1, n_classes)
-        flat = out[start:stop].reshape(-1)
-        if block.dtype == np.float16:
-            _kernels.argmax_f16(block.view(np.int16), flat)
-        else:
-            _kernels.argmax_float(block, flat)
-        bad = (out[start:stop] < 0).any(axis=1)
-        if bad.any():
-            e = start + int(np.argmax(bad))
-            raise ValueError(
-                f"outputs contain NaN or inf at epoch index {e} (epoch {run.epochs[e]})"
-            )
-        bar.update(stop - start)
-    out.setflags(write=False)
-    run._cache["predictions"] = out
-    return out
+    """Predicted class (argmax over classes, ties to the lowest index) at every epoch:
+    int32 (n_epochs, n_samples), computed once per run by `Run.predictions`."""
+    return run.predictions(progress=progress)
 
 
 def correctness(run, *, progress=False):
     """Whether each sample is classified correctly at each epoch: bool (n_epochs, n_samples)."""
-    return predictions(run, progress=progress) == run.labels[None, :]
+    return run.correctness(progress=progress)
 
 
 def accuracy(run):

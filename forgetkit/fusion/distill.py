@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import _sidecar, _write_json_atomic, atomic_write
+from ..io.atomic import atomic_write, write_json_atomic
+from ..io.record import sidecar_path
 
 
 def soft_targets(fuser, train_run, *, temperature=1.0):
@@ -54,7 +55,7 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
         else:
             with open(tmp, "wb") as f:
                 np.save(f, q)
-            _write_json_atomic(_sidecar(path), {
+            write_json_atomic(sidecar_path(path), {
                 "format": "forgetkit-soft-targets", "temperature": temperature,
                 "sample_id": np.asarray(ids).tolist(), "label": train_run.labels.tolist()})
     return path

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import evaluate, forgetting, plots
-from .io import atomic_write
+from .. import evaluate
+from .._validation import check_option
+from ..analysis import forgetting
+from ..evaluate import percent
+from ..io.atomic import atomic_write
+from . import plots
 
 
 @dataclass
@@ -34,10 +38,6 @@ def _render(draw, figsize=(7.0, 4.2)):
     return buf.getvalue()
 
 
-def _pct(x):
-    return f"{100 * x:.2f}%"
-
-
 def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise_mask=None):
     """Compute everything the report shows. Returns (summary dict, comparison table,
     KnowledgeFusion fitted on the first split, list of Figure)."""
@@ -55,7 +55,7 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
     never = int((wrong["epochs_correct"] == 0).sum())
     by_class = dynamics.groupby("label")["forgotten"].mean()
     worst = int(by_class.idxmax())
-    names = plots._class_names(run)
+    names = plots.class_names(run)
     best_k = size.groupby("windows").agg(k=("k", "mean"), gain=("gain", "mean"))
     best_w = windows.groupby("window")["gain"].mean()
     kf_row = table.loc["kf"]
@@ -65,7 +65,7 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
          lambda ax, f=plots.accuracy_retention: f(run, ax=ax),
          f"Test accuracy per epoch (blue) and the share of test samples that are correct at "
          f"that epoch and still correct at the end (orange). The red band is F_e: at epoch "
-         f"{summary['max_forget_epoch']} it reaches {_pct(summary['max_forget_fraction'])} of "
+         f"{summary['max_forget_epoch']} it reaches {percent(summary['max_forget_fraction'])} of "
          "the test set, knowledge the final model has lost. "
          + (f"A double-descent dip runs from epoch {dd['peak_epoch']} to {dd['dip_epoch']}."
             if dd["found"] else "No epoch-wise double descent was found.")),
@@ -73,7 +73,7 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
          lambda ax, f=plots.forget_learn: f(run, ax=ax),
          f"F_e (solid): correct at epoch e, wrong at the end; L_e (dashed): wrong at e, "
          f"correct at the end. The final accuracy equals a_e + L_e − F_e at every epoch. "
-         f"Mean F_e over training: {_pct(f.mean())}."),
+         f"Mean F_e over training: {percent(f.mean())}."),
         ("epochs_correct", "Wrong at the end: epochs correct",
          lambda ax, f=plots.epochs_correct_hist: f(run, ax=ax),
          f"{len(wrong)} test samples are wrong after training; {never} of them were never "
@@ -85,7 +85,7 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
         ("per_class", "Forgetting per class",
          lambda ax, f=plots.per_class_forgetting: f(run, ax=ax),
          f"Share of each class's test samples learned and then forgotten; {names[worst]} "
-         f"loses the most ({_pct(by_class.max())})."),
+         f"loses the most ({percent(by_class.max())})."),
         ("compare", "Knowledge Fusion against the baselines",
          lambda ax: plots.compare_methods(table, ax=ax),
          f"Test accuracy over {len(seeds)} split(s) of the test set (fit on one half, score on "
@@ -106,29 +106,12 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
             "noise", "Clean against noisy among large-loss training points",
             lambda ax: plots.noisy_dominance(train_run, noise_mask, epochs=train_run.epochs,
                                              ax=ax),
-            f"Per epoch, among the {_pct(np.mean(noise_mask))} of training samples with the "
+            f"Per epoch, among the {percent(np.mean(noise_mask))} of training samples with the "
             "largest loss: clean minus noisy count. Negative values: the mislabelled points "
             "are still the hard ones (not yet memorised)."))
     rendered = [Figure(name, title, caption, _render(draw)) for name, title, draw, caption
                 in figs]
     return summary, table, kf, rendered
-
-
-def _pm(mean, se):
-    return f"{mean:.2f} ± {se:.2f}" if np.isfinite(se) else f"{mean:.2f}"
-
-
-def _html_table(table):
-    head = ["method", "k", "test accuracy (%)", "gain (pp)", "NLL", "ECE", "McNemar p"]
-    rows = []
-    for _, r in table.iterrows():
-        p = "" if r["label"] == "single network" else \
-            f"{r['p_max']:.3g}{' *' if r['significant'] else ''}"
-        cells = [r["label"], f"{r['k']:.1f}", _pm(r["accuracy"], r["accuracy_se"]),
-                 _pm(r["gain"], r["gain_se"]), f"{r['nll']:.4f}", f"{r['ece']:.4f}", p]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
-            + "".join(rows) + "</table>")
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222;
@@ -145,20 +128,20 @@ def to_html(run, summary, table, kf, figures, *, source=""):
     meta = ", ".join(f"{k}: {v}" for k, v in run.meta.items()
                      if isinstance(v, (str, int, float)) and len(str(v)) < 80)
     numbers = [
-        ("final accuracy", _pct(summary["final_accuracy"])),
-        ("best accuracy", f"{_pct(summary['best_accuracy'])} at epoch {summary['best_epoch']}"),
+        ("final accuracy", percent(summary["final_accuracy"])),
+        ("best accuracy", f"{percent(summary['best_accuracy'])} at epoch {summary['best_epoch']}"),
         ("max forget fraction F_e",
-         f"{_pct(summary['max_forget_fraction'])} at epoch {summary['max_forget_epoch']}"),
-        ("ever forgotten", f"{_pct(summary['ever_forgotten'])} of test samples were right at "
+         f"{percent(summary['max_forget_fraction'])} at epoch {summary['max_forget_epoch']}"),
+        ("ever forgotten", f"{percent(summary['ever_forgotten'])} of test samples were right at "
                            "some epoch and wrong at the end"),
         ("double descent", (f"peak at {dd['peak_epoch']}, dip at {dd['dip_epoch']}, second "
                             f"peak at {dd['second_peak_epoch']}; forgotten in the dip "
-                            f"{_pct(dd['forgotten_in_dip'])}") if dd["found"] else "none found"),
+                            f"{percent(dd['forgotten_in_dip'])}") if dd["found"] else "none found"),
     ]
     used = [(a, eps, acc) for (a, eps), acc in zip(kf.plan_, kf.val_accuracy_, strict=True)
             if eps > 0]
     plan_rows = "".join(
-        f"<tr><td>{kf.epochs_[a]}</td><td>{eps:.3g}</td><td>{_pct(acc)}</td></tr>"
+        f"<tr><td>{kf.epochs_[a]}</td><td>{eps:.3g}</td><td>{percent(acc)}</td></tr>"
         for a, eps, acc in used)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -176,11 +159,11 @@ def to_html(run, summary, table, kf, figures, *, source=""):
         "the other half, over several random halves (the paper's protocol); mean ± standard "
         "error. * marks a gain over the single network significant (McNemar, p &lt; 0.05) on "
         "every split.</p>",
-        _html_table(table),
+        evaluate.format_table(table, "html"),
         "<h2>The fused plan</h2>",
         f"<p>Knowledge Fusion fitted on the first validation half: validation accuracy "
-        f"{_pct(kf.initial_accuracy_)} (final epoch) → "
-        f"{_pct(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} with "
+        f"{percent(kf.initial_accuracy_)} (final epoch) → "
+        f"{percent(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} with "
         f"{len(used)} windows of {2 * kf.window + 1} epochs ({kf.ensemble_size_} checkpoints)."
         " Each step mixes the window's mean prediction into the current one with weight "
         "eps.</p>",
@@ -201,7 +184,6 @@ def to_html(run, summary, table, kf, figures, *, source=""):
 def write_report(run, out, *, fmt="html", source="", **options):
     """Write the report: ``fmt="html"`` one self-contained file at ``out``; ``fmt="png"``
     one PNG per figure in the folder ``out``. Options go to `build`. Returns the paths."""
-    from ._validation import check_option
 
     check_option("fmt", fmt, ("html", "png"))
     out = Path(out)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import forgetting
+from ..analysis import forgetting
+from ..run import Run
+from ..theory.noise import large_loss_dominance
 
 
 def _axes(ax, figsize=(6.4, 4.0)):
@@ -16,7 +18,8 @@ def _axes(ax, figsize=(6.4, 4.0)):
     return ax
 
 
-def _class_names(run):
+def class_names(run):
+    """The run's class names, or "class 0", "class 1", ... when it has none."""
     return run.class_names or [f"class {c}" for c in range(run.n_classes)]
 
 
@@ -49,7 +52,6 @@ def forget_learn(runs, *, labels=None, ax=None):
 
     ``runs``: one Run or a list (e.g. model sizes or data fractions) with ``labels``.
     """
-    from .run import Run
 
     ax = _axes(ax)
     runs = [runs] if isinstance(runs, Run) else list(runs)
@@ -101,7 +103,6 @@ def noisy_dominance(losses, noise_mask, *, epochs=None, frac=None, ax=None):
 
     ``losses``: (n_epochs, n_samples) training losses or a training-set Run.
     """
-    from .noise import large_loss_dominance
 
     ax = _axes(ax)
     diff = large_loss_dominance(losses, noise_mask, frac=frac)
@@ -161,7 +162,7 @@ def per_class_forgetting(run, *, ax=None):
     ax = _axes(ax)
     df = forgetting.sample_dynamics(run)
     share = df.groupby("label")["forgotten"].mean().reindex(range(run.n_classes), fill_value=0)
-    names = _class_names(run)
+    names = class_names(run)
     order = np.argsort(share.to_numpy())
     ax.barh(np.arange(run.n_classes), 100 * share.to_numpy()[order], color="C3")
     ax.set_yticks(np.arange(run.n_classes), [names[i] for i in order])

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ._validation import check_int
-from .fusion import KnowledgeFusion
-from .run import split_indices
+from .._validation import check_int
+from ..fusion import KnowledgeFusion
+from ..run import split_indices
 
 
 def amplification_bias(pred_natural, pred_transformed, n_classes):
@@ -49,8 +49,8 @@ def compare_fairness(natural, transformed, *, seeds=(0, 1, 2), val_frac=0.5, win
     rows = []
     for s in seeds:
         val, test = split_indices(natural.n_samples, val_frac, s)
-        kf = KnowledgeFusion(window=window).fit(natural.subset(val))
-        nat, tr = natural.subset(test), transformed.subset(test)
+        kf = KnowledgeFusion(window=window).fit(natural.isel(samples=val))
+        nat, tr = natural.isel(samples=test), transformed.isel(samples=test)
         preds = {
             "single": (np.argmax(nat.probs(-1), 1), np.argmax(tr.probs(-1), 1)),
             "kf": (kf.predict(nat), kf.predict(tr)),

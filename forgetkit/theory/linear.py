@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ._validation import check_int
-from .forgetting import correctness
-from .run import Run
+from .._validation import check_int
+from ..analysis.forgetting import correctness
+from ..run import Run
 
 
 def _targets(Y, n):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import check_int, check_labels
+from .._validation import check_int, check_labels
+from ..run import Run
 
 
 def _selected(n, p, seed):
@@ -79,7 +80,6 @@ def large_loss_dominance(losses, noise_mask, *, frac=None):
     -------
     ndarray of int64 (n_epochs,)
     """
-    from .run import Run
 
     if isinstance(losses, Run):
         losses = training_losses(losses)

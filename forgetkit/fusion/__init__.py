@@ -1,0 +1,45 @@
+"""Fusers: combine a run's checkpoints into one predictor, fitted on validation data.
+
+- ``base``: the `Fuser` base (scikit-learn parameters, one ``predict_proba``, JSON);
+- ``knowledge``: Knowledge Fusion (the paper's method);
+- ``likelihood``: likelihood-weighted fusion;
+- ``selection``: greedy ensemble selection;
+- ``averages``: fixed checkpoint averages and early stopping (the baselines);
+- ``distill``: soft targets of a fitted fuser for self-distillation.
+"""
+
+from .averages import (
+    CheckpointAverage,
+    EarlyStopping,
+    average_runs,
+    fixed_epochs,
+    fixed_jumps,
+    horizontal,
+    multi_run,
+    single,
+    snapshot,
+    uniform,
+)
+from .base import Fuser, load_fuser
+from .knowledge import KnowledgeFusion, best_continuous_eps
+from .likelihood import LikelihoodFusion
+from .selection import EnsembleSelection
+
+__all__ = [
+    "CheckpointAverage",
+    "EarlyStopping",
+    "EnsembleSelection",
+    "Fuser",
+    "KnowledgeFusion",
+    "LikelihoodFusion",
+    "average_runs",
+    "best_continuous_eps",
+    "fixed_epochs",
+    "fixed_jumps",
+    "horizontal",
+    "load_fuser",
+    "multi_run",
+    "single",
+    "snapshot",
+    "uniform",
+]

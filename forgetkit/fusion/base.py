@@ -1,0 +1,251 @@
+"""What every fuser shares: scikit-learn parameters, the fitted-state check, matching a
+run's epochs, one ``predict_proba`` from checkpoints and weights, and one versioned JSON
+format (`Fuser.to_json`, `load_fuser`).
+
+A fuser is fitted on a validation run and applied to any run that holds the fitted epochs
+(a test run, new data, or only the checkpoints it needs).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..io.atomic import write_json_atomic
+from ..run import Run
+
+#: The JSON format of a fitted fuser; version 1 was Knowledge Fusion's plan alone.
+FORMAT = "forgetkit-fuser"
+FORMAT_VERSION = 2
+_KF_PLAN_V1 = "forgetkit-knowledge-fusion"
+
+
+def as_run(run, labels=None, *, kind="logits"):
+    """Accept a Run, or an outputs array (E, N, C) with labels (N,)."""
+    if isinstance(run, Run):
+        if labels is not None:
+            raise TypeError("labels are taken from the Run; pass either a Run or (outputs, labels)")
+        return run
+    if labels is None:
+        raise TypeError("fit(outputs, labels): labels are required with a bare outputs array")
+    return Run(run, labels, kind=kind)
+
+
+def check_validation_run(run):
+    """Refuse runs a fuser cannot be fitted on (one sample, one class, one epoch)."""
+    if run.n_samples < 2:
+        raise ValueError(f"the validation set needs at least 2 samples; got {run.n_samples}")
+    if np.unique(run.labels).size < 2:
+        raise ValueError("the validation set holds a single class; fusion needs at least two")
+    if run.n_epochs < 2:
+        raise ValueError(f"fusion needs a run with at least 2 epochs; got {run.n_epochs}")
+
+
+class Fuser:
+    """Base of every fuser.
+
+    Subclasses store their options in ``__init__`` under the argument names (scikit-learn's
+    rule, so that `get_params`, `set_params` and ``sklearn.base.clone`` work), and ``fit``
+    sets ``checkpoints_`` (epoch indices needed at inference) and ``weights_`` (their
+    weights, or None for a plain mean) through ``_fit_shape``. Fitted state that the JSON
+    format must keep is listed in ``_state`` (attribute names without the trailing ``_``;
+    stored as top-level fields of the record).
+    """
+
+    _state = ()
+    _what = "fuser"  # what the JSON of this class is called in messages
+
+    # ---------------------------------------------------------------- parameters
+    @classmethod
+    def _param_names(cls):
+        if cls.__init__ is object.__init__:
+            return []
+        sig = inspect.signature(cls.__init__)
+        return sorted(p.name for p in sig.parameters.values() if p.name != "self"
+                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    def get_params(self, deep=True):
+        """The constructor arguments as a dict (``deep`` is accepted for scikit-learn)."""
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params):
+        """Set constructor arguments; returns self. Unknown names are refused."""
+        valid = self._param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"{type(self).__name__} has no parameter {name!r}; valid "
+                                 f"parameters: {', '.join(valid)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self):
+        defaults = {} if type(self).__init__ is object.__init__ else {
+            p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()}
+        changed = [f"{k}={v!r}" for k, v in self.get_params().items()
+                   if not (v is defaults.get(k) or v == defaults.get(k))]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    # ---------------------------------------------------------------- fitted state
+    def _check_fitted(self):
+        if not hasattr(self, "epochs_"):
+            raise ValueError(
+                f"this {type(self).__name__} is not fitted yet: call fit(validation_run) first"
+            )
+
+    def _fit_shape(self, run, checkpoints, weights=None):
+        self.epochs_ = run.epochs.copy()
+        self.n_classes_ = run.n_classes
+        self.kind_ = run.kind
+        self.checkpoints_ = [int(e) for e in checkpoints]
+        self.weights_ = None if weights is None else np.asarray(weights, dtype=np.float64)
+
+    @property
+    def ensemble_size_(self):
+        """Number of checkpoints needed at inference (k)."""
+        return len(self.checkpoints_)
+
+    @property
+    def checkpoint_epochs_(self):
+        """Epoch numbers of ``checkpoints_`` (int64)."""
+        self._check_fitted()
+        return self.epochs_[np.asarray(self.checkpoints_, dtype=np.int64)]
+
+    def _as_input(self, run):
+        """A Run of the outputs to fuse: a Run, or a bare outputs array (E, N, C) of the
+        fitted epochs' kind (labels are not needed to predict)."""
+        if isinstance(run, Run):
+            return run
+        outputs = np.asarray(run) if not hasattr(run, "shape") else run
+        n_samples = outputs.shape[1] if getattr(outputs, "ndim", 0) == 3 else 0
+        return Run(outputs, np.zeros(n_samples, dtype=np.int64), kind=self.kind_,
+                   epochs=self.epochs_ if outputs.shape[0] == len(self.epochs_) else None)
+
+    def _positions(self, run, indices):
+        """Positions in ``run`` of fitted epoch indices, matched by epoch number."""
+        self._check_fitted()
+        if run.n_classes != self.n_classes_:
+            raise ValueError(f"the run has {run.n_classes} classes; the fusion was fitted on "
+                             f"{self.n_classes_}")
+        return run.epoch_positions(self.epochs_[np.asarray(indices, dtype=np.int64)])
+
+    # ---------------------------------------------------------------- prediction
+    def predict_proba(self, run):
+        """Fused probabilities (n_samples, n_classes) of ``run`` (a Run or an outputs array
+        (E, N, C)) holding the fitted epochs: all of them, or only ``checkpoints_``."""
+        self._check_fitted()
+        run = self._as_input(run)
+        pos = self._positions(run, self.checkpoints_)
+        if self.weights_ is None:
+            return run.mean_probs(pos)
+        return run.weighted_probs(pos, self.weights_)
+
+    def predict(self, run):
+        """Fused class predictions: int64 (n_samples,)."""
+        return np.argmax(self.predict_proba(run), axis=1)
+
+    # ---------------------------------------------------------------- persistence
+    def _state_record(self):
+        """Fitted attributes of the subclass as JSON values."""
+        return {name: _jsonable(getattr(self, name + "_")) for name in self._state}
+
+    def _set_state(self, state):
+        for name in self._state:
+            setattr(self, name + "_", state[name])
+
+    def to_json(self, path=None):
+        """The fitted fuser as JSON text (one versioned format for every fuser, epoch
+        numbers included); also written atomically to ``path`` if given."""
+        self._check_fitted()
+        record = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "fuser": type(self).__name__,
+            "params": {k: _jsonable(v) for k, v in self.get_params().items()},
+            "epochs": [int(e) for e in self.epochs_],
+            "n_classes": int(self.n_classes_),
+            "kind": self.kind_,
+            "checkpoints": [{"epoch_index": int(e), "epoch": int(self.epochs_[e])}
+                            for e in self.checkpoints_],
+            "weights": None if self.weights_ is None else self.weights_.tolist(),
+            **self._state_record(),
+        }
+        text = json.dumps(record, indent=1)
+        if path is not None:
+            write_json_atomic(Path(path), record, indent=1)
+        return text
+
+    @classmethod
+    def from_json(cls, source):
+        """A fitted fuser from JSON text or a path to a JSON file; on a subclass, the file
+        must hold that fuser."""
+        fuser = load_fuser(source, _what=cls._what)
+        if not isinstance(fuser, cls):
+            raise ValueError(f"the file holds a {type(fuser).__name__}, not a {cls.__name__}")
+        return fuser
+
+
+def _jsonable(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _fuser_classes():
+    from . import averages, knowledge, likelihood, selection
+
+    return {c.__name__: c for c in (knowledge.KnowledgeFusion, likelihood.LikelihoodFusion,
+                                    selection.EnsembleSelection, averages.CheckpointAverage,
+                                    averages.EarlyStopping)}
+
+
+def _read_source(source):
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip()
+                                    .startswith("{")):
+        try:
+            return Path(source).read_text()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no such fuser file: {str(source)!r}") from None
+    return source
+
+
+def load_fuser(source, *, _what="fuser"):
+    """Any fitted fuser from its JSON (text or path), as written by `Fuser.to_json`;
+    Knowledge Fusion plans of format version 1 are read too."""
+    text = _read_source(source)
+    try:
+        rec = json.loads(text)
+        if not isinstance(rec, dict):
+            raise TypeError(f"expected a JSON object; got {type(rec).__name__}")
+        if rec.get("format") == _KF_PLAN_V1:
+            rec = _upgrade_kf_plan(rec)
+        if rec.get("format") != FORMAT:
+            raise ValueError(f"not a forgetkit {_what} (format={rec.get('format')!r})")
+        classes = _fuser_classes()
+        name = rec["fuser"]
+        if name not in classes:
+            raise ValueError(f"unknown fuser {name!r}; known: {', '.join(classes)}")
+        fuser = classes[name](**rec["params"])
+        fuser.epochs_ = np.asarray(rec["epochs"], dtype=np.int64)
+        fuser.n_classes_ = int(rec["n_classes"])
+        fuser.kind_ = rec.get("kind", "logits")
+        fuser.checkpoints_ = [int(c["epoch_index"]) for c in rec["checkpoints"]]
+        weights = rec.get("weights")
+        fuser.weights_ = None if weights is None else np.asarray(weights, dtype=np.float64)
+        fuser._set_state(rec)
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"cannot read the fuser: {type(err).__name__}: {err}") from None
+    return fuser
+
+
+def _upgrade_kf_plan(rec):
+    """A version-1 Knowledge Fusion plan as a version-2 fuser record (the same fields, with
+    the fuser named)."""
+    return dict(rec, format=FORMAT, version=FORMAT_VERSION, fuser="KnowledgeFusion",
+                weights=None)

@@ -1,0 +1,244 @@
+"""Knowledge Fusion (paper section 5, Algorithm 1): mix the checkpoints that hold forgotten
+knowledge into the final model, with weights chosen on validation data.
+
+The algorithm, step by step, is in docs/definitions.md ("Knowledge Fusion").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels
+from .._progress import Progress
+from .._validation import check_int, check_option
+from .base import Fuser, as_run, check_validation_run
+
+#: Half-width of the band (relative to the largest |value| of a sample) around interval ends
+#: where the exact epsilon search re-checks grid points with the brute-force arithmetic.
+REL_BAND = 1e-12
+RULES = ("best", "paper")
+#: Candidates of the continuous eps search (``grid=None``) checked with the brute-force
+#: arithmetic, best interval cover first: the cover counts of ties can be off by the
+#: samples whose interval ends at the candidate, and a handful of candidates settles them.
+N_VERIFIED = 16
+
+
+class KnowledgeFusion(Fuser):
+    """Knowledge Fusion: mix forgotten-knowledge checkpoints into the final model.
+
+    Parameters
+    ----------
+    window : int, default 1
+        Each step averages epochs a-window..a+window (clipped) around the chosen epoch a.
+    grid : int or None, default 101
+        Number of eps points in numpy.arange(grid) / (grid - 1); None searches the exact best
+        eps over the continuous interval [0, 1].
+    rule : {"best", "paper"}
+        "best": eps of highest validation accuracy (ties: the smallest eps); "paper": the
+        largest eps whose accuracy is >= the current accuracy.
+    max_windows : int or None
+        Budget of windows with eps > 0 (KF(i) is max_windows=i; None is KF(inf)).
+    max_checkpoints : int or None
+        The ensemble budget every fuser takes: stop before a window with eps > 0 that would
+        make the fusion need more than this many checkpoints at inference.
+    stop_when_no_gain : bool
+        Stop at the first step whose best accuracy does not exceed the current one (that step
+        is not added to the plan).
+
+    Attributes
+    ----------
+    plan_ : list of (epoch_index, eps)
+    checkpoints_ : list of int, sorted epoch indices needed at inference
+    val_accuracy_ : list of float, validation accuracy after each step
+    initial_accuracy_ : float, validation accuracy of the final epoch alone
+    epochs_ : ndarray, the epoch numbers of the fitted run
+    weights_ : None (the plan, not fixed weights, says how checkpoints combine)
+    """
+
+    _state = ("plan", "val_accuracy", "initial_accuracy")
+    _what = "Knowledge Fusion plan"
+
+    def __init__(self, window=1, grid=101, rule="best", max_windows=None,
+                 max_checkpoints=None, stop_when_no_gain=False, progress=False):
+        self.window = window
+        self.grid = grid
+        self.rule = rule
+        self.max_windows = max_windows
+        self.max_checkpoints = max_checkpoints
+        self.stop_when_no_gain = stop_when_no_gain
+        self.progress = progress
+
+    def _grid_points(self):
+        if self.grid is None:
+            return None
+        n = check_int("grid", self.grid, minimum=2)
+        return np.arange(n) / (n - 1)
+
+    def _window(self, a, n_epochs):
+        return range(max(a - self.window, 0), min(a + self.window, n_epochs - 1) + 1)
+
+    def fit(self, run, labels=None):
+        """Fit the plan on validation data: a Run, or outputs (E, N, C) and labels (N,)."""
+        run = as_run(run, labels)
+        check_int("window", self.window, minimum=0)
+        check_option("rule", self.rule, RULES)
+        check_int("max_windows", self.max_windows, minimum=1, allow_none=True)
+        check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
+        grid = self._grid_points()
+        check_validation_run(run)
+        n_epochs, y = run.n_epochs, run.labels
+        correct = run.correctness()
+        prob = run.probs(n_epochs - 1)  # the current fusion, updated in place below
+        # the current fusion's lead of the label, magnitude, top class; its correctness
+        stats, cur = kernels.label_leads(prob, y)
+        mean = np.empty_like(prob)
+        needed = {n_epochs - 1}  # checkpoints of the plan so far
+        explore = np.ones(n_epochs, dtype=bool)
+        missed = correct[:, ~cur].sum(axis=1)  # F'_e * n_samples, updated as cur changes
+        n_correct, left = int(cur.sum()), n_epochs
+        plan, accs, used = [], [], 0
+        bar = Progress(n_epochs, "knowledge fusion", enabled=self.progress)
+        while left and (self.max_windows is None or used < self.max_windows):
+            a = int(np.argmax(np.where(explore, missed, -1)))  # ties: the earliest epoch
+            window = self._window(a, n_epochs)
+            explore[window.start: window.stop] = False
+            before, left = left, int(explore.sum())
+            bar.update(before - left)
+            run.mean_probs(window, out=mean)
+            eps, count = self._choose_eps(mean, prob, stats, y, grid, n_correct)
+            if self.stop_when_no_gain and count <= n_correct:
+                break
+            if eps > 0 and self.max_checkpoints is not None \
+                    and len(needed.union(window)) > self.max_checkpoints:
+                break
+            plan.append((a, float(eps)))
+            if eps > 0:
+                needed.update(window)
+                was_correct = cur.copy()
+                kernels.mix_into(mean, prob, eps, y, stats, cur)  # prob <- eps*mean + ...
+                flipped = np.flatnonzero(was_correct != cur)
+                missed += (correct[:, flipped[was_correct[flipped]]].sum(axis=1)
+                           - correct[:, flipped[cur[flipped]]].sum(axis=1))
+                used += 1
+            n_correct = count  # the eps search's counts are exact: cur.sum() == count
+            accs.append(n_correct / len(y))
+        self._fit_shape(run, sorted(needed))
+        self.plan_ = plan
+        self.val_accuracy_ = accs
+        self.initial_accuracy_ = float(correct[-1].mean())
+        return self
+
+    def _checkpoints(self, plan):
+        """Epoch indices needed to apply ``plan``: the final one and every used window."""
+        n_epochs = len(self.epochs_)
+        needed = {n_epochs - 1}
+        for a, eps in plan:
+            if eps > 0:
+                needed.update(self._window(a, n_epochs))
+        return sorted(needed)
+
+    def with_windows(self, n_windows):
+        """The fitted KF(n_windows): this plan cut after its n-th window with eps > 0.
+
+        KnowledgeFusion(max_windows=n) fitted on the same data gives exactly this plan, so
+        one KF(inf) fit yields every KF(i) (the ensemble-size curve).
+        """
+        self._check_fitted()
+        check_int("n_windows", n_windows, minimum=0)
+        used = [i for i, (_, eps) in enumerate(self.plan_) if eps > 0]
+        cut = 0 if n_windows == 0 else (used[n_windows - 1] + 1 if n_windows <= len(used)
+                                        else len(self.plan_))
+        new = type(self)(**self.get_params()).set_params(max_windows=n_windows or None)
+        new.epochs_, new.n_classes_, new.kind_ = self.epochs_, self.n_classes_, self.kind_
+        new.initial_accuracy_ = self.initial_accuracy_
+        new.plan_, new.val_accuracy_ = self.plan_[:cut], self.val_accuracy_[:cut]
+        new.checkpoints_, new.weights_ = new._checkpoints(new.plan_), None
+        return new
+
+    def _choose_eps(self, mean, prob, stats, y, grid, base):
+        """(eps, number correct) chosen by the rule; ``stats``: ``label_leads`` of prob;
+        ``base`` = number correct at eps=0."""
+        if grid is not None:
+            counts = kernels.grid_correct_counts(mean, prob, y, stats, grid, REL_BAND)
+            if self.rule == "best":
+                i = int(np.argmax(counts))
+            else:
+                i = int(np.flatnonzero(counts >= base).max())
+            return grid[i], int(counts[i])
+        return best_continuous_eps(mean, prob, y, rule=self.rule, base=base)
+
+    def predict_proba(self, run):
+        """Fused probabilities (n_samples, n_classes) of any run holding the fitted epochs
+        (all of them, or only ``checkpoints_``); a Run or an outputs array (E, N, C)."""
+        *_, prob = self._stages(run)  # every stage is the same array
+        return prob
+
+    def staged_predict_proba(self, run):
+        """Yield the fused probabilities (n_samples, n_classes) of KF(0) (the final epoch
+        alone), KF(1), KF(2), ...: one stage after each window with eps > 0, in one pass.
+        Each stage is a new array."""
+        for prob in self._stages(run):
+            yield prob.copy()
+
+    def _stages(self, run):
+        """The stages of `staged_predict_proba` as one array updated in place."""
+        self._check_fitted()
+        run = self._as_input(run)
+        n_epochs = len(self.epochs_)
+        pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
+        prob = run.probs(pos[n_epochs - 1])
+        mean = np.empty_like(prob)
+        yield prob
+        for a, eps in self.plan_:
+            if eps > 0:
+                run.mean_probs([pos[e] for e in self._window(a, n_epochs)], out=mean)
+                kernels.mix(mean, prob, eps)
+                yield prob
+
+    # -------------------------------------------------------------- persistence
+    def _state_record(self):
+        return {
+            "plan": [{"epoch_index": int(a), "epoch": int(self.epochs_[a]), "eps": float(eps)}
+                     for a, eps in self.plan_],
+            "val_accuracy": [float(x) for x in self.val_accuracy_],
+            "initial_accuracy": float(self.initial_accuracy_),
+        }
+
+    def _set_state(self, state):
+        self.plan_ = [(int(s["epoch_index"]), float(s["eps"])) for s in state["plan"]]
+        self.val_accuracy_ = [float(x) for x in state["val_accuracy"]]
+        self.initial_accuracy_ = float(state["initial_accuracy"])
+
+
+def best_continuous_eps(a, b, labels, *, rule="best", base=None):
+    """Exact best eps over [0, 1] for eps*a + (1-eps)*b, by a sweep over per-sample intervals.
+
+    Returns (eps, number correct at eps, computed with the brute-force arithmetic). With rule
+    "best" ties go to the smallest eps; with "paper" the largest eps whose count is >= base.
+    """
+    lo, hi, lo_open, hi_open, valid = kernels.win_intervals(a, b, labels)
+    lo, hi, lo_open, hi_open = lo[valid], hi[valid], lo_open[valid], hi_open[valid]
+    ends = np.unique(np.concatenate([[0.0, 1.0], lo, hi]))
+    ends = ends[(ends >= 0) & (ends <= 1)]
+    mids = (ends[:-1] + ends[1:]) / 2
+    cand = np.sort(np.concatenate([ends, mids]))
+    lo_closed_s, lo_open_s = np.sort(lo[~lo_open]), np.sort(lo[lo_open])
+    hi_closed_s, hi_open_s = np.sort(hi[~hi_open]), np.sort(hi[hi_open])
+    started = np.searchsorted(lo_closed_s, cand, "right") + np.searchsorted(lo_open_s, cand, "left")
+    ended = np.searchsorted(hi_closed_s, cand, "left") + np.searchsorted(hi_open_s, cand, "right")
+    cover = started - ended
+    if base is None:
+        base = kernels.mixture_correct_count(a, b, labels, 0.0)
+    if rule == "best":
+        order = np.flatnonzero(cover == cover.max())
+    else:
+        order = np.flatnonzero(cover >= base)[::-1]
+    best_eps, best_count = 0.0, base
+    for i in order[:N_VERIFIED]:  # verify candidates with the brute-force arithmetic
+        count = kernels.mixture_correct_count(a, b, labels, float(cand[i]))
+        better = count > best_count if rule == "best" else count >= base
+        if better:
+            best_eps, best_count = float(cand[i]), count
+            if rule == "paper":
+                break
+    return best_eps, int(best_count)

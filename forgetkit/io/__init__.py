@@ -1,0 +1,104 @@
+"""Loading and saving runs: NPZ, memory-mapped NPY, Parquet, Dataset Cartography folders.
+
+Formats
+-------
+``.npz``
+    ``logits`` or ``probs`` (E, N, C) + ``labels`` (N,), optional ``epochs``, ``sample_ids``,
+    ``class_names`` and ``meta`` (a JSON string): the format of the shared sample runs.
+``.npy``
+    The outputs tensor, memory-mapped on load. Labels come from ``labels=`` or from the sidecar
+    ``<name>.forgetkit.json`` that `save` and `RunWriter` write beside it (kind, epoch numbers,
+    labels, ids, class names, metadata).
+``.parquet``
+    One row per (epoch, sample): columns ``epoch``, ``sample``, ``outputs``; one row group per
+    epoch; labels and metadata as JSON under the schema metadata key ``forgetkit``. ``outputs``
+    is FixedSizeList<float> of C values (``layout="list"``, the default, readable by any Parquet
+    tool) or FixedSizeBinary of the raw little-endian bytes (``layout="binary"``, ~8x faster to
+    decode). Loading is lazy: epochs (row groups) are read when a pass asks for them.
+
+Writing is atomic (temporary file, then rename): an output file is complete or absent.
+`RunWriter` appends epoch by epoch while a model trains; after a kill, the epochs completed
+before it load normally.
+
+Modules: ``atomic`` (atomic writes), ``record`` (the metadata record, sidecars), ``npz``,
+``npy``, ``parquet``, ``cartography`` (one per format), ``writer`` (`RunWriter`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .._validation import check_option
+from ..run import Run
+from .atomic import atomic_write, write_json_atomic
+from .cartography import load_cartography
+from .npy import load_npy, write_npy
+from .npz import load_npz, write_npz
+from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
+from .record import format_of, load_labels_file, record_of, sidecar_path
+from .writer import RunWriter
+
+__all__ = ["RunWriter", "atomic_write", "convert", "load", "load_cartography", "save"]
+
+
+def load(path, labels=None, *, kind=None):
+    """Load a run from ``path`` (.npz, .npy, .parquet or a Dataset Cartography folder).
+
+    Parameters
+    ----------
+    path : str or Path
+    labels : array-like of shape (n_samples,) or path to a .npy file, optional
+        Required for a bare .npy outputs file without its sidecar; overrides stored labels.
+    kind : {"logits", "probs"}, optional
+        Overrides the stored kind (a bare .npy is taken as logits by default).
+
+    Returns
+    -------
+    Run
+    """
+    path = Path(path)
+    fmt = format_of(path)
+    if fmt == "parquet" and not path.exists() and staging_path(path).is_dir():
+        fmt = "parquet"  # an unfinished RunWriter: load its completed epochs
+    elif not path.exists():
+        raise FileNotFoundError(f"no such run: {str(path)!r}")
+    if isinstance(labels, (str, os.PathLike)):
+        labels = load_labels_file(labels)
+    loader = {"npz": load_npz, "npy": load_npy, "parquet": load_parquet,
+              "cartography": load_cartography}[fmt]
+    return loader(path, labels=labels, kind=kind)
+
+
+def save(run, path, *, layout="list", compress=True):
+    """Write ``run`` to ``path``; the format follows the extension (.npz, .npy, .parquet).
+
+    Streams epoch by epoch, so a memory-mapped or Parquet run converts with bounded memory.
+    The write is atomic: on any error no file is left at ``path`` (an existing one is kept).
+    ``layout`` ("list" or "binary") applies to Parquet, ``compress`` to NPZ.
+    """
+    if not isinstance(run, Run):
+        raise TypeError(f"run must be a forgetkit.Run; got {type(run).__name__}")
+    path = Path(path)
+    fmt = format_of(path)
+    if fmt == "cartography":
+        raise ValueError("saving to Dataset Cartography folders is not supported")
+    check_option("layout", layout, LAYOUTS)
+    epochs = ((int(run.epochs[e]), run.epoch_values(e)) for e in range(run.n_epochs))
+    with atomic_write(path) as tmp:
+        if fmt == "npz":
+            write_npz(tmp, run, compress=compress)
+        elif fmt == "npy":
+            write_npy(tmp, epochs, run.outputs.dtype, run.shape)
+            write_json_atomic(sidecar_path(path), record_of(run))
+        else:
+            write_parquet(tmp, epochs, run.n_classes, run.outputs.dtype, layout, record_of(run))
+    return path
+
+
+def convert(src, dst, *, labels=None, layout="list"):
+    """Load ``src`` and save it as ``dst`` (format from each extension), epoch by epoch."""
+    run = load(src, labels=labels)
+    if Path(src).resolve() == Path(dst).resolve():
+        raise ValueError(f"convert would overwrite its input {str(src)!r}")
+    return save(run, dst, layout=layout)

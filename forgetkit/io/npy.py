@@ -1,0 +1,93 @@
+"""Memory-mapped NPY runs: the outputs tensor (E, N, C) plus the sidecar
+``<name>.forgetkit.json`` (kind, epoch numbers, labels, ids, class names, metadata)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .atomic import write_json_atomic
+from .record import SIDECAR_SUFFIX, corrupt, make_run, sidecar_path
+
+#: Room for the NPY header, so that it can be rewritten in place as epochs are appended.
+NPY_HEADER_BYTES = 256
+
+
+def npy_header(dtype, shape):
+    """An NPY 1.0 header padded to NPY_HEADER_BYTES."""
+    d = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)}
+    text = repr(d).encode("latin1")
+    pad = NPY_HEADER_BYTES - 10 - len(text) - 1
+    return b"\x93NUMPY\x01\x00" + np.uint16(NPY_HEADER_BYTES - 10).tobytes() + text \
+        + b" " * pad + b"\n"
+
+
+def load_npy(path, *, labels=None, kind=None):
+    try:
+        outputs = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as err:
+        raise corrupt(path, err) from None
+    sidecar = sidecar_path(path)
+    record = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+    return make_run(outputs, record, labels, kind)
+
+
+def write_npy(path, epochs, dtype, shape):
+    """Write (epoch number, outputs (N, C)) pairs to ``path`` as one NPY tensor."""
+    with open(path, "wb") as f:
+        f.write(npy_header(dtype, shape))
+        for _, values in epochs:
+            f.write(values.tobytes())
+
+
+class NpyAppender:
+    """The NPY side of `RunWriter`: epochs are written after the last one, then the sidecar
+    and the header are updated, so the file always loads as the epochs completed."""
+
+    def __init__(self, path, dtype, n_samples, n_classes):
+        self.path, self.dtype = path, dtype
+        self.n_samples, self.n_classes = n_samples, n_classes
+        self.sidecar = sidecar_path(path)
+
+    def existing(self):
+        """The record of the run at ``path`` and its stored epochs (resume)."""
+        if not self.sidecar.exists():
+            raise ValueError(f"{str(self.path)!r} exists but has no {SIDECAR_SUFFIX} "
+                             "sidecar: it was not written by forgetkit; use mode='w'")
+        record = json.loads(self.sidecar.read_text())
+        existing = np.load(self.path, mmap_mode="r")
+        if existing.dtype != self.dtype:
+            raise ValueError(f"the existing run at {str(self.path)!r} stores "
+                             f"{existing.dtype}; this writer has dtype={self.dtype}")
+        return record, list(record["epochs"][: existing.shape[0]])
+
+    def open(self, record, resume):
+        if resume:
+            self._file = open(self.path, "r+b")
+        else:
+            self._file = open(self.path, "wb")
+            self._write_header(0)
+            write_json_atomic(self.sidecar, record)
+
+    def append(self, values, position, record):
+        f = self._file
+        f.seek(NPY_HEADER_BYTES + position * values.nbytes)
+        f.write(values.tobytes())
+        f.flush()
+        write_json_atomic(self.sidecar, record)
+        self._write_header(position + 1)
+
+    def truncate(self, keep, record):
+        write_json_atomic(self.sidecar, record)
+        self._write_header(keep)
+
+    def close(self):
+        self._file.close()
+
+    abort = close
+
+    def _write_header(self, n_epochs):
+        self._file.seek(0)
+        self._file.write(npy_header(self.dtype, (n_epochs, self.n_samples, self.n_classes)))
+        self._file.flush()

@@ -1,0 +1,281 @@
+"""Parquet runs: one row per (epoch, sample), columns ``epoch``, ``sample``, ``outputs``; one
+row group per epoch; labels and metadata as JSON under the schema metadata key
+``forgetkit``. ``outputs`` is FixedSizeList<float> of C values (``layout="list"``, readable
+by any Parquet tool) or FixedSizeBinary of the raw little-endian bytes (``layout="binary"``,
+about 8x faster to decode). Loading is lazy: an epoch (row group) is read when a pass asks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..run import LazyOutputs
+from .atomic import atomic_write, remove, write_json_atomic
+from .record import corrupt, make_run
+
+PARQUET_KEY = b"forgetkit"
+#: An unfinished `RunWriter` stages its epochs in ``<path>.partial/``.
+PARTIAL_SUFFIX = ".partial"
+LAYOUTS = ("list", "binary")
+#: Logits neither compress nor repeat: dictionary pages and min/max statistics only cost
+#: time (they halve the float16 list decode speed).
+PARQUET_WRITE_OPTIONS = dict(compression="none", use_dictionary=False, write_statistics=False)
+
+
+def staging_path(path):
+    """The staging folder of an unfinished Parquet `RunWriter` at ``path``."""
+    return Path(str(path) + PARTIAL_SUFFIX)
+
+
+def write_parquet(path, epochs, n_classes, dtype, layout, record):
+    """Write (epoch number, outputs (N, C)) pairs as one row group per epoch."""
+    import pyarrow.parquet as pq
+
+    schema = parquet_schema(n_classes, dtype, layout, record)
+    with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
+        for epoch, values in epochs:
+            writer.write_table(epoch_table(epoch, values.astype(dtype, copy=False), layout),
+                               row_group_size=len(values))
+
+
+def parquet_schema(n_classes, dtype, layout, record):
+    import pyarrow as pa
+
+    if layout == "list":
+        outputs = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), n_classes)
+    else:
+        outputs = pa.binary(n_classes * np.dtype(dtype).itemsize)
+    rec = dict(record, layout=layout, dtype=np.dtype(dtype).name)
+    return pa.schema(
+        [("epoch", pa.int64()), ("sample", pa.int64()), ("outputs", outputs)],
+        metadata={PARQUET_KEY: json.dumps(rec).encode()},
+    )
+
+
+def epoch_table(epoch, values, layout):
+    import pyarrow as pa
+
+    n, c = values.shape
+    values = np.ascontiguousarray(values)
+    if layout == "list":
+        flat = pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), n * c,
+                                     [None, pa.py_buffer(values)])  # zero-copy, also float16
+        outputs = pa.FixedSizeListArray.from_arrays(flat, c)
+    else:
+        raw = values.astype(values.dtype.newbyteorder("<"), copy=False)
+        outputs = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(c * values.itemsize), n, [None, pa.py_buffer(raw)]
+        )
+    return pa.table({"epoch": pa.array(np.full(n, epoch, dtype=np.int64)),
+                     "sample": pa.array(np.arange(n, dtype=np.int64)),
+                     "outputs": outputs})
+
+
+def _column_to_numpy(column, n_classes, dtype, where):
+    """(n_rows, C) ndarray from an ``outputs`` column (list, fixed-size list or binary)."""
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    typ = arr.type
+    if pa.types.is_fixed_size_binary(typ):
+        width = typ.byte_width
+        if width != n_classes * np.dtype(dtype).itemsize:
+            raise ValueError(f"{where} has {width // np.dtype(dtype).itemsize} classes; "
+                             f"expected {n_classes}")
+        buf = arr.buffers()[1]
+        flat = np.frombuffer(buf, dtype=np.dtype(dtype).newbyteorder("<"),
+                             count=len(arr) * n_classes, offset=arr.offset * width)
+        return flat.reshape(len(arr), n_classes)
+    if pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        if pa.types.is_fixed_size_list(typ):
+            size = typ.list_size
+            if size != n_classes:
+                raise ValueError(f"{where} has {size} classes; expected {n_classes}")
+        else:
+            lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
+            if len(lengths) and (lengths != n_classes).any():
+                bad = int(lengths[lengths != n_classes][0])
+                raise ValueError(f"{where} has rows of {bad} classes; expected {n_classes}")
+        if arr.null_count:
+            raise ValueError(f"{where} has missing (null) outputs")
+        child = arr.flatten()
+        if child.null_count:
+            raise ValueError(f"{where} has missing (null) values")
+        child_dtype = np.dtype(child.type.to_pandas_dtype())
+        flat = np.frombuffer(child.buffers()[1], dtype=child_dtype, count=len(child),
+                             offset=child.offset * child_dtype.itemsize)  # zero-copy
+        return flat.reshape(len(arr), n_classes)
+    raise TypeError(f"{where}: column 'outputs' must be a list or fixed-size binary; got {typ}")
+
+
+class _ParquetSource:
+    """The epochs of a Parquet run: row groups of a closed file plus staged epoch files."""
+
+    def __init__(self, record, parts, base_epochs):
+        self.record = record
+        self.parts = parts  # per epoch: (ParquetFile, row group index)
+        self.epochs = [int(e) for e in record["epochs"]]
+        self.base_epochs = base_epochs
+        self.dtype = np.dtype(record.get("dtype", "float32"))
+        self.n_samples = int(record["n_samples"])
+        self.n_classes = int(record["n_classes"])
+
+    def read_epoch(self, i):
+        pf, rg = self.parts[i]
+        where = f"epoch {self.epochs[i]} of {pf.path!r}"
+        try:
+            table = pf.file.read_row_group(rg, columns=["epoch", "sample", "outputs"])
+        except Exception as err:
+            raise corrupt(pf.path, err) from None
+        if table.num_rows != self.n_samples:
+            raise ValueError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
+        values = _column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)
+        sample = table.column("sample").to_numpy()
+        if not np.array_equal(sample, np.arange(self.n_samples)):
+            order = np.argsort(sample, kind="stable")
+            if not np.array_equal(sample[order], np.arange(self.n_samples)):
+                raise ValueError(f"{where}: column 'sample' is not a permutation of 0..N-1")
+            values = values[order]
+        return values.astype(self.dtype, copy=False)
+
+
+class _OpenParquet:
+    def __init__(self, path):
+        import pyarrow.parquet as pq
+
+        self.path = str(path)
+        try:
+            self.file = pq.ParquetFile(path)
+        except Exception as err:
+            raise corrupt(path, err) from None
+
+    def record(self):
+        md = self.file.schema_arrow.metadata or {}
+        if PARQUET_KEY in md:
+            return json.loads(md[PARQUET_KEY])
+        return {}
+
+
+def open_parquet_run(path, staging):
+    """Collect the epochs of ``path`` (closed file) and ``staging`` (unfinished writer)."""
+    record, parts, base_epochs = None, [], []
+    path = Path(path)
+    if path.exists():
+        pf = _OpenParquet(path)
+        record = pf.record()
+        md = pf.file.metadata
+        epochs = []
+        for rg in range(md.num_row_groups):
+            col = pf.file.read_row_group(rg, columns=["epoch"]).column("epoch").to_numpy()
+            if len(col) == 0 or (col != col[0]).any():
+                raise ValueError(f"row group {rg} of {str(path)!r} mixes epochs; "
+                                 "expected one row group per epoch")
+            epochs.append(int(col[0]))
+            parts.append((pf, rg))
+        if not record:
+            record = _infer_parquet_record(pf, epochs)
+        record["epochs"] = epochs
+        base_epochs = list(epochs)
+    if staging.is_dir() and (staging / "run.json").exists():
+        staged = json.loads((staging / "run.json").read_text())
+        if record is None:
+            record = dict(staged, epochs=[])
+        for e in staged["epochs"]:
+            if e in base_epochs:
+                continue
+            f = staging / f"epoch-{int(e):09d}.parquet"
+            if not f.exists():
+                break
+            parts.append((_OpenParquet(f), 0))
+            record["epochs"].append(int(e))
+    if record is None:
+        raise FileNotFoundError(f"no such run: {str(path)!r}")
+    if np.any(np.diff(record["epochs"]) <= 0):
+        raise ValueError(f"epochs of {str(path)!r} are not strictly increasing: "
+                         f"{record['epochs']}")
+    return _ParquetSource(record, parts, base_epochs)
+
+
+def _infer_parquet_record(pf, epochs):
+    """Record for a Parquet run written by another tool (labels must then be given)."""
+    import pyarrow as pa
+
+    typ = pf.file.schema_arrow.field("outputs").type
+    first = pf.file.read_row_group(0, columns=["outputs"]).column("outputs").combine_chunks()
+    if pa.types.is_fixed_size_binary(typ):
+        raise ValueError(f"{pf.path!r}: binary outputs need the forgetkit metadata (dtype)")
+    n_classes = typ.list_size if pa.types.is_fixed_size_list(typ) else len(first[0])
+    return {"kind": "logits", "n_samples": len(first), "n_classes": n_classes,
+            "dtype": np.dtype(typ.value_type.to_pandas_dtype()).name}
+
+
+class ParquetOutputs(LazyOutputs):
+    """Lazy (n_epochs, n_samples, n_classes) view of a Parquet run: reading an epoch reads
+    its row group."""
+
+    def __init__(self, source):
+        super().__init__((len(source.epochs), source.n_samples, source.n_classes),
+                         source.dtype)
+        self._source = source
+
+    def _read(self, e):
+        return self._source.read_epoch(e)
+
+
+def load_parquet(path, *, labels=None, kind=None):
+    source = open_parquet_run(path, staging_path(path))
+    if not source.epochs:
+        raise ValueError(f"{str(path)!r} is an empty run: no completed epoch")
+    return make_run(ParquetOutputs(source), source.record, labels, kind)
+
+
+class ParquetAppender:
+    """The Parquet side of `RunWriter`: each epoch is staged as one atomic file in
+    ``<path>.partial/`` (with the run's record in ``run.json``) until `close` merges the
+    staged epochs and those of an existing file into ``path``."""
+
+    def __init__(self, path, dtype, n_classes, layout):
+        self.path, self.dtype, self.n_classes, self.layout = path, dtype, n_classes, layout
+        self.staging = staging_path(path)
+        self.base_epochs = []  # epochs of an existing closed file
+
+    def existing(self):
+        base = open_parquet_run(self.path, self.staging)
+        self.base_epochs = list(base.base_epochs)
+        return base.record, list(base.epochs)
+
+    def open(self, record, resume):
+        self.staging.mkdir(exist_ok=True)
+        write_json_atomic(self.staging / "run.json", record)
+
+    def _epoch_file(self, epoch):
+        return self.staging / f"epoch-{epoch:09d}.parquet"
+
+    def append(self, values, position, record):
+        import pyarrow.parquet as pq
+
+        epoch = record["epochs"][position]
+        with atomic_write(self._epoch_file(epoch)) as tmp:
+            pq.write_table(epoch_table(epoch, values, self.layout), tmp, **PARQUET_WRITE_OPTIONS)
+        write_json_atomic(self.staging / "run.json", record)
+
+    def truncate(self, keep, record, dropped):
+        if any(e in self.base_epochs for e in dropped):
+            raise ValueError("replace=True cannot drop epochs of a closed Parquet run; "
+                             "convert it to .npy or rewrite it with mode='w'")
+        for e in dropped:
+            self._epoch_file(e).unlink(missing_ok=True)
+        write_json_atomic(self.staging / "run.json", record)
+
+    def close(self, record):
+        source = open_parquet_run(self.path, self.staging)
+        with atomic_write(self.path) as tmp:
+            epochs = ((e, source.read_epoch(i)) for i, e in enumerate(source.epochs))
+            write_parquet(tmp, epochs, self.n_classes, self.dtype, self.layout, record)
+        remove(self.staging)
+
+    def abort(self):
+        pass  # staged epochs stay: the run loads, and a later writer resumes them

@@ -1,0 +1,178 @@
+"""`RunWriter`: append a run epoch by epoch while the model trains (NPY or Parquet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .._validation import (
+    FLOAT_DTYPES,
+    KINDS,
+    check_class_names,
+    check_int,
+    check_labels,
+    check_meta,
+    check_option,
+    check_sample_ids,
+)
+from .atomic import remove
+from .npy import NpyAppender
+from .parquet import LAYOUTS, ParquetAppender, staging_path
+from .record import format_of, run_record, sidecar_path
+
+
+class RunWriter:
+    """Append a run epoch by epoch while the model trains (NPY or Parquet).
+
+    Parameters
+    ----------
+    path : str or Path
+        ``.npy`` (memory-mappable tensor + sidecar JSON) or ``.parquet``.
+    n_samples, n_classes : int
+    labels : array-like of shape (n_samples,)
+    kind : {"logits", "probs"}
+    dtype : float16 (default), float32 or float64, the stored precision.
+    mode : {"a", "w", "x"}
+        "a" (default) appends to an existing run at ``path`` (a resumed training) or starts a
+        new one; "w" starts over; "x" refuses an existing run.
+    layout : {"list", "binary"}, Parquet only.
+
+    Every `append` leaves a loadable run: the NPY header is updated only after the epoch's
+    data is written, and Parquet epochs are staged as one atomic file each in
+    ``<path>.partial/`` until `close` merges them into ``path``.
+    """
+
+    def __init__(self, path, n_samples, n_classes, *, labels, kind="logits",
+                 dtype="float16", sample_ids=None, class_names=None, meta=None,
+                 mode="a", format=None, layout="list"):
+        self.path = Path(path)
+        self.format = format or format_of(self.path)
+        check_option("format", self.format, ("npy", "parquet"))
+        check_option("mode", mode, ("a", "w", "x"))
+        self.layout = check_option("layout", layout, LAYOUTS)
+        self.dtype = np.dtype(dtype)
+        if self.dtype.type not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
+        self.n_samples = check_int("n_samples", n_samples, minimum=1)
+        self.n_classes = check_int("n_classes", n_classes, minimum=2)
+        self.kind = check_option("kind", kind, KINDS)
+        self.labels = check_labels(labels, self.n_samples, self.n_classes)
+        self.sample_ids = check_sample_ids(sample_ids, self.n_samples)
+        self.class_names = check_class_names(class_names, self.n_classes)
+        self.meta = check_meta(meta)
+        self.epochs = []
+        self._closed = False
+        if self.format == "npy":
+            self._store = NpyAppender(self.path, self.dtype, self.n_samples, self.n_classes)
+        else:
+            self._store = ParquetAppender(self.path, self.dtype, self.n_classes, self.layout)
+        staging = staging_path(self.path)
+        exists = self.path.exists() or staging.exists()
+        if exists and mode == "x":
+            raise FileExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
+        if exists and mode == "w":
+            for p in (self.path, staging, sidecar_path(self.path)):
+                remove(p)
+            exists = False
+        if exists:
+            record, self.epochs = self._store.existing()
+            self._check_same_run(record)
+        self._store.open(self._record(), resume=exists)
+
+    # ------------------------------------------------------------- public API
+    @property
+    def n_epochs(self):
+        return len(self.epochs)
+
+    def append(self, epoch, outputs, *, replace=False):
+        """Store the outputs (n_samples, n_classes) of epoch number ``epoch``.
+
+        Epoch numbers must increase. With ``replace=True`` an epoch number already stored
+        (a training resumed from an earlier checkpoint) drops it and every later one first.
+        Non-finite outputs are refused with the epoch number; earlier epochs stay intact.
+        """
+        if self._closed:
+            raise ValueError("this RunWriter is closed")
+        epoch = int(epoch)
+        values = np.asarray(outputs)
+        if values.shape != (self.n_samples, self.n_classes):
+            raise ValueError(
+                f"outputs of epoch {epoch} must have shape ({self.n_samples}, "
+                f"{self.n_classes}) (samples, classes); got shape {values.shape}"
+            )
+        with np.errstate(over="ignore"):  # overflow to inf is reported just below
+            values = values.astype(self.dtype, copy=False)
+        if not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"outputs of epoch {epoch} contain NaN or inf (in {self.dtype}); not stored"
+            )
+        if self.epochs and epoch <= self.epochs[-1]:
+            if not replace:
+                raise ValueError(
+                    f"epoch {epoch} is not after the last stored epoch {self.epochs[-1]}; "
+                    "pass replace=True to drop it and the later epochs"
+                )
+            self._truncate(int(np.searchsorted(self.epochs, epoch)))
+        position = len(self.epochs)
+        self.epochs.append(epoch)
+        try:
+            self._store.append(np.ascontiguousarray(values), position, self._record())
+        except BaseException:
+            self.epochs.pop()
+            raise
+
+    def close(self):
+        """Finish the run (Parquet: merge the staged epochs into ``path``)."""
+        if self._closed:
+            return
+        if self.format == "npy":
+            self._store.close()
+        else:
+            self._store.close(self._record())
+        self._closed = True
+
+    def abort(self):
+        """Close without merging (used on errors); completed epochs stay on disk."""
+        if not self._closed:
+            self._store.abort()
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # -------------------------------------------------------------- internals
+    def _check_same_run(self, record):
+        for field, mine in (("n_samples", self.n_samples), ("n_classes", self.n_classes),
+                            ("kind", self.kind)):
+            theirs = record.get(field)
+            if theirs != mine:
+                raise ValueError(
+                    f"the existing run at {str(self.path)!r} has {field}={theirs}; this writer "
+                    f"has {field}={mine} (use mode='w' to start over, or another path)"
+                )
+
+    def _record(self):
+        return run_record(kind=self.kind, dtype=self.dtype, n_samples=self.n_samples,
+                          n_classes=self.n_classes, epochs=self.epochs, labels=self.labels,
+                          sample_ids=self.sample_ids, class_names=self.class_names,
+                          meta=self.meta)
+
+    def _truncate(self, keep):
+        """Drop the stored epochs from position ``keep`` on."""
+        dropped = self.epochs[keep:]
+        self.epochs = self.epochs[:keep]
+        if self.format == "npy":
+            self._store.truncate(keep, self._record())
+        else:
+            try:
+                self._store.truncate(keep, self._record(), dropped)
+            except ValueError:
+                self.epochs += dropped
+                raise

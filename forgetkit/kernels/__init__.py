@@ -1,0 +1,117 @@
+"""numba kernels, private to forgetkit, by domain:
+
+- ``argmax``: the forgetting pass (row-wise argmax) and correct counts of mixed rows;
+- ``softmax``: softmax rows, window means and weighted sums of softmaxes, label probabilities;
+- ``eps_search``: Knowledge Fusion's exact epsilon search and fusion update;
+- ``selection``: greedy ensemble selection on logits;
+- ``floats``: float16-bit and float64-key helpers shared by the others.
+
+The functions below are the one layer the rest of the package calls: they pass float16 data
+as its raw int16 bits (numba has no float16 arithmetic), hand the float16 exp table to the
+softmax kernels and choose the number of thread blocks. The kernels themselves take plain
+contiguous arrays and do not validate their inputs.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from . import argmax as _argmax
+from . import eps_search as _eps
+from . import selection as _selection
+from . import softmax as _softmax
+from .softmax import f16_exp_table
+
+#: Row blocks per thread of the block-parallel kernels (each block keeps its own counts,
+#: merged at the end): several per thread keep both threads busy when rows cost unevenly,
+#: as in the eps search, where most samples are decided at once.
+BLOCKS_PER_THREAD = 8
+
+
+def n_blocks():
+    """Number of row blocks for the block-parallel kernels."""
+    return BLOCKS_PER_THREAD * numba.get_num_threads()
+
+
+def stored(values):
+    """The array the kernels take: float16 as its raw int16 bits, other floats as they are."""
+    return values.view(np.int16) if values.dtype == np.float16 else values
+
+
+def argmax_rows(values, out):
+    """out[r] = first argmax of values[r] (rows, C) C-contiguous; -1 for a row holding inf
+    or nan. out: int32 (rows,)."""
+    if values.dtype == np.float16:
+        _argmax.argmax_f16(values.view(np.int16), out)
+    else:
+        _argmax.argmax_float(values, out)
+    return out
+
+
+def softmax_rows(values, out):
+    """out = row-wise float64 softmax of values (rows, C); returns the number of rows that
+    hold inf or nan."""
+    return _softmax.softmax_rows(stored(values), f16_exp_table(), out)
+
+
+def combine_softmax(values, epochs, rows, out, weights=None):
+    """out[i] = mean (``weights`` None) or weighted sum over e in ``epochs`` of the softmax of
+    values[e, rows[i]]; values (E, M, C) read in place. Returns the number of (epoch, row)
+    pairs holding inf or nan."""
+    w = np.empty(0) if weights is None else np.asarray(weights, dtype=np.float64)
+    return _softmax.combine_softmax(stored(values), np.asarray(epochs, dtype=np.int64), w,
+                                    np.asarray(rows, dtype=np.int64), f16_exp_table(), out,
+                                    n_blocks())
+
+
+def label_probs(values, rows, labels, out):
+    """out[i] = softmax(values[rows[i]])[labels[i]] for values (M, C); returns the number of
+    rows holding inf or nan."""
+    return _softmax.label_probs(stored(values), rows, labels, f16_exp_table(), out, n_blocks())
+
+
+def mean_first_axis(stack, out):
+    """out = mean of float64 stack (k, rows, C) over its first axis, summed in order."""
+    _softmax.mean_first_axis(stack, out)
+    return out
+
+
+def label_leads(p, labels):
+    """The current fusion's state for the eps search, for float64 p (N, C): (lead,
+    magnitude, top) of ``eps_search.label_leads`` and the correctness of each row."""
+    n = len(labels)
+    lead, magnitude = np.empty(n), np.empty(n)
+    top, correct = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    _eps.label_leads(p, labels, lead, magnitude, top, correct)
+    return (lead, magnitude, top), correct
+
+
+def grid_correct_counts(a, b, labels, leads, grid, rel_band):
+    """Correct counts of eps*a + (1-eps)*b for every eps of ``grid``; ``leads``: the first
+    value of ``label_leads(b, labels)``. int64 (G,)."""
+    return _eps.grid_correct_counts(a, b, labels, *leads, grid, rel_band, n_blocks())
+
+
+def mix(a, b, eps):
+    """b <- eps*a + (1-eps)*b in place (float64 (N, C))."""
+    _eps.mix(a, b, eps)
+
+
+def mix_into(a, b, eps, labels, leads, correct):
+    """``mix``, then ``label_leads`` of the new b into ``leads`` and ``correct``."""
+    _eps.mix_into(a, b, eps, labels, *leads, correct)
+
+
+win_intervals = _eps.win_intervals
+mixture_correct_count = _argmax.mixture_correct_count
+sum_correct_count_rows = _argmax.sum_correct_count_rows
+selection_candidates = _selection.selection_candidates
+
+
+def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, ptr, cand):
+    """Per epoch of values (E, M, C): the ``rows`` of total whose argmax of total + softmax
+    is the label; see ``selection.selection_correct_counts``. Returns (counts, bad) (E,)."""
+    return _selection.selection_correct_counts(stored(values), src, total, rows, labels,
+                                               f16_exp_table(), shift, inv, top, ptr, cand,
+                                               n_blocks())

@@ -1,0 +1,124 @@
+"""Row-wise argmax kernels: the forgetting pass (float16 bits and float32/64) and the
+correct counts of a mixture or a sum of two probability tables. Ties go to the lowest class
+index (numpy's rule)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .floats import F16_EXP_MASK, f16_key
+
+
+@njit(inline="always")
+def _argmax_pair_f16(row0, row1):
+    """First argmax of two float16 rows (int16 bits, at most 0xFFFF classes) in one loop (two
+    independent reductions keep more work in flight); -1 for a row holding inf or nan.
+    The max of key << 16 | (0xFFFF - c) names, in its low half, the first class holding the
+    max key."""
+    best0 = best1 = np.int32(-2147483648)
+    magnitude0 = magnitude1 = np.int16(0)
+    for c in range(row0.shape[0]):
+        low = np.int32(0xFFFF - c)
+        best0 = max(best0, (np.int32(f16_key(row0[c])) << np.int32(16)) | low)
+        best1 = max(best1, (np.int32(f16_key(row1[c])) << np.int32(16)) | low)
+        magnitude0 = max(magnitude0, np.int16(row0[c] & np.int16(0x7FFF)))
+        magnitude1 = max(magnitude1, np.int16(row1[c] & np.int16(0x7FFF)))
+    i0 = np.int32(0xFFFF) - (best0 & np.int32(0xFFFF))
+    i1 = np.int32(0xFFFF) - (best1 & np.int32(0xFFFF))
+    return (np.int32(-1) if magnitude0 >= F16_EXP_MASK else i0,
+            np.int32(-1) if magnitude1 >= F16_EXP_MASK else i1)
+
+
+@njit(parallel=True, cache=True)
+def argmax_f16(bits, out):
+    """Row-wise argmax of float16 values given as int16 bits.
+
+    bits: int16 (rows, C); out: int32 (rows,). A row holding inf or nan gets -1.
+    One vectorised pass per row (``_argmax_pair_f16``). Rows of up to 256 classes are taken
+    two at a time, where the per-row overhead dominates (13% faster at C=100 and 200; 60%
+    slower at C=1,000). Wider rows are paired with themselves (the compiler merges the two
+    identical reductions). Rows of more than 0xFFFF classes take two passes (max key, then
+    the first index holding it).
+    """
+    rows, n_classes = bits.shape
+    if n_classes <= 256:
+        for pair in prange((rows + 1) // 2):
+            r0 = 2 * pair
+            r1 = min(r0 + 1, rows - 1)  # an odd last row is paired with itself
+            out[r0], out[r1] = _argmax_pair_f16(bits[r0], bits[r1])
+        return
+    if n_classes <= 0xFFFF:
+        for r in prange(rows):
+            out[r] = _argmax_pair_f16(bits[r], bits[r])[0]
+        return
+    for r in prange(rows):
+        row = bits[r]
+        magnitude = np.int16(0)
+        best_key = np.int16(-32768)
+        for c in range(n_classes):
+            best_key = max(best_key, f16_key(row[c]))
+            magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+        for c in range(n_classes):
+            if f16_key(row[c]) == best_key:
+                out[r] = c
+                break
+        if magnitude >= F16_EXP_MASK:  # inf or nan somewhere in the row
+            out[r] = -1
+
+
+@njit(parallel=True, cache=True)
+def argmax_float(values, out):
+    """Row-wise argmax of float32/float64 values (rows, C) into int32 ``out``; -1 if not finite."""
+    rows, n_classes = values.shape
+    for r in prange(rows):
+        best = 0
+        best_v = values[r, 0]
+        if not np.isfinite(best_v):
+            out[r] = -1
+            continue
+        for c in range(1, n_classes):
+            v = values[r, c]
+            if not np.isfinite(v):
+                best = -1
+                break
+            if v > best_v:
+                best = c
+                best_v = v
+        out[r] = best
+
+
+@njit(inline="always")
+def first_argmax_mix(a, b, wa, wb):
+    """First argmax over classes of wa*a + wb*b for rows a, b (C,) of finite floats, with
+    numpy's arithmetic; wa = wb = 1.0 gives the argmax of a + b (the products are exact)."""
+    best = 0
+    best_v = wa * a[0] + wb * b[0]
+    for c in range(1, a.shape[0]):
+        v = wa * a[c] + wb * b[c]
+        if v > best_v:
+            best = c
+            best_v = v
+    return best
+
+
+@njit(parallel=True, cache=True)
+def mixture_correct_count(a, b, labels, eps):
+    """Number of samples that eps*a + (1-eps)*b classifies correctly. a, b: float64 (N, C)."""
+    count = 0
+    for n in prange(a.shape[0]):
+        if first_argmax_mix(a[n], b[n], eps, 1.0 - eps) == labels[n]:
+            count += 1
+    return count
+
+
+@njit(parallel=True, cache=True)
+def sum_correct_count_rows(s, p, labels, rows):
+    """Number of ``rows`` whose argmax of s[r] + p[r] is labels[r]. s, p: float64 (N, C)."""
+    count = 0
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        best = first_argmax_mix(s[r], p[r], 1.0, 1.0)
+        if best == labels[r]:
+            count += 1
+    return count

@@ -1,0 +1,251 @@
+"""The exact epsilon search of Knowledge Fusion: for each sample, the interval of eps on
+which eps*a + (1-eps)*b ranks the label first; counts over an eps grid; the fusion update.
+
+See docs/definitions.md ("The exact epsilon search") for why the band re-check is needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .argmax import first_argmax_mix
+from .floats import LOW63, float_of_key64, key64
+
+
+# Grid searches start at x * (G - 1), the index on KnowledgeFusion's uniform grids, and walk
+# to the exact one (correct for any ascending grid); a binary search mispredicts its branches.
+@njit(inline="always")
+def _grid_guess(grid, x):
+    g = x * (grid.shape[0] - 1)
+    return 0 if not g >= 0.0 else (grid.shape[0] if g >= grid.shape[0] else int(g))
+
+
+@njit(inline="always")
+def _first_above(grid, x):
+    """Index of the first grid point > x (grid ascending)."""
+    i = _grid_guess(grid, x)
+    while i > 0 and grid[i - 1] > x:
+        i -= 1
+    while i < grid.shape[0] and grid[i] <= x:
+        i += 1
+    return i
+
+
+@njit(inline="always")
+def _first_at_least(grid, x):
+    """Index of the first grid point >= x (grid ascending)."""
+    i = _grid_guess(grid, x)
+    while i > 0 and grid[i - 1] >= x:
+        i -= 1
+    while i < grid.shape[0] and grid[i] < x:
+        i += 1
+    return i
+
+
+@njit
+def _lead(row, y):
+    """(row[y] - max of row[c != y], that max, max |row|) for a row (C,) of finite float64
+    values, C >= 2. Class y is masked with integer ops (a select on c != y would not
+    vectorise)."""
+    neg_inf = key64(-np.inf)
+    key = neg_inf
+    magnitude = np.int64(0)
+    for c in range(row.shape[0]):
+        keep = -np.int64(c != y)  # all ones, or zero at c == y
+        key = max(key, (key64(row[c]) & keep) | (neg_inf & ~keep))
+        magnitude = max(magnitude, np.float64(row[c]).view(np.int64) & LOW63)
+    other = float_of_key64(key)
+    return row[y] - other, other, np.int64(magnitude).view(np.float64)
+
+
+@njit(parallel=True, cache=True)
+def label_leads(p, labels, lead, magnitude, top, correct):
+    """Per row n of p (N, C) finite float64: lead[n] = p[n, y] - max of p[n, c != y],
+    magnitude[n] = max |p[n]|, top[n] = the first class c != y holding that max when the
+    lead is <= 0 (else -1) and correct[n] = whether y is the first argmax (numpy's rule).
+    These describe the current fusion for ``grid_correct_counts``."""
+    for n in prange(p.shape[0]):
+        _label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
+
+
+@njit(inline="always")
+def _label_lead_into(row, y, n, lead, magnitude, top, correct):
+    lead[n], other, magnitude[n] = _lead(row, y)
+    top[n] = -1
+    correct[n] = lead[n] > 0.0
+    if lead[n] <= 0.0:  # y ties or trails: the first other class holding the max
+        for c in range(row.shape[0]):
+            if c != y and row[c] == other:
+                top[n] = c
+                break
+        correct[n] = lead[n] == 0.0 and top[n] > y
+
+
+@njit
+def _win_bounds(a, b, y, band):
+    """Where eps*a + (1-eps)*b ranks class y first, for rows a, b (C,) of finite values.
+
+    Returns lw, hw (the open interval where every margin > band: the win is certain), lp, hp
+    (the closed interval where every margin >= -band: the win is possible) and whether no eps
+    can win. Branch-free so that it vectorises.
+    """
+    ay = a[y]
+    by = b[y]
+    neg_inf = key64(-np.inf)
+    pos_inf = key64(np.inf)
+    lw, lp, hw, hp = neg_inf, neg_inf, pos_inf, pos_inf
+    never = 0
+    empty = 0
+    for c in range(a.shape[0]):
+        icpt = by - b[c]
+        slope = (ay - a[c]) - icpt
+        safe = slope if slope != 0.0 else 1.0
+        k_win = key64((band - icpt) / safe)
+        k_possible = key64((-band - icpt) / safe)
+        up = slope > 0.0
+        down = slope < 0.0
+        lw = max(lw, k_win if up else neg_inf)
+        lp = max(lp, k_possible if up else neg_inf)
+        hw = min(hw, k_win if down else pos_inf)
+        hp = min(hp, k_possible if down else pos_inf)
+        flat = (slope == 0.0) & (c != y)  # at c == y both are 0 by construction
+        never = max(never, np.int64(flat & (icpt <= band)))
+        empty = max(empty, np.int64(flat & (icpt < -band)))
+    high_win = -np.inf if never else float_of_key64(hw)
+    return (float_of_key64(lw), high_win, float_of_key64(lp), float_of_key64(hp),
+            empty > 0)
+
+
+@njit(parallel=True, cache=True)
+def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band, n_blocks):
+    """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.
+
+    a, b: float64 (N, C); labels: int64 (N,); b_lead, b_magnitude, b_top: ``label_leads``
+    of b; grid: float64 (G,) ascending; n_blocks: number of sample blocks (one counts row
+    each, merged at the end). Returns int64 (G,).
+
+    For one sample the true class wins on an interval of eps (its margins are linear in
+    eps). With band = rel_band * max|value| of the sample: a label that leads both rows by
+    more than band wins at every eps, and one that trails b's top class by more than band
+    in both rows wins at none. For the other samples the kernel computes the eps where the
+    win is certain (every margin > band) and where it is possible (every margin >= -band).
+    Grid points in the certain part count through a difference array; grid points between
+    the two are re-checked with the brute-force arithmetic, so the counts equal the
+    brute-force grid's exactly, ties included.
+    """
+    n_samples, n_classes = a.shape
+    n_grid = grid.shape[0]
+    n_blocks = max(1, min(n_blocks, n_samples))
+    diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
+    for blk in prange(n_blocks):
+        start = blk * n_samples // n_blocks
+        stop = (blk + 1) * n_samples // n_blocks
+        for n in range(start, stop):
+            y = labels[n]
+            lead_a, _, magnitude = _lead(a[n], y)
+            band = rel_band * max(magnitude, b_magnitude[n])
+            lead_b = b_lead[n]
+            if lead_a > band and lead_b > band:  # y wins at both ends, so at every eps
+                diff[blk, 0] += 1
+                diff[blk, n_grid] -= 1
+                continue
+            if lead_b < -band and lead_a < -band and a[n, b_top[n]] - a[n, y] > band:
+                continue  # b's top class beats y at both ends, so at every eps
+            lw, hw, lp, hp, empty = _win_bounds(a[n], b[n], y, band)
+            if empty:
+                continue
+            p0 = _first_at_least(grid, lp)
+            p1 = _first_above(grid, hp)  # possible grid points: [p0, p1)
+            if p0 >= p1:
+                continue
+            w0, w1 = p1, p1  # certain grid points: [w0, w1)
+            if lw < hw:
+                w0 = max(_first_above(grid, lw), p0)
+                w1 = min(_first_at_least(grid, hw), p1)
+                if w0 < w1:
+                    diff[blk, w0] += 1
+                    diff[blk, w1] -= 1
+            for g in range(p0, p1):
+                if w0 <= g < w1:
+                    continue
+                if first_argmax_mix(a[n], b[n], grid[g], 1.0 - grid[g]) == y:
+                    diff[blk, g] += 1
+                    diff[blk, g + 1] -= 1
+    total = diff.sum(axis=0)
+    return np.cumsum(total[:n_grid])
+
+
+@njit(parallel=True, cache=True)
+def win_intervals(a, b, labels):
+    """Per sample, the interval of eps in [0, 1] where eps*a + (1-eps)*b ranks the label first.
+
+    Returns lo, hi (float64 (N,)), lo_open, hi_open, valid (bool (N,)); a class below the label
+    must be beaten strictly, one above it only matched (argmax ties go to the lowest index).
+    """
+    n_samples, n_classes = a.shape
+    lo = np.zeros(n_samples)
+    hi = np.ones(n_samples)
+    lo_open = np.zeros(n_samples, dtype=np.bool_)
+    hi_open = np.zeros(n_samples, dtype=np.bool_)
+    valid = np.ones(n_samples, dtype=np.bool_)
+    for n in prange(n_samples):
+        y = labels[n]
+        ay = a[n, y]
+        by = b[n, y]
+        low, high = 0.0, 1.0
+        lopen, hopen = False, False
+        ok = True
+        for c in range(n_classes):
+            if c == y:
+                continue
+            strict = c < y
+            icpt = by - b[n, c]
+            slope = (ay - a[n, c]) - icpt
+            if slope == 0.0:
+                if icpt < 0.0 or (strict and icpt == 0.0):
+                    ok = False
+                    break
+                continue
+            t = -icpt / slope
+            if slope > 0.0:
+                if t > low or (t == low and strict):
+                    low = t
+                    lopen = strict
+            else:
+                if t < high or (t == high and strict):
+                    high = t
+                    hopen = strict
+        if ok and (low > high or (low == high and (lopen or hopen))):
+            ok = False
+        lo[n] = low
+        hi[n] = high
+        lo_open[n] = lopen
+        hi_open[n] = hopen
+        valid[n] = ok
+    return lo, hi, lo_open, hi_open, valid
+
+
+@njit(inline="always")
+def _mix_row(a, b, eps):
+    """b <- eps*a + (1-eps)*b for rows (C,), numpy's arithmetic: the fit (``mix_into``) and
+    the apply (``mix``) must give the same bits."""
+    one_minus = 1.0 - eps
+    for c in range(a.shape[0]):
+        b[c] = eps * a[c] + one_minus * b[c]
+
+
+@njit(parallel=True, cache=True)
+def mix(a, b, eps):
+    """b <- eps*a + (1-eps)*b in place (numpy's arithmetic). a, b: float64 (N, C)."""
+    for n in prange(a.shape[0]):
+        _mix_row(a[n], b[n], eps)
+
+
+@njit(parallel=True, cache=True)
+def mix_into(a, b, eps, labels, lead, magnitude, top, correct):
+    """b <- eps*a + (1-eps)*b in place (numpy's arithmetic), then ``label_leads`` of b into
+    lead, magnitude, top and correct. a, b: float64 (N, C); labels: int64 (N,)."""
+    for n in prange(a.shape[0]):
+        _mix_row(a[n], b[n], eps)
+        _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)

@@ -1,0 +1,297 @@
+"""Softmax kernels: rows of stored values (float16 as int16 bits, float32, float64) to
+float64 probabilities, window means and weighted sums of softmaxes, label probabilities.
+
+Every kernel computes a row's softmax with the same arithmetic (``exp_row``), so results of
+different kernels agree bit for bit. float16 rows take exp from ``f16_exp_table()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from .floats import F16_EXP_MASK, f16_bits_of_key, f16_key, f16_to_f64, is_f16, to_f64
+
+# exp(x) for -708 <= x <= 0 in straight-line arithmetic that vectorises (numba has no
+# vectorised exp on this platform): x = k*ln2 + r with |r| <= ln2/2 (Cody-Waite), a degree-13
+# Taylor polynomial for exp(r), and 2**k built from the bits of k. At most 1 ulp from the
+# correctly rounded exp (numpy's exp is too; the two differ by 1 ulp on ~10% of inputs).
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01  # trailing zeros: k * _LN2_HI is exact
+_LN2_LO = 1.90821492927058770002e-10
+_ROUND = 6755399441055744.0  # 1.5 * 2**52: x + _ROUND - _ROUND rounds x to an integer
+_ROUND_BITS = 0x4338000000000000  # the bits of _ROUND
+#: Below this shifted logit the fast exp would leave the normal range: such rows take math.exp.
+EXP_MIN = -708.0
+
+
+@njit(inline="always")
+def _exp_nonpositive(x):
+    """exp(x) for EXP_MIN <= x <= 0, branch-free."""
+    t = x * _LOG2E + _ROUND
+    k = t - _ROUND
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    p = 1.0 / 6227020800.0
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    scale = (np.float64(t).view(np.int64) - np.int64(_ROUND_BITS - 1023)) << np.int64(52)
+    return (1.0 + (r + r * r * p)) * np.int64(scale).view(np.float64)
+
+
+def _row_range(row):
+    """(max, min, finite) of one row of stored values (numba only)."""
+
+
+@overload(_row_range, inline="always")
+def _row_range_impl(row):
+    if isinstance(row.dtype, types.Integer):  # float16 bits: vectorised int16 keys
+
+        def impl(row):
+            hi = np.int16(-32768)
+            lo = np.int16(32767)
+            magnitude = np.int16(0)
+            for c in range(row.shape[0]):
+                key = f16_key(row[c])
+                hi = max(hi, key)
+                lo = min(lo, key)
+                magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+            return (f16_to_f64(f16_bits_of_key(hi)), f16_to_f64(f16_bits_of_key(lo)),
+                    magnitude < F16_EXP_MASK)
+
+        return impl
+
+    def impl(row):
+        hi = -np.inf
+        lo = np.inf
+        for c in range(row.shape[0]):
+            v = np.float64(row[c])
+            if not np.isfinite(v):
+                return hi, lo, False
+            hi = max(hi, v)
+            lo = min(lo, v)
+        return hi, lo, True
+
+    return impl
+
+
+@njit(fastmath={"contract"})
+def exp_shifted(row, m, out):
+    """out[c] = exp(x[c] - m) for a row of stored values with every x[c] - m >= EXP_MIN."""
+    for c in range(row.shape[0]):
+        out[c] = _exp_nonpositive(to_f64(row[c]) - m)
+
+
+@njit(fastmath={"reassoc"})
+def _sum(x):
+    """Sum of x (C,), in vector lanes (not the order of numpy's pairwise sum)."""
+    s = 0.0
+    for c in range(x.shape[0]):
+        s += x[c]
+    return s
+
+
+# float16 rows need no shift: exp of each of the 65,536 bit patterns comes from a table and
+# the softmax is table[x] * (1 / sum(table[x])). Entries outside [EXP_MIN, F16_TABLE_MAX]
+# are nan, so a row holding one (or inf/nan) sums to nan and takes the shifted path.
+#: Largest float16 value read from the table (C * exp(600) cannot overflow).
+F16_TABLE_MAX = 600.0
+
+
+@functools.cache
+def f16_exp_table():
+    """float64 (65536,): exp of each float16 bit pattern (index: the bits as uint16) by
+    ``math.exp`` (< 1 ulp); nan outside [EXP_MIN, F16_TABLE_MAX] and for inf/nan. Read-only."""
+    values = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
+    table = np.full(65536, np.nan)
+    inside = np.flatnonzero((values >= EXP_MIN) & (values <= F16_TABLE_MAX))
+    table[inside] = [math.exp(v) for v in values[inside].tolist()]
+    table.flags.writeable = False
+    return table
+
+
+def _exp_table(row, table, out):
+    """out[c] = table[bits of x[c]] for float16 rows, returning sum(out) (nan if a value is
+    outside the table); nan at once for float32/64 rows (numba only)."""
+
+
+@overload(_exp_table, inline="always")
+def _exp_table_impl(row, table, out):
+    if isinstance(row.dtype, types.Integer):
+
+        def impl(row, table, out):
+            for c in range(row.shape[0]):
+                out[c] = table[np.uint16(row[c])]
+            return _sum(out)
+
+        return impl
+    return lambda row, table, out: np.nan
+
+
+@njit(inline="always")
+def is_table_row(row, m):
+    """Whether a row that ``exp_row`` gave status 1 and shift m took the table: float16
+    rows with m == 0. A float16 row on the shifted path has a value above F16_TABLE_MAX or
+    below EXP_MIN with a spread of at most -EXP_MIN, so its max is > 0."""
+    return is_f16(row) and m == 0.0
+
+
+@njit(inline="always")
+def exp_row(row, out, table):
+    """out = exp(x - m) of one row of stored values (C,), unnormalised; table: the
+    ``f16_exp_table()``.
+
+    Returns (status, m, inv): the softmax is out * inv, computed as ``out[c] * inv``.
+    m is 0 for float16 rows within the table (exp read from it), else the row's max.
+    status 1: exp from the table or the fast exp; 0: some exp underflowed and math.exp was
+    used; -1: the row holds inf or nan (out is undefined).
+    """
+    total = _exp_table(row, table, out)
+    if total == total:  # not nan: every value was in the table
+        return 1, 0.0, 1.0 / total
+    hi, lo, finite = _row_range(row)
+    if not finite:
+        return -1, hi, np.nan
+    status = 1
+    if lo - hi >= EXP_MIN:
+        exp_shifted(row, hi, out)
+    else:  # some exp underflows to a subnormal or zero
+        status = 0
+        for c in range(row.shape[0]):
+            out[c] = math.exp(to_f64(row[c]) - hi)
+    return status, hi, 1.0 / _sum(out)
+
+
+@njit(inline="always")
+def _softmax_row(row, out, table):
+    """out = softmax of one row of stored values (C,) in float64; returns ``exp_row``'s
+    (status, m, inv)."""
+    status, m, inv = exp_row(row, out, table)
+    for c in range(out.shape[0]):
+        out[c] *= inv
+    return status, m, inv
+
+
+@njit(parallel=True, cache=True)
+def softmax_rows(values, table, out):
+    """Row-wise softmax of ``values`` (rows, C), float16 given as int16 bits or float32/64,
+    into float64 ``out``: out[c] * inv as ``exp_row`` gives them (table: the
+    ``f16_exp_table()``). Returns the number of rows holding inf or nan."""
+    n_bad = 0
+    for r in prange(values.shape[0]):
+        if _softmax_row(values[r], out[r], table)[0] < 0:
+            n_bad += 1
+    return n_bad
+
+
+@njit(inline="always")
+def _exp_rows(values, epochs, row, table, tmp, inv):
+    """tmp[j] = exp of the row values[epochs[j], row] and inv[j] its 1/sum, as ``exp_row``
+    gives them, for up to 3 epochs. float16 rows read the table for all epochs in one loop,
+    which keeps more loads in flight. Returns the number of rows holding inf or nan."""
+    m = epochs.shape[0]
+    n_bad = 0
+    if is_f16(values):
+        x0, x1, x2 = (values[epochs[0], row], values[epochs[min(1, m - 1)], row],
+                      values[epochs[m - 1], row])
+        for c in range(x0.shape[0]):
+            tmp[0, c] = table[np.uint16(x0[c])]
+            if m > 1:
+                tmp[1, c] = table[np.uint16(x1[c])]
+            if m > 2:
+                tmp[2, c] = table[np.uint16(x2[c])]
+    for j in range(m):
+        total = _sum(tmp[j]) if is_f16(values) else np.nan
+        if total == total:  # every value was in the table
+            inv[j] = 1.0 / total
+        else:
+            status, _, inv[j] = exp_row(values[epochs[j], row], tmp[j], table)
+            n_bad += status < 0
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
+def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
+    """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
+    as ``softmax_rows`` computes it, added in the order of ``epochs``:
+
+    - ``weights`` empty: the mean, with numpy's arithmetic (``total = p0; total += p1; ...;
+      total /= k``);
+    - ``weights`` (k,) float64: the weighted sum (``total = zeros; total += w * p ...``).
+
+    values: stored outputs (E, M, C) (float16 as int16 bits), read in place; epochs (k,),
+    src (R,): int64; table: the ``f16_exp_table()``; out: float64 (R, C).
+    Epochs are taken 3 at a time, each group added in one pass (a mean's weights are 1.0,
+    an exact factor). Returns the number of (epoch, row) pairs holding inf or nan.
+    """
+    k = epochs.shape[0]
+    mean = weights.shape[0] == 0
+    n_rows, n_classes = out.shape
+    n_blocks = max(1, min(n_blocks, n_rows))
+    n_bad = 0
+    for blk in prange(n_blocks):
+        tmp = np.empty((3, n_classes))
+        inv = np.empty(3)
+        w = np.ones(3)
+        for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            total = out[r]
+            for g in range(0, k, 3):
+                m = min(3, k - g)
+                n_bad += _exp_rows(values, epochs[g: g + m], src[r], table, tmp, inv)
+                if not mean:
+                    w[:m] = weights[g: g + m]
+                p0, p1, p2 = tmp[0], tmp[1], tmp[2]
+                i0, i1, i2 = inv[0], inv[1], inv[2]
+                w0, w1, w2 = w[0], w[1], w[2]
+                first = g == 0
+                divide = mean and g + m == k
+                for c in range(n_classes):
+                    v = (0.0 if first else total[c]) + w0 * (p0[c] * i0)
+                    if m > 1:
+                        v += w1 * (p1[c] * i1)
+                    if m > 2:
+                        v += w2 * (p2[c] * i2)
+                    total[c] = v / k if divide else v
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
+def label_probs(values, src, labels, table, out, n_blocks):
+    """out[i] = softmax(values[src[i]])[labels[i]], as ``softmax_rows`` computes it, without
+    storing the rows. values: (M, C) stored outputs (float16 as int16 bits); table: the
+    ``f16_exp_table()``; out: float64 (R,). Returns the number of rows holding inf or nan."""
+    n_rows = src.shape[0]
+    n_blocks = max(1, min(n_blocks, n_rows))
+    n_bad = 0
+    for blk in prange(n_blocks):
+        tmp = np.empty(values.shape[1])
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            if _softmax_row(values[src[i]], tmp, table)[0] < 0:
+                n_bad += 1
+            out[i] = tmp[labels[i]]
+    return n_bad
+
+
+@njit(parallel=True, cache=True)
+def mean_first_axis(stack, out):
+    """out = mean of stack (k, rows, C) over its first axis: summed in order, then divided
+    by k (the arithmetic of ``total = s[0].copy(); total += s[1] ...; total /= k``)."""
+    k, rows, n_classes = stack.shape
+    for r in prange(rows):
+        for c in range(n_classes):
+            s = stack[0, r, c]
+            for i in range(1, k):
+                s += stack[i, r, c]
+            out[r, c] = s / k
