@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .analysis import forgetting
-from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent
+from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent, single_hit
 from .fusion import KnowledgeFusion, load_fuser
 from .fusion.distill import write_soft_targets
 from .io import atomic_write, convert, load
@@ -96,7 +96,7 @@ def _cmd_fuse(args):
     for a, eps in used:
         print(f"  epoch {kf.epochs_[a]} (window {args.window}): eps = {eps:.4g}")
     if test is not None:
-        single = np.mean(test.correctness()[-1])
+        single = np.mean(single_hit(test))
         fused = np.mean(kf.predict(test) == test.labels)
         print(f"held-out accuracy: {percent(single)} (final epoch) -> {percent(fused)} (fused), "
               f"{test.n_samples} samples")

@@ -11,6 +11,7 @@ import html
 
 import numpy as np
 import pandas as pd
+from scipy.special import bdtr
 
 from ._validation import check_option
 from .fusion import (
@@ -74,10 +75,7 @@ def mcnemar(correct_a, correct_b):
     classifiers scored on the same samples have the same accuracy.
 
     Binomial(n, 1/2) is symmetric, so the two-sided p-value is min(1, 2 * P(X <= k)) with k
-    the smaller discordant count (``scipy.stats.binomtest``'s value; scipy.special imports
-    in a fraction of scipy.stats' time)."""
-    from scipy.special import bdtr
-
+    the smaller discordant count (``scipy.stats.binomtest``'s value)."""
     a_only = int(np.sum(correct_a & ~correct_b))
     b_only = int(np.sum(~correct_a & correct_b))
     n = a_only + b_only
@@ -111,9 +109,10 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
         yield s, full.isel(samples=val), full.isel(samples=test)
 
 
-def _single_hit(test):
-    """Whether the single network (the final epoch) classifies each test sample correctly."""
-    return test.correctness()[-1]
+def single_hit(test):
+    """Whether the single network (the final epoch's probabilities, as the fusers compare
+    them) classifies each test sample correctly: bool (n_samples,)."""
+    return np.argmax(test.probs(-1), axis=1) == test.labels
 
 
 def _fitted_kf(fits, split, val, window):
@@ -147,7 +146,7 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
                                            val_run=val_run, memory_budget=memory_budget):
         kf = _fitted_kf(kf_fits, seed, val, window)
         k = kf.ensemble_size_
-        single_hit = _single_hit(test)
+        single = single_hit(test)
         for m in methods:
             if m in ("kf", "kf1"):  # KF(1) is the prefix of KF(inf)'s plan: no second fit
                 fuser = kf if m == "kf" else kf.with_windows(1)
@@ -158,9 +157,9 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
             rows.append({
                 "split": seed, "method": m, "k": fuser.ensemble_size_,
                 "accuracy": 100 * hit.mean(),
-                "gain": 100 * (hit.mean() - single_hit.mean()),
+                "gain": 100 * (hit.mean() - single.mean()),
                 "nll": nll(p, test.labels), "ece": ece(p, test.labels),
-                "p_value": mcnemar(hit, single_hit),
+                "p_value": mcnemar(hit, single),
             })
     return pd.DataFrame(rows)
 
@@ -257,7 +256,7 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
         kf = _fitted_kf(kf_fits, s, val, window)
-        single = np.mean(_single_hit(test))
+        single = np.mean(single_hit(test))
         for i, prob in enumerate(kf.staged_predict_proba(test)):
             acc = np.mean(np.argmax(prob, axis=1) == test.labels)
             rows.append({"split": s, "windows": i, "k": kf.with_windows(i).ensemble_size_,
@@ -272,7 +271,7 @@ def window_curve(run, windows=(0, 1, 2, 3, 4), *, seeds=(0, 1, 2), val_frac=0.5,
     ``kf_fits``: as in `compare_splits`."""
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
-        single = np.mean(_single_hit(test))
+        single = np.mean(single_hit(test))
         for w in windows:
             kf = _fitted_kf(kf_fits, s, val, w)
             acc = np.mean(kf.predict(test) == test.labels)

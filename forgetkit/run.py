@@ -34,6 +34,8 @@ EAGER_CHECK_VALUES = 1 << 27
 PROBS_TOLERANCE = 1e-3
 #: Bytes of outputs read per chunk of the forgetting pass.
 CHUNK_BYTES = 1 << 27
+#: Smallest probability taken before a log (exp underflow can give 0), so logs stay finite.
+LOG_FLOOR = 1e-300
 #: Default memory budget, in bytes, for probabilities kept in memory (`Run.cache_probs`).
 DEFAULT_MEMORY_BUDGET = 2 << 30
 

@@ -198,6 +198,7 @@ def _jsonable(value):
 
 
 def _fuser_classes():
+    # imported here: each of these modules imports this one
     from . import averages, knowledge, likelihood, selection
 
     return {c.__name__: c for c in (knowledge.KnowledgeFusion, likelihood.LikelihoodFusion,

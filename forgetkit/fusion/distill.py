@@ -7,9 +7,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..io.atomic import atomic_write, write_json_atomic
 from ..io.record import sidecar_path
+from ..run import LOG_FLOOR
 
 
 def soft_targets(fuser, train_run, *, temperature=1.0):
@@ -21,7 +24,7 @@ def soft_targets(fuser, train_run, *, temperature=1.0):
     p = fuser.predict_proba(train_run)
     if temperature == 1.0:
         return p
-    logp = np.log(np.clip(p, 1e-300, None)) / temperature
+    logp = np.log(np.clip(p, LOG_FLOOR, None)) / temperature
     logp -= logp.max(axis=1, keepdims=True)
     q = np.exp(logp)
     return q / q.sum(axis=1, keepdims=True)
@@ -42,9 +45,6 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
         np.arange(train_run.n_samples)
     with atomic_write(path) as tmp:
         if path.suffix == ".parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
             table = pa.table({
                 "sample_id": pa.array(np.asarray(ids).tolist()),
                 "label": pa.array(train_run.labels),

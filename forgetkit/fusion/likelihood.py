@@ -8,11 +8,8 @@ import warnings
 import numpy as np
 
 from .._validation import check_int
+from ..run import LOG_FLOOR
 from .base import Fuser, as_run, check_validation_run
-
-#: Floor of the label probabilities, so that log() stays finite for a checkpoint that gives
-#: a sample probability 0 (exp underflow); smaller than any probability that matters.
-TINY = 1e-300
 
 
 def _mean_log(x):
@@ -53,7 +50,7 @@ class LikelihoodFusion(Fuser):
         run = as_run(run, labels)
         check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
         check_validation_run(run)
-        q = np.maximum(run.label_probs(), TINY)
+        q = np.maximum(run.label_probs(), LOG_FLOOR)
         idx = np.arange(run.n_epochs)
         w, self.n_iter_ = self._em(q)
         keep = w > self.min_weight * w.max()

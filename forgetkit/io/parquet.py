@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..run import LazyOutputs
 from .atomic import atomic_write, remove, write_json_atomic
@@ -32,8 +34,6 @@ def staging_path(path):
 
 def write_parquet(path, epochs, n_classes, dtype, layout, record):
     """Write (epoch number, outputs (N, C)) pairs as one row group per epoch."""
-    import pyarrow.parquet as pq
-
     schema = parquet_schema(n_classes, dtype, layout, record)
     with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
         for epoch, values in epochs:
@@ -42,8 +42,6 @@ def write_parquet(path, epochs, n_classes, dtype, layout, record):
 
 
 def parquet_schema(n_classes, dtype, layout, record):
-    import pyarrow as pa
-
     if layout == "list":
         outputs = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), n_classes)
     else:
@@ -56,8 +54,6 @@ def parquet_schema(n_classes, dtype, layout, record):
 
 
 def epoch_table(epoch, values, layout):
-    import pyarrow as pa
-
     n, c = values.shape
     values = np.ascontiguousarray(values)
     if layout == "list":
@@ -76,8 +72,6 @@ def epoch_table(epoch, values, layout):
 
 def _column_to_numpy(column, n_classes, dtype, where):
     """(n_rows, C) ndarray from an ``outputs`` column (list, fixed-size list or binary)."""
-    import pyarrow as pa
-
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     typ = arr.type
     if pa.types.is_fixed_size_binary(typ):
@@ -144,8 +138,6 @@ class _ParquetSource:
 
 class _OpenParquet:
     def __init__(self, path):
-        import pyarrow.parquet as pq
-
         self.path = str(path)
         try:
             self.file = pq.ParquetFile(path)
@@ -201,8 +193,6 @@ def open_parquet_run(path, staging):
 
 def _infer_parquet_record(pf, epochs):
     """Record for a Parquet run written by another tool (labels must then be given)."""
-    import pyarrow as pa
-
     typ = pf.file.schema_arrow.field("outputs").type
     first = pf.file.read_row_group(0, columns=["outputs"]).column("outputs").combine_chunks()
     if pa.types.is_fixed_size_binary(typ):
@@ -255,8 +245,6 @@ class ParquetAppender:
         return self.staging / f"epoch-{epoch:09d}.parquet"
 
     def append(self, values, position, record):
-        import pyarrow.parquet as pq
-
         epoch = record["epochs"][position]
         with atomic_write(self._epoch_file(epoch)) as tmp:
             pq.write_table(epoch_table(epoch, values, self.layout), tmp, **PARQUET_WRITE_OPTIONS)

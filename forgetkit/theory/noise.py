@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import check_int, check_labels
-from ..run import Run
+from ..run import LOG_FLOOR, Run
 
 
 def _selected(n, p, seed):
@@ -60,7 +60,7 @@ def training_losses(run):
     rows = np.arange(run.n_samples)
     out = np.empty((run.n_epochs, run.n_samples))
     for e in range(run.n_epochs):
-        out[e] = -np.log(np.clip(run.probs(e)[rows, run.labels], 1e-300, None))
+        out[e] = -np.log(np.clip(run.probs(e)[rows, run.labels], LOG_FLOOR, None))
     return out
 
 
