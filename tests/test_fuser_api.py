@@ -140,3 +140,11 @@ def test_the_readme_python_tour_runs(tmp_path, monkeypatch):
     block = block.replace('"data_samples/', f'"{ROOT}/data_samples/')
     exec(compile(block, "README.md", "exec"), {})
     assert (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("fuser", FUSERS, ids=repr)
+def test_every_fuser_checks_its_validation_run(fuser):
+    with pytest.raises(ValueError, match="at least 2 epochs; got 1"):
+        sklearn_base.clone(fuser).fit(make_run().isel(epochs=[3]))
+    with pytest.raises(ValueError, match="single class"):
+        sklearn_base.clone(fuser).fit(fk.Run(make_run().outputs, np.zeros(300, int)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import check_int, check_option
+from ..errors import ForgetkitError
 from .base import Fuser, as_run, check_validation_run
 
 FIXED = ("single", "horizontal", "fixed_jumps", "uniform")
@@ -25,7 +26,7 @@ def fixed_epochs(n_epochs, select, k=1):
     check_option("select", select, FIXED)
     k = check_int("max_checkpoints", k, minimum=1)
     if select in ("horizontal", "fixed_jumps") and k > n_epochs:
-        raise ValueError(f"max_checkpoints={k} exceeds the {n_epochs} stored epochs")
+        raise ForgetkitError(f"max_checkpoints={k} exceeds the {n_epochs} stored epochs")
     if select == "single":
         return [n_epochs - 1]
     if select == "horizontal":
@@ -60,7 +61,7 @@ def snapshot(run, cycle_ends):
     """Mean probabilities at the cycle-end epochs (epoch *numbers*) of a cyclic schedule."""
     ends = np.asarray(cycle_ends, dtype=np.int64).reshape(-1)
     if ends.size == 0:
-        raise ValueError("cycle_ends must list at least one stored epoch number")
+        raise ForgetkitError("cycle_ends must list at least one stored epoch number")
     return run.mean_probs(run.epoch_positions(ends))
 
 
@@ -68,7 +69,7 @@ def multi_run(runs):
     """Mean final-epoch probabilities of independently trained runs on the same samples."""
     runs = list(runs)
     if not runs:
-        raise ValueError("multi_run needs at least one run")
+        raise ForgetkitError("multi_run needs at least one run")
     check_same_samples(runs)
     total = single(runs[0])
     for r in runs[1:]:
@@ -81,12 +82,12 @@ def average_runs(runs):
     the same samples and epochs under different augmentations. Fit KF on it as on any run."""
     runs = list(runs)
     if not runs:
-        raise ValueError("average_runs needs at least one run")
+        raise ForgetkitError("average_runs needs at least one run")
     check_same_samples(runs)
     first = runs[0]
     for r in runs[1:]:
         if not np.array_equal(r.epochs, first.epochs):
-            raise ValueError("runs to average must hold the same epochs")
+            raise ForgetkitError("runs to average must hold the same epochs")
     out = np.empty(first.shape, dtype=np.float64)
     for e in range(first.n_epochs):
         out[e] = first.probs(e)
@@ -102,10 +103,10 @@ def check_same_samples(runs):
     first = runs[0]
     for i, r in enumerate(runs[1:], 1):
         if r.n_samples != first.n_samples or r.n_classes != first.n_classes:
-            raise ValueError(f"run {i} has shape {r.shape[1:]} (samples, classes); run 0 has "
+            raise ForgetkitError(f"run {i} has shape {r.shape[1:]} (samples, classes); run 0 has "
                              f"{first.shape[1:]}")
         if not np.array_equal(r.labels, first.labels):
-            raise ValueError(f"run {i} has other labels than run 0: not the same samples")
+            raise ForgetkitError(f"run {i} has other labels than run 0: not the same samples")
 
 
 class CheckpointAverage(Fuser):
@@ -119,6 +120,7 @@ class CheckpointAverage(Fuser):
 
     def fit(self, run, labels=None):
         run = as_run(run, labels)
+        check_validation_run(run)
         self._fit_shape(run, fixed_epochs(run.n_epochs, self.select, self.max_checkpoints))
         return self
 
