@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..run import Run
+from ..errors import CorruptFileError, ForgetkitError
+from .record import make_run
 
 _CARTO_FILE = re.compile(r"dynamics_epoch_(\d+)\.jsonl$")
 
@@ -23,32 +24,52 @@ def load_cartography(folder, *, labels=None, kind=None):
     files = sorted(((int(m.group(1)), p) for p in folder.iterdir()
                     if (m := _CARTO_FILE.search(p.name))), key=lambda t: t[0])
     if not files:
-        raise ValueError(f"{str(folder)!r} holds no dynamics_epoch_*.jsonl files")
+        raise ForgetkitError(f"{str(folder)!r} holds no dynamics_epoch_*.jsonl files")
     guids, gold, epochs, outputs = None, None, [], []
     for epoch, file in files:
-        rows = {}
-        with open(file) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    rows[rec["guid"]] = (rec[f"logits_epoch_{epoch}"], rec["gold"])
-                except (json.JSONDecodeError, KeyError) as err:
-                    raise ValueError(f"{file.name} line {lineno}: not a training-dynamics "
-                                     f"record with guid, logits_epoch_{epoch}, gold ({err})"
-                                     ) from None
+        rows = _read_dynamics(file, epoch)
         if guids is None:
             guids = list(rows)
-            gold = np.array([rows[g][1] for g in guids], dtype=np.int64)
+            gold = [rows[g][1] for g in guids]
         elif set(rows) != set(guids):
-            raise ValueError(f"{file.name} holds other guids than the first epoch's file")
-        outputs.append(np.array([rows[g][0] for g in guids], dtype=np.float32))
+            raise ForgetkitError(f"{file.name} holds other guids than the first epoch's file")
+        try:
+            outputs.append(np.array([rows[g][0] for g in guids], dtype=np.float32))
+        except (ValueError, TypeError):
+            raise CorruptFileError(f"{str(file)!r}: the logits must be lists of numbers of one "
+                                   "length") from None
         epochs.append(epoch)
     try:
         stacked = np.stack(outputs)
     except ValueError:
-        raise ValueError("epochs of the cartography folder have different class counts") from None
-    return Run(stacked, gold if labels is None else labels, kind=kind or "logits",
-               epochs=epochs, sample_ids=np.array(guids),
-               meta={"source": "dataset-cartography", "folder": str(folder)})
+        raise ForgetkitError(
+            "epochs of the cartography folder have different class counts") from None
+    record = {"labels": gold, "epochs": epochs, "sample_ids": guids,
+              "meta": {"source": "dataset-cartography", "folder": str(folder)}}
+    return make_run(stacked, record, labels, kind, source=folder)
+
+
+def _read_dynamics(file, epoch):
+    """{guid: (logits, gold)} of one ``dynamics_epoch_*.jsonl`` file, each record checked."""
+    rows = {}
+    key = f"logits_epoch_{epoch}"
+    with open(file, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                guid, logits, gold = rec["guid"], rec[key], rec["gold"]
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError,
+                    TypeError) as err:
+                raise CorruptFileError(
+                    f"{str(file)!r} line {lineno}: not a training-dynamics record with guid, "
+                    f"{key}, gold ({type(err).__name__}: {err})") from None
+            if not isinstance(guid, (str, int)) or isinstance(guid, bool) \
+                    or not isinstance(logits, list) \
+                    or not isinstance(gold, int) or isinstance(gold, bool):
+                raise CorruptFileError(
+                    f"{str(file)!r} line {lineno}: guid must be a string or integer, {key} a "
+                    f"list of numbers and gold an integer; got {line[:80]!r}")
+            rows[guid] = (logits, gold)
+    return rows

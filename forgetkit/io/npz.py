@@ -4,19 +4,59 @@
 from __future__ import annotations
 
 import json
+import zipfile
 
 import numpy as np
 
+from ..errors import CorruptFileError, ForgetkitError
 from .record import corrupt, make_run
+
+#: The first bytes of a zip archive (an NPZ file), with members or empty.
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def _check_members(path):
+    """Refuse an archive whose .npy members claim more (or less) data than they hold, before
+    numpy allocates arrays of the claimed shapes."""
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(f)
+                claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                held = info.file_size - f.tell()
+            if claimed != held:
+                raise CorruptFileError(
+                    f"cannot read {str(path)!r}: the array {info.filename!r} claims shape "
+                    f"{shape} of {dtype} ({claimed} bytes) but holds {held} bytes")
+
+
+def _int_array(value, name, path):
+    """A stored array of integers as a list of int, or CorruptFileError naming it."""
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise CorruptFileError(f"{str(path)!r}: {name!r} must be a 1-D array of integers; got "
+                               f"shape {arr.shape} of {arr.dtype}")
+    return arr.tolist()
 
 
 def load_npz(path, *, labels=None, kind=None):
+    with open(path, "rb") as f:
+        head = f.read(len(ZIP_MAGIC[0]))
+    if head not in ZIP_MAGIC:
+        raise CorruptFileError(f"{str(path)!r} is not an NPZ file (a zip archive of .npy "
+                               f"arrays): it starts with {head!r}")
     try:
+        _check_members(path)
         with np.load(path, allow_pickle=False) as z:
             files = set(z.files)
             key = "logits" if "logits" in files else "probs" if "probs" in files else None
             if key is None:
-                raise ValueError(
+                raise ForgetkitError(
                     f"{str(path)!r} holds neither 'logits' nor 'probs'; keys: {sorted(files)}"
                 )
             outputs = z[key]
@@ -30,21 +70,28 @@ def load_npz(path, *, labels=None, kind=None):
                 text = str(z["meta"])
                 try:
                     record["meta"] = json.loads(text) if text else {}
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):
                     record["meta"] = {"text": text}
-    except ValueError:
+    except ForgetkitError:
         raise
     except Exception as err:
         raise corrupt(path, err) from None
     if record.get("class_names") is not None:
-        record["class_names"] = [str(c) for c in record["class_names"]]
+        names = np.asarray(record["class_names"])
+        if names.ndim != 1:
+            raise CorruptFileError(f"{str(path)!r}: 'class_names' must be a 1-D array; got "
+                                   f"shape {names.shape}")
+        record["class_names"] = [str(c) for c in names]
     if record.get("epochs") is not None:
-        record["epochs"] = list(record["epochs"])
-    return make_run(outputs, record, labels, kind)
+        record["epochs"] = _int_array(record["epochs"], "epochs", path)
+    return make_run(outputs, record, labels, kind, source=path)
 
 
 def write_npz(path, run, *, compress=True):
     """Write ``run`` to the file ``path`` (already a temporary path) as NPZ."""
+    if run.checked_per_read:  # check every epoch before writing (a streamed run)
+        for e in range(run.n_epochs):
+            run.epoch_values(e)
     arrays = {run.kind: np.asarray(run.outputs), "labels": run.labels,
               "epochs": run.epochs, "meta": np.array(json.dumps(run.meta))}
     if run.sample_ids is not None:

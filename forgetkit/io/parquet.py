@@ -14,11 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..run import LazyOutputs
-from .atomic import atomic_write, remove, write_json_atomic
-from .record import corrupt, make_run
+from .atomic import atomic_write, fsync_path, remove, write_json_atomic
+from .record import check_record, corrupt, make_run, parse_record, read_record
 
 PARQUET_KEY = b"forgetkit"
+COLUMNS = ("epoch", "sample", "outputs")
 #: An unfinished `RunWriter` stages its epochs in ``<path>.partial/``.
 PARTIAL_SUFFIX = ".partial"
 LAYOUTS = ("list", "binary")
@@ -77,8 +79,8 @@ def _column_to_numpy(column, n_classes, dtype, where):
     if pa.types.is_fixed_size_binary(typ):
         width = typ.byte_width
         if width != n_classes * np.dtype(dtype).itemsize:
-            raise ValueError(f"{where} has {width // np.dtype(dtype).itemsize} classes; "
-                             f"expected {n_classes}")
+            raise ForgetkitError(f"{where} has {width // np.dtype(dtype).itemsize} classes; "
+                                 f"expected {n_classes}")
         buf = arr.buffers()[1]
         flat = np.frombuffer(buf, dtype=np.dtype(dtype).newbyteorder("<"),
                              count=len(arr) * n_classes, offset=arr.offset * width)
@@ -87,22 +89,25 @@ def _column_to_numpy(column, n_classes, dtype, where):
         if pa.types.is_fixed_size_list(typ):
             size = typ.list_size
             if size != n_classes:
-                raise ValueError(f"{where} has {size} classes; expected {n_classes}")
+                raise ForgetkitError(f"{where} has {size} classes; expected {n_classes}")
         else:
             lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
             if len(lengths) and (lengths != n_classes).any():
                 bad = int(lengths[lengths != n_classes][0])
-                raise ValueError(f"{where} has rows of {bad} classes; expected {n_classes}")
+                raise ForgetkitError(f"{where} has rows of {bad} classes; expected {n_classes}")
         if arr.null_count:
-            raise ValueError(f"{where} has missing (null) outputs")
+            raise ForgetkitError(f"{where} has missing (null) outputs")
         child = arr.flatten()
         if child.null_count:
-            raise ValueError(f"{where} has missing (null) values")
+            raise ForgetkitError(f"{where} has missing (null) values")
+        if not pa.types.is_floating(child.type):
+            raise CorruptFileError(f"{where}: outputs must be floats; got {child.type}")
         child_dtype = np.dtype(child.type.to_pandas_dtype())
         flat = np.frombuffer(child.buffers()[1], dtype=child_dtype, count=len(child),
                              offset=child.offset * child_dtype.itemsize)  # zero-copy
         return flat.reshape(len(arr), n_classes)
-    raise TypeError(f"{where}: column 'outputs' must be a list or fixed-size binary; got {typ}")
+    raise CorruptFileError(
+        f"{where}: column 'outputs' must be a list or fixed-size binary; got {typ}")
 
 
 class _ParquetSource:
@@ -125,30 +130,103 @@ class _ParquetSource:
         except Exception as err:
             raise corrupt(pf.path, err) from None
         if table.num_rows != self.n_samples:
-            raise ValueError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
+            raise ForgetkitError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
         values = _column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)
-        sample = table.column("sample").to_numpy()
+        sample = _int_column(table, "sample", where)
         if not np.array_equal(sample, np.arange(self.n_samples)):
             order = np.argsort(sample, kind="stable")
             if not np.array_equal(sample[order], np.arange(self.n_samples)):
-                raise ValueError(f"{where}: column 'sample' is not a permutation of 0..N-1")
+                raise ForgetkitError(f"{where}: column 'sample' is not a permutation of 0..N-1")
             values = values[order]
         return values.astype(self.dtype, copy=False)
 
 
+def _int_column(table, name, where):
+    """Column ``name`` of ``table`` as int64, refusing nulls."""
+    column = table.column(name)
+    if column.null_count:
+        raise CorruptFileError(f"{where}: column {name!r} has missing (null) values")
+    return column.to_numpy().astype(np.int64, copy=False)
+
+
 class _OpenParquet:
+    """An open Parquet file of a run, its columns checked."""
+
     def __init__(self, path):
         self.path = str(path)
         try:
             self.file = pq.ParquetFile(path)
+            schema = self.file.schema_arrow
         except Exception as err:
             raise corrupt(path, err) from None
+        missing = [c for c in COLUMNS if c not in schema.names]
+        if missing:
+            raise CorruptFileError(f"{self.path!r} has no column {missing[0]!r}: a Parquet run "
+                                   f"needs the columns {', '.join(COLUMNS)}")
+        for name in ("epoch", "sample"):
+            if not pa.types.is_integer(schema.field(name).type):
+                raise CorruptFileError(f"{self.path!r}: column {name!r} must hold integers; "
+                                       f"got {schema.field(name).type}")
+        self.outputs_type = schema.field("outputs").type
 
     def record(self):
+        """The forgetkit metadata record stored in the schema ({} if none), type-checked."""
         md = self.file.schema_arrow.metadata or {}
-        if PARQUET_KEY in md:
-            return json.loads(md[PARQUET_KEY])
-        return {}
+        if PARQUET_KEY not in md:
+            return {}
+        where = f"the forgetkit metadata of {self.path!r}"
+        return check_record(parse_record(md[PARQUET_KEY], where), where)
+
+    def row_group_epoch(self, rg):
+        """The epoch number of row group ``rg`` (all its rows must hold the same one)."""
+        try:
+            table = self.file.read_row_group(rg, columns=["epoch"])
+        except Exception as err:
+            raise corrupt(self.path, err) from None
+        col = _int_column(table, "epoch", f"row group {rg} of {self.path!r}")
+        if len(col) == 0 or (col != col[0]).any():
+            raise CorruptFileError(f"row group {rg} of {self.path!r} mixes epochs; "
+                                   "expected one row group per epoch")
+        return int(col[0])
+
+    def check_claims(self, record):
+        """Refuse a record whose sizes disagree with this file, before anything is allocated
+        from them: rows per row group (n_samples), width of ``outputs`` (n_classes, dtype)."""
+        n_samples, n_classes = record["n_samples"], record["n_classes"]
+        dtype = np.dtype(record["dtype"])
+        typ, where = self.outputs_type, f"{self.path!r}"
+        claim = f"its metadata says n_classes={n_classes} of {dtype}"
+        if pa.types.is_fixed_size_binary(typ):
+            if typ.byte_width != n_classes * dtype.itemsize:
+                raise CorruptFileError(f"{where}: {claim}, but column 'outputs' holds "
+                                       f"{typ.byte_width} bytes per row")
+        elif pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) \
+                or pa.types.is_large_list(typ):
+            if not pa.types.is_floating(typ.value_type):
+                raise CorruptFileError(f"{where}: column 'outputs' must hold floats; got {typ}")
+            size = typ.list_size if pa.types.is_fixed_size_list(typ) else self._first_row_size()
+            if size is not None and size != n_classes:
+                raise CorruptFileError(f"{where}: {claim}, but column 'outputs' holds "
+                                       f"{size} values per row")
+        else:
+            raise CorruptFileError(f"{where}: column 'outputs' must be a list or fixed-size "
+                                   f"binary; got {typ}")
+        md = self.file.metadata
+        for rg in range(md.num_row_groups):
+            rows = md.row_group(rg).num_rows
+            if rows != n_samples:
+                raise CorruptFileError(f"{where}: its metadata says n_samples={n_samples}, but "
+                                       f"row group {rg} holds {rows} rows")
+
+    def _first_row_size(self):
+        """Values in the first row of a variable-length ``outputs`` column (None if empty)."""
+        if self.file.metadata.num_row_groups == 0:
+            return None
+        try:
+            first = self.file.read_row_group(0, columns=["outputs"]).column("outputs")
+        except Exception as err:
+            raise corrupt(self.path, err) from None
+        return None if len(first) == 0 or not first[0].is_valid else len(first[0])
 
 
 def open_parquet_run(path, staging):
@@ -157,49 +235,57 @@ def open_parquet_run(path, staging):
     path = Path(path)
     if path.exists():
         pf = _OpenParquet(path)
-        record = pf.record()
-        md = pf.file.metadata
-        epochs = []
-        for rg in range(md.num_row_groups):
-            col = pf.file.read_row_group(rg, columns=["epoch"]).column("epoch").to_numpy()
-            if len(col) == 0 or (col != col[0]).any():
-                raise ValueError(f"row group {rg} of {str(path)!r} mixes epochs; "
-                                 "expected one row group per epoch")
-            epochs.append(int(col[0]))
-            parts.append((pf, rg))
-        if not record:
-            record = _infer_parquet_record(pf, epochs)
-        record["epochs"] = epochs
-        base_epochs = list(epochs)
+        base_epochs = [pf.row_group_epoch(rg) for rg in range(pf.file.metadata.num_row_groups)]
+        parts = [(pf, rg) for rg in range(len(base_epochs))]
+        record = {**_infer_parquet_record(pf), **pf.record(), "epochs": list(base_epochs)}
+        _require_sizes(record, f"the forgetkit metadata of {str(path)!r}")
+        pf.check_claims(record)
     if staging.is_dir() and (staging / "run.json").exists():
-        staged = json.loads((staging / "run.json").read_text())
+        staged = read_record(staging / "run.json", "staging record")
+        _require_sizes(staged, f"the staging record {str(staging / 'run.json')!r}")
         if record is None:
             record = dict(staged, epochs=[])
         for e in staged["epochs"]:
             if e in base_epochs:
                 continue
-            f = staging / f"epoch-{int(e):09d}.parquet"
+            f = staging / f"epoch-{e:09d}.parquet"
             if not f.exists():
                 break
-            parts.append((_OpenParquet(f), 0))
-            record["epochs"].append(int(e))
+            staged_file = _OpenParquet(f)
+            staged_file.check_claims(record)
+            parts.append((staged_file, 0))
+            record["epochs"].append(e)
     if record is None:
-        raise FileNotFoundError(f"no such run: {str(path)!r}")
+        raise MissingFileError(f"no such run: {str(path)!r}")
     if np.any(np.diff(record["epochs"]) <= 0):
-        raise ValueError(f"epochs of {str(path)!r} are not strictly increasing: "
-                         f"{record['epochs']}")
+        raise CorruptFileError(f"epochs of {str(path)!r} are not strictly increasing: "
+                               f"{record['epochs']}")
     return _ParquetSource(record, parts, base_epochs)
 
 
-def _infer_parquet_record(pf, epochs):
-    """Record for a Parquet run written by another tool (labels must then be given)."""
-    typ = pf.file.schema_arrow.field("outputs").type
-    first = pf.file.read_row_group(0, columns=["outputs"]).column("outputs").combine_chunks()
+def _require_sizes(record, where):
+    for name in ("n_samples", "n_classes", "dtype", "epochs"):
+        if record.get(name) is None:
+            raise CorruptFileError(f"{where} lacks the field {name!r}")
+
+
+def _infer_parquet_record(pf):
+    """The sizes of a Parquet run written by another tool (labels must then be given),
+    overridden by any forgetkit metadata it holds."""
+    typ = pf.outputs_type
     if pa.types.is_fixed_size_binary(typ):
-        raise ValueError(f"{pf.path!r}: binary outputs need the forgetkit metadata (dtype)")
-    n_classes = typ.list_size if pa.types.is_fixed_size_list(typ) else len(first[0])
-    return {"kind": "logits", "n_samples": len(first), "n_classes": n_classes,
-            "dtype": np.dtype(typ.value_type.to_pandas_dtype()).name}
+        return {"kind": "logits"}  # the forgetkit metadata must tell the dtype and sizes
+    if not hasattr(typ, "value_type") or not pa.types.is_floating(typ.value_type):
+        raise CorruptFileError(f"{pf.path!r}: column 'outputs' must be a list of floats or "
+                               f"fixed-size binary; got {typ}")
+    md = pf.file.metadata
+    n_classes = typ.list_size if pa.types.is_fixed_size_list(typ) else pf._first_row_size()
+    record = {"kind": "logits", "dtype": np.dtype(typ.value_type.to_pandas_dtype()).name}
+    if md.num_row_groups:
+        record["n_samples"] = md.row_group(0).num_rows
+    if n_classes is not None:
+        record["n_classes"] = n_classes
+    return record
 
 
 class ParquetOutputs(LazyOutputs):
@@ -218,8 +304,8 @@ class ParquetOutputs(LazyOutputs):
 def load_parquet(path, *, labels=None, kind=None):
     source = open_parquet_run(path, staging_path(path))
     if not source.epochs:
-        raise ValueError(f"{str(path)!r} is an empty run: no completed epoch")
-    return make_run(ParquetOutputs(source), source.record, labels, kind)
+        raise ForgetkitError(f"{str(path)!r} is an empty run: no completed epoch")
+    return make_run(ParquetOutputs(source), source.record, labels, kind, source=path)
 
 
 class ParquetAppender:
@@ -227,8 +313,9 @@ class ParquetAppender:
     ``<path>.partial/`` (with the run's record in ``run.json``) until `close` merges the
     staged epochs and those of an existing file into ``path``."""
 
-    def __init__(self, path, dtype, n_classes, layout):
+    def __init__(self, path, dtype, n_classes, layout, *, durable=True):
         self.path, self.dtype, self.n_classes, self.layout = path, dtype, n_classes, layout
+        self.durable = durable
         self.staging = staging_path(path)
         self.base_epochs = []  # epochs of an existing closed file
 
@@ -238,29 +325,32 @@ class ParquetAppender:
         return base.record, list(base.epochs)
 
     def open(self, record, resume):
-        self.staging.mkdir(exist_ok=True)
-        write_json_atomic(self.staging / "run.json", record)
+        if not self.staging.is_dir():
+            self.staging.mkdir()
+            if self.durable:
+                fsync_path(self.staging.parent)
+        write_json_atomic(self.staging / "run.json", record, durable=self.durable)
 
     def _epoch_file(self, epoch):
         return self.staging / f"epoch-{epoch:09d}.parquet"
 
     def append(self, values, position, record):
         epoch = record["epochs"][position]
-        with atomic_write(self._epoch_file(epoch)) as tmp:
+        with atomic_write(self._epoch_file(epoch), durable=self.durable) as tmp:
             pq.write_table(epoch_table(epoch, values, self.layout), tmp, **PARQUET_WRITE_OPTIONS)
-        write_json_atomic(self.staging / "run.json", record)
+        write_json_atomic(self.staging / "run.json", record, durable=self.durable)
 
     def truncate(self, keep, record, dropped):
         if any(e in self.base_epochs for e in dropped):
-            raise ValueError("replace=True cannot drop epochs of a closed Parquet run; "
-                             "convert it to .npy or rewrite it with mode='w'")
+            raise ForgetkitError("replace=True cannot drop epochs of a closed Parquet run; "
+                                 "convert it to .npy or rewrite it with mode='w'")
         for e in dropped:
             self._epoch_file(e).unlink(missing_ok=True)
-        write_json_atomic(self.staging / "run.json", record)
+        write_json_atomic(self.staging / "run.json", record, durable=self.durable)
 
     def close(self, record):
         source = open_parquet_run(self.path, self.staging)
-        with atomic_write(self.path) as tmp:
+        with atomic_write(self.path, durable=self.durable) as tmp:
             epochs = ((e, source.read_epoch(i)) for i, e in enumerate(source.epochs))
             write_parquet(tmp, epochs, self.n_classes, self.dtype, self.layout, record)
         remove(self.staging)

@@ -4,14 +4,21 @@ pieces every loader shares."""
 from __future__ import annotations
 
 import glob
+import json
 from pathlib import Path
 
 import numpy as np
 
+from .._validation import KINDS
+from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..run import Run
 
 SIDECAR_SUFFIX = ".forgetkit.json"
 FORMATS = ("npz", "npy", "parquet", "cartography")
+FLOAT_NAMES = ("float16", "float32", "float64")
+#: A metadata record is labels and ids, a few bytes per sample; more than this is not one.
+MAX_RECORD_BYTES = 1 << 30
+INT64_LIMIT = 1 << 63
 
 
 def format_of(path):
@@ -22,7 +29,7 @@ def format_of(path):
     suffix = path.suffix.lower()
     if suffix in (".npz", ".npy", ".parquet"):
         return suffix[1:]
-    raise ValueError(
+    raise ForgetkitError(
         f"cannot tell the format of {str(path)!r}: expected a .npz, .npy or .parquet file "
         "or a Dataset Cartography folder (dynamics_epoch_*.jsonl)"
     )
@@ -68,7 +75,70 @@ def sidecar_path(path):
 
 def corrupt(path, err):
     """The error for a file that cannot be decoded."""
-    return ValueError(f"cannot read {str(path)!r}: the file is truncated or corrupt ({err})")
+    return CorruptFileError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
+                            f"({err})")
+
+
+def _is_int(value):
+    """An int (not a bool) that fits int64."""
+    return isinstance(value, int) and not isinstance(value, bool) and \
+        -INT64_LIMIT <= value < INT64_LIMIT
+
+
+def _is_int_list(value):
+    return isinstance(value, list) and all(_is_int(x) for x in value)
+
+
+def _check_field(record, name, ok, expected, where):
+    if name in record and record[name] is not None and not ok(record[name]):
+        shown = repr(record[name])
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise CorruptFileError(f"{where}: field {name!r} must be {expected}; got {shown}")
+
+
+def check_record(record, where):
+    """Check the types of a run's metadata record (as `run_record` writes it, or a subset of
+    it); ``where`` names the file in messages. Returns the record."""
+    if not isinstance(record, dict):
+        raise CorruptFileError(f"{where} must hold a JSON object; got {type(record).__name__}")
+    for name, ok, expected in (
+        ("kind", lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
+        ("dtype", lambda v: v in FLOAT_NAMES, f"one of {', '.join(FLOAT_NAMES)}"),
+        ("n_samples", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+        ("n_classes", lambda v: _is_int(v) and v >= 2, "an integer >= 2"),
+        ("epochs", _is_int_list, "a list of integers"),
+        ("labels", _is_int_list, "a list of integers"),
+        ("sample_ids", lambda v: isinstance(v, list) and all(
+            isinstance(x, (str, int, float)) for x in v), "a list of ids (strings or numbers)"),
+        ("class_names", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+         "a list of strings"),
+        ("meta", lambda v: isinstance(v, dict), "a JSON object"),
+    ):
+        _check_field(record, name, ok, expected, where)
+    return record
+
+
+def read_record(path, what="metadata file"):
+    """The metadata record in the JSON file ``path``, checked (`check_record`)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise CorruptFileError(f"the {what} {str(path)!r} is larger than "
+                                   f"{MAX_RECORD_BYTES} bytes: not a forgetkit record")
+        return check_record(parse_record(path.read_bytes(), f"the {what} {str(path)!r}"),
+                            f"the {what} {str(path)!r}")
+    except FileNotFoundError:
+        raise MissingFileError(f"no such {what}: {str(path)!r}") from None
+
+
+def parse_record(data, where):
+    """JSON bytes or text as a Python value; CorruptFileError naming ``where`` if they are not
+    UTF-8 JSON."""
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        detail = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise CorruptFileError(f"{where} is not valid JSON ({detail})") from None
 
 
 def load_labels_file(path):
@@ -79,29 +149,38 @@ def load_labels_file(path):
             return np.load(path, allow_pickle=False)
         return np.loadtxt(path, dtype=np.int64, ndmin=1)
     except FileNotFoundError:
-        raise FileNotFoundError(f"no such labels file: {str(path)!r}") from None
+        raise MissingFileError(f"no such labels file: {str(path)!r}") from None
     except Exception as err:
-        raise ValueError(f"cannot read labels from {str(path)!r}: {err}") from None
+        raise ForgetkitError(f"cannot read labels from {str(path)!r}: {err}") from None
 
 
-def make_run(outputs, record, labels, kind):
-    """A Run of loaded outputs and their metadata record; ``labels``/``kind`` override."""
+def make_run(outputs, record, labels, kind, *, source):
+    """A Run of loaded outputs and their metadata record; ``labels``/``kind`` override.
+    ``source`` is the file the run comes from: it becomes ``run.source`` and errors name it.
+    """
     if labels is None:
         labels = record.get("labels")
     if labels is None:
-        raise ValueError("this run stores no labels: pass labels= (an array or a .npy file)")
+        raise ForgetkitError(f"{str(source)!r} stores no labels: pass labels= (an array or a "
+                             ".npy file; --labels on the command line)")
     n_epochs = outputs.shape[0] if outputs.ndim == 3 else None
     epochs = record.get("epochs")
     if epochs is not None and n_epochs is not None:
         epochs = np.asarray(epochs[:n_epochs], dtype=np.int64)
         if len(epochs) != n_epochs:
             epochs = None if len(epochs) == 0 else epochs
-    return Run(
-        outputs,
-        labels,
-        kind=kind or record.get("kind", "logits"),
-        epochs=epochs,
-        sample_ids=record.get("sample_ids"),
-        class_names=record.get("class_names"),
-        meta=record.get("meta"),
-    )
+    try:
+        return Run(
+            outputs,
+            labels,
+            kind=kind or record.get("kind", "logits"),
+            epochs=epochs,
+            sample_ids=record.get("sample_ids"),
+            class_names=record.get("class_names"),
+            meta=record.get("meta"),
+            source=source,
+        )
+    except ForgetkitError as err:
+        if str(source) in str(err):
+            raise
+        raise type(err)(f"{str(source)!r}: {err}") from None

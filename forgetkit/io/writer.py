@@ -16,7 +16,9 @@ from .._validation import (
     check_option,
     check_sample_ids,
 )
-from .atomic import remove
+from ..errors import ForgetkitError, InputTypeError, RunExistsError
+from .atomic import remove, remove_stale_temps
+from .lock import RunLock
 from .npy import NpyAppender
 from .parquet import LAYOUTS, ParquetAppender, staging_path
 from .record import format_of, run_record, sidecar_path
@@ -37,15 +39,23 @@ class RunWriter:
         "a" (default) appends to an existing run at ``path`` (a resumed training) or starts a
         new one; "w" starts over; "x" refuses an existing run.
     layout : {"list", "binary"}, Parquet only.
+    durable : bool, default True
+        Flush every epoch to disk (fsync) before `append` returns, so that it survives a
+        crash or a power loss; False leaves that to the operating system (an epoch may be
+        lost on power failure, never corrupted).
 
     Every `append` leaves a loadable run: the NPY header is updated only after the epoch's
     data is written, and Parquet epochs are staged as one atomic file each in
     ``<path>.partial/`` until `close` merges them into ``path``.
+
+    A writer holds the run's lock (``<path>.lock``) from construction to `close`/`abort`:
+    a second writer on the same path, in this process or another, gets RunLockedError
+    naming the holder and touches nothing.
     """
 
     def __init__(self, path, n_samples, n_classes, *, labels, kind="logits",
                  dtype="float16", sample_ids=None, class_names=None, meta=None,
-                 mode="a", format=None, layout="list"):
+                 mode="a", format=None, layout="list", durable=True):
         self.path = Path(path)
         self.format = format or format_of(self.path)
         check_option("format", self.format, ("npy", "parquet"))
@@ -53,7 +63,7 @@ class RunWriter:
         self.layout = check_option("layout", layout, LAYOUTS)
         self.dtype = np.dtype(dtype)
         if self.dtype.type not in FLOAT_DTYPES:
-            raise TypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
+            raise InputTypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
         self.n_samples = check_int("n_samples", n_samples, minimum=1)
         self.n_classes = check_int("n_classes", n_classes, minimum=2)
         self.kind = check_option("kind", kind, KINDS)
@@ -64,13 +74,25 @@ class RunWriter:
         self.epochs = []
         self._closed = False
         if self.format == "npy":
-            self._store = NpyAppender(self.path, self.dtype, self.n_samples, self.n_classes)
+            self._store = NpyAppender(self.path, self.dtype, self.n_samples, self.n_classes,
+                                      durable=bool(durable))
         else:
-            self._store = ParquetAppender(self.path, self.dtype, self.n_classes, self.layout)
+            self._store = ParquetAppender(self.path, self.dtype, self.n_classes, self.layout,
+                                          durable=bool(durable))
+        self._lock = RunLock(self.path)  # before anything on disk is read or touched
+        try:
+            self._open(mode)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self, mode):
+        for written in (self.path, sidecar_path(self.path)):
+            remove_stale_temps(written)  # left by killed writes
         staging = staging_path(self.path)
         exists = self.path.exists() or staging.exists()
         if exists and mode == "x":
-            raise FileExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
+            raise RunExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
         if exists and mode == "w":
             for p in (self.path, staging, sidecar_path(self.path)):
                 remove(p)
@@ -93,23 +115,23 @@ class RunWriter:
         Non-finite outputs are refused with the epoch number; earlier epochs stay intact.
         """
         if self._closed:
-            raise ValueError("this RunWriter is closed")
+            raise ForgetkitError("this RunWriter is closed")
         epoch = int(epoch)
         values = np.asarray(outputs)
         if values.shape != (self.n_samples, self.n_classes):
-            raise ValueError(
+            raise ForgetkitError(
                 f"outputs of epoch {epoch} must have shape ({self.n_samples}, "
                 f"{self.n_classes}) (samples, classes); got shape {values.shape}"
             )
         with np.errstate(over="ignore"):  # overflow to inf is reported just below
             values = values.astype(self.dtype, copy=False)
         if not np.all(np.isfinite(values)):
-            raise ValueError(
+            raise ForgetkitError(
                 f"outputs of epoch {epoch} contain NaN or inf (in {self.dtype}); not stored"
             )
         if self.epochs and epoch <= self.epochs[-1]:
             if not replace:
-                raise ValueError(
+                raise ForgetkitError(
                     f"epoch {epoch} is not after the last stored epoch {self.epochs[-1]}; "
                     "pass replace=True to drop it and the later epochs"
                 )
@@ -123,19 +145,27 @@ class RunWriter:
             raise
 
     def close(self):
-        """Finish the run (Parquet: merge the staged epochs into ``path``)."""
+        """Finish the run (Parquet: merge the staged epochs into ``path``) and release the
+        lock."""
         if self._closed:
             return
-        if self.format == "npy":
-            self._store.close()
-        else:
-            self._store.close(self._record())
-        self._closed = True
+        try:
+            if self.format == "npy":
+                self._store.close()
+            else:
+                self._store.close(self._record())
+        finally:
+            self._closed = True
+            self._lock.release()
 
     def abort(self):
-        """Close without merging (used on errors); completed epochs stay on disk."""
+        """Close without merging (used on errors) and release the lock; completed epochs
+        stay on disk."""
         if not self._closed:
-            self._store.abort()
+            try:
+                self._store.abort()
+            finally:
+                self._lock.release()
         self._closed = True
 
     def __enter__(self):
@@ -153,7 +183,7 @@ class RunWriter:
                             ("kind", self.kind)):
             theirs = record.get(field)
             if theirs != mine:
-                raise ValueError(
+                raise ForgetkitError(
                     f"the existing run at {str(self.path)!r} has {field}={theirs}; this writer "
                     f"has {field}={mine} (use mode='w' to start over, or another path)"
                 )

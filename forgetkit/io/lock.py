@@ -1,0 +1,102 @@
+"""One writer per run: an exclusive advisory lock on ``<path>.lock`` held while writing.
+
+The lock is ``flock`` on the lock file, which records its holder (pid, host, start time)
+for the message a second writer gets. The kernel drops the lock of a process that dies, so
+the lock file a killed writer left behind is simply taken over by the next writer. Readers
+(`forgetkit.load`) take no lock: a run being written loads as its completed epochs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from ..errors import RunLockedError
+from .atomic import HOST, naming
+
+LOCK_SUFFIX = ".lock"
+#: The holder record is a short JSON object; more than this is not one of ours.
+_HOLDER_BYTES = 4096
+
+
+def lock_path(path):
+    """The lock file of the run at ``path``: ``<path>.lock``."""
+    return Path(str(path) + LOCK_SUFFIX)
+
+
+def _holder_text(fd):
+    """Who holds the lock, as recorded in the lock file, in words."""
+    try:
+        holder = json.loads(os.pread(fd, _HOLDER_BYTES, 0))
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder["since"])))
+        return f"process {int(holder['pid'])} on {holder['host']}, since {since}"
+    except (ValueError, TypeError, KeyError, OSError):
+        return "a process that has not recorded itself yet"
+
+
+class RunLock:
+    """The exclusive lock of the run at ``path``, taken at construction, held until
+    `release` (or until the object is garbage collected, or the process ends).
+
+    Raises RunLockedError naming the holder when another writer (of this or another
+    process) holds it.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.file = lock_path(self.path)
+        self._handle = self._acquire()
+
+    def _acquire(self):
+        while True:
+            try:
+                fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError as err:  # e.g. a folder the user cannot write to: name the run
+                raise naming(err, self.path) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder_text(fd)
+                os.close(fd)
+                raise RunLockedError(
+                    f"{str(self.path)!r} is being written by another writer ({holder}; lock "
+                    f"file {str(self.file)!r}): one writer per run at a time. Wait for it to "
+                    "close, or write to another path (under torch.distributed, record on one "
+                    "rank only)") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            # the holder before us may have released (removed the file) between our open
+            # and flock: then the lock we hold is on a removed file, so take the new one
+            try:
+                current = os.path.samestat(os.fstat(fd), os.stat(self.file))
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            os.close(fd)
+        handle = os.fdopen(fd, "r+b")  # closes (and so unlocks) when garbage collected
+        handle.truncate(0)
+        handle.write(json.dumps({"pid": os.getpid(), "host": HOST,
+                                 "since": time.time()}).encode())
+        handle.flush()
+        return handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+    def release(self):
+        """Remove the lock file and unlock (a no-op if already released)."""
+        if self._handle is None:
+            return
+        # removed while still locked: a writer that opened it meanwhile sees it is not the
+        # current lock file and retries on a new one
+        self.file.unlink(missing_ok=True)
+        self._handle.close()
+        self._handle = None
