@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import check_int, check_option
-from ..errors import ForgetkitError
+from ..errors import ForgetkitError, PlanError
 from .base import Fuser, as_run, check_validation_run
+from .schema import check_checkpoints, check_weights_present
 
 FIXED = ("single", "horizontal", "fixed_jumps", "uniform")
 
@@ -104,7 +105,7 @@ def check_same_samples(runs):
     for i, r in enumerate(runs[1:], 1):
         if r.n_samples != first.n_samples or r.n_classes != first.n_classes:
             raise ForgetkitError(f"run {i} has shape {r.shape[1:]} (samples, classes); run 0 has "
-                             f"{first.shape[1:]}")
+                                 f"{first.shape[1:]}")
         if not np.array_equal(r.labels, first.labels):
             raise ForgetkitError(f"run {i} has other labels than run 0: not the same samples")
 
@@ -120,9 +121,24 @@ class CheckpointAverage(Fuser):
 
     def fit(self, run, labels=None):
         run = as_run(run, labels)
+        self._check_params()
         check_validation_run(run)
         self._fit_shape(run, fixed_epochs(run.n_epochs, self.select, self.max_checkpoints))
         return self
+
+    def _check_params(self):
+        check_option("select", self.select, FIXED)
+        check_int("max_checkpoints", self.max_checkpoints, minimum=1)
+
+    def _read_state(self, fields):
+        n_epochs = len(self.epochs_)
+        try:
+            expected = fixed_epochs(n_epochs, self.select, self.max_checkpoints)
+        except ForgetkitError as err:
+            raise PlanError(f"{fields.where}: {err}") from None
+        check_weights_present(self, fields, needed=False)
+        check_checkpoints(self, fields, expected, f"select={self.select!r} with "
+                          f"max_checkpoints={self.max_checkpoints} over {n_epochs} epochs")
 
 
 class EarlyStopping(Fuser):
@@ -136,3 +152,10 @@ class EarlyStopping(Fuser):
         self.best_epoch_index_ = int(np.argmax(run.correctness().mean(axis=1)))
         self._fit_shape(run, [self.best_epoch_index_])
         return self
+
+    def _read_state(self, fields):
+        best = fields.integer(fields.get("best_epoch_index"), "best_epoch_index", 0,
+                              len(self.epochs_) - 1)
+        check_weights_present(self, fields, needed=False)
+        check_checkpoints(self, fields, [best], "best_epoch_index alone")
+        self.best_epoch_index_ = best

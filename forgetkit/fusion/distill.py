@@ -10,7 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import ForgetkitError
 from ..io.atomic import atomic_write, write_json_atomic
+from ..io.guard import refuse_overwrite
 from ..io.record import sidecar_path
 from ..run import LOG_FLOOR
 
@@ -20,7 +22,7 @@ def soft_targets(fuser, train_run, *, temperature=1.0):
     softmax(log(p) / T). ``fuser`` is any fitted forgetkit fuser (e.g. a KnowledgeFusion plan
     fitted on validation data); ``train_run`` must hold the epochs the fuser uses."""
     if not temperature > 0:
-        raise ValueError(f"temperature must be > 0; got {temperature}")
+        raise ForgetkitError(f"temperature must be > 0; got {temperature}")
     p = fuser.predict_proba(train_run)
     if temperature == 1.0:
         return p
@@ -35,11 +37,13 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
 
     ``.parquet``: columns ``sample_id``, ``label``, ``targets`` (list of float32).
     ``.npy``: targets float32 (N, C), with ``sample_id`` and ``label`` in the sidecar
-    ``<name>.forgetkit.json``.
+    ``<name>.forgetkit.json``. Refuses a ``path`` (or sidecar) that is the file
+    ``train_run`` was loaded from or a file kept beside it.
     """
     path = Path(path)
     if path.suffix not in (".parquet", ".npy"):
-        raise ValueError(f"soft targets are written as .parquet or .npy; got {str(path)!r}")
+        raise ForgetkitError(f"soft targets are written as .parquet or .npy; got {str(path)!r}")
+    refuse_overwrite({"the soft targets file": path}, [train_run.source])
     q = soft_targets(fuser, train_run, temperature=temperature).astype(np.float32)
     ids = train_run.sample_ids if train_run.sample_ids is not None else \
         np.arange(train_run.n_samples)

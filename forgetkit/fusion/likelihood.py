@@ -7,9 +7,10 @@ import warnings
 
 import numpy as np
 
-from .._validation import check_int
+from .._validation import check_int, check_number
 from ..run import LOG_FLOOR
 from .base import Fuser, as_run, check_validation_run
+from .schema import check_weights_present
 
 
 def _mean_log(x):
@@ -48,7 +49,7 @@ class LikelihoodFusion(Fuser):
 
     def fit(self, run, labels=None):
         run = as_run(run, labels)
-        check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
+        self._check_params()
         check_validation_run(run)
         q = np.maximum(run.label_probs(), LOG_FLOOR)
         idx = np.arange(run.n_epochs)
@@ -63,6 +64,20 @@ class LikelihoodFusion(Fuser):
         self._fit_shape(run, idx, w)
         self.log_likelihood_ = _mean_log(q[:, keep] @ w)
         return self
+
+    def _check_params(self):
+        check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
+        check_int("max_iter", self.max_iter, minimum=1)
+        check_number("tol", self.tol, minimum=0.0)
+        check_number("min_weight", self.min_weight, minimum=0.0, maximum=1.0)
+
+    def _read_state(self, fields):
+        check_weights_present(self, fields, needed=True)
+        if self.max_checkpoints is not None and len(self.checkpoints_) > self.max_checkpoints:
+            fields.fail("checkpoints", f"at most max_checkpoints={self.max_checkpoints} epochs",
+                        self.checkpoints_)
+        self.log_likelihood_ = fields.number(fields.get("log_likelihood"), "log_likelihood")
+        self.n_iter_ = fields.integer(fields.get("n_iter"), "n_iter", 0, self.max_iter)
 
     def _em(self, q):
         """Mixture weights maximising mean(log(q @ w)) over the simplex, for q (N, k) > 0:

@@ -9,6 +9,7 @@ from .. import kernels
 from .._validation import check_int
 from ..run import DEFAULT_MEMORY_BUDGET, stored_rows
 from .base import Fuser, as_run, check_validation_run
+from .schema import WEIGHT_SUM_TOLERANCE, check_checkpoints, check_weights_present
 
 #: Rounding headroom above a lead of 1 before ensemble selection calls a sample decided.
 UNDECIDED_SLACK = 1e-9
@@ -35,8 +36,8 @@ class EnsembleSelection(Fuser):
 
     def fit(self, run, labels=None):
         run = as_run(run, labels)
-        k = check_int("max_checkpoints", self.max_checkpoints, minimum=1)
-        check_int("memory_budget", self.memory_budget, minimum=0)
+        self._check_params()
+        k = self.max_checkpoints
         check_validation_run(run)
         cached = run.cache_probs(self.memory_budget)
         scorer = _StreamedScorer(run) if cached is None else None
@@ -47,10 +48,7 @@ class EnsembleSelection(Fuser):
             # this round adds one probability vector, which moves any class difference by
             # at most 1: samples whose sum leads by more than 1 keep their prediction for
             # every candidate, so only the undecided ones need scoring
-            top2 = np.partition(total, -2, axis=1)[:, -2:]
-            open_ = top2[:, 1] - top2[:, 0] <= 1.0 + UNDECIDED_SLACK
-            rows = np.flatnonzero(open_)
-            decided = int(np.sum(np.argmax(total[~open_], axis=1) == y[~open_]))
+            rows, decided = kernels.undecided_rows(total, y, 1.0 + UNDECIDED_SLACK)
             scores = [decided] * run.n_epochs
             if rows.size and cached is not None:  # cached: score the rows in place
                 scores = [decided + kernels.sum_correct_count_rows(total, cached[e], y, rows)
@@ -65,11 +63,28 @@ class EnsembleSelection(Fuser):
                           for e in range(run.n_epochs)]
             e = int(np.argmax(scores))  # ties: the earlier epoch
             picks.append(e)
-            total += cached[e] if cached is not None else run.probs(e)
+            kernels.add_into(total, cached[e] if cached is not None else run.probs(e))
         self.selection_ = picks
         checkpoints = sorted(set(picks))
         self._fit_shape(run, checkpoints, [picks.count(e) / k for e in checkpoints])
         return self
+
+    def _check_params(self):
+        check_int("max_checkpoints", self.max_checkpoints, minimum=1)
+        check_int("memory_budget", self.memory_budget, minimum=0)
+
+    def _read_state(self, fields):
+        k, n_epochs = self.max_checkpoints, len(self.epochs_)
+        picks = fields.list(fields.get("selection"), "selection", length=k)
+        picks = [fields.integer(e, f"selection[{i}]", 0, n_epochs - 1)
+                 for i, e in enumerate(picks)]
+        check_weights_present(self, fields, needed=True)
+        check_checkpoints(self, fields, sorted(set(picks)), "the epochs of selection")
+        shares = np.array([picks.count(e) / k for e in self.checkpoints_])
+        if np.abs(self.weights_ - shares).max() > WEIGHT_SUM_TOLERANCE:
+            fields.fail("weights", f"each checkpoint's share of selection {shares.tolist()}",
+                        self.weights_.tolist())
+        self.selection_ = picks
 
 
 class _StreamedScorer:
