@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ._validation import check_option
+from .errors import ForgetkitError, MissingFileError
 
 #: Where Debian's ``dataset-fashion-mnist`` package puts the IDX files.
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -22,15 +23,15 @@ def read_idx(path):
     with opener(path, "rb") as f:
         data = f.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(f"{str(path)!r} is not an IDX file")
+        raise ForgetkitError(f"{str(path)!r} is not an IDX file")
     types = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
     if data[2] not in types:
-        raise ValueError(f"{str(path)!r}: unknown IDX data type 0x{data[2]:02x}")
+        raise ForgetkitError(f"{str(path)!r}: unknown IDX data type 0x{data[2]:02x}")
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     arr = np.frombuffer(data, dtype=types[data[2]], offset=4 + 4 * ndim)
     if arr.size != int(np.prod(shape)):
-        raise ValueError(f"{str(path)!r} is truncated: {arr.size} values for shape {shape}")
+        raise ForgetkitError(f"{str(path)!r} is truncated: {arr.size} values for shape {shape}")
     return arr.reshape(shape)
 
 
@@ -58,7 +59,7 @@ def load_fashion_mnist(split="train", root=None):
                 files[part] = root / name
                 break
         else:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"Fashion-MNIST {split} {part} not found in {str(root)!r} "
                 "(apt-get install dataset-fashion-mnist, or pass root=)"
             )

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from .._validation import check_int
+from ..errors import ForgetkitError
 from ..fusion import KnowledgeFusion
 from ..run import split_indices
 
@@ -26,9 +27,9 @@ def amplification_bias(pred_natural, pred_transformed, n_classes):
     b = np.asarray(pred_transformed, dtype=np.int64)
     for name, p in (("pred_natural", a), ("pred_transformed", b)):
         if p.ndim != 1:
-            raise ValueError(f"{name} must be one-dimensional; got shape {p.shape}")
+            raise ForgetkitError(f"{name} must be one-dimensional; got shape {p.shape}")
         if p.size and (p.min() < 0 or p.max() >= n_classes):
-            raise ValueError(f"{name} must lie in [0, {n_classes})")
+            raise ForgetkitError(f"{name} must lie in [0, {n_classes})")
     na = np.bincount(a, minlength=n_classes).astype(np.float64)
     nb = np.bincount(b, minlength=n_classes).astype(np.float64)
     total = na + nb
@@ -45,7 +46,7 @@ def compare_fairness(natural, transformed, *, seeds=(0, 1, 2), val_frac=0.5, win
     """
     if natural.n_samples != transformed.n_samples or \
             not np.array_equal(natural.labels, transformed.labels):
-        raise ValueError("natural and transformed runs must hold the same samples and labels")
+        raise ForgetkitError("natural and transformed runs must hold the same samples and labels")
     rows = []
     for s in seeds:
         val, test = split_indices(natural.n_samples, val_frac, s)

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .._validation import check_int
 from ..analysis.forgetting import correctness
+from ..errors import ForgetkitError
 from ..run import Run
 
 
@@ -24,14 +25,14 @@ def _targets(Y, n):
         onehot[np.arange(n), labels] = 1.0
         return onehot, labels
     if Y.shape[0] != n:
-        raise ValueError(f"Y must have {n} rows (samples); got shape {Y.shape}")
+        raise ForgetkitError(f"Y must have {n} rows (samples); got shape {Y.shape}")
     return Y.astype(np.float64), np.argmax(Y, axis=1)
 
 
 def _check_X(X, name="X"):
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2:
-        raise ValueError(f"{name} must have shape (samples, features); got shape {X.shape}")
+        raise ForgetkitError(f"{name} must have shape (samples, features); got shape {X.shape}")
     return X
 
 
@@ -77,7 +78,7 @@ def simulate_deep_linear(X, Y, depth=3, width=100, lr=0.05, steps=2000, record_e
     else:
         X_eval = _check_X(X_eval, "X_eval")
         if y_eval is None:
-            raise ValueError("y_eval is required with X_eval")
+            raise ForgetkitError("y_eval is required with X_eval")
     rng = np.random.default_rng(seed)
     dims = [d] + [width] * (depth - 1) + [k]
     Ws = [rng.normal(0, init_scale, (dims[i + 1], dims[i])) for i in range(depth)]
@@ -160,7 +161,7 @@ def overlap(S, M):
     empty set)."""
     S, M = np.asarray(S, dtype=bool), np.asarray(M, dtype=bool)
     if S.shape != M.shape:
-        raise ValueError(f"S and M must cover the same samples; got {S.shape} and {M.shape}")
+        raise ForgetkitError(f"S and M must cover the same samples; got {S.shape} and {M.shape}")
     both = np.sum(S & M)
     return (both / S.sum() if S.any() else np.nan, both / M.sum() if M.any() else np.nan)
 
@@ -173,7 +174,7 @@ def align_indices(linear_run, deep_run):
     m_sizes = np.array([forgotten_after(deep_run, n).sum() for n in range(deep_run.n_epochs)])
     use = np.flatnonzero(s_sizes > 0)
     if use.size < 2:
-        raise ValueError("the linear run forgets too little to align the time scales")
+        raise ForgetkitError("the linear run forgets too little to align the time scales")
     best_n = np.array([int(np.argmin(np.abs(m_sizes - s_sizes[i]))) for i in use])
     alpha, beta = np.polyfit(use, best_n, 1)
     return float(alpha), float(beta)
@@ -188,7 +189,7 @@ def overlap_table(linear_run, deep_run, *, alpha=None, beta=None):
     """
     if linear_run.n_samples != deep_run.n_samples or \
             not np.array_equal(linear_run.labels, deep_run.labels):
-        raise ValueError("the linear and deep runs must hold the same samples (same labels)")
+        raise ForgetkitError("the linear and deep runs must hold the same samples (same labels)")
     if alpha is None or beta is None:
         alpha, beta = align_indices(linear_run, deep_run)
     rows = []

@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import check_int, check_labels
+from ..errors import ForgetkitError
 from ..run import LOG_FLOOR, Run
 
 
 def _selected(n, p, seed):
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p must lie in [0, 1]; got {p}")
+        raise ForgetkitError(f"p must lie in [0, 1]; got {p}")
     rng = np.random.default_rng(seed)
     chosen = np.zeros(n, dtype=bool)
     chosen[rng.choice(n, size=int(round(p * n)), replace=False)] = True
@@ -43,10 +44,10 @@ def asymmetric(labels, p, mapping, seed=0):
     """
     mapping = np.asarray(mapping)
     if mapping.ndim != 1 or mapping.dtype.kind not in "iu":
-        raise ValueError(f"mapping must be a 1-d integer array (n_classes,); got {mapping!r}")
+        raise ForgetkitError(f"mapping must be a 1-d integer array (n_classes,); got {mapping!r}")
     n_classes = len(mapping)
     if mapping.min() < 0 or mapping.max() >= n_classes:
-        raise ValueError(f"mapping values must lie in [0, {n_classes})")
+        raise ForgetkitError(f"mapping values must lie in [0, {n_classes})")
     y = check_labels(labels, len(np.asarray(labels)), n_classes)
     chosen, _ = _selected(len(y), p, seed)
     noisy = y.copy()
@@ -86,12 +87,12 @@ def large_loss_dominance(losses, noise_mask, *, frac=None):
     losses = np.asarray(losses, dtype=np.float64)
     mask = np.asarray(noise_mask, dtype=bool)
     if losses.ndim != 2 or mask.shape != (losses.shape[1],):
-        raise ValueError(f"losses must be (epochs, samples) and noise_mask (samples,); got "
-                         f"{losses.shape} and {mask.shape}")
+        raise ForgetkitError(f"losses must be (epochs, samples) and noise_mask (samples,); got "
+                             f"{losses.shape} and {mask.shape}")
     frac = mask.mean() if frac is None else frac
     k = int(round(frac * losses.shape[1]))
     if k < 1:
-        raise ValueError("no large-loss points to count: frac (or the noise rate) is 0")
+        raise ForgetkitError("no large-loss points to count: frac (or the noise rate) is 0")
     top = np.argpartition(-losses, k - 1, axis=1)[:, :k]
     noisy = mask[top].sum(axis=1)
     return (k - noisy) - noisy
