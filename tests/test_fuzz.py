@@ -1,0 +1,329 @@
+"""Fuzzing every loader and `apply` with corrupted files (issue 13).
+
+Each case truncates a file, flips bits in it, or replaces a field of its metadata or plan
+with an arbitrary JSON value. The outcome must be one of:
+
+- the file is refused with forgetkit's error (`forgetkit.ForgetkitError`), or
+- it loads what the file states: the outputs and labels equal the original except for
+  elements whose stored bytes a flipped bit changed (at most one element per flipped bit;
+  none for a truncation or a metadata change); a truncated run may keep fewer epochs,
+  never other ones;
+
+never garbage (values that were not in the file), a crash, or, from the command line, a
+traceback (exit status 1 with one line, never the internal-error status).
+
+Small runs keep each case to milliseconds; examples are derandomized so CI sees the same
+cases every time, and the whole file runs in well under a minute.
+"""
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import forgetkit as fk
+from forgetkit.cli import EXIT_BUG, main
+
+E, N, C = 3, 12, 3
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                 max_size=3),
+    max_leaves=8)
+
+
+def original_run():
+    rng = np.random.default_rng(5)
+    values = rng.normal(size=(E, N, C)).astype(np.float32)
+    return fk.Run(values, rng.integers(0, C, N), epochs=[1, 3, 7])
+
+
+RUN = original_run()
+VALUES = np.asarray(RUN.outputs)
+
+
+def write_format(folder, fmt):
+    """Write RUN in format ``fmt`` into ``folder``; returns the path to load."""
+    folder = Path(folder)
+    if fmt == "cartography":
+        path = folder / "carto"
+        path.mkdir()
+        for e, epoch in enumerate(RUN.epochs):
+            with open(path / f"dynamics_epoch_{epoch}.jsonl", "w") as f:
+                for n in range(N):
+                    f.write(json.dumps({"guid": f"g{n}", f"logits_epoch_{epoch}":
+                                        VALUES[e, n].tolist(), "gold": int(RUN.labels[n])})
+                            + "\n")
+        return path
+    suffix, layout = {"npz": (".npz", "list"), "npy": (".npy", "list"),
+                      "parquet-list": (".parquet", "list"),
+                      "parquet-binary": (".parquet", "binary")}[fmt]
+    path = folder / f"run{suffix}"
+    fk.save(RUN, path, layout=layout)
+    return path
+
+
+FORMATS = ["npz", "npy", "parquet-list", "parquet-binary", "cartography"]
+
+
+def files_of(path):
+    """The files that make up a stored run (the run and its sidecar, or the folder's)."""
+    if path.is_dir():
+        return sorted(path.iterdir())
+    return sorted(p for p in path.parent.iterdir() if p.is_file() and not
+                  p.name.endswith(".lock"))
+
+
+def outcome(path):
+    """The loaded (values, labels, epochs) of ``path``, or None if forgetkit refused it.
+    Any other exception propagates (and fails the test)."""
+    try:
+        run = fk.load(path)
+        values = np.asarray(run.outputs, dtype=np.float32)
+        run.predictions()  # the read path of every analysis, checked per read
+        return values, run.labels, run.epochs
+    except fk.ForgetkitError:
+        return None
+
+
+def check_loaded_equals(result, flipped):
+    """A loaded run differs from RUN in at most ``flipped`` elements, epochs a prefix."""
+    if result is None:
+        return
+    values, labels, epochs = result
+    k = values.shape[0]
+    assert values.shape[1:] == (N, C) and 1 <= k <= E
+    assert epochs.tolist() == RUN.epochs[:k].tolist()
+    changed = int(np.sum(values != VALUES[:k])) + int(np.sum(labels != RUN.labels))
+    assert changed <= flipped, f"{changed} values changed by {flipped} flipped bits"
+    assert np.isfinite(values).all()
+
+
+def check_cli(path, capsys):
+    """The command line on the same file: success, or one line and exit status 1."""
+    capsys.readouterr()
+    status = main(["analyze", str(path), "--quiet"])
+    err = capsys.readouterr().err
+    assert status in (0, 1), err
+    assert status != EXIT_BUG and "Traceback" not in err
+    if status == 1:
+        assert len(err.strip().splitlines()) == 1, err
+
+
+CORRUPTIONS = st.one_of(
+    st.tuples(st.just("truncate"), st.floats(0.0, 1.0)),
+    st.tuples(st.just("flip"), st.lists(st.tuples(st.floats(0.0, 1.0),
+                                                  st.integers(0, 7)), min_size=1, max_size=3)),
+)
+
+
+def corrupt(file, corruption):
+    """Apply a corruption to ``file``; returns the number of bits flipped."""
+    data = bytearray(file.read_bytes())
+    kind, arg = corruption
+    if kind == "truncate":
+        file.write_bytes(bytes(data[: int(arg * len(data))]))
+        return 0
+    if not data:
+        return 0
+    for where, bit in arg:
+        data[min(int(where * len(data)), len(data) - 1)] ^= 1 << bit
+    file.write_bytes(bytes(data))
+    return len(arg)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@FUZZ
+@given(which=st.integers(0, 10), corruption=CORRUPTIONS)
+def test_corrupted_files_load_equal_data_or_are_refused(fmt, which, corruption, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_format(folder, fmt)
+        files = files_of(path)
+        flipped = corrupt(files[which % len(files)], corruption)
+        check_loaded_equals(outcome(path), flipped)
+        check_cli(path, capsys)
+
+
+# ------------------------------------------------------------- metadata mutations
+def mutate_record(record, field, value, drop):
+    record = dict(record)
+    if drop:
+        record.pop(field, None)
+    else:
+        record[field] = value
+    return record
+
+
+RECORD_FIELDS = ["kind", "dtype", "n_samples", "n_classes", "epochs", "labels", "sample_ids",
+                 "class_names", "meta", "format", "version", "layout"]
+MUTATIONS = dict(field=st.sampled_from(RECORD_FIELDS), drop=st.booleans(),
+                 value=st.one_of(JSON_VALUES, st.lists(st.integers(-3, 20), min_size=N - 1,
+                                                       max_size=N + 1)))
+
+
+def check_states(result, field, value):
+    """A run loaded from a changed record holds the original outputs, and the labels and
+    epochs the record states."""
+    if result is None:
+        return
+    values, labels, epochs = result
+    np.testing.assert_array_equal(values, VALUES[: values.shape[0]])
+    stated = value if field == "labels" else RUN.labels.tolist()
+    assert labels.tolist() == stated
+    if field != "epochs":
+        assert epochs.tolist() == RUN.epochs[: len(epochs)].tolist()
+
+
+@FUZZ
+@given(**MUTATIONS)
+def test_sidecar_mutations(field, value, drop, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_format(folder, "npy")
+        sidecar = path.with_name("run.forgetkit.json")
+        record = mutate_record(json.loads(sidecar.read_text()), field, value, drop)
+        sidecar.write_text(json.dumps(record))
+        check_states(outcome(path), field, None if drop else value)
+        check_cli(path, capsys)
+
+
+@pytest.mark.parametrize("layout", ["list", "binary"])
+@FUZZ
+@given(**MUTATIONS)
+def test_parquet_metadata_mutations(layout, field, value, drop, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_format(folder, f"parquet-{layout}")
+        table = pq.read_table(path)
+        record = mutate_record(json.loads(table.schema.metadata[b"forgetkit"]), field, value,
+                               drop)
+        pq.write_table(table.replace_schema_metadata(
+            {b"forgetkit": json.dumps(record).encode()}), path, row_group_size=N)
+        check_states(outcome(path), field, None if drop else value)
+        check_cli(path, capsys)
+
+
+@FUZZ
+@given(field=st.sampled_from(["labels", "epochs", "sample_ids", "class_names", "meta",
+                              "logits"]), value=JSON_VALUES)
+def test_npz_member_mutations(field, value):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_format(folder, "npz")
+        with np.load(path) as z:
+            arrays = dict(z)
+        if field == "meta":
+            arrays["meta"] = np.array(json.dumps(value))
+        else:
+            try:
+                arrays[field] = np.asarray(value)
+            except ValueError:  # ragged: numpy cannot even build it
+                return
+            if arrays[field].dtype == object:
+                return  # numpy cannot store it without pickle
+        np.savez(path, **arrays)
+        result = outcome(path)
+        if result is not None and field not in ("labels", "epochs", "logits"):
+            np.testing.assert_array_equal(result[0], VALUES)
+            assert result[1].tolist() == RUN.labels.tolist()
+        if result is not None:
+            assert np.isfinite(result[0]).all()
+
+
+# --------------------------------------------------------------------- plans
+def fitted_records():
+    run = original_run()
+    fusers = [fk.KnowledgeFusion(), fk.LikelihoodFusion(), fk.EnsembleSelection(),
+              fk.CheckpointAverage("horizontal", max_checkpoints=2), fk.EarlyStopping()]
+    return [json.loads(f.fit(run).to_json()) for f in fusers]
+
+
+RECORDS = fitted_records()
+
+
+def paths_of(value, prefix=()):
+    """Every path (tuple of keys and indices) into a JSON value."""
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from paths_of(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from paths_of(v, prefix + (i,))
+
+
+def replaced(value, path, new):
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    out = dict(value) if isinstance(value, dict) else list(value)
+    out[head] = replaced(value[head], rest, new)
+    return out
+
+
+def check_fused(probs):
+    """Fused probabilities: finite, in [0, 1], rows summing to 1."""
+    assert probs.shape == (N, C)
+    assert np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1 + 1e-12).all()
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-9)
+
+
+def check_apply(text, capsys):
+    """Load the fuser from ``text`` and apply it, through the library and the CLI."""
+    try:
+        fuser = fk.load_fuser(text)
+    except fk.ForgetkitError:
+        fuser = None
+    if fuser is not None:
+        try:
+            check_fused(fuser.predict_proba(RUN))
+        except fk.ForgetkitError:
+            pass
+    with tempfile.TemporaryDirectory() as folder:
+        plan, run, out = Path(folder, "plan.json"), Path(folder, "run.npz"), \
+            Path(folder, "fused.npy")
+        plan.write_text(text)
+        fk.save(RUN, run)
+        capsys.readouterr()
+        status = main(["apply", str(plan), str(run), "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err
+        assert status in (0, 1) and "Traceback" not in err, err
+        if status == 0:
+            check_fused(np.load(out))
+        else:
+            assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+@FUZZ
+@given(data=st.data(), which=st.integers(0, len(RECORDS) - 1), value=JSON_VALUES)
+def test_plan_mutations(data, which, value, capsys):
+    record = RECORDS[which]
+    path = data.draw(st.sampled_from(list(paths_of(record))))
+    check_apply(json.dumps(replaced(record, path, value)), capsys)
+
+
+@FUZZ
+@given(which=st.integers(0, len(RECORDS) - 1), corruption=CORRUPTIONS)
+def test_plan_file_corruptions(which, corruption, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        plan = Path(folder, "plan.json")
+        plan.write_text(json.dumps(RECORDS[which]))
+        corrupt(plan, corruption)
+        text = plan.read_bytes().decode("utf-8", errors="replace")
+    check_apply(text if text.strip() else " ", capsys)
+
+
+def test_fuzz_helpers_see_the_original_as_equal():
+    with tempfile.TemporaryDirectory() as folder:
+        for fmt in FORMATS:
+            sub = Path(folder, fmt)
+            sub.mkdir()
+            result = outcome(write_format(sub, fmt))
+            assert result is not None
+            check_loaded_equals(result, 0)
