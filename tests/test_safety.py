@@ -452,6 +452,18 @@ def test_parquet_metadata_claims_are_checked_before_allocating(tmp_path):
                 fk.load(bad)
 
 
+def test_malformed_parquet_metadata_names_the_file(tmp_path):
+    fk.save(small_run(n_samples=20), tmp_path / "r.parquet")
+    table = pq.read_table(tmp_path / "r.parquet")
+    for text, match in ((b'{"kind": "logits",', "is not valid JSON"),
+                        (b"[1, 2]", "must hold a JSON object; got list")):
+        pq.write_table(table.replace_schema_metadata({b"forgetkit": text}),
+                       tmp_path / "bad.parquet", row_group_size=20)
+        with pytest.raises(errors.CorruptFileError,
+                           match=f"the forgetkit metadata of '.*bad.parquet'.*{match}"):
+            fk.load(tmp_path / "bad.parquet")
+
+
 def test_grid_is_bounded(files, capsys):
     cli_error(capsys, ["fuse", str(files / "run.npz"), "--grid", "1000000000", "--plan",
                        str(files / "p.json")], "grid must be <= 1000001; got 1000000000")
@@ -502,10 +514,12 @@ def test_analyze_refuses_probabilities_that_fuse_refuses(tmp_path, capsys):
 
 
 # ------------------------------------------------------------- 9. messages
-def test_a_png_renamed_npz(tmp_path, capsys):
-    (tmp_path / "pic.npz").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
-    msg = cli_error(capsys, ["analyze", str(tmp_path / "pic.npz")], "is not an NPZ file")
-    assert "allow_pickle" not in msg
+@pytest.mark.parametrize("suffix, what", [(".npz", "NPZ"), (".npy", "NPY"),
+                                          (".parquet", "truncated or corrupt")])
+def test_a_png_renamed_as_a_run(tmp_path, capsys, suffix, what):
+    (tmp_path / f"pic{suffix}").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    msg = cli_error(capsys, ["analyze", str(tmp_path / f"pic{suffix}")], what)
+    assert "allow_pickle" not in msg and "pic" in msg
 
 
 def test_an_unwritable_destination_names_the_users_path(files, capsys):

@@ -11,6 +11,7 @@ from ..errors import CorruptFileError, ForgetkitError
 from .atomic import write_json_atomic
 from .record import SIDECAR_SUFFIX, corrupt, make_run, read_record, sidecar_path
 
+NPY_MAGIC = b"\x93NUMPY"
 #: Room for the NPY header, so that it can be rewritten in place as epochs are appended.
 NPY_HEADER_BYTES = 256
 
@@ -25,6 +26,10 @@ def npy_header(dtype, shape):
 
 
 def _open_memmap(path):
+    with open(path, "rb") as f:
+        head = f.read(len(NPY_MAGIC))
+    if head != NPY_MAGIC:
+        raise CorruptFileError(f"{str(path)!r} is not an NPY file: it starts with {head!r}")
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as err:
