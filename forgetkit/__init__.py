@@ -38,7 +38,7 @@ from .fusion import (
     snapshot,
     uniform,
 )
-from .io import RunWriter, convert, load, load_cartography, save
+from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize
 from .report import plots, write_report
 from .run import Run, split_indices
 from .theory import fairness, linear, noise
@@ -85,5 +85,7 @@ __all__ = [
     "predictions",
     "sample_dynamics",
     "save",
+    "summarize",
+    "SummaryWriter",
     "split_indices",
 ]

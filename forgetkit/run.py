@@ -13,6 +13,7 @@ import pandas as pd
 
 from . import kernels
 from ._progress import Progress
+from ._summary import HOLDS, check_kind, label_margins_of
 from ._validation import (
     KINDS,
     check_class_names,
@@ -21,11 +22,11 @@ from ._validation import (
     check_int,
     check_labels,
     check_meta,
-    check_option,
     check_outputs,
     check_sample_ids,
     is_streamed,
 )
+from .errors import ForgetkitError
 
 #: Runs smaller than this many values are fully checked (finite, probabilities sum to 1) when
 #: built; larger ones (memmaps, huge arrays) are checked chunk by chunk as they are read.
@@ -189,7 +190,10 @@ class Run:
         float16, float32 or float64 logits or probabilities. Not copied.
     labels : array-like of shape (n_samples,)
         True class of each sample, integers in [0, n_classes).
-    kind : {"logits", "probs"}
+    kind : {"logits", "probs", "summary"}
+        "summary" goes with `forgetkit._summary.SummaryOutputs` (a run read from a summary,
+        `forgetkit.summarize`): correctness, `label_probs` and `label_margins` come exactly
+        from it; methods that need every class's outputs raise a ValueError.
     epochs : array-like of shape (n_epochs,), optional
         Epoch numbers, strictly increasing; default 0..n_epochs-1.
     sample_ids : array-like of shape (n_samples,), optional
@@ -221,7 +225,7 @@ class Run:
     ):
         self.outputs = check_outputs(outputs)
         n_epochs, n_samples, n_classes = self.outputs.shape
-        self.kind = check_option("kind", kind, KINDS)
+        self.kind = check_kind(kind, self.outputs, KINDS)
         self.labels = check_labels(labels, n_samples, n_classes)
         self.epochs = check_epochs(epochs, n_epochs)
         self.sample_ids = check_sample_ids(sample_ids, n_samples)
@@ -290,6 +294,7 @@ class Run:
     def epoch_values(self, index):
         """The stored outputs of epoch ``index`` (n_samples, n_classes), checked if this run
         checks per read."""
+        self._require_full("epoch_values()")
         values = np.ascontiguousarray(self.outputs[index])
         if self.checked_per_read:
             self.check_epoch(index, values)
@@ -307,6 +312,9 @@ class Run:
         ndarray of int32, shape (n_epochs, n_samples), read-only
         """
         if self._predictions is not None:
+            return self._predictions
+        if self.kind == "summary":  # exact from the label and the largest other logit
+            self._inherit_predictions(self.outputs.predictions(self.labels))
             return self._predictions
         n_epochs, n_samples, n_classes = self.shape
         out = np.empty((n_epochs, n_samples), dtype=np.int32)
@@ -339,6 +347,7 @@ class Run:
             Epoch index (returns shape (n_samples, n_classes)) or indices (returns shape
             (len(index), n_samples, n_classes)); None means all epochs.
         """
+        self._require_full("probs()")
         if index is None:
             index = range(self.n_epochs)
         if np.ndim(index) == 0:
@@ -357,6 +366,7 @@ class Run:
         if they take at most ``memory_budget`` bytes (methods that revisit every epoch, such
         as ensemble selection). Returns them (n_epochs, n_samples, n_classes), read-only,
         or None when they do not fit; `clear_cache` frees them."""
+        self._require_full("cache_probs()")
         held = self.cached_probs
         if held is None and self.n_epochs * self.n_samples * self.n_classes * 8 <= memory_budget:
             held = self._probs = self.probs()
@@ -383,6 +393,7 @@ class Run:
         """Mean of the probabilities of epoch ``indices`` (summed in index order, then
         divided): float64 (n_samples, n_classes), written into ``out`` if given. Logits are
         read in place (no copy of a memmap or lazy subset); one epoch at a time otherwise."""
+        self._require_full("mean_probs()")
         idx = np.asarray(list(indices), dtype=np.int64)
         cached = self.cached_probs
         if out is None:
@@ -412,6 +423,7 @@ class Run:
     def weighted_probs(self, indices, weights):
         """sum_i weights[i] * P[indices[i]]: float64 (n_samples, n_classes), added in order
         to zeros; logits are read in place."""
+        self._require_full("weighted_probs()")
         idx = np.asarray(indices, dtype=np.int64)
         out = np.empty((self.n_samples, self.n_classes))
         stored = stored_rows(self.outputs) if self.cached_probs is None else None
@@ -427,7 +439,9 @@ class Run:
     def label_probs(self):
         """Probability of each sample's label at every epoch: float64 (n_samples, n_epochs).
         Logits not held as probabilities are read in place, one epoch at a time, without
-        storing any epoch's probabilities."""
+        storing any epoch's probabilities. A summary gives exp(label logit - log-sum-exp)."""
+        if self.kind == "summary":
+            return self.outputs.label_probs().T
         q = np.empty((self.n_epochs, self.n_samples))
         rows = np.arange(self.n_samples)
         stored = stored_rows(self.outputs)
@@ -444,6 +458,22 @@ class Run:
             if kernels.label_probs(values, src, self.labels, q[e]):
                 self.probs(e)  # raises the error naming the epoch and its bad values
         return q.T
+
+    def label_margins(self):
+        """The label's margin at every epoch, z[y] - max_{k != y} z[k], on the stored outputs
+        (logits: the margin whose mean over epochs is AUM): float64 (n_epochs, n_samples).
+        Exact from a summary; otherwise read one epoch at a time."""
+        if self.kind == "summary":
+            return self.outputs.label_margins()
+        out = np.empty((self.n_epochs, self.n_samples))
+        for e in range(self.n_epochs):
+            out[e] = label_margins_of(self.epoch_values(e), self.labels)
+        return out
+
+    def _require_full(self, what):
+        """Raise a ValueError naming ``what`` if this run holds only a summary."""
+        if self.kind == "summary":
+            raise ForgetkitError(f"{what} needs every class's outputs; {HOLDS}")
 
     def epoch_positions(self, epoch_numbers):
         """Indices (int64) of the given stored epoch *numbers*; ValueError naming any that
@@ -545,7 +575,9 @@ class Run:
     def _sample_subset(self, samples):
         idx = check_indices("samples", samples, self.n_samples)
         ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
-        outputs = SubsetOutputs(self.outputs, idx) if self._large else self.outputs[:, idx]
+        # a summary selects by itself
+        lazy = self._large and self.kind != "summary"
+        outputs = SubsetOutputs(self.outputs, idx) if lazy else self.outputs[:, idx]
         sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
         if self._predictions is not None:  # the forgetting pass is not read again
             sub._inherit_predictions(self._predictions[:, idx])

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._summary import HOLDS
+from ..errors import ForgetkitError
 from ..io.atomic import write_json_atomic
 from ..run import Run
 
@@ -35,7 +37,11 @@ def as_run(run, labels=None, *, kind="logits"):
 
 
 def check_validation_run(run):
-    """Refuse runs a fuser cannot be fitted on (one sample, one class, one epoch)."""
+    """Refuse runs a fuser cannot be fitted on (a summary, one sample, one class, one
+    epoch)."""
+    if run.kind == "summary":
+        raise ForgetkitError("Knowledge Fusion (like every fuser) mixes the probabilities of "
+                             f"every class at several epochs; {HOLDS}")
     if run.n_samples < 2:
         raise ValueError(f"the validation set needs at least 2 samples; got {run.n_samples}")
     if np.unique(run.labels).size < 2:

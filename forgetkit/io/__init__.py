@@ -8,7 +8,8 @@ Formats
 ``.npy``
     The outputs tensor, memory-mapped on load. Labels come from ``labels=`` or from the sidecar
     ``<name>.forgetkit.json`` that `save` and `RunWriter` write beside it (kind, epoch numbers,
-    labels, ids, class names, metadata).
+    labels, ids, class names, metadata). A summary run (``"kind": "summary"`` in the sidecar)
+    is a structured (E, N) array of label logit, largest other logit, its class, log-sum-exp.
 ``.parquet``
     One row per (epoch, sample): columns ``epoch``, ``sample``, ``outputs``; one row group per
     epoch; labels and metadata as JSON under the schema metadata key ``forgetkit``. ``outputs``
@@ -21,7 +22,7 @@ Writing is atomic (temporary file, then rename): an output file is complete or a
 before it load normally.
 
 Modules: ``atomic`` (atomic writes), ``record`` (the metadata record, sidecars), ``npz``,
-``npy``, ``parquet``, ``cartography`` (one per format), ``writer`` (`RunWriter`).
+``npy``, ``parquet``, ``cartography``, ``summary`` (one per format), ``writer`` (`RunWriter`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import os
 from pathlib import Path
 
 from .._validation import check_option
+from ..errors import ForgetkitError
 from ..run import Run
 from .atomic import atomic_write, write_json_atomic
 from .cartography import load_cartography
@@ -37,9 +39,11 @@ from .npy import load_npy, write_npy
 from .npz import load_npz, write_npz
 from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
 from .record import format_of, load_labels_file, record_of, sidecar_path
+from .summary import SummaryWriter, is_summary, load_summary, summarize
 from .writer import RunWriter
 
-__all__ = ["RunWriter", "atomic_write", "convert", "load", "load_cartography", "save"]
+__all__ = ["RunWriter", "SummaryWriter", "atomic_write", "convert", "load", "load_cartography",
+           "save", "summarize"]
 
 
 def load(path, labels=None, *, kind=None):
@@ -65,6 +69,8 @@ def load(path, labels=None, *, kind=None):
         raise FileNotFoundError(f"no such run: {str(path)!r}")
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels_file(labels)
+    if fmt == "npy" and kind in (None, "summary") and is_summary(path):
+        return load_summary(path, labels=labels)
     loader = {"npz": load_npz, "npy": load_npy, "parquet": load_parquet,
               "cartography": load_cartography}[fmt]
     return loader(path, labels=labels, kind=kind)
@@ -84,6 +90,11 @@ def save(run, path, *, layout="list", compress=True):
     if fmt == "cartography":
         raise ValueError("saving to Dataset Cartography folders is not supported")
     check_option("layout", layout, LAYOUTS)
+    if run.kind == "summary":  # written as what it is
+        if fmt != "npy":
+            raise ForgetkitError(f"a summary run is saved as .npy; got {str(path)!r}")
+        summarize(run, path)
+        return path
     epochs = ((int(run.epochs[e]), run.epoch_values(e)) for e in range(run.n_epochs))
     with atomic_write(path) as tmp:
         if fmt == "npz":

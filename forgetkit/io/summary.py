@@ -1,0 +1,286 @@
+"""Summary runs: per (epoch, sample) the label's logit, the largest other logit and its class,
+and the log-sum-exp over classes (16 bytes instead of C outputs; see `forgetkit._summary`).
+
+On disk: ``<name>.npy`` holds a structured array of shape (n_epochs, n_samples) with fields
+``label``, ``other`` (float32), ``other_class`` (int32) and ``lse`` (float32), memory-mapped
+on load; the sidecar ``<name>.forgetkit.json`` has ``"kind": "summary"``, the class count,
+labels, epoch numbers, sample ids, class names and metadata. `SummaryWriter` appends epoch by
+epoch as `RunWriter` does: each epoch's records are written and flushed, then the sidecar,
+then the header, so the file always loads as the epochs completed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .._progress import Progress
+from .._summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
+from .._validation import (
+    check_class_names,
+    check_int,
+    check_labels,
+    check_meta,
+    check_option,
+    check_sample_ids,
+)
+from ..errors import ForgetkitError, RunExistsError
+from ..run import Run
+from .atomic import atomic_write, remove, write_json_atomic
+from .record import jsonable, sidecar_path
+
+FORMAT = "forgetkit-summary"
+#: Room for the NPY header, rewritten in place as epochs are appended.
+HEADER_BYTES = 256
+
+
+def summary_record(*, n_samples, n_classes, epochs, labels, sample_ids=None,
+                   class_names=None, meta=None):
+    """The sidecar record of a summary run."""
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "kind": "summary",
+        "fields": [name for name in SUMMARY_DTYPE.names],
+        "n_samples": int(n_samples),
+        "n_classes": int(n_classes),
+        "epochs": [int(e) for e in epochs],
+        "labels": [int(v) for v in labels],
+        "sample_ids": jsonable(sample_ids),
+        "class_names": class_names,
+        "meta": meta,
+    }
+
+
+def summary_header(n_epochs, n_samples):
+    """An NPY 1.0 header of (n_epochs, n_samples) summary records, padded to HEADER_BYTES."""
+    d = {"descr": np.lib.format.dtype_to_descr(SUMMARY_DTYPE), "fortran_order": False,
+         "shape": (int(n_epochs), int(n_samples))}
+    text = repr(d).encode("latin1")
+    pad = HEADER_BYTES - 10 - len(text) - 1
+    return b"\x93NUMPY\x01\x00" + np.uint16(HEADER_BYTES - 10).tobytes() + text \
+        + b" " * pad + b"\n"
+
+
+def read_summary_record(path):
+    """The sidecar record of the summary at ``path``, or None if ``path`` is not one."""
+    sidecar = sidecar_path(path)
+    if Path(path).suffix.lower() != ".npy" or not sidecar.exists():
+        return None
+    try:
+        record = json.loads(sidecar.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # not ours to judge: the NPY loader reports it
+    return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+
+
+def is_summary(path):
+    """Whether ``path`` is a summary run (a .npy whose sidecar says so)."""
+    return read_summary_record(path) is not None
+
+
+def load_summary(path, *, labels=None):
+    """A summary run (kind "summary") from ``path``, memory-mapped."""
+    record = read_summary_record(path)
+    if record is None:
+        raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
+    try:
+        records = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as err:
+        raise ForgetkitError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
+                             f"({err})") from None
+    if records.dtype != SUMMARY_DTYPE or records.ndim != 2 \
+            or records.shape[1] != record["n_samples"]:
+        raise ForgetkitError(f"{str(path)!r} must hold summary records of shape (epochs, "
+                             f"{record['n_samples']}) and dtype {SUMMARY_DTYPE.descr}; got "
+                             f"{records.dtype} of shape {records.shape}")
+    epochs = record["epochs"][: records.shape[0]]
+    if records.shape[0] == 0 or len(epochs) != records.shape[0]:
+        raise ForgetkitError(f"{str(path)!r} holds {records.shape[0]} epochs and its sidecar "
+                             f"names {len(record['epochs'])}; a summary needs at least one epoch")
+    for field in ("label", "other", "lse"):
+        if not np.isfinite(records[field]).all():
+            raise ForgetkitError(f"{str(path)!r}: field {field!r} holds NaN or inf")
+    return Run(SummaryOutputs(records, record["n_classes"]),
+               record["labels"] if labels is None else labels, kind="summary",
+               epochs=epochs, sample_ids=record.get("sample_ids"),
+               class_names=record.get("class_names"), meta=record.get("meta"))
+
+
+def summarize(run, path=None, *, progress=False):
+    """The summary of a logits run, in memory or written to ``path``.
+
+    Parameters
+    ----------
+    run : Run or str or Path
+        Logits of shape (n_epochs, n_samples, n_classes) (a Run, or a run file to load);
+        read one epoch at a time. A summary run is copied.
+    path : str or Path, optional
+        ``.npy`` file to write (atomically, with its sidecar); None keeps it in memory.
+    progress : bool, default False
+
+    Returns
+    -------
+    Run of kind "summary", shape (n_epochs, n_samples, n_classes)
+        Memory-mapped from ``path`` when given. Correctness (hence accuracy, F_e, L_e,
+        forgetting events), `Run.label_probs` and `Run.label_margins` equal those of the
+        full run; methods that need every class's outputs (probabilities, fusion) raise.
+    """
+    from . import load  # the package's loader, which imports this module
+
+    if not isinstance(run, Run):
+        run = load(run)
+    if run.kind == "probs":
+        raise ForgetkitError("summarize needs logits (the summary holds logits and their "
+                             "log-sum-exp); got a run of probabilities")
+    records = np.empty((run.n_epochs, run.n_samples), dtype=SUMMARY_DTYPE)
+    bar = Progress(run.n_epochs, "summary", enabled=progress)
+    for e in range(run.n_epochs):
+        if run.kind == "summary":
+            records[e] = run.outputs.records[e]
+        else:
+            summarize_outputs(run.epoch_values(e), run.labels, out=records[e])
+        bar.update()
+    if path is None:
+        return Run(SummaryOutputs(records, run.n_classes), run.labels, kind="summary",
+                   epochs=run.epochs, sample_ids=run.sample_ids, class_names=run.class_names,
+                   meta=run.meta)
+    path = Path(path)
+    if path.suffix.lower() != ".npy":
+        raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got {str(path)!r}")
+    with atomic_write(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(summary_header(*records.shape))
+            f.write(records.tobytes())
+        write_json_atomic(sidecar_path(path), summary_record(
+            n_samples=run.n_samples, n_classes=run.n_classes, epochs=run.epochs,
+            labels=run.labels, sample_ids=run.sample_ids, class_names=run.class_names,
+            meta=run.meta))
+    return load_summary(path)
+
+
+class SummaryWriter:
+    """Append a summary run epoch by epoch while the model trains (the `RunWriter` of
+    summaries; same options, ``.npy`` only).
+
+    Parameters
+    ----------
+    path : str or Path, ``.npy``
+    n_samples, n_classes : int
+    labels : array-like of shape (n_samples,)
+    sample_ids, class_names, meta : optional, stored in the sidecar
+    mode : {"a", "w", "x"}
+        "a" (default) appends to an existing summary at ``path`` or starts one; "w" starts
+        over; "x" refuses an existing file.
+    """
+
+    def __init__(self, path, n_samples, n_classes, *, labels, sample_ids=None,
+                 class_names=None, meta=None, mode="a"):
+        self.path = Path(path)
+        if self.path.suffix.lower() != ".npy":
+            raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got "
+                                 f"{str(self.path)!r}")
+        check_option("mode", mode, ("a", "w", "x"))
+        self.n_samples = check_int("n_samples", n_samples, minimum=1)
+        self.n_classes = check_int("n_classes", n_classes, minimum=2)
+        self.labels = check_labels(labels, self.n_samples, self.n_classes)
+        self.sample_ids = check_sample_ids(sample_ids, self.n_samples)
+        self.class_names = check_class_names(class_names, self.n_classes)
+        self.meta = check_meta(meta)
+        self.epochs = []
+        self._closed = False
+        exists = self.path.exists()
+        if exists and mode == "x":
+            raise RunExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
+        if exists and mode == "w":
+            for p in (self.path, sidecar_path(self.path)):
+                remove(p)
+            exists = False
+        if exists:
+            self.epochs = self._existing_epochs()
+            self._file = open(self.path, "r+b")
+        else:
+            self._file = open(self.path, "wb")
+            self._file.write(summary_header(0, self.n_samples))
+            self._file.flush()
+            write_json_atomic(sidecar_path(self.path), self._record())
+
+    @property
+    def n_epochs(self):
+        return len(self.epochs)
+
+    def append(self, epoch, values, *, replace=False):
+        """Store epoch number ``epoch``: logits (n_samples, n_classes), summarised here, or
+        its summary records (n_samples,) of `SUMMARY_DTYPE`. Epoch numbers must increase;
+        ``replace=True`` drops a stored epoch number and the later ones first."""
+        if self._closed:
+            raise ForgetkitError("this SummaryWriter is closed")
+        epoch = int(epoch)
+        values = np.asarray(values)
+        if values.dtype == SUMMARY_DTYPE and values.shape == (self.n_samples,):
+            records = values
+            finite = all(np.isfinite(records[f]).all() for f in ("label", "other", "lse"))
+            if not finite:
+                raise ForgetkitError(f"the summary of epoch {epoch} holds NaN or inf; not stored")
+        elif values.shape == (self.n_samples, self.n_classes):
+            try:
+                records = summarize_outputs(values, self.labels)
+            except ForgetkitError as err:
+                raise ForgetkitError(f"outputs of epoch {epoch}: {err}") from None
+        else:
+            raise ForgetkitError(f"epoch {epoch} must be outputs of shape ({self.n_samples}, "
+                                 f"{self.n_classes}) or {self.n_samples} summary records; got "
+                                 f"{values.dtype} of shape {values.shape}")
+        if self.epochs and epoch <= self.epochs[-1]:
+            if not replace:
+                raise ForgetkitError(f"epoch {epoch} is not after the last stored epoch "
+                                     f"{self.epochs[-1]}; pass replace=True to drop it and the "
+                                     "later epochs")
+            self.epochs = self.epochs[: int(np.searchsorted(self.epochs, epoch))]
+        position = len(self.epochs)
+        f = self._file
+        f.seek(HEADER_BYTES + position * self.n_samples * SUMMARY_DTYPE.itemsize)
+        f.write(np.ascontiguousarray(records).tobytes())
+        f.flush()
+        os.fsync(f.fileno())  # the records are on disk before the header counts them
+        self.epochs.append(epoch)
+        write_json_atomic(sidecar_path(self.path), self._record())
+        f.seek(0)
+        f.write(summary_header(len(self.epochs), self.n_samples))
+        f.flush()
+
+    def close(self):
+        """Finish the file (idempotent)."""
+        if not self._closed:
+            self._file.close()
+        self._closed = True
+
+    abort = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+
+    def _record(self):
+        return summary_record(n_samples=self.n_samples, n_classes=self.n_classes,
+                              epochs=self.epochs, labels=self.labels,
+                              sample_ids=self.sample_ids, class_names=self.class_names,
+                              meta=self.meta)
+
+    def _existing_epochs(self):
+        record = read_summary_record(self.path)
+        if record is None:
+            raise ForgetkitError(f"{str(self.path)!r} exists but is not a forgetkit summary (a "
+                                 "full run, or another file); use mode='w' or another path")
+        for field, mine in (("n_samples", self.n_samples), ("n_classes", self.n_classes)):
+            if record.get(field) != mine:
+                raise ForgetkitError(f"the existing summary at {str(self.path)!r} has "
+                                     f"{field}={record.get(field)}; this writer has {field}={mine} "
+                                     "(use mode='w' to start over, or another path)")
+        stored = np.load(self.path, mmap_mode="r")
+        return list(record["epochs"][: stored.shape[0]])
