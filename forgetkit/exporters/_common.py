@@ -1,48 +1,154 @@
-"""Framework-free part of the recorders: the RunWriter they feed and the label checks."""
+"""Framework-free part of the recorders: the writer they feed (on a background thread), the
+label checks, resuming by sample id."""
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from ..io import RunWriter
+import numpy as np
+import pandas as pd
+
+from .._summary import SUMMARY_DTYPE, summary_correct
+from ..errors import ForgetkitError
+from ..io import RunWriter, SummaryWriter, load
+from ..io.background import BackgroundWriter
 
 
 class RecorderBase:
-    """Opens the RunWriter on the first epoch (when N and C are known) and checks that later
-    epochs see the same samples in the same order."""
+    """What every recorder shares: the writer of the run (full outputs, or a summary), fed on
+    a background thread, opened on the first epoch (when N and C are known), and the checks
+    that later epochs see the same samples.
 
-    def __init__(self, path, *, dtype, kind, format, layout, meta, class_names, mode):
-        self.path = path
+    Rows are stored in the order the recorder gives them (its data's order; dataset order
+    under torch.distributed). Resuming an existing run (mode "a") matches rows by sample id,
+    so a run recorded with one world size continues with another.
+    """
+
+    def __init__(self, path, *, dtype, kind, format, layout, meta, class_names, mode,
+                 summary=False, sample_ids=None, max_pending=2):
+        self.path = Path(path)
         self.dtype = np.dtype(dtype)
+        self.summary = bool(summary)
+        if self.summary:
+            if kind != "logits":
+                raise ForgetkitError(f"summary=True records logits; got kind={kind!r}")
+            if self.path.suffix.lower() != ".npy" or format not in (None, "npy"):
+                raise ForgetkitError(f"summary=True writes a .npy summary; got path "
+                                     f"{str(self.path)!r} and format={format!r}")
+        self.sample_ids = None if sample_ids is None else np.asarray(sample_ids)
+        self.max_pending = max_pending
         self._writer_options = dict(kind=kind, dtype=self.dtype, format=format, layout=layout,
                                     meta=meta, class_names=class_names, mode=mode)
-        self._writer = None
+        self._writer = None  # a BackgroundWriter, on the process that writes
         self._labels = None
+        self._order = None  # rows of a recorded epoch in the order of a resumed run
+        self._last_epoch = None
 
-    def _store(self, epoch, outputs, labels):
-        """Append ``outputs`` (N, C) numpy of epoch ``epoch`` with the loader's labels (N,);
-        return the epoch's accuracy."""
+    def _commit(self, epoch, values, labels, n_classes, *, ids=None):
+        """Queue epoch ``epoch`` for writing after the checks that need no values.
+
+        ``values``: outputs (N, C) in the stored dtype, or (summary=True) N summary records,
+        or a callable returning either (run on the writer thread: a device-to-host copy);
+        ``labels`` (N,) and ``ids`` (N,), the dataset index of each row (None: positions).
+        """
+        epoch = int(epoch)
         labels = np.asarray(labels).astype(np.int64).reshape(-1)
-        if self._labels is None:
-            self._labels = labels
-            self._writer = RunWriter(self.path, outputs.shape[0], outputs.shape[1],
-                                     labels=labels, **self._writer_options)
-        elif labels.shape != self._labels.shape or not np.array_equal(labels, self._labels):
-            raise ValueError(
-                f"epoch {epoch}: the data yielded other labels than at the first recorded "
-                "epoch; the evaluation data must come in the same order every epoch "
-                "(shuffle=False)"
-            )
-        self._writer.append(epoch, outputs)
-        return float(np.mean(np.argmax(outputs, axis=1) == labels))
+        if self._writer is None or self._writer.closed:
+            if self._writer is not None:  # used again after close (a second fit): append
+                self._writer_options["mode"] = "a"
+            self._open(labels, n_classes, ids)
+        else:
+            self._writer.raise_error()
+            if labels.shape != self._labels.shape or not np.array_equal(labels, self._labels):
+                raise ForgetkitError(
+                    f"epoch {epoch}: the data yielded other labels than at the first recorded "
+                    "epoch; the evaluation data must come in the same order every epoch "
+                    "(shuffle=False)"
+                )
+        if self._last_epoch is not None and epoch <= self._last_epoch:
+            raise ForgetkitError(f"epoch {epoch} is not after the last recorded epoch "
+                                 f"{self._last_epoch} of {str(self.path)!r} (epoch numbers must "
+                                 "increase; mode='w' starts over)")
+        self._last_epoch = epoch
+        order = self._order
+        if order is not None:
+            values = _reordered(values, order)
+        self._writer.submit(epoch, values)
+
+    def _open(self, labels, n_classes, ids):
+        """Open the writer for rows with these labels and dataset indices."""
+        n = len(labels)
+        ids = np.arange(n) if ids is None else np.asarray(ids)
+        stored_ids = None
+        if self.sample_ids is not None:
+            if len(self.sample_ids) <= ids.max():
+                raise ForgetkitError(f"sample_ids has {len(self.sample_ids)} entries; the data "
+                                     f"holds dataset index {int(ids.max())}")
+            stored_ids = self.sample_ids[ids]
+        elif not np.array_equal(ids, np.arange(n)):
+            stored_ids = ids
+        stored_labels, stored_ids = self._match_existing(labels, stored_ids)
+        options = dict(self._writer_options)
+        if self.summary:
+            writer = SummaryWriter(self.path, n, n_classes, labels=stored_labels,
+                                   sample_ids=stored_ids, class_names=options["class_names"],
+                                   meta=options["meta"], mode=options["mode"])
+        else:
+            writer = RunWriter(self.path, n, n_classes, labels=stored_labels,
+                               sample_ids=stored_ids, **options)
+        self._writer = BackgroundWriter(writer, max_pending=self.max_pending)
+        self._labels = labels
+        self._last_epoch = writer.epochs[-1] if writer.epochs else None
+
+    def _match_existing(self, labels, stored_ids):
+        """(labels, ids) to write when appending to an existing run at ``path``: the stored
+        run's, after checking that it holds the same samples with the same labels; the rows
+        of each new epoch are put in its order (``_order``)."""
+        if self._writer_options["mode"] != "a":
+            return labels, stored_ids
+        try:
+            old = load(self.path)
+        except Exception:  # no run there, or not one we can read: the writer reports it
+            return labels, stored_ids
+        n = len(labels)
+        if old.n_samples != n:
+            return labels, stored_ids  # the writer names the mismatch
+        mine = np.arange(n) if stored_ids is None else stored_ids
+        theirs = np.arange(n) if old.sample_ids is None else np.asarray(old.sample_ids)
+        if not np.array_equal(mine, theirs):
+            pos = pd.Index(mine).get_indexer(theirs)
+            if (pos < 0).any() or len(np.unique(pos)) != n:
+                lacking = theirs[pos < 0][:5].tolist()
+                raise ForgetkitError(
+                    f"the existing run at {str(self.path)!r} holds other samples than this "
+                    f"recording (e.g. sample ids {lacking} are not in the data); resume with "
+                    "the same evaluation data, or mode='w' to start over")
+            self._order = pos
+            labels, stored_ids = labels[pos], old.sample_ids
+        if not np.array_equal(labels, old.labels):
+            bad = int(np.argmax(labels != old.labels))
+            raise ForgetkitError(
+                f"the existing run at {str(self.path)!r} has label {int(old.labels[bad])} for "
+                f"sample {theirs[bad]!r}; the data gives {int(labels[bad])} (resume with the "
+                "same evaluation data, or mode='w' to start over)")
+        return labels, stored_ids
 
     @property
     def epochs(self):
-        """Epoch numbers stored so far."""
-        return [] if self._writer is None else list(self._writer.epochs)
+        """Epoch numbers written so far (waits for the queued ones)."""
+        if self._writer is None:
+            return []
+        self._writer.flush()
+        return list(self._writer.writer.epochs)
+
+    def flush(self):
+        """Wait until every recorded epoch is on disk; raise a writing error."""
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self):
-        """Finish the run file (Parquet: merge the staged epochs)."""
+        """Write the queued epochs and finish the run file (Parquet: merge the staged
+        epochs); raises an error of the background writer."""
         if self._writer is not None:
             self._writer.close()
 
@@ -56,12 +162,28 @@ class RecorderBase:
             self._writer.abort()
 
 
-def check_class_counts(chunks, epoch):
-    """Raise if the batches of one epoch disagree on the number of classes."""
-    counts = sorted({int(c.shape[-1]) for c in chunks})
+def _reordered(values, order):
+    """``values`` (or what the callable returns) with its rows taken in ``order``."""
+    def rows():
+        return np.asarray(values() if callable(values) else values)[order]
+
+    return rows
+
+
+def accuracy_of(values, labels):
+    """Share of rows whose argmax (outputs (N, C)) or summary (N records) is the label."""
+    if values.dtype == SUMMARY_DTYPE:
+        return float(np.mean(summary_correct(values, labels)))
+    return float(np.mean(np.argmax(values, axis=1) == labels))
+
+
+def check_class_counts(shapes, epoch):
+    """Raise if the output shapes of one epoch's batches are not (batch, n_classes) with
+    one n_classes."""
+    counts = sorted({int(s[-1]) for s in shapes})
     if len(counts) > 1:
-        raise ValueError(f"epoch {epoch}: the model returned {counts} classes in different "
-                         "batches; every batch must give (batch, n_classes) outputs")
-    if chunks and chunks[0].ndim != 2:
-        raise ValueError(f"epoch {epoch}: model outputs must have shape (batch, n_classes); "
-                         f"got {tuple(chunks[0].shape)} (use output_fn to pick the logits)")
+        raise ForgetkitError(f"epoch {epoch}: the model returned {counts} classes in different "
+                             "batches; every batch must give (batch, n_classes) outputs")
+    if shapes and len(shapes[0]) != 2:
+        raise ForgetkitError(f"epoch {epoch}: model outputs must have shape (batch, n_classes); "
+                             f"got {tuple(shapes[0])} (use output_fn to pick the logits)")

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._summary import SUMMARY_DTYPE
+from ..errors import ForgetkitError
 from ._common import RecorderBase, check_class_counts
 
 __all__ = ["LogitRecorder"]
@@ -28,22 +30,33 @@ class LogitRecorder(RecorderBase):
     path : str or Path
         ``.npy`` or ``.parquet``; an existing run is appended to (resumed training).
     batches : re-iterable of (inputs, labels) (e.g. a list), or a callable returning a fresh
-        iterator; the same samples in the same order every epoch.
+        iterator; the same samples in the same order every epoch. Inputs may be sharded
+        over several devices (``jax.sharding``): outputs are gathered with their sharding.
     apply_fn : callable (params, inputs) -> (batch, n_classes) logits.
     dtype : "float16" (default), "float32" or "float64", the stored precision.
     jit : bool, default True: wrap ``apply_fn`` (and the cast) in ``jax.jit``.
+    summary : bool, default False
+        Store the summary of each sample's logits (see `forgetkit.summarize`), computed on
+        the device from the logits rounded to ``dtype`` (float64: on the host).
+    sample_ids : array-like, optional, the id of each position, stored as the run's ids.
+    max_pending : int, default 2, epochs that may wait for the background writer.
     kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
 
-    Outputs stay on the device until the epoch is done; then one ``jax.device_get`` brings
-    them to the host (one transfer per batch at most, no per-sample copies).
+    Outputs stay on the device(s) until the epoch is done; the device-to-host copy (one
+    ``jax.device_get``) and the disk write run on a background thread. Accuracy and the
+    finiteness check are reduced on the device. Outputs that span several processes
+    (multi-host) are refused: record on each process's addressable data instead.
     """
 
-    def __init__(self, path, batches, apply_fn, *, dtype="float16", jit=True, kind="logits",
-                 format=None, layout="list", meta=None, class_names=None, mode="a"):
+    def __init__(self, path, batches, apply_fn, *, dtype="float16", jit=True, summary=False,
+                 sample_ids=None, max_pending=2, kind="logits", format=None, layout="list",
+                 meta=None, class_names=None, mode="a"):
         super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
-                         meta=meta, class_names=class_names, mode=mode)
+                         meta=meta, class_names=class_names, mode=mode, summary=summary,
+                         sample_ids=sample_ids, max_pending=max_pending)
         self.batches = batches
         store = jnp.dtype(self.dtype.name)
+        self._device_summary = self.summary and self.dtype != np.float64
 
         def logits(params, x):
             return apply_fn(params, x).astype(store)
@@ -54,11 +67,54 @@ class LogitRecorder(RecorderBase):
         """Evaluate on every batch with ``params`` and store the outputs as epoch ``epoch``;
         return the epoch's accuracy."""
         batches = self.batches() if callable(self.batches) else self.batches
-        chunks, labels = [], []
+        chunks, labels, shapes, stats = [], [], [], []
         for x, y in batches:
-            chunks.append(self._logits(params, x))
-            labels.append(np.asarray(y).reshape(-1))
-        check_class_counts(chunks, epoch)
-        host = jax.device_get(chunks)
-        return self._store(epoch, np.concatenate([np.asarray(c) for c in host]),
-                    np.concatenate(labels))
+            out = self._logits(params, x)
+            shapes.append(tuple(out.shape))
+            check_class_counts(shapes[-1:] + shapes[:1], epoch)
+            if not getattr(out, "is_fully_addressable", True):
+                raise ForgetkitError(f"epoch {epoch}: the outputs span several processes "
+                                     f"(jax.process_count() = {jax.process_count()}); record "
+                                     "each process's addressable data with its own recorder")
+            y = np.asarray(y).reshape(-1)
+            if len(y) != len(out):
+                raise ForgetkitError(f"epoch {epoch}: a batch of {len(out)} outputs came with "
+                                     f"{len(y)} labels")
+            stats.append(_stats(out, y))
+            chunks.append(_summary_rows(out, y) if self._device_summary else out)
+            labels.append(y)
+        n_correct, n_bad = np.sum(jax.device_get(stats), axis=0)
+        if n_bad:
+            raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
+                                 f"{self.dtype}); not stored")
+        labels = np.concatenate(labels)
+        summary = self._device_summary
+
+        def host():
+            arr = np.concatenate([np.asarray(c) for c in jax.device_get(chunks)])
+            return arr.view(SUMMARY_DTYPE).reshape(-1) if summary else arr
+
+        self._commit(epoch, host, labels, shapes[0][-1])
+        return float(n_correct / len(labels))
+
+
+@jax.jit
+def _stats(out, labels):
+    """(correct count, non-finite count) of a batch of outputs."""
+    return jnp.stack([jnp.sum(jnp.argmax(out, axis=1) == labels),
+                      jnp.sum(~jnp.isfinite(out))])
+
+
+@jax.jit
+def _summary_rows(out, labels):
+    """The summary of logits (B, C) as float32 (B, 4): label logit, largest other logit, its
+    class (int32 bits), log-sum-exp (rows of SUMMARY_DTYPE when viewed as such)."""
+    z = out.astype(jnp.float32)
+    rows = jnp.arange(z.shape[0])
+    label = z[rows, labels]
+    masked = z.at[rows, labels].set(-jnp.inf)
+    other_class = jnp.argmax(masked, axis=1).astype(jnp.int32)
+    other = masked[rows, other_class]
+    lse = jax.nn.logsumexp(z, axis=1)
+    bits = jax.lax.bitcast_convert_type(other_class, jnp.float32)
+    return jnp.stack([label, other, bits, lse], axis=1)

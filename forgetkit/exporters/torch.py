@@ -7,28 +7,109 @@
         train_one_epoch(model)
         recorder.record(model, epoch)
     recorder.close()
+
+Under torch.distributed (a process group initialised by torchrun, Lightning's or accelerate's
+DDP) the same lines run on every rank: each rank evaluates its shard, rank 0 writes the epoch
+in dataset order, the other ranks write nothing (see `forgetkit.exporters._torch_distributed`).
+Batches are (inputs, labels) pairs or dicts (Hugging Face style: the dict less its labels goes
+to the model as keyword arguments).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import partial
+
+import numpy as np
 import torch
 
+from .._summary import SUMMARY_DTYPE
+from ..errors import ForgetkitError, InputTypeError
+from . import _torch_distributed as ddp
 from ._common import RecorderBase, check_class_counts
 
 __all__ = ["LogitRecorder"]
 
 
 def default_output(out):
-    """The logits tensor of a model's output: itself, the first element of a tuple/list, or
-    ``out["logits"]`` of a dict."""
+    """The logits tensor of a model's output: itself, the first element of a tuple/list,
+    ``out["logits"]`` of a dict, or ``out.logits`` (a Hugging Face ModelOutput)."""
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
-    if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
+    if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
         return out["logits"]
-    raise TypeError(f"cannot find the logits in a model output of type {type(out).__name__}; "
-                    "pass output_fn=... that returns the (batch, n_classes) tensor")
+    if isinstance(getattr(out, "logits", None), torch.Tensor):
+        return out.logits
+    raise InputTypeError(f"cannot find the logits in a model output of type {type(out).__name__}; "
+                         "pass output_fn=... that returns the (batch, n_classes) tensor")
+
+
+def split_batch(batch, label_key):
+    """(positional inputs, keyword inputs, labels) of a batch: an (inputs, labels, ...)
+    tuple or list, or a mapping whose ``label_key`` entry holds the labels and whose other
+    entries are the model's keyword arguments."""
+    if isinstance(batch, Mapping):
+        if label_key not in batch:
+            raise ForgetkitError(f"a dict batch must hold its labels under label_key="
+                                 f"{label_key!r}; got keys {sorted(batch)}")
+        return (), {k: v for k, v in batch.items() if k != label_key}, batch[label_key]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return (batch[0],), {}, batch[1]
+    raise InputTypeError(f"batches must be (inputs, labels) pairs or dicts with a "
+                         f"{label_key!r} entry; got {type(batch).__name__}")
+
+
+def _to(values, device):
+    """Tensors of a tuple or dict moved to ``device`` (other values as they are)."""
+    def move(v):
+        return v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+
+    if isinstance(values, dict):
+        return {k: move(v) for k, v in values.items()}
+    return tuple(move(v) for v in values)
+
+
+def summary_rows(out, labels):
+    """The summary of logits ``out`` (B, C) with ``labels`` (B,) on their device, as float32
+    (B, 4): label logit, largest other logit, its class (int32 bits), log-sum-exp; the rows
+    of `forgetkit._summary.SUMMARY_DTYPE` when viewed as such on the host."""
+    z = out.float()
+    label = z.gather(1, labels[:, None]).squeeze(1)
+    other, other_class = z.scatter(1, labels[:, None], float("-inf")).max(dim=1)
+    lse = torch.logsumexp(z, dim=1)
+    return torch.stack([label, other, other_class.to(torch.int32).view(torch.float32), lse], 1)
+
+
+def correct_count(values, labels, summary):
+    """Rows whose prediction is the label: outputs (N, C), or summary rows (N, 4)."""
+    if not summary:
+        return int((values.argmax(dim=1) == labels).sum())
+    label, other = values[:, 0], values[:, 1]
+    other_class = values[:, 2].view(torch.int32)
+    return int(((label > other) | ((label == other) & (labels < other_class))).sum())
+
+
+def host_copy(values, summary):
+    """A callable returning ``values`` as numpy (summary rows as SUMMARY_DTYPE records). A
+    CUDA tensor's copy starts now, asynchronously into pinned memory, and the callable
+    (run on the writer thread) waits for it; other devices copy in the callable."""
+    done = None
+    if values.device.type == "cuda":
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        values = host
+
+    def to_numpy():
+        if done is not None:
+            done.synchronize()
+        arr = values.cpu().numpy()
+        return arr.view(SUMMARY_DTYPE).reshape(-1) if summary else arr
+
+    return to_numpy
 
 
 class LogitRecorder(RecorderBase):
@@ -37,59 +118,145 @@ class LogitRecorder(RecorderBase):
     Parameters
     ----------
     path : str or Path
-        ``.npy`` or ``.parquet`` run file; an existing run there is appended to (a resumed
-        training), as long as its samples and classes match.
-    data : DataLoader or iterable of (inputs, labels) batches, or an (inputs, labels) pair
-        of tensors. Must yield the same samples in the same order every epoch.
+        ``.npy`` or ``.parquet`` run file (``.npy`` with ``summary=True``); an existing run
+        there is appended to (a resumed training), as long as it holds the same samples
+        (matched by sample id) and classes.
+    data : DataLoader or iterable of batches, or an (inputs, labels) pair of tensors
+        Batches are (inputs, labels, ...) tuples or dicts holding the labels under
+        ``label_key``. Must yield the same samples in the same order every epoch.
     dtype : "float16" (default) or "float32"/"float64": the stored precision.
     output_fn : callable, optional
         Maps the model's output to the (batch, n_classes) logits tensor (default: the tensor,
-        the first element of a tuple, or ``out["logits"]``).
-    batch_size : int, used when ``data`` is a pair of tensors.
+        the first element of a tuple, ``out["logits"]`` or ``out.logits``).
+    batch_size : int, used when ``data`` is a pair of tensors (and for the shards of a
+        DataLoader that has no batch size of its own).
+    label_key : str, default "labels"
+        The labels' key in dict batches; the other entries are passed to the model as
+        keyword arguments.
+    sample_ids : array-like, optional
+        The id of each dataset index (of each position, for data other than a DataLoader over
+        a map-style dataset), stored as the run's sample ids. By default the run's samples
+        are the dataset indices (stored as ids only when they are not 0..N-1).
+    summary : bool, default False
+        Store the summary of each sample's logits (`forgetkit.summarize`: label logit,
+        largest other logit and its class, log-sum-exp; 16 bytes per sample), computed on
+        the model's device from the logits rounded to ``dtype``.
+    group : torch.distributed ProcessGroup, optional
+        The group to gather over (default: the world, when a process group is initialised).
+    max_pending : int, default 2
+        Epochs that may wait for the background writer before `record` waits.
     kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
+
+    `record` evaluates on the training thread; the device-to-host copy and the disk write
+    run on a background thread (an error there is raised by the next `record` or `close`).
     """
 
     def __init__(self, path, data, *, dtype="float16", output_fn=None, batch_size=1024,
-                 kind="logits", format=None, layout="list", meta=None, class_names=None,
-                 mode="a"):
+                 label_key="labels", sample_ids=None, summary=False, group=None,
+                 max_pending=2, kind="logits", format=None, layout="list", meta=None,
+                 class_names=None, mode="a"):
         super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
-                         meta=meta, class_names=class_names, mode=mode)
+                         meta=meta, class_names=class_names, mode=mode, summary=summary,
+                         sample_ids=sample_ids, max_pending=max_pending)
         if (isinstance(data, (tuple, list)) and len(data) == 2
                 and all(isinstance(t, torch.Tensor) for t in data)):
             inputs, labels = data
             if len(inputs) != len(labels):
-                raise ValueError(f"inputs ({len(inputs)}) and labels ({len(labels)}) differ in "
-                                 "length")
+                raise ForgetkitError(f"inputs ({len(inputs)}) and labels ({len(labels)}) "
+                                     "differ in length")
             data = [(inputs[i:i + batch_size], labels[i:i + batch_size])
                     for i in range(0, len(inputs), batch_size)]
         self.data = data
+        self.batch_size = batch_size
+        self.label_key = label_key
+        self.group = group
         self.output_fn = output_fn or default_output
         self._torch_dtype = getattr(torch, self.dtype.name)
+        # float64 logits are summarised on the host (exactly); others in float32 on device
+        self._device_summary = self.summary and self.dtype != np.float64
+        self._shard_loaders = {}
 
     def record(self, model, epoch):
         """Run ``model`` in eval mode without gradients over the data and store the outputs
         as epoch number ``epoch``; return the epoch's accuracy. The model's train/eval mode is
-        restored afterwards."""
+        restored afterwards. Under torch.distributed every rank must call it; each evaluates
+        its shard, rank 0 writes, and every rank returns the accuracy over all samples."""
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
+                              torch.nn.DataParallel)):
+            model = model.module  # a DDP forward would sync buffers: ranks differ in batches
+        ctx = ddp.context(self.group)
+        rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world)
+        shard = ddp.Shard(self.data, rank, world, batch_size=self.batch_size,
+                          count=self._batch_length, cache=self._shard_loaders)
         was_training = model.training
-        device = next(model.parameters(), torch.empty(0)).device
-        chunks, labels = [], []
         model.eval()
         try:
-            with torch.no_grad():
-                for batch in self.data:
-                    x, y = batch[0], batch[1]
-                    out = self.output_fn(model(x.to(device, non_blocking=True)))
-                    # cast on the device: half the bytes to copy for float16
-                    chunks.append(out.detach().to(self._torch_dtype))
-                    labels.append(torch.as_tensor(y).reshape(-1))
+            local = self._evaluate(model, epoch, shard if ctx is not None else
+                                   ((None, batch) for batch in self.data), catch=ctx is not None)
         finally:
             model.train(was_training)
-        check_class_counts(chunks, epoch)
-        outputs = torch.cat(chunks).cpu().numpy()  # one device-to-host copy per epoch
-        return self._store(epoch, outputs, torch.cat(labels).cpu().numpy())
+        if ctx is None:
+            if local["error"] is not None:
+                raise local["error"]
+            if not local["finite"]:
+                raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
+                                     f"{self.dtype}); not stored")
+            return self._store(epoch, None, local["labels"], local["values"], local["classes"])
+        return ddp.gather_epoch(ctx, epoch, local, shard, partial(self._store, epoch))
+
+    def _batch_length(self, batch):
+        return len(torch.as_tensor(split_batch(batch, self.label_key)[2]).reshape(-1))
+
+    def _evaluate(self, model, epoch, batches, *, catch):
+        """This process's outputs: dict of ``values`` (n, C) in the stored dtype (summary
+        rows (n, 4) with a device summary), ``labels`` (n,) and ``ids`` (n,) tensors on the
+        model's device, ``classes``, ``finite`` and ``error`` (with ``catch``, an error of
+        the evaluation, to be raised on every rank)."""
+        device = next(model.parameters(), torch.empty(0)).device
+        chunks, labels, ids, shapes = [], [], [], []
+        finite = torch.ones((), dtype=torch.bool, device=device)
+        try:
+            with torch.inference_mode():
+                for index, batch in batches:
+                    args, kwargs, y = split_batch(batch, self.label_key)
+                    out = self.output_fn(model(*_to(args, device), **_to(kwargs, device)))
+                    shapes.append(tuple(out.shape))
+                    check_class_counts(shapes[-1:] + shapes[:1], epoch)
+                    out = out.detach().to(self._torch_dtype)  # half the bytes for float16
+                    y = torch.as_tensor(y).reshape(-1).to(out.device, non_blocking=True)
+                    if len(y) != len(out):
+                        raise ForgetkitError(f"epoch {epoch}: a batch of {len(out)} outputs "
+                                             f"came with {len(y)} labels")
+                    finite &= torch.isfinite(out).all()
+                    chunks.append(summary_rows(out, y) if self._device_summary else out)
+                    labels.append(y)
+                    if index is not None:
+                        ids.append(index)
+        except Exception as err:
+            if not catch:
+                raise
+            return {"error": err, "values": None, "labels": None, "ids": np.empty(0, np.int64),
+                    "classes": None, "finite": True}
+        return {"error": None, "finite": bool(finite),
+                "values": torch.cat(chunks) if chunks else None,
+                "labels": torch.cat(labels) if labels else torch.empty(0, dtype=torch.int64),
+                "ids": np.concatenate(ids) if ids else np.empty(0, np.int64),
+                "classes": shapes[0][-1] if shapes else None}
+
+    def _store(self, epoch, ids, labels, values, n_classes):
+        """Queue the epoch's rows (``values`` on the device, ``labels``, dataset indices
+        ``ids`` or None for positions) for writing; return its accuracy."""
+        summary = self._device_summary
+        labels = torch.as_tensor(labels)
+        accuracy = correct_count(values, labels.to(values.device), summary) / len(values)
+        self._commit(epoch, host_copy(values, summary), labels.cpu().numpy(), n_classes,
+                     ids=ids)
+        return accuracy
 
     def lightning_callback(self, *, every_n_epochs=1):
-        """A PyTorch Lightning callback recording at the end of every training epoch."""
+        """A PyTorch Lightning callback recording at the end of every training epoch (and
+        closing the run when fitting ends). Under strategy="ddp" it runs on every rank: each
+        evaluates its shard and rank 0 writes."""
         try:
             from lightning.pytorch import Callback
         except ImportError:

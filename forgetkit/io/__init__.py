@@ -34,6 +34,7 @@ from .._validation import check_option
 from ..errors import ForgetkitError
 from ..run import Run
 from .atomic import atomic_write, write_json_atomic
+from .background import wait_for_writes
 from .cartography import load_cartography
 from .npy import load_npy, write_npy
 from .npz import load_npz, write_npz
@@ -69,6 +70,7 @@ def load(path, labels=None, *, kind=None):
         raise FileNotFoundError(f"no such run: {str(path)!r}")
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels_file(labels)
+    wait_for_writes(path)  # epochs this process recorded to path and still writes
     if fmt == "npy" and kind in (None, "summary") and is_summary(path):
         return load_summary(path, labels=labels)
     loader = {"npz": load_npz, "npy": load_npy, "parquet": load_parquet,

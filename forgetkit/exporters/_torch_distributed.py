@@ -1,0 +1,234 @@
+"""The torch.distributed side of the PyTorch recorder: which samples each rank evaluates,
+and one epoch's gather to rank 0.
+
+Each rank evaluates a shard of the evaluation data, knowing the dataset index of every
+sample: a DataLoader's own DistributedSampler gives the shards (its padding duplicates are
+dropped after the gather); a DataLoader over a map-style dataset without one is split by
+the recorder (the sorted indices of its sampler, in contiguous blocks, one per rank);
+any other iterable of batches is split by batch (rank r evaluates batches r, r + W, ...,
+and every rank reads every batch to count positions).
+
+One epoch: all ranks exchange their counts (all_gather_object), so that a disagreement
+(class or sample counts, a rank that failed, non-finite outputs) fails on every rank; the
+outputs and (index, label) pairs go to rank 0 (gather of padded byte tensors, on the rank's
+CUDA device under NCCL); rank 0 checks the indices (duplicates beyond the sampler's padding,
+missing ones), queues the epoch in dataset order and broadcasts its verdict, which every
+rank raises or returns. A collective that fails (a rank died, the process group's timeout
+passed) raises TimeoutError; nothing is written for that epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+
+from ..errors import ForgetkitError
+
+
+@dataclass
+class Context:
+    """A process group the recorder gathers over."""
+
+    group: object
+    rank: int
+    world: int
+    dst: int  # the global rank of the group's rank 0, which writes
+    device: torch.device  # where collective tensors live
+
+
+def context(group=None):
+    """The Context of ``group`` (default: the world) when torch.distributed is initialised
+    with more than one rank, else None."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.get_world_size(group)
+    if world == 1:
+        return None
+    backend = str(dist.get_backend(group))
+    device = torch.device("cpu") if "gloo" in backend or not torch.cuda.is_available() \
+        else torch.device("cuda", torch.cuda.current_device())
+    dst = 0 if group is None else dist.get_global_rank(group, 0)
+    return Context(group, dist.get_rank(group), world, dst, device)
+
+
+class Shard:
+    """This rank's (dataset indices (n,), batch) pairs of one epoch; after iterating,
+    ``expected`` holds the sorted dataset indices of the whole evaluation and ``padding``
+    how many duplicates the ranks evaluate on purpose (a DistributedSampler's padding)."""
+
+    def __init__(self, data, rank, world, *, batch_size, count, cache):
+        self.expected, self.padding = None, 0
+        self._data, self._rank, self._world = data, rank, world
+        self._batch_size, self._count, self._cache = batch_size, count, cache
+
+    def __iter__(self):
+        data = self._data
+        if isinstance(data, DataLoader) and not isinstance(data.dataset, IterableDataset):
+            if data.batch_sampler is None:
+                raise ForgetkitError("a DataLoader with batch_size=None yields single samples; "
+                                     "the recorder needs batches (set batch_size)")
+            if isinstance(data.sampler, DistributedSampler):
+                yield from self._sampler_shards(data)
+            else:
+                yield from self._own_shards(data)
+        else:
+            yield from self._batch_shards(data)
+
+    def _sampler_shards(self, loader):
+        sampler = loader.sampler
+        self.expected = np.arange(len(sampler.dataset))
+        self.padding = 0 if sampler.drop_last else sampler.total_size - len(sampler.dataset)
+        # a DistributedSampler is deterministic for a given epoch: iterating its batch
+        # sampler beside the loader gives each batch's indices
+        for indices, batch in zip(loader.batch_sampler, loader, strict=True):
+            yield np.asarray(indices, dtype=np.int64), batch
+
+    def _own_shards(self, loader):
+        self.expected = np.sort(np.fromiter(iter(loader.sampler), dtype=np.int64))
+        shard = np.array_split(self.expected, self._world)[self._rank]
+        size = loader.batch_size or self._batch_size
+        key = (id(loader), shard.tobytes())
+        if key not in self._cache:  # one loader per shard: persistent workers stay
+            self._cache.clear()
+            self._cache[key] = DataLoader(
+                loader.dataset, batch_size=size, sampler=shard.tolist(),
+                collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+                pin_memory=loader.pin_memory, timeout=loader.timeout,
+                worker_init_fn=loader.worker_init_fn,
+                multiprocessing_context=loader.multiprocessing_context,
+                generator=loader.generator, prefetch_factor=loader.prefetch_factor,
+                persistent_workers=loader.persistent_workers)
+        starts = range(0, len(shard), size)
+        for start, batch in zip(starts, self._cache[key], strict=True):
+            yield shard[start:start + size], batch
+
+    def _batch_shards(self, batches):
+        position = 0
+        for b, batch in enumerate(batches):
+            n = self._count(batch)
+            if b % self._world == self._rank:
+                yield np.arange(position, position + n), batch
+            position += n
+        self.expected = np.arange(position)
+
+
+def _collective(ctx, epoch, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a collective; its failure as a TimeoutError."""
+    try:
+        return fn(*args, group=ctx.group, **kwargs)
+    except RuntimeError as err:  # DistBackendError, DistNetworkError: a peer is gone
+        raise TimeoutError(
+            f"epoch {epoch}: {fn.__name__} across {ctx.world} ranks failed or timed out "
+            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); a rank may have "
+            "died or stopped calling record(). Nothing was written for this epoch; earlier "
+            "epochs are on disk") from err
+
+
+def check_counts(epoch, metas, rank):
+    """Raise the same error on every rank if the ranks' counts disagree or one failed."""
+    failed = [r for r, m in enumerate(metas) if m["error"] is not None]
+    if failed:
+        r = failed[0]
+        raise ForgetkitError(f"epoch {epoch}: rank {r} failed while evaluating its shard "
+                             f"({metas[r]['error']}); nothing was written for this epoch")
+    classes = {r: m["classes"] for r, m in enumerate(metas) if m["classes"] is not None}
+    if len(set(classes.values())) > 1:
+        raise ForgetkitError(f"epoch {epoch}: the ranks disagree on the number of classes "
+                             f"(rank: classes {classes}); nothing was written for this epoch")
+    if not classes:
+        raise ForgetkitError(f"epoch {epoch}: no rank holds any sample to record")
+    totals = {r: m["total"] for r, m in enumerate(metas)}
+    if len(set(totals.values())) > 1:
+        raise ForgetkitError(f"epoch {epoch}: the ranks disagree on the number of samples to "
+                             f"record (rank: samples {totals}); every rank needs the same "
+                             "evaluation data; nothing was written for this epoch")
+    bad = [r for r, m in enumerate(metas) if not m["finite"]]
+    if bad:
+        raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (on ranks {bad}); "
+                             "not stored")
+
+
+def dataset_order(epoch, ids, expected, padding):
+    """Positions in the gathered ``ids`` of the sorted ``expected`` indices (the first of
+    duplicates); ForgetkitError naming duplicates beyond ``padding`` and missing or
+    unexpected indices."""
+    unique, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    extra = len(ids) - len(unique)
+    if extra > padding:
+        dup = unique[counts > 1][:10].tolist()
+        raise ForgetkitError(
+            f"epoch {epoch}: samples {dup} were evaluated by several ranks ({extra} duplicates; "
+            f"the sampler pads {padding}): the ranks' shards overlap; nothing was written for "
+            "this epoch")
+    missing = np.setdiff1d(expected, unique)
+    if missing.size:
+        raise ForgetkitError(
+            f"epoch {epoch}: no rank evaluated samples {missing[:10].tolist()} ({missing.size} "
+            f"of {len(expected)} missing; a DistributedSampler with drop_last=True drops "
+            "some); nothing was written for this epoch")
+    unexpected = np.setdiff1d(unique, expected)
+    if unexpected.size:
+        raise ForgetkitError(
+            f"epoch {epoch}: ranks evaluated samples {unexpected[:10].tolist()} that rank 0's "
+            "data does not hold; nothing was written for this epoch")
+    return first
+
+
+def gather_epoch(ctx, epoch, local, shard, store):
+    """Gather one epoch on rank ``ctx.dst``, which calls ``store(ids, labels, values,
+    n_classes)`` with the rows in dataset order; return what ``store`` returned, on every
+    rank.
+
+    ``local``: dict with ``values`` ((n, K) tensor, or None when n = 0), ``labels`` ((n,)
+    tensor), ``ids`` ((n,) int64), ``classes``, ``finite`` and ``error`` (this rank's
+    evaluation error, or None).
+    """
+    values = local["values"]
+    meta = {"n": len(local["ids"]), "classes": local["classes"], "finite": local["finite"],
+            "total": None if shard.expected is None else len(shard.expected),
+            "error": local["error"] and f"{type(local['error']).__name__}: {local['error']}",
+            "width": 0 if values is None else values.shape[1] * values.element_size(),
+            "dtype": None if values is None else str(values.dtype)}
+    metas = [None] * ctx.world
+    _collective(ctx, epoch, dist.all_gather_object, metas, meta)
+    if local["error"] is not None:
+        raise local["error"]
+    check_counts(epoch, metas, ctx.rank)
+    width = max(m["width"] for m in metas)
+    dtype = getattr(torch, next(m["dtype"] for m in metas if m["dtype"]).split(".")[-1])
+    rows = max(m["n"] for m in metas)
+    n = meta["n"]
+    raw = torch.zeros((rows, width), dtype=torch.uint8, device=ctx.device)
+    index = torch.full((rows, 2), -1, dtype=torch.int64, device=ctx.device)
+    if n:
+        raw[:n] = values.contiguous().view(torch.uint8).to(ctx.device)
+        index[:n, 0] = torch.as_tensor(local["ids"]).to(ctx.device)
+        index[:n, 1] = local["labels"].to(ctx.device)
+    writes = ctx.rank == 0
+    raws = [torch.empty_like(raw) for _ in range(ctx.world)] if writes else None
+    indexes = [torch.empty_like(index) for _ in range(ctx.world)] if writes else None
+    _collective(ctx, epoch, dist.gather, raw, raws, dst=ctx.dst)
+    _collective(ctx, epoch, dist.gather, index, indexes, dst=ctx.dst)
+    verdict = [None]
+    if writes:
+        try:
+            counts = [m["n"] for m in metas]
+            pairs = torch.cat([t[:c] for t, c in zip(indexes, counts, strict=True)]).cpu().numpy()
+            take = dataset_order(epoch, pairs[:, 0], shard.expected, shard.padding)
+            gathered = torch.cat([t[:c] for t, c in zip(raws, counts, strict=True)])
+            rows_in_order = gathered[torch.as_tensor(take, device=gathered.device)]
+            classes = next(m["classes"] for m in metas if m["classes"] is not None)
+            verdict[0] = (None, store(shard.expected, pairs[take, 1],
+                                      rows_in_order.view(dtype), classes))
+        except Exception as err:  # every rank raises it
+            verdict[0] = (err, None)
+    _collective(ctx, epoch, dist.broadcast_object_list, verdict, src=ctx.dst,
+                device=ctx.device)
+    err, result = verdict[0]
+    if err is not None:
+        raise err
+    return result

@@ -1,0 +1,104 @@
+"""Record a Keras 3 model's outputs on fixed data at the end of every epoch (any backend:
+JAX, PyTorch or TensorFlow).
+
+    from forgetkit.exporters.keras import LogitRecorderCallback
+
+    model.fit(x_train, y_train, epochs=20,
+              callbacks=[LogitRecorderCallback("run.npy", (x_test, y_test))])
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from ..errors import ForgetkitError
+from ._common import RecorderBase, check_class_counts
+
+__all__ = ["LogitRecorderCallback"]
+
+
+def as_labels(y):
+    """Class labels (n,) of integer labels or one-hot / probability rows (n, C)."""
+    y = np.asarray(y)
+    return y.argmax(axis=1) if y.ndim == 2 and y.shape[1] > 1 else y.reshape(-1)
+
+
+class KerasRecorder(RecorderBase):
+    """The recorder behind `LogitRecorderCallback`: ``record(model, epoch)`` evaluates
+    ``model`` on ``data`` and queues the outputs for writing."""
+
+    def __init__(self, path, data, *, batch_size=1024, **options):
+        super().__init__(path, **options)
+        self.data = data
+        self.batch_size = batch_size
+
+    def record(self, model, epoch):
+        """Store ``model``'s outputs on the data as epoch ``epoch``; return its accuracy."""
+        if isinstance(self.data, tuple) and len(self.data) == 2:
+            x, y = self.data
+            outputs = [model.predict(x, batch_size=self.batch_size, verbose=0)]
+            labels = [as_labels(y)]
+        else:
+            batches = self.data() if callable(self.data) else self.data
+            outputs, labels = [], []
+            for x, y in batches:
+                outputs.append(model.predict_on_batch(x))
+                labels.append(as_labels(y))
+        outputs = [np.asarray(keras.ops.convert_to_numpy(o)) for o in outputs]
+        if not outputs:
+            raise ForgetkitError(f"epoch {epoch}: the data yielded no batch (pass a list or a "
+                                 "callable returning a fresh iterator, not a used-up one)")
+        check_class_counts([o.shape for o in outputs], epoch)
+        with np.errstate(over="ignore"):  # overflow to inf is reported just below
+            values = np.concatenate(outputs).astype(self.dtype)
+        labels = np.concatenate(labels)
+        if len(labels) != len(values):
+            raise ForgetkitError(f"epoch {epoch}: {len(values)} outputs came with "
+                                 f"{len(labels)} labels")
+        if not np.isfinite(values).all():
+            raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
+                                 f"{self.dtype}); not stored")
+        self._commit(epoch, values, labels, values.shape[1])  # summarised on the writer
+        return float(np.mean(np.argmax(values, axis=1) == labels))
+
+
+class LogitRecorderCallback(keras.callbacks.Callback):
+    """A Keras 3 callback that stores the model's outputs on ``data`` after every epoch
+    (epoch numbers as Keras counts them, from 0) and closes the run when training ends.
+
+    Parameters
+    ----------
+    path : str or Path
+        ``.npy`` or ``.parquet`` run file (``.npy`` with ``summary=True``); an existing run
+        is appended to.
+    data : (x, y) pair of arrays, or a re-iterable of (x, y) batches (a list, a
+        ``keras.utils.PyDataset``, a torch DataLoader), or a callable returning a fresh
+        iterator. ``y``: class labels, or one-hot rows.
+    batch_size : int, default 1024, for an (x, y) pair.
+    dtype, summary, sample_ids, max_pending, kind, format, layout, meta, class_names, mode
+        As for `forgetkit.exporters.torch.LogitRecorder`. ``kind="probs"`` for a model
+        whose last layer is a softmax.
+
+    Attributes
+    ----------
+    recorder : KerasRecorder
+    accuracy_ : list of float, the recorded accuracy of each epoch
+    """
+
+    def __init__(self, path, data, *, batch_size=1024, dtype="float16", summary=False,
+                 sample_ids=None, max_pending=2, kind="logits", format=None, layout="list",
+                 meta=None, class_names=None, mode="a"):
+        super().__init__()
+        self.recorder = KerasRecorder(path, data, batch_size=batch_size, dtype=dtype,
+                                      summary=summary, sample_ids=sample_ids,
+                                      max_pending=max_pending, kind=kind, format=format,
+                                      layout=layout, meta=meta, class_names=class_names,
+                                      mode=mode)
+        self.accuracy_ = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.accuracy_.append(self.recorder.record(self.model, epoch))
+
+    def on_train_end(self, logs=None):
+        self.recorder.close()
