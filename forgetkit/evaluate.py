@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import bdtr
 
+from . import kernels
 from ._validation import check_option
 from .fusion import (
     CheckpointAverage,
@@ -53,14 +54,29 @@ DEFAULT_METHODS = ("single", "kf1", "kf", "horizontal", "fixed_jumps", "early_st
 # ----------------------------------------------------------------------- metrics
 def nll(probs, labels):
     """Mean negative log-likelihood of the labels (probabilities clipped at 1e-12)."""
-    p = probs[np.arange(len(labels)), labels]
-    return float(-np.mean(np.log(np.clip(p, 1e-12, None))))
+    return _nll(probs[np.arange(len(labels)), labels])
+
+
+def _nll(at_label):
+    """`nll` from each sample's probability of its label (N,)."""
+    return float(-np.mean(np.log(np.clip(at_label, 1e-12, None))))
 
 
 def ece(probs, labels, n_bins=15):
     """Expected calibration error with ``n_bins`` equal-width confidence bins."""
-    conf = probs.max(axis=1)
-    hit = probs.argmax(axis=1) == labels
+    return _ece(probs.max(axis=1), probs.argmax(axis=1) == labels, n_bins)
+
+
+def scores(probs, labels):
+    """(hit (bool (N,)), NLL, ECE) of probabilities (N, C) from one parallel pass over them:
+    the values of ``argmax == labels``, `nll` and `ece`."""
+    pred, conf, at_label = kernels.row_top(probs, labels)
+    hit = pred == labels
+    return hit, _nll(at_label), _ece(conf, hit)
+
+
+def _ece(conf, hit, n_bins=15):
+    """`ece` from each sample's largest probability and whether its argmax is the label."""
     bins = np.minimum((conf * n_bins).astype(int), n_bins - 1)
     total = 0.0
     for b in range(n_bins):
@@ -112,7 +128,7 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
 def single_hit(test):
     """Whether the single network (the final epoch's probabilities, as the fusers compare
     them) classifies each test sample correctly: bool (n_samples,)."""
-    return np.argmax(test.probs(-1), axis=1) == test.labels
+    return kernels.row_top(test.probs(-1), test.labels)[0] == test.labels
 
 
 def _fitted_kf(fits, split, val, window):
@@ -152,13 +168,12 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
                 fuser = kf if m == "kf" else kf.with_windows(1)
             else:
                 fuser = BASELINES[m](k, memory_budget).fit(val)
-            p = fuser.predict_proba(test)
-            hit = np.argmax(p, axis=1) == test.labels
+            hit, nll_, ece_ = scores(fuser.predict_proba(test), test.labels)
             rows.append({
                 "split": seed, "method": m, "k": fuser.ensemble_size_,
                 "accuracy": 100 * hit.mean(),
                 "gain": 100 * (hit.mean() - single.mean()),
-                "nll": nll(p, test.labels), "ece": ece(p, test.labels),
+                "nll": nll_, "ece": ece_,
                 "p_value": mcnemar(hit, single),
             })
     return pd.DataFrame(rows)

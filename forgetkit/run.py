@@ -319,9 +319,15 @@ class Run:
         n_epochs, n_samples, n_classes = self.shape
         out = np.empty((n_epochs, n_samples), dtype=np.int32)
         bar = Progress(n_epochs, "forgetting pass", enabled=progress)
+        # a lazy sample subset of a memmap is read in place by the parallel kernel, not
+        # gathered epoch by epoch first
+        stored = self._subset_rows()
         for start, stop in epoch_chunks(n_epochs, n_samples * n_classes * self.outputs.itemsize):
-            block = np.ascontiguousarray(self.outputs[start:stop]).reshape(-1, n_classes)
-            kernels.argmax_rows(block, out[start:stop].reshape(-1))
+            if stored is not None:
+                kernels.argmax_rows_at(stored[0][start:stop], stored[1], out[start:stop])
+            else:
+                block = np.ascontiguousarray(self.outputs[start:stop]).reshape(-1, n_classes)
+                kernels.argmax_rows(block, out[start:stop].reshape(-1))
             bad = (out[start:stop] < 0).any(axis=1)
             if bad.any():
                 e = start + int(np.argmax(bad))
@@ -504,11 +510,23 @@ class Run:
             raise ValueError(f"epoch index must lie in [0, {self.n_epochs}); got {e}")
         return e % self.n_epochs
 
+    def _subset_rows(self):
+        """`stored_rows` of outputs that are a sample subset of a stored array (a lazy
+        subset of a memmap), else None."""
+        stored = stored_rows(self.outputs)
+        return stored if stored is not None and stored[0] is not self.outputs else None
+
     def _epoch_probs(self, e, out):
         """Write the probabilities of epoch index ``e`` into ``out`` (n_samples, n_classes)."""
         if self._probs is not None:
             out[...] = self._probs[e]
             return out
+        stored = self._subset_rows()
+        if self.kind == "logits" and stored is not None and out.dtype == np.float64:
+            # rows read in place (the same bits as softmax_rows); a bad row takes the path
+            # below, which names the epoch
+            if not kernels.combine_softmax(stored[0], [e], stored[1], out):
+                return out
         values = np.asarray(self.outputs[e])
         if self.kind == "probs":
             if self.checked_per_read:

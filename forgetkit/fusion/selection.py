@@ -50,9 +50,11 @@ class EnsembleSelection(Fuser):
             # every candidate, so only the undecided ones need scoring
             rows, decided = kernels.undecided_rows(total, y, 1.0 + UNDECIDED_SLACK)
             scores = [decided] * run.n_epochs
-            if rows.size and cached is not None:  # cached: score the rows in place
-                scores = [decided + kernels.sum_correct_count_rows(total, cached[e], y, rows)
-                          for e in range(run.n_epochs)]
+            if rows.size and cached is not None:  # cached: the rows' candidates in place
+                ptr, cand = kernels.selection_candidates(total, rows, np.ones(rows.size),
+                                                         UNDECIDED_SLACK)
+                scores = (decided + kernels.selection_cached_counts(cached, total, rows, y, ptr,
+                                                                    cand)).tolist()
             elif rows.size and run.kind == "logits":  # large run: from the stored logits
                 scores = [decided + n for n in scorer.correct_counts(total, rows)]
             elif rows.size:  # large probabilities run: read those rows only

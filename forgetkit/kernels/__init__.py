@@ -49,6 +49,31 @@ def argmax_rows(values, out):
     return out
 
 
+def argmax_rows_at(values, src, out):
+    """out[e, i] = first argmax of values[e, src[i]] for stored outputs (E, M, C) read in
+    place (float16 as bits; at most 0xFFFF classes); -1 for a row holding inf or nan.
+    out: int32 (E, R)."""
+    src = np.asarray(src, dtype=np.int64)
+    if values.dtype == np.float16 and values.shape[2] > 0xFFFF:  # gathered: the 2-pass kernel
+        block = np.ascontiguousarray(values[:, src]).reshape(-1, values.shape[2])
+        argmax_rows(block, out.reshape(-1))
+    elif values.dtype == np.float16:
+        _argmax.argmax_f16_at(values.view(np.int16), src, out)
+    else:
+        _argmax.argmax_float_at(values, src, out)
+    return out
+
+
+def row_top(p, labels):
+    """(first argmax int64, max, p[label]) of each row of finite float64 p (N, C), (N,) each,
+    in one parallel pass."""
+    n = p.shape[0]
+    pred, top, at_label = np.empty(n, dtype=np.int64), np.empty(n), np.empty(n)
+    _argmax.row_top(np.ascontiguousarray(p), np.asarray(labels, dtype=np.int64), pred, top,
+                    at_label)
+    return pred, top, at_label
+
+
 def softmax_rows(values, out):
     """out = row-wise float64 softmax of values (rows, C); returns the number of rows that
     hold inf or nan."""
@@ -107,6 +132,24 @@ win_intervals = _eps.win_intervals
 mixture_correct_count = _argmax.mixture_correct_count
 sum_correct_count_rows = _argmax.sum_correct_count_rows
 selection_candidates = _selection.selection_candidates
+add_into = _selection.add_into
+
+
+def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand):
+    """Per epoch of float64 probs (E, N, C): the ``rows`` of total whose argmax of total +
+    probs[e] is the label, comparing each row's candidate classes only; see
+    ``selection.selection_cached_counts``. int64 (E,)."""
+    return _selection.selection_cached_counts(probs, total, rows, labels, cand_ptr, cand,
+                                              n_blocks())
+
+
+def undecided_rows(total, labels, threshold):
+    """Rows of float64 total (N, C) whose max leads the second largest value by at most
+    ``threshold`` (int64 (R,)), and the number of the others whose first argmax is the
+    label."""
+    open_ = np.empty(total.shape[0], dtype=bool)
+    n_correct = _selection.undecided_rows(total, labels, threshold, open_)
+    return np.flatnonzero(open_), int(n_correct)
 
 
 def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, ptr, cand):

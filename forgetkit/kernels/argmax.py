@@ -122,3 +122,54 @@ def sum_correct_count_rows(s, p, labels, rows):
         if best == labels[r]:
             count += 1
     return count
+
+
+@njit(parallel=True, cache=True)
+def argmax_f16_at(bits, src, out):
+    """out[e, i] = first argmax of the float16 row bits[e, src[i]] (int16 bits, at most
+    0xFFFF classes), read in place (a sample subset of a memmap is not gathered first); -1
+    for a row holding inf or nan. bits: int16 (E, M, C); src: int64 (R,); out: int32 (E, R).
+    Rows of up to 256 classes are taken two at a time, as in ``argmax_f16``."""
+    n_epochs, n_rows = out.shape
+    step = 2 if bits.shape[2] <= 256 else 1
+    per_epoch = (n_rows + step - 1) // step
+    for j in prange(n_epochs * per_epoch):
+        e = j // per_epoch
+        i0 = (j - e * per_epoch) * step
+        i1 = min(i0 + step - 1, n_rows - 1)  # i0 itself for wide rows or an odd last row
+        out[e, i0], out[e, i1] = _argmax_pair_f16(bits[e, src[i0]], bits[e, src[i1]])
+
+
+@njit(parallel=True, cache=True)
+def argmax_float_at(values, src, out):
+    """``argmax_f16_at`` for float32/float64 values (E, M, C)."""
+    n_epochs, n_rows = out.shape
+    for j in prange(n_epochs * n_rows):
+        e = j // n_rows
+        row = values[e, src[j - e * n_rows]]
+        best = 0
+        best_v = row[0]
+        for c in range(1, row.shape[0]):
+            if row[c] > best_v:
+                best = c
+                best_v = row[c]
+        finite = True
+        for c in range(row.shape[0]):
+            finite &= np.isfinite(row[c])
+        out[e, j - e * n_rows] = best if finite else -1
+
+
+@njit(parallel=True, cache=True)
+def row_top(p, labels, pred, top, at_label):
+    """Per row of finite p (N, C): pred = first argmax (numpy's rule), top = the max and
+    at_label = p[label] (what accuracy, NLL and ECE need, in one parallel pass)."""
+    for r in prange(p.shape[0]):
+        best = 0
+        best_v = p[r, 0]
+        for c in range(1, p.shape[1]):
+            if p[r, c] > best_v:
+                best = c
+                best_v = p[r, c]
+        pred[r] = best
+        top[r] = best_v
+        at_label[r] = p[r, labels[r]]

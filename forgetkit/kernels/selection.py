@@ -1,11 +1,13 @@
-"""Kernels of greedy ensemble selection on logits that are not held as probabilities:
-candidate classes of undecided rows, and per-epoch correct counts of total + softmax."""
+"""Kernels of greedy ensemble selection: the undecided rows of a round, candidate classes of
+those rows, per-epoch correct counts of total + softmax (logits not held as probabilities)
+or of total + probabilities (held in memory), and the running total."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
+from .argmax import first_argmax_mix
 from .floats import to_f64
 from .softmax import exp_row, exp_shifted, is_table_row
 
@@ -118,3 +120,78 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
                 if best == labels[r]:
                     counts[blk, e] += 1
     return counts.sum(axis=0), bad.sum(axis=0)
+
+
+@njit(parallel=True, cache=True)
+def undecided_rows(total, labels, threshold, open_):
+    """Rows of ``total`` (N, C) whose largest value leads the second largest (itself when
+    the max is shared) by at most ``threshold``: open_[r] (bool (N,)). Returns how many of
+    the other rows have the label as their first argmax."""
+    n_correct = 0
+    for r in prange(total.shape[0]):
+        t = total[r]
+        first, second, best = t[0], -np.inf, 0
+        for c in range(1, t.shape[0]):
+            v = t[c]
+            if v > first:
+                first, second, best = v, first, c
+            elif v > second:
+                second = v
+        open_[r] = first - second <= threshold
+        if not open_[r] and best == labels[r]:
+            n_correct += 1
+    return n_correct
+
+
+@njit(parallel=True, cache=True)
+def add_into(total, p):
+    """total += p (float64 (N, C)), numpy's arithmetic, rows in parallel."""
+    for r in prange(total.shape[0]):
+        for c in range(total.shape[1]):
+            total[r, c] += p[r, c]
+
+
+@njit(parallel=True, cache=True)
+def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks):
+    """Per epoch e: the rows r = rows[i] whose first argmax of total[r] + probs[e, r] is
+    labels[r], for float64 probabilities (E, N, C) held in memory.
+
+    Only the candidate classes of each row (``selection_candidates``: no other class can
+    win) are compared, in ascending order, unless they are more than C/2 (then the whole
+    row); a row whose label is not a candidate is never right. A row of total is read once
+    for all epochs. Returns counts (E,).
+    """
+    n_epochs = probs.shape[0]
+    n_rows = rows.shape[0]
+    n_classes = total.shape[1]
+    n_blocks = max(1, min(n_blocks, n_rows))
+    counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
+    for blk in prange(n_blocks):
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            t = total[r]
+            y = labels[r]
+            first = cand_ptr[i]
+            n = cand_ptr[i + 1] - first
+            hopeless = True
+            for j in range(n):
+                hopeless &= cand[first + j] != y
+            if hopeless:
+                continue
+            whole = 2 * n > n_classes
+            for e in range(n_epochs):
+                p = probs[e, r]
+                if whole:
+                    best = first_argmax_mix(t, p, 1.0, 1.0)
+                else:
+                    best = cand[first]
+                    best_v = t[best] + p[best]
+                    for j in range(1, n):
+                        c = cand[first + j]
+                        v = t[c] + p[c]
+                        if v > best_v:
+                            best = c
+                            best_v = v
+                if best == y:
+                    counts[blk, e] += 1
+    return counts.sum(axis=0)

@@ -1,0 +1,94 @@
+"""The kernels that took serial numpy steps off the forgetting pass, the Knowledge Fusion fit
+and `compare` (rows read in place from a sample subset, row tops, undecided rows of ensemble
+selection), each against a plain numpy reference."""
+
+import numpy as np
+import pytest
+
+import forgetkit as fk
+from forgetkit import kernels
+from forgetkit.evaluate import ece, nll, scores
+
+from .conftest import make_run
+
+
+def f16_with_specials(shape, seed):
+    """float16 values with many ties, some inf and nan."""
+    rng = np.random.default_rng(seed)
+    x = (np.round(rng.normal(size=shape) * 2) / 2).astype(np.float16)
+    flat = x.reshape(-1)
+    for value in (np.inf, -np.inf, np.nan):
+        flat[rng.integers(0, flat.size, 5)] = value
+    return x
+
+
+def argmax_reference(values, src):
+    """np.argmax of the gathered rows, -1 where a row holds inf or nan."""
+    rows = values[:, src].astype(np.float64)
+    out = np.argmax(rows, axis=2)
+    return np.where(np.isfinite(rows).all(axis=2), out, -1)
+
+
+@pytest.mark.parametrize("n_classes", [3, 256, 257, 1000])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_argmax_rows_at_equals_numpy(n_classes, dtype):
+    values = f16_with_specials((4, 301, n_classes), n_classes).astype(dtype)
+    src = np.random.default_rng(1).permutation(301)[:151]  # an odd count: a lone last row
+    out = np.empty((4, 151), dtype=np.int32)
+    kernels.argmax_rows_at(values, src, out)
+    np.testing.assert_array_equal(out, argmax_reference(values, src))
+
+
+def test_a_memmap_subset_reads_rows_in_place_with_the_same_results(tmp_path):
+    run = make_run(n_epochs=7, n_samples=500, n_classes=6, dtype=np.float16, ties=True)
+    fk.save(run, tmp_path / "r.npy")
+    idx = np.random.default_rng(2).permutation(500)[:240]
+    streamed = fk.load(tmp_path / "r.npy").isel(samples=idx)  # a lazy subset of a memmap
+    in_memory = run.isel(samples=idx)
+    np.testing.assert_array_equal(streamed.predictions(), in_memory.predictions())
+    for e in (0, 6):
+        np.testing.assert_array_equal(streamed.probs(e), in_memory.probs(e))
+
+
+def test_row_top_and_scores_equal_numpy():
+    rng = np.random.default_rng(3)
+    p = np.round(rng.random((2000, 7)) * 8) / 8  # ties of the max
+    p /= p.sum(axis=1, keepdims=True)
+    y = rng.integers(0, 7, 2000)
+    pred, top, at_label = kernels.row_top(p, y)
+    np.testing.assert_array_equal(pred, p.argmax(axis=1))
+    np.testing.assert_array_equal(top, p.max(axis=1))
+    np.testing.assert_array_equal(at_label, p[np.arange(2000), y])
+    hit, nll_, ece_ = scores(p, y)
+    np.testing.assert_array_equal(hit, p.argmax(axis=1) == y)
+    assert (nll_, ece_) == (nll(p, y), ece(p, y))
+
+
+def test_undecided_rows_and_add_into_equal_numpy():
+    rng = np.random.default_rng(4)
+    total = np.round(rng.random((3000, 9)) * 6) / 2  # shared maxima and gaps of exactly 1
+    y = rng.integers(0, 9, 3000)
+    top2 = np.partition(total, -2, axis=1)[:, -2:]
+    open_ = top2[:, 1] - top2[:, 0] <= 1.0
+    rows, decided = kernels.undecided_rows(total, y, 1.0)
+    np.testing.assert_array_equal(rows, np.flatnonzero(open_))
+    assert decided == np.sum(np.argmax(total[~open_], axis=1) == y[~open_])
+    p = rng.random((3000, 9))
+    expected = total + p
+    kernels.add_into(total, p)
+    np.testing.assert_array_equal(total, expected)
+
+
+def test_selection_cached_counts_equal_the_full_row_argmax():
+    rng = np.random.default_rng(5)
+    probs = rng.dirichlet(np.ones(12) * 0.3, size=(6, 2500))
+    probs[:, :50] = np.round(probs[:, :50] * 4) / 4  # exact ties between classes
+    total = probs[[0, 2, 2, 5]].sum(axis=0)
+    y = rng.integers(0, 12, 2500)
+    rows, _ = kernels.undecided_rows(total, y, 1.0 + 1e-9)
+    ptr, cand = kernels.selection_candidates(total, rows, np.ones(rows.size), 1e-9)
+    got = kernels.selection_cached_counts(probs, total, rows, y, ptr, cand)
+    expected = [np.sum(np.argmax(total[rows] + probs[e, rows], axis=1) == y[rows])
+                for e in range(6)]
+    np.testing.assert_array_equal(got, expected)
+    assert rows.size > 500 and np.diff(ptr).max() > 6  # both the candidates and whole rows
