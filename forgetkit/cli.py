@@ -1,4 +1,4 @@
-"""Command line: ``forgetkit analyze|convert|fuse|apply|compare|distill|report ...``.
+"""Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|distill|report ...``.
 
 A thin layer: parse, load, one library call, write. Library errors become one line on stderr
 and exit status 1 (2 for usage errors), never a traceback.
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .analysis import forgetting
+from .analysis import REGIONS, data_map, forgetting, select
 from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent, single_hit
 from .fusion import KnowledgeFusion, load_fuser
 from .fusion.distill import write_soft_targets
 from .io import atomic_write, convert, load
 from .io.atomic import write_json_atomic
-from .report import write_report
+from .report import plots, write_report
 from .run import split_indices
 
 
@@ -64,6 +64,37 @@ def _cmd_convert(args):
     out = convert(args.src, args.dst, labels=args.labels, layout=args.layout)
     if not args.quiet:
         print(f"wrote {out}")
+
+
+def _cmd_datamap(args):
+    if bool(args.select) != bool(args.out):
+        raise ValueError("--select REGION and --out IDS.csv go together; got "
+                         + ("--select without --out" if args.select else "--out without --select"))
+    if args.frac is not None and not args.select:
+        raise ValueError("--frac needs --select REGION")
+    run = load(args.run, labels=args.labels)
+    dm = data_map(run, burn_out=args.burn_out, progress=not args.quiet)
+    counts = dm["region"].value_counts()
+    print(f"data map of {args.run}: {len(dm)} samples, {dm.attrs['n_epochs']} epochs")
+    for region in REGIONS:
+        print(f"  {region:<15}{counts[region]:>8} samples")
+    print(f"  {'never learned':<15}{int(dm['never_learned'].sum()):>8} samples")
+    if args.plot:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(7.0, 5.2), layout="constrained")
+        plots.data_map(dm, ax=fig.add_subplot())
+        with atomic_write(Path(args.plot)) as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
+        if not args.quiet:
+            print(f"wrote {args.plot}")
+    if args.select:
+        ids = select(dm, region=args.select, frac=args.frac)
+        rows = dm.loc[ids, ["label", "region", "confidence", "variability", "correctness"]]
+        with atomic_write(Path(args.out)) as tmp:
+            rows.to_csv(tmp)
+        if not args.quiet:
+            print(f"wrote {args.out}: {len(ids)} {args.select} samples")
 
 
 def _validation_split(args, run):
@@ -206,7 +237,8 @@ def _add_fusion_commands(sub):
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--window", type=int, default=1)
     p.add_argument("--train-run", metavar="RUN",
-                   help="training-set run with meta['noise_mask'], for the label-noise figure")
+                   help="training-set run with meta['noise_mask'], for the label-noise figure, "
+                        "the data map and the label issues")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_report)
 
@@ -233,6 +265,20 @@ def build_parser():
                    help="Parquet outputs column: FixedSizeList (default) or raw binary")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("datamap", help="data map (confidence, variability) of a training run")
+    p.add_argument("run")
+    p.add_argument("--labels", help="labels (.npy or text) for a bare .npy run")
+    p.add_argument("-o", "--plot", metavar="PNG", help="write the data map figure here")
+    p.add_argument("--burn-out", type=int, default=None, metavar="N",
+                   help="use only the first N epochs")
+    p.add_argument("--select", choices=REGIONS + ("easy", "hard"),
+                   help="write the samples of this region (with --out)")
+    p.add_argument("--frac", type=float, default=None,
+                   help="select this share of all samples, at the region's end of its metric")
+    p.add_argument("--out", metavar="IDS.csv", help="CSV of the selected samples")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_datamap)
 
     _add_fusion_commands(sub)
     return parser

@@ -118,3 +118,93 @@ def ensemble_selection_ref(P, y, k):
         chosen.append(e)
         total = total + P[e]
     return chosen
+
+
+# ------------------------------------------------------------------ training dynamics
+def label_margins_ref(values, labels, *, softmax=True):
+    """One epoch (N, C) to (p, margin, correct) by the definitions, row by row: the label's
+    probability, the label's value minus the largest other (log-probabilities for a
+    probabilities epoch), and argmax == label (lowest index on ties)."""
+    values = np.asarray(values, dtype=np.float64)
+    n = len(values)
+    p, margin, correct = np.empty(n), np.empty(n), np.empty(n, dtype=bool)
+    for r in range(n):
+        row, y = values[r], labels[r]
+        others = [c for c in range(len(row)) if c != y]
+        o = max(others, key=lambda c: (row[c], -c))  # largest, lowest index among equals
+        p[r] = softmax64(row)[y] if softmax else row[y]
+        if softmax:
+            margin[r] = row[y] - row[o]
+        else:
+            tiny = np.finfo(np.float64).tiny
+            margin[r] = np.log(max(row[y], tiny)) - np.log(max(row[o], tiny))
+        correct[r] = int(np.argmax(row)) == y
+    return p, margin, correct
+
+
+def data_map_ref(outputs, labels, *, kind="logits", burn_out=None):
+    """Per-sample data-map statistics written as Dataset Cartography's
+    compute_train_dy_metrics computes them (np.mean and np.std of the label's probability
+    trend, numpy argmax), with correctness as a share and AUM added: list of dicts."""
+    z = np.asarray(outputs, dtype=np.float64)[:burn_out]
+    probs = softmax64(z) if kind == "logits" else z
+    rows = []
+    for n, y in enumerate(labels):
+        trend = [probs[e, n, y] for e in range(len(z))]
+        correct = [int(np.argmax(z[e, n])) == y for e in range(len(z))]
+        margins = [z[e, n, y] - max(z[e, n, c] for c in range(z.shape[2]) if c != y)
+                   for e in range(len(z))]
+        conf = np.mean(trend)
+        rows.append(dict(
+            confidence=conf,
+            variability=np.std(trend),
+            correctness=np.mean(correct),
+            forgetfulness=sum(1 for e in range(len(z) - 1) if correct[e] and not correct[e + 1]),
+            never_learned=not any(correct),
+            threshold_closeness=conf * (1 - conf),
+            aum=np.mean(margins) if kind == "logits" else np.nan,
+        ))
+    return rows
+
+
+def confident_joint_ref(labels, probs):
+    """The calibrated confident joint with explicit loops (confident learning)."""
+    n_samples, n_classes = probs.shape
+    t = [np.mean([probs[n, j] for n in range(n_samples) if labels[n] == j]) for j in
+         range(n_classes)]
+    joint = np.zeros((n_classes, n_classes))
+    for n in range(n_samples):
+        above = [j for j in range(n_classes) if probs[n, j] >= t[j]]
+        if above:
+            joint[labels[n], max(above, key=lambda j: (probs[n, j], -j))] += 1
+    for i in range(n_classes):
+        joint[i] *= np.sum(labels == i) / joint[i].sum()
+    return joint
+
+
+def label_issues_ref(outputs, labels, *, kind="logits"):
+    """(score, suggested label, estimated issues) of label_issues by its definition: the
+    posterior log odds of a wrong label, with the trajectory's mean log-probabilities as
+    evidence and the confident joint's noise transition (off-diagonal cells raised by twice
+    their mean, at least 1) as prior."""
+    x = np.asarray(outputs, dtype=np.float64)
+    probs = softmax64(x) if kind == "logits" else x
+    if kind == "logits":
+        log_probs = x - (np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+                         + x.max(-1, keepdims=True))
+    else:
+        log_probs = np.log(np.maximum(x, np.finfo(np.float64).tiny))
+    mean, mean_log = probs.mean(axis=0), log_probs.mean(axis=0)
+    joint = confident_joint_ref(labels, mean)
+    n_classes = len(joint)
+    off = [joint[i, j] for i in range(n_classes) for j in range(n_classes) if i != j]
+    prior = 2 * max(np.mean(off), 1.0)
+    smoothed = np.array([[joint[i, j] + (prior if i != j else 0.0) for j in range(n_classes)]
+                         for i in range(n_classes)])
+    transition = smoothed / smoothed.sum(axis=0)
+    score, suggested = np.empty(len(labels)), np.empty(len(labels), dtype=np.int64)
+    for n, y in enumerate(labels):
+        w = np.exp(mean_log[n]) * transition[y]
+        score[n] = np.log(sum(w[j] for j in range(n_classes) if j != y)) - np.log(w[y])
+        suggested[n] = int(np.argmax(w))
+    return score, suggested, sum(off)

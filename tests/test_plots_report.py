@@ -98,7 +98,8 @@ def test_cli_report_html_and_png(tmp_path, capsys):
     assert main(["report", str(NOISY_TEST), "--train-run", str(NOISY_TRAIN), "--seeds", "0",
                  "-o", str(out), "--quiet"]) == 0
     text = out.read_text()
-    assert text.count("<img") == 9 and "Clean against noisy" in text
+    assert text.count("<img") == 10 and "Clean against noisy" in text
+    assert "Data map of the training run" in text and ">Label issues in the training run<" in text
     assert main(["report", str(SAMPLE_RUN), "--seeds", "0", "--format", "png", "-o",
                  str(tmp_path / "figs")]) == 0
     assert len(list((tmp_path / "figs").glob("*.png"))) == 8

@@ -1,5 +1,7 @@
-"""Analyses of a run's training dynamics: forgetting (paper section 3)."""
+"""Analyses of a run's training dynamics: forgetting (paper section 3), data maps and AUM
+(``dynamics``), label issues (``label_issues``)."""
 
+from .dynamics import REGIONS, data_map, select, trajectory
 from .forgetting import (
     DoubleDescent,
     accuracy,
@@ -11,6 +13,15 @@ from .forgetting import (
     sample_dynamics,
     summary,
 )
+from .label_issues import (
+    confident_joint,
+    label_issues,
+    pred_probs,
+    ranking_metrics,
+    set_metrics,
+)
 
-__all__ = ["DoubleDescent", "accuracy", "correctness", "double_descent", "forget_fraction",
-           "learn_fraction", "predictions", "sample_dynamics", "summary"]
+__all__ = ["DoubleDescent", "REGIONS", "accuracy", "confident_joint", "correctness", "data_map",
+           "double_descent", "forget_fraction", "label_issues", "learn_fraction", "pred_probs",
+           "predictions", "ranking_metrics", "sample_dynamics", "select", "set_metrics", "summary",
+           "trajectory"]

@@ -4,6 +4,8 @@
 - ``softmax``: softmax rows, window means and weighted sums of softmaxes, label probabilities;
 - ``eps_search``: Knowledge Fusion's exact epsilon search and fusion update;
 - ``selection``: greedy ensemble selection on logits;
+- ``dynamics``: per-sample label probability, margin and correctness of an epoch (data
+  maps, AUM, label issues);
 - ``floats``: float16-bit and float64-key helpers shared by the others.
 
 The functions below are the one layer the rest of the package calls: they pass float16 data
@@ -18,6 +20,7 @@ import numba
 import numpy as np
 
 from . import argmax as _argmax
+from . import dynamics as _dynamics
 from . import eps_search as _eps
 from . import selection as _selection
 from . import softmax as _softmax
@@ -94,6 +97,19 @@ def label_probs(values, rows, labels, out):
     """out[i] = softmax(values[rows[i]])[labels[i]] for values (M, C); returns the number of
     rows holding inf or nan."""
     return _softmax.label_probs(stored(values), rows, labels, f16_exp_table(), out, n_blocks())
+
+
+def label_margins(values, labels, p, margin, correct, *, softmax=True, total=None,
+                  total_log=None):
+    """One epoch's outputs (N, C) to the label's probability ``p``, its margin over the
+    largest other class ``margin`` (float64 (N,)) and ``correct`` (bool (N,)), adding the
+    row probabilities to ``total`` and their logs to ``total_log`` (float64 (N, C)) if
+    given; ``softmax``: the values are logits. See ``dynamics.label_margins``. Returns the
+    number of rows holding inf or nan."""
+    none = np.empty((0, 0))
+    return _dynamics.label_margins(stored(values), labels, f16_exp_table(), softmax, p, margin,
+                                   correct, none if total is None else total,
+                                   none if total_log is None else total_log, n_blocks())
 
 
 def mean_first_axis(stack, out):

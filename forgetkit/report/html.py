@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from .. import evaluate
 from .._validation import check_option
 from ..analysis import forgetting
+from ..analysis.dynamics import data_map
+from ..analysis.label_issues import label_issues, ranking_metrics, set_metrics
 from ..evaluate import percent
 from ..io.atomic import atomic_write
 from . import plots
@@ -38,9 +41,61 @@ def _render(draw, figsize=(7.0, 4.2)):
     return buf.getvalue()
 
 
+def label_issue_section(train_run, noise_mask=None, *, top=20):
+    """What the report shows of a training run's label issues: a dict with ``n_samples``,
+    ``n_issues``, ``noise_rate``, ``per_class`` (DataFrame), ``top`` (DataFrame of the
+    ``top`` most suspicious samples: sample id, given and suggested class names, score) and
+    ``metrics`` (AUROC, AP, precision, recall, F1 against ``noise_mask``; None without)."""
+    li = label_issues(train_run)
+    info = li.attrs["summary"]
+    names = plots.class_names(train_run)
+    worst = li.sort_values("score", ascending=False, kind="stable").head(top)
+    table = worst.assign(label=[names[c] for c in worst["label"]],
+                         suggested_label=[names[c] for c in worst["suggested_label"]])
+    metrics = None
+    if noise_mask is not None:
+        metrics = dict(ranking_metrics(li["score"], noise_mask),
+                       **set_metrics(li["is_issue"].to_numpy(), noise_mask))
+    return {"n_samples": len(li), "n_issues": info["n_issues"], "noise_rate": info["noise_rate"],
+            "per_class": pd.DataFrame(info["per_class"]), "top": table, "metrics": metrics}
+
+
+def _label_issue_html(section):
+    """The label-issue section of the report (HTML)."""
+    m = section["metrics"]
+    known = "" if m is None else (
+        f" Against the run's known noise mask: AUROC {m['auroc']:.4f} and average precision "
+        f"{m['ap']:.4f} for the score; the flagged set has precision {percent(m['precision'])}, "
+        f"recall {percent(m['recall'])}, F1 {m['f1']:.3f}.")
+    rows = "".join(
+        f"<tr><td>{html.escape(str(i))}</td><td>{html.escape(str(r.label))}</td>"
+        f"<td>{html.escape(str(r.suggested_label))}</td><td>{r.score:.3f}</td></tr>"
+        for i, r in zip(section["top"].index, section["top"].itertuples(), strict=True))
+    per_class = "".join(
+        f"<tr><td>{html.escape(str(c))}</td><td>{r.n_samples}</td>"
+        f"<td>{r.estimated_issues:.1f}</td><td>{percent(r.noise_rate)}</td></tr>"
+        for c, r in zip(section["per_class"].index, section["per_class"].itertuples(),
+                        strict=True))
+    return "".join([
+        "<h2>Label issues in the training run</h2>",
+        f"<p>Confident learning on the trajectory-averaged probabilities estimates that "
+        f"{percent(section['noise_rate'])} of the {section['n_samples']} training labels are "
+        f"wrong; the {section['n_issues']} samples of highest score are flagged. The score "
+        "is the log odds that a label is wrong, from the sample's mean log-probabilities "
+        "over training and the estimated noise between classes; the suggested label is the "
+        f"most likely true class.{known}</p>",
+        "<table><tr><th>sample</th><th>given label</th><th>suggested label</th>"
+        f"<th>score</th></tr>{rows}</table>",
+        "<table><tr><th>given class</th><th>samples</th><th>estimated issues</th>"
+        f"<th>estimated noise rate</th></tr>{per_class}</table>",
+    ])
+
+
 def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise_mask=None):
     """Compute everything the report shows. Returns (summary dict, comparison table,
-    KnowledgeFusion fitted on the first split, list of Figure)."""
+    KnowledgeFusion fitted on the first split, list of Figure). With a ``train_run``, the
+    summary also holds ``label_issues`` (`label_issue_section`) and the figures its data
+    map."""
     summary = forgetting.summary(run)
     fits = {}  # KF(inf) fitted once per (split, window), shared by the table and curves
     table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window, kf_fits=fits)
@@ -109,6 +164,19 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
             f"Per epoch, among the {percent(np.mean(noise_mask))} of training samples with the "
             "largest loss: clean minus noisy count. Negative values: the mislabelled points "
             "are still the hard ones (not yet memorised)."))
+    if train_run is not None:
+        dm = data_map(train_run)
+        regions = dm["region"].value_counts()
+        figs.append((
+            "datamap", "Data map of the training run",
+            lambda ax: plots.data_map(dm, ax=ax),
+            f"Each training sample's mean probability of its label over the "
+            f"{dm.attrs['n_epochs']} epochs (confidence) against its spread (variability); "
+            f"colour: share of epochs classified correctly. Ambiguous (the most variable "
+            f"third): {regions['ambiguous']}; easy-to-learn: {regions['easy-to-learn']}; "
+            f"hard-to-learn: {regions['hard-to-learn']}, of which "
+            f"{int(dm['never_learned'].sum())} were never learned."))
+        summary["label_issues"] = label_issue_section(train_run, noise_mask)
     rendered = [Figure(name, title, caption, _render(draw)) for name, title, draw, caption
                 in figs]
     return summary, table, kf, rendered
@@ -169,8 +237,10 @@ def to_html(run, summary, table, kf, figures, *, source=""):
         "eps.</p>",
         "<table><tr><th>window centre (epoch)</th><th>eps</th><th>validation accuracy after"
         f"</th></tr>{plan_rows}</table>",
-        "<h2>Figures</h2>",
     ]
+    if "label_issues" in summary:
+        parts.append(_label_issue_html(summary["label_issues"]))
+    parts.append("<h2>Figures</h2>")
     for fig in figures:
         data = base64.b64encode(fig.png).decode()
         parts.append(f"<figure id='{fig.name}'><h3>{html.escape(fig.title)}</h3>"

@@ -4,8 +4,9 @@ Axes and never calls ``plt.show()``; matplotlib is imported inside."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
-from ..analysis import forgetting
+from ..analysis import dynamics, forgetting
 from ..run import Run
 from ..theory.noise import large_loss_dominance
 
@@ -168,4 +169,48 @@ def per_class_forgetting(run, *, ax=None):
     ax.set_yticks(np.arange(run.n_classes), [names[i] for i in order])
     ax.set_xlabel("samples forgotten by the end (% of the class)")
     ax.set_title("Which classes lose the most to forgetting")
+    return ax
+
+
+def data_map(dm_or_run, *, ax=None, gridsize=50):
+    """Dataset Cartography's data map: confidence against variability, one hexagon per cell
+    of samples, coloured by the cell's mean correctness and shaded by its density (opaque
+    where most samples lie), so it stays readable at millions of points. Dashed lines mark
+    the region thresholds of `forgetkit.data_map`.
+
+    ``dm_or_run``: a data map (`forgetkit.data_map`) or a Run (its data map is computed).
+    """
+    import matplotlib as mpl
+
+    dm = dm_or_run if isinstance(dm_or_run, pd.DataFrame) else dynamics.data_map(dm_or_run)
+    ax = _axes(ax, figsize=(6.4, 5.0))
+    x = dm["variability"].to_numpy(dtype=np.float64)
+    y = dm["confidence"].to_numpy(dtype=np.float64)
+    extent = (0.0, max(0.5, float(x.max())), 0.0, 1.0)
+    kw = dict(gridsize=gridsize, extent=extent, mincnt=1)
+    counts = ax.hexbin(x, y, C=np.ones_like(x), reduce_C_function=np.sum, **kw)
+    n = counts.get_array()
+    counts.remove()
+    cells = ax.hexbin(x, y, C=dm["correctness"].to_numpy(dtype=np.float64),
+                      reduce_C_function=np.mean, **kw)
+    cmap, norm = mpl.colormaps["RdYlBu"], mpl.colors.Normalize(0.0, 1.0)
+    colors = cmap(norm(cells.get_array()))
+    colors[:, 3] = 0.2 + 0.8 * np.log1p(n) / np.log1p(n.max())
+    cells.set_array(None)
+    cells.set_facecolor(colors)
+    cells.set_edgecolor("none")
+    ax.figure.colorbar(mpl.cm.ScalarMappable(norm, cmap), ax=ax,
+                       label="correctness (cell mean); opacity: density")
+    v_cut, c_cut = dynamics.region_thresholds(y, x)
+    ax.axvline(v_cut, color="0.3", ls="--", lw=1)
+    ax.plot([extent[0], v_cut], [c_cut, c_cut], color="0.3", ls="--", lw=1)
+    box = dict(boxstyle="round,pad=0.3", fc="white", alpha=0.8)
+    ax.text((v_cut + extent[1]) / 2, 0.5, "ambiguous", ha="center", va="center", bbox=box)
+    ax.text(v_cut / 2, (c_cut + 1) / 2, "easy-to-learn", ha="center", va="center", bbox=box)
+    ax.text(v_cut / 2, c_cut / 2, "hard-to-learn", ha="center", va="center", bbox=box)
+    ax.set_xlim(extent[:2])
+    ax.set_ylim(extent[2:])
+    ax.set_xlabel("variability")
+    ax.set_ylabel("confidence")
+    ax.set_title(f"Data map: {len(dm):,} samples")
     return ax

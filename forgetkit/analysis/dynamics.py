@@ -1,0 +1,278 @@
+"""Training dynamics beyond the paper: data maps (Dataset Cartography, Swayamdipta et al.
+2020), the area under the margin (AUM, Pleiss et al. 2020) and cartography-style selection.
+
+Everything comes from one streaming pass over the epochs (`trajectory`): each epoch is read
+once (memmap and Parquet runs epoch by epoch), reduced by one numba kernel to the label's
+probability, the label's margin and correctness per sample, and folded into per-sample
+running statistics; memory grows with the number of samples, never with the epochs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import kernels
+from .._progress import Progress
+from .._validation import check_int, check_option
+from ..errors import ForgetkitError
+
+#: Data-map regions, in the order of the categorical ``region`` column.
+REGIONS = ("easy-to-learn", "ambiguous", "hard-to-learn")
+#: Short names accepted by `select`.
+REGION_ALIASES = {"easy": "easy-to-learn", "hard": "hard-to-learn"}
+#: Share of samples in the ambiguous region (the most variable), as in cartography's 33%
+#: selections; the rest is split at its median confidence.
+AMBIGUOUS_SHARE = 1 / 3
+#: What a summary run lacks, for the errors of what needs every class.
+SUMMARY_HOLDS = ("this run is a summary (the label's logit, the largest other logit and its "
+                 "class, the log-sum-exp per epoch and sample): load the full run")
+
+
+@dataclass
+class Trajectory:
+    """Per-sample statistics of one pass over the first ``n_epochs`` epochs of a run
+    (arrays of shape (n_samples,)); ``mean_probs`` and ``mean_log_probs`` (n_samples,
+    n_classes) are the means of the epochs' probabilities and log-probabilities when they
+    were asked for, else None."""
+
+    n_epochs: int
+    confidence: np.ndarray
+    variability: np.ndarray
+    correctness: np.ndarray
+    forgetfulness: np.ndarray
+    never_learned: np.ndarray
+    margin: np.ndarray
+    mean_probs: np.ndarray | None = None
+    mean_log_probs: np.ndarray | None = None
+
+
+def check_burn_out(burn_out, n_epochs):
+    """The number of epochs a pass uses: ``burn_out`` (1..n_epochs), or all when None."""
+    if burn_out is None:
+        return n_epochs
+    burn_out = check_int("burn_out", burn_out, minimum=1)
+    if burn_out > n_epochs:
+        raise ForgetkitError(f"burn_out must lie in [1, {n_epochs}] (the run's epochs); "
+                             f"got {burn_out}")
+    return burn_out
+
+
+def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, progress=False):
+    """One streaming pass over the epochs of ``run``: the per-sample training dynamics.
+
+    With p[e, n] the probability of sample n's label at epoch e (softmax of logits in
+    float64), over the epochs e < burn_out:
+
+    - confidence = mean_e p; variability = population std_e p (ddof = 0, by Welford's
+      update, numerically stable in one pass); correctness = mean_e correct;
+    - forgetfulness = number of e with correct[e] and not correct[e + 1]; never_learned:
+      never correct;
+    - margin = mean_e (z_y - max_{k != y} z_k) on logits (AUM); on probabilities the same
+      on log-probabilities.
+
+    A summary run (kind "summary") gives all of these from its records, epoch by epoch,
+    but not ``mean_probs`` or ``mean_log_probs``.
+
+    Parameters
+    ----------
+    run : Run
+    burn_out : int, optional
+        Use only the first ``burn_out`` epochs (Dataset Cartography's option).
+    mean_probs : bool, default False
+        Also return the mean of the epochs' probabilities (n_samples, n_classes), summed
+        in the same pass (equal to ``run.mean_probs(range(burn_out))``).
+    mean_log_probs : bool, default False
+        Also return the mean of the epochs' log-probabilities (n_samples, n_classes) (for
+        logits, the log-softmax; for probabilities, the log of each, at least the smallest
+        normal float64).
+    progress : bool, default False
+
+    Returns
+    -------
+    Trajectory
+    """
+    n_epochs = check_burn_out(burn_out, run.n_epochs)
+    summary = run.kind == "summary"
+    if summary and (mean_probs or mean_log_probs):
+        raise ForgetkitError(f"mean probabilities need every class's outputs; {SUMMARY_HOLDS}")
+    n = run.n_samples
+    labels = run.labels
+    p, margin = np.empty(n), np.empty(n)
+    correct, previous = np.empty(n, dtype=bool), np.zeros(n, dtype=bool)
+    total_p, mean, m2, total_margin = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    n_correct = np.zeros(n, dtype=np.int64)
+    events = np.zeros(n, dtype=np.int64)
+    total = np.zeros((n, run.n_classes)) if mean_probs else None
+    total_log = np.zeros((n, run.n_classes)) if mean_log_probs else None
+    bar = Progress(n_epochs, "training dynamics", enabled=progress)
+    for e in range(n_epochs):
+        if summary:  # exact from the label's logit, the largest other and the log-sum-exp
+            part = run.outputs[e:e + 1]
+            p[:], margin[:], correct[:] = (part.label_probs()[0], part.label_margins()[0],
+                                           part.correct(labels)[0])
+        else:
+            values = run.epoch_values(e)
+            if kernels.label_margins(values, labels, p, margin, correct,
+                                     softmax=run.kind == "logits", total=total,
+                                     total_log=total_log):
+                run.check_epoch(e, values)  # raises the error naming the epoch
+        total_p += p
+        total_margin += margin
+        delta = p - mean
+        mean += delta / (e + 1)
+        m2 += delta * (p - mean)
+        n_correct += correct
+        if e:
+            events += previous & ~correct
+        previous, correct = correct, previous
+        bar.update()
+    for acc in (total, total_log):
+        if acc is not None:
+            acc /= n_epochs
+    return Trajectory(
+        n_epochs=n_epochs,
+        confidence=total_p / n_epochs,
+        variability=np.sqrt(m2 / n_epochs),
+        correctness=n_correct / n_epochs,
+        forgetfulness=events,
+        never_learned=n_correct == 0,
+        margin=total_margin / n_epochs,
+        mean_probs=total,
+        mean_log_probs=total_log,
+    )
+
+
+def region_thresholds(confidence, variability):
+    """(variability threshold, confidence threshold) of the data-map regions: ambiguous
+    above the first, easy-to-learn at or above the second among the rest."""
+    v_cut = float(np.quantile(variability, 1 - AMBIGUOUS_SHARE))
+    rest = variability <= v_cut
+    return v_cut, float(np.median(confidence[rest]))
+
+
+def regions(confidence, variability):
+    """Data-map region of each sample, a Categorical of `REGIONS`.
+
+    ambiguous: variability above its 2/3 quantile (the most variable third; none when the
+    variabilities tie there, e.g. a single epoch); of the rest, easy-to-learn: confidence at
+    or above the rest's median; hard-to-learn: below it.
+    """
+    v_cut, c_cut = region_thresholds(confidence, variability)
+    codes = np.where(variability > v_cut, 1, np.where(confidence >= c_cut, 0, 2))
+    return pd.Categorical.from_codes(codes, REGIONS)
+
+
+def sample_index(run):
+    """The run's sample ids, or positions, as the index of per-sample tables."""
+    ids = run.sample_ids if run.sample_ids is not None else np.arange(run.n_samples)
+    return pd.Index(ids, name="sample")
+
+
+def data_map(run, *, burn_out=None, progress=False):
+    """Dataset Cartography's data map of a run (training-set outputs, usually).
+
+    Parameters
+    ----------
+    run : Run
+        Outputs (n_epochs, n_samples, n_classes), logits or probabilities; read in one
+        streaming pass.
+    burn_out : int, optional
+        Use only the first ``burn_out`` epochs (cartography's ``--burn_out``).
+    progress : bool, default False
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per sample (index: sample ids, or positions), columns:
+
+        - ``label``;
+        - ``confidence``: mean over epochs of the label's probability p;
+        - ``variability``: population standard deviation of p (0 with one epoch);
+        - ``correctness``: share of epochs classified correctly;
+        - ``forgetfulness``: number of forgetting events (correct at an epoch, wrong at the
+          next); 0 for samples never learned, which ``never_learned`` flags;
+        - ``never_learned``: never classified correctly;
+        - ``threshold_closeness``: c (1 - c), c the confidence;
+        - ``aum``: area under the margin, mean over epochs of the label's logit minus the
+          largest other logit; NaN for a probabilities run (a warning says so: AUM is
+          defined on logits);
+        - ``region``: "easy-to-learn", "ambiguous" or "hard-to-learn" (see `regions`).
+
+        ``attrs["thresholds"]`` holds the region thresholds (``variability``,
+        ``confidence``), ``attrs["n_epochs"]`` the epochs used.
+    """
+    t = trajectory(run, burn_out=burn_out, progress=progress)
+    aum = t.margin
+    if run.kind == "probs":
+        warnings.warn("the run holds probabilities: aum (defined on logits) is NaN",
+                      UserWarning, stacklevel=2)
+        aum = np.full(run.n_samples, np.nan)
+    df = pd.DataFrame(
+        {
+            "label": run.labels,
+            "confidence": t.confidence,
+            "variability": t.variability,
+            "correctness": t.correctness,
+            "forgetfulness": t.forgetfulness,
+            "never_learned": t.never_learned,
+            "threshold_closeness": t.confidence * (1 - t.confidence),
+            "aum": aum,
+            "region": regions(t.confidence, t.variability),
+        },
+        index=sample_index(run),
+    )
+    v_cut, c_cut = region_thresholds(t.confidence, t.variability)
+    df.attrs["thresholds"] = {"variability": v_cut, "confidence": c_cut}
+    df.attrs["n_epochs"] = t.n_epochs
+    return df
+
+
+#: How `select` orders each region: (column, descending).
+_ORDER = {"easy-to-learn": ("confidence", True), "ambiguous": ("variability", True),
+          "hard-to-learn": ("confidence", False)}
+
+
+def select(run_or_datamap, *, region, frac=None):
+    """Sample ids of a data-map region, as Dataset Cartography's filtering selects them.
+
+    Parameters
+    ----------
+    run_or_datamap : Run or pandas.DataFrame
+        A run (its `data_map` is computed) or a data map.
+    region : {"easy-to-learn", "ambiguous", "hard-to-learn"} (or "easy", "hard")
+    frac : float in (0, 1], optional
+        Select the ``int(frac * n_samples)`` samples at the region's end of its metric:
+        ambiguous the highest variability, easy-to-learn the highest confidence,
+        hard-to-learn the lowest confidence (cartography's orders; its 33% subsets use
+        frac = 0.33). None: the samples of the ``region`` column, in the same order.
+
+    Returns
+    -------
+    ndarray of shape (n_selected,)
+        Sample ids (the data map's index), the region's most typical first; ties keep run
+        order.
+    """
+    region = REGION_ALIASES.get(region, region)
+    check_option("region", region, REGIONS + tuple(REGION_ALIASES))
+    dm = run_or_datamap if isinstance(run_or_datamap, pd.DataFrame) else data_map(run_or_datamap)
+    column, descending = _ORDER[region]
+    needed = {column} | ({"region"} if frac is None else set())
+    missing = needed - set(dm.columns)
+    if missing:
+        raise ForgetkitError(f"run_or_datamap must be a Run or a data map with columns "
+                             f"{sorted(needed)}; missing {sorted(missing)}")
+    values = dm[column].to_numpy(dtype=np.float64)
+    order = np.argsort(-values if descending else values, kind="stable")
+    if frac is None:
+        in_region = (dm["region"] == region).to_numpy()
+        return dm.index.to_numpy()[order[in_region[order]]]
+    if not 0.0 < frac <= 1.0:
+        raise ForgetkitError(f"frac must lie in (0, 1]; got {frac}")
+    n = int(frac * len(dm))
+    if n == 0:
+        raise ForgetkitError(f"frac={frac} of {len(dm)} samples selects none")
+    return dm.index.to_numpy()[order[:n]]

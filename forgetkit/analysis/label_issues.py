@@ -1,0 +1,256 @@
+"""Label issues from training dynamics: a score per sample (higher = more likely mislabelled)
+and a flagged set, from the whole trajectory of a training-set run rather than its last epoch.
+
+- Noise model: the calibrated confident joint (confident learning, Northcutt et al. 2021) of
+  the given labels and the trajectory-averaged probabilities estimates how many samples of
+  each true class carry each given label; its off-diagonal cells, shrunk towards their mean
+  (a Dirichlet prior), give the noise transition T[given | true].
+- Score: the log odds that a sample's label is wrong, with the trajectory's mean
+  log-probabilities as the evidence for each true class (the margin that AUM averages,
+  against every class at once) and T as the prior.
+- Flagged set: the highest scores, as many as the joint's off-diagonal estimates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.special import logsumexp
+
+from .._validation import check_int, check_labels, check_option
+from ..errors import ForgetkitError
+from .dynamics import SUMMARY_HOLDS, sample_index, trajectory
+
+#: Rows per chunk of the confident-joint count and the scores (bounds their temporaries).
+CHUNK_ROWS = 1 << 16
+
+
+def pred_probs(run, *, how="mean"):
+    """Probabilities of every sample from a run, for cleanlab and the like.
+
+    Parameters
+    ----------
+    run : Run
+    how : {"mean", "final"}
+        "mean": the mean over epochs of the probabilities (the trajectory average);
+        "final": the final epoch's.
+
+    Returns
+    -------
+    ndarray of float64, shape (n_samples, n_classes)
+    """
+    check_option("how", how, ("mean", "final"))
+    if how == "final":
+        return run.probs(run.n_epochs - 1)
+    return run.mean_probs(range(run.n_epochs))
+
+
+def confident_joint(labels, probs):
+    """The calibrated confident joint of given labels and predicted probabilities
+    (confident learning, Northcutt et al. 2021).
+
+    Per class j the threshold t_j is the mean of probs[:, j] over the samples labelled j. A
+    sample counts in cell (given label, j) for the class j of largest probability among
+    those with probs[n, j] >= t_j (none: it is not counted). Each row is then scaled to
+    the number of samples with that given label.
+
+    Parameters
+    ----------
+    labels : array-like of int, shape (n_samples,)
+    probs : ndarray of shape (n_samples, n_classes)
+
+    Returns
+    -------
+    ndarray of float64, shape (n_classes, n_classes)
+        Rows: given label; columns: estimated true label. Its off-diagonal sum is the
+        estimated number of label issues.
+    """
+    probs = np.asarray(probs)
+    if probs.ndim != 2:
+        raise ForgetkitError(f"probs must have shape (samples, classes); got shape "
+                             f"{probs.shape}")
+    n_samples, n_classes = probs.shape
+    labels = check_labels(labels, n_samples, n_classes)
+    counts = np.bincount(labels, minlength=n_classes)
+    rows = np.arange(n_samples)
+    sums = np.bincount(labels, weights=probs[rows, labels], minlength=n_classes)
+    thresholds = np.full(n_classes, np.inf)
+    np.divide(sums, counts, out=thresholds, where=counts > 0)
+    raw = np.zeros((n_classes, n_classes))
+    for start in range(0, n_samples, CHUNK_ROWS):
+        block = probs[start:start + CHUNK_ROWS]
+        above = block >= thresholds
+        guess = np.argmax(np.where(above, block, -np.inf), axis=1)
+        confident = above.any(axis=1)
+        np.add.at(raw, (labels[start:start + CHUNK_ROWS][confident], guess[confident]), 1)
+    row = raw.sum(axis=1, keepdims=True)
+    return np.divide(raw * counts[:, None], row, out=np.zeros_like(raw), where=row > 0)
+
+
+#: Pseudo-counts added to each off-diagonal cell of the confident joint, in units of the mean
+#: off-diagonal cell (at least 1): the Dirichlet prior of the noise transition.
+PRIOR_CELLS = 2.0
+
+
+def noise_transition(joint):
+    """The noise transition T[given, true] = P(given label | true class) of a confident joint
+    (n_classes, n_classes), each off-diagonal cell raised by PRIOR_CELLS times the mean
+    off-diagonal cell (at least 1) before the columns are normalised."""
+    joint = np.asarray(joint, dtype=np.float64)
+    off = ~np.eye(len(joint), dtype=bool)
+    smoothed = joint + off * (PRIOR_CELLS * max(joint[off].mean(), 1.0))
+    return smoothed / smoothed.sum(axis=0, keepdims=True)
+
+
+def label_issues(run, *, n_issues=None, progress=False):
+    """Samples whose label is likely wrong, from a run of training-set outputs.
+
+    One streaming pass over the epochs gives the trajectory-averaged probabilities P and
+    log-probabilities L (n_samples, n_classes). With T = `noise_transition` of
+    `confident_joint`(labels, P), sample n of label y has posterior weights
+    ``w[j] = exp(L[n, j]) * T[y, j]`` over its true class j, and
+
+    - ``score = log(sum_{j != y} w[j]) - log(w[y])``, the log odds that the label is wrong;
+    - ``suggested_label = argmax_j w[j]`` (lowest class on ties), the most likely true class;
+    - the flagged set is the ``n_issues`` highest scores (ties: run order), by default the
+      number of issues confident learning estimates (the joint's off-diagonal sum).
+
+    Parameters
+    ----------
+    run : Run
+        A run of the outputs on the training samples, with the labels they were trained on
+        (logits or probabilities; a summary run lacks the other classes and is refused).
+    n_issues : int, optional
+        Flag this many samples instead of the estimated number.
+    progress : bool, default False
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per sample in run order (index: sample ids, or positions), columns
+        ``label`` (given), ``suggested_label``, ``score`` (float, higher = more likely
+        mislabelled) and ``is_issue`` (bool). ``attrs["summary"]`` is a dict of plain Python
+        values (so that pandas carries it through its operations):
+
+        - ``n_issues``: samples flagged; ``estimated_issues``: confident learning's
+          estimate (float); ``noise_rate``: estimated_issues / n_samples;
+        - ``per_class``: ``{"n_samples": {class: int}, "estimated_issues": {class: float},
+          "noise_rate": {class: float}}`` per given class (class names when the run has
+          them): ``pandas.DataFrame(summary["per_class"])`` is the table;
+        - ``joint``: the calibrated confident joint, a list of n_classes rows (given label)
+          of n_classes floats (estimated true label);
+        - ``n_epochs``: epochs used.
+    """
+    if run.kind == "summary":
+        raise ForgetkitError("label_issues needs the trajectory-averaged probabilities of "
+                             f"every class; {SUMMARY_HOLDS}")
+    t = trajectory(run, mean_probs=True, mean_log_probs=True, progress=progress)
+    labels, n_classes = run.labels, run.n_classes
+    joint = confident_joint(labels, t.mean_probs)
+    log_t = np.log(noise_transition(joint))
+    score, suggested = np.empty(run.n_samples), np.empty(run.n_samples, dtype=np.int64)
+    for start in range(0, run.n_samples, CHUNK_ROWS):
+        part = slice(start, start + CHUNK_ROWS)
+        y = labels[part]
+        rows = np.arange(len(y))
+        log_w = t.mean_log_probs[part]  # becomes log w in place: the pass's buffer
+        log_w += log_t[y]
+        suggested[part] = np.argmax(log_w, axis=1)
+        own = log_w[rows, y].copy()
+        log_w[rows, y] = -np.inf
+        score[part] = logsumexp(log_w, axis=1) - own
+    off = joint.sum(axis=1) - np.diag(joint)
+    estimated = float(off.sum())
+    if n_issues is None:
+        n_issues = int(round(estimated))
+    else:
+        n_issues = check_int("n_issues", n_issues, minimum=0)
+        if n_issues > run.n_samples:
+            raise ForgetkitError(f"n_issues must lie in [0, {run.n_samples}] (the run's "
+                                 f"samples); got {n_issues}")
+    flagged = np.zeros(run.n_samples, dtype=bool)
+    flagged[np.argsort(-score, kind="stable")[:n_issues]] = True
+    names = run.class_names or list(range(n_classes))
+    counts = np.bincount(labels, minlength=n_classes)
+    rates = np.divide(off, counts, out=np.zeros(n_classes), where=counts > 0)
+    per_class = {"n_samples": dict(zip(names, counts.tolist(), strict=True)),
+                 "estimated_issues": dict(zip(names, off.tolist(), strict=True)),
+                 "noise_rate": dict(zip(names, rates.tolist(), strict=True))}
+    df = pd.DataFrame({"label": labels, "suggested_label": suggested, "score": score,
+                       "is_issue": flagged}, index=sample_index(run))
+    df.attrs["summary"] = {
+        "n_issues": n_issues,
+        "estimated_issues": estimated,
+        "noise_rate": estimated / run.n_samples,
+        "per_class": per_class,
+        "joint": joint.tolist(),
+        "n_epochs": t.n_epochs,
+    }
+    return df
+
+
+def _check_mask(mask, n_samples, name="noise_mask"):
+    mask = np.asarray(mask)
+    if mask.dtype != bool or mask.shape != (n_samples,):
+        raise ForgetkitError(f"{name} must be a boolean array of shape ({n_samples},); got "
+                             f"{mask.dtype} of shape {mask.shape}")
+    return mask
+
+
+def ranking_metrics(score, noise_mask):
+    """How well a score ranks the mislabelled samples first.
+
+    Parameters
+    ----------
+    score : array-like of shape (n_samples,)
+        Higher = more likely mislabelled.
+    noise_mask : bool ndarray of shape (n_samples,)
+        True where the label is known to be wrong.
+
+    Returns
+    -------
+    dict
+        ``auroc`` (area under the ROC curve, ties counted half) and ``ap`` (average
+        precision: sum over distinct score thresholds of the recall gained times the
+        precision there), the definitions of scikit-learn's ``roc_auc_score`` and
+        ``average_precision_score``; NaN when the mask is all True or all False.
+    """
+    from scipy.stats import rankdata
+
+    score = np.asarray(score, dtype=np.float64)
+    mask = _check_mask(noise_mask, len(score))
+    n_pos = int(mask.sum())
+    n_neg = len(mask) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return {"auroc": np.nan, "ap": np.nan}
+    auroc = (rankdata(score)[mask].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    order = np.argsort(-score, kind="stable")
+    ranked = score[order]
+    hits = np.cumsum(mask[order])
+    last = np.r_[ranked[1:] != ranked[:-1], True]  # the end of each group of equal scores
+    tp, seen = hits[last], np.flatnonzero(last) + 1
+    recall_gain = np.diff(np.r_[0, tp]) / n_pos
+    return {"auroc": float(auroc), "ap": float(np.sum(recall_gain * tp / seen))}
+
+
+def set_metrics(flagged, noise_mask):
+    """Precision, recall and F1 of a flagged set against the known noise mask.
+
+    Parameters
+    ----------
+    flagged, noise_mask : bool ndarray of shape (n_samples,)
+
+    Returns
+    -------
+    dict
+        ``n_flagged``, ``precision``, ``recall``, ``f1`` (0 where undefined).
+    """
+    mask = np.asarray(noise_mask)
+    flagged = _check_mask(flagged, len(mask), "flagged")
+    mask = _check_mask(mask, len(flagged))
+    tp = int((flagged & mask).sum())
+    n_flagged, n_noisy = int(flagged.sum()), int(mask.sum())
+    precision = tp / n_flagged if n_flagged else 0.0
+    recall = tp / n_noisy if n_noisy else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if tp else 0.0
+    return {"n_flagged": n_flagged, "precision": precision, "recall": recall, "f1": f1}
