@@ -10,7 +10,7 @@ Subpackages: ``io`` (formats, atomic writes, `RunWriter`), ``kernels`` (numba, p
 ``evaluate`` (the split-half protocol), ``cli``.
 """
 
-from . import datasets, evaluate
+from . import datasets, errors, evaluate
 from .analysis import (
     accuracy,
     correctness,
@@ -24,6 +24,7 @@ from .analysis import (
     sample_dynamics,
     select,
 )
+from .errors import ForgetkitError
 from .evaluate import compare, compare_splits, format_table, mcnemar
 from .fusion import (
     CheckpointAverage,
@@ -50,6 +51,8 @@ from .theory import fairness, linear, noise
 __version__ = "0.1.0"
 
 __all__ = [
+    "ForgetkitError",
+    "errors",
     "CheckpointAverage",
     "EarlyStopping",
     "EnsembleSelection",

@@ -5,9 +5,12 @@ Every error names the argument, what was expected and what was seen.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
+
+from .errors import ForgetkitError, InputTypeError
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 KINDS = ("logits", "probs")
@@ -17,19 +20,42 @@ def check_option(name, value, choices):
     """Return ``value`` if it is one of ``choices``, else raise a ValueError listing them."""
     if value not in choices:
         valid = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name} must be one of {valid}; got {value!r}")
+        raise ForgetkitError(f"{name} must be one of {valid}; got {value!r}")
     return value
 
 
-def check_int(name, value, *, minimum=None, allow_none=False):
-    """Return ``value`` as an int, checking its type and lower bound."""
+def check_int(name, value, *, minimum=None, maximum=None, allow_none=False):
+    """Return ``value`` as an int, checking its type and bounds."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer; got {type(value).__name__} {value!r}")
+        raise InputTypeError(f"{name} must be an integer; got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+        raise ForgetkitError(f"{name} must be >= {minimum}; got {value}")
+    if maximum is not None and value > maximum:
+        raise ForgetkitError(f"{name} must be <= {maximum}; got {value}")
     return int(value)
+
+
+def check_number(name, value, *, minimum=None, maximum=None):
+    """Return ``value`` as a finite float, checking its type and bounds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputTypeError(f"{name} must be a number; got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or (minimum is not None and value < minimum) \
+            or (maximum is not None and value > maximum):
+        lo = "-inf" if minimum is None else minimum
+        hi = "inf" if maximum is None else maximum
+        raise ForgetkitError(f"{name} must be a finite number in [{lo}, {hi}]; got {value}")
+    return value
+
+
+def check_bool(name, value):
+    """Return ``value`` as a bool, refusing anything but True and False."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(f"{name} must be True or False; got {type(value).__name__} "
+                             f"{value!r}")
+    return bool(value)
 
 
 def is_streamed(outputs):
@@ -45,17 +71,19 @@ def check_outputs(outputs):
     if not isinstance(outputs, np.ndarray) and not is_streamed(outputs):
         outputs = np.asarray(outputs)
     if outputs.ndim != 3:
-        raise ValueError(
+        raise ForgetkitError(
             "outputs must have shape (epochs, samples, classes); "
             f"got shape {tuple(outputs.shape)}"
         )
     if outputs.dtype.type not in FLOAT_DTYPES:
-        raise TypeError(f"outputs must be float16, float32 or float64; got dtype {outputs.dtype}")
+        raise InputTypeError(
+            f"outputs must be float16, float32 or float64; got dtype {outputs.dtype}")
     n_epochs, n_samples, n_classes = outputs.shape
     if n_epochs == 0 or n_samples == 0:
-        raise ValueError(f"outputs is an empty run: got shape {tuple(outputs.shape)}")
+        raise ForgetkitError(f"outputs is an empty run: got shape {tuple(outputs.shape)}")
     if n_classes < 2:
-        raise ValueError(f"outputs must have at least 2 classes; got shape {tuple(outputs.shape)}")
+        raise ForgetkitError(
+            f"outputs must have at least 2 classes; got shape {tuple(outputs.shape)}")
     return outputs
 
 
@@ -63,20 +91,21 @@ def check_labels(labels, n_samples, n_classes, *, name="labels"):
     """Return labels as an int64 array of shape (n_samples,) with values in [0, n_classes)."""
     arr = np.asarray(labels)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional; got shape {arr.shape}")
+        raise ForgetkitError(f"{name} must be one-dimensional; got shape {arr.shape}")
     if arr.shape[0] != n_samples:
-        raise ValueError(f"{name} must have length {n_samples} (samples); got {arr.shape[0]}")
+        raise ForgetkitError(f"{name} must have length {n_samples} (samples); got {arr.shape[0]}")
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
-            raise TypeError(f"{name} must be integers; got non-integer values of dtype {arr.dtype}")
+            raise InputTypeError(
+                f"{name} must be integers; got non-integer values of dtype {arr.dtype}")
     elif arr.dtype.kind not in "iub":
-        raise TypeError(f"{name} must be integers; got dtype {arr.dtype}")
+        raise InputTypeError(f"{name} must be integers; got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
     if arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi >= n_classes:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"{name} must lie in [0, {n_classes}); got value {bad}")
+            raise ForgetkitError(f"{name} must lie in [0, {n_classes}); got value {bad}")
     return arr
 
 
@@ -86,14 +115,14 @@ def check_epochs(epochs, n_epochs):
         return np.arange(n_epochs, dtype=np.int64)
     arr = np.asarray(epochs)
     if arr.shape != (n_epochs,):
-        raise ValueError(f"epochs must have shape ({n_epochs},); got shape {arr.shape}")
+        raise ForgetkitError(f"epochs must have shape ({n_epochs},); got shape {arr.shape}")
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"epochs must be integers; got dtype {arr.dtype}")
+        raise InputTypeError(f"epochs must be integers; got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
     steps = np.diff(arr)
     if np.any(steps <= 0):
         i = int(np.argmax(steps <= 0))
-        raise ValueError(
+        raise ForgetkitError(
             "epochs must be strictly increasing (no duplicates); "
             f"got {arr[i]} followed by {arr[i + 1]} at position {i + 1}"
         )
@@ -105,18 +134,19 @@ def check_indices(name, indices, size):
     arr = np.asarray(indices)
     if arr.dtype.kind == "b":
         if arr.shape != (size,):
-            raise ValueError(f"{name} as a boolean mask must have shape ({size},); got {arr.shape}")
+            raise ForgetkitError(
+                f"{name} as a boolean mask must have shape ({size},); got {arr.shape}")
         return np.flatnonzero(arr)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional; got shape {arr.shape}")
+        raise ForgetkitError(f"{name} must be one-dimensional; got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be integers or a boolean mask; got dtype {arr.dtype}")
+        raise InputTypeError(f"{name} must be integers or a boolean mask; got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
     if arr.size == 0:
-        raise ValueError(f"{name} selects nothing")
+        raise ForgetkitError(f"{name} selects nothing")
     if arr.min() < -size or arr.max() >= size:
         bad = arr.min() if arr.min() < -size else arr.max()
-        raise ValueError(f"{name} must lie in [0, {size}); got {bad}")
+        raise ForgetkitError(f"{name} must lie in [0, {size}); got {bad}")
     return np.where(arr < 0, arr + size, arr)
 
 
@@ -126,7 +156,8 @@ def check_sample_ids(sample_ids, n_samples):
         return None
     sample_ids = np.asarray(sample_ids)
     if sample_ids.shape != (n_samples,):
-        raise ValueError(f"sample_ids must have shape ({n_samples},); got shape {sample_ids.shape}")
+        raise ForgetkitError(
+            f"sample_ids must have shape ({n_samples},); got shape {sample_ids.shape}")
     return sample_ids
 
 
@@ -136,12 +167,12 @@ def check_class_names(class_names, n_classes):
         return None
     class_names = [str(c) for c in class_names]
     if len(class_names) != n_classes:
-        raise ValueError(f"class_names must have {n_classes} entries; got {len(class_names)}")
+        raise ForgetkitError(f"class_names must have {n_classes} entries; got {len(class_names)}")
     return class_names
 
 
 def check_meta(meta):
     """Return a copy of the metadata dict ({} for None)."""
     if meta is not None and not isinstance(meta, dict):
-        raise TypeError(f"meta must be a dict; got {type(meta).__name__}")
+        raise InputTypeError(f"meta must be a dict; got {type(meta).__name__}")
     return dict(meta or {})

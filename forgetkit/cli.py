@@ -1,28 +1,39 @@
 """Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|distill|report ...``.
 
-A thin layer: parse, load, one library call, write. Library errors become one line on stderr
-and exit status 1 (2 for usage errors), never a traceback.
+A thin layer: parse, refuse an output that is an input, load, one library call, write.
+Errors the user's input causes (`forgetkit.ForgetkitError`, and OSError such as a missing or
+unwritable file) become one line on stderr and exit status 1 (2 for usage errors); anything
+else is a bug in forgetkit: its traceback is shown with a line saying so, exit status 70.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
 
+from ._validation import check_indices
 from .analysis import REGIONS, data_map, forgetting, select
+from .errors import ForgetkitError
 from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent, single_hit
 from .fusion import KnowledgeFusion, load_fuser
 from .fusion.distill import write_soft_targets
 from .io import atomic_write, convert, load
 from .io.atomic import write_json_atomic
+from .io.guard import refuse_overwrite
+from .io.record import load_labels_file
 from .report import plots, write_report
 from .run import split_indices
 
+#: Exit status of an internal error (a bug), sysexits' EX_SOFTWARE.
+EXIT_BUG = 70
+
 
 def _cmd_analyze(args):
+    refuse_overwrite({"--json": args.json}, [args.run, args.labels])
     run = load(args.run, labels=args.labels)
     s = forgetting.summary(run, progress=not args.quiet)
     dd = s["double_descent"]
@@ -67,11 +78,13 @@ def _cmd_convert(args):
 
 
 def _cmd_datamap(args):
+    refuse_overwrite({"--plot": args.plot, "--out": args.out}, [args.run, args.labels])
     if bool(args.select) != bool(args.out):
-        raise ValueError("--select REGION and --out IDS.csv go together; got "
-                         + ("--select without --out" if args.select else "--out without --select"))
+        raise ForgetkitError("--select REGION and --out IDS.csv go together; got "
+                             + ("--select without --out" if args.select
+                                else "--out without --select"))
     if args.frac is not None and not args.select:
-        raise ValueError("--frac needs --select REGION")
+        raise ForgetkitError("--frac needs --select REGION")
     run = load(args.run, labels=args.labels)
     dm = data_map(run, burn_out=args.burn_out, progress=not args.quiet)
     counts = dm["region"].value_counts()
@@ -102,7 +115,9 @@ def _validation_split(args, run):
     if args.val_run:
         return load(args.val_run), None, f"validation run {args.val_run}"
     if args.val_indices:
-        idx = np.loadtxt(args.val_indices, dtype=np.int64, ndmin=1)
+        idx = check_indices(f"the validation indices in {args.val_indices}",
+                            load_labels_file(args.val_indices, "validation indices"),
+                            run.n_samples)
         rest = np.setdiff1d(np.arange(run.n_samples), idx)
         test = run.isel(samples=rest) if rest.size else None
         return run.isel(samples=idx), test, f"{idx.size} validation indices from {args.val_indices}"
@@ -112,6 +127,7 @@ def _validation_split(args, run):
 
 
 def _cmd_fuse(args):
+    refuse_overwrite({"--plan": args.plan}, [args.run, args.val_run, args.val_indices])
     run = load(args.run)
     val, test, how = _validation_split(args, run)
     kf = KnowledgeFusion(window=args.window, grid=None if args.grid == 0 else args.grid,
@@ -136,11 +152,9 @@ def _cmd_fuse(args):
 
 def _cmd_apply(args):
     out = Path(args.out)
-    for given in (args.run, args.plan):
-        if Path(given).exists() and out.resolve() == Path(given).resolve():
-            raise ValueError(f"--out {args.out} would overwrite the input {given}")
+    refuse_overwrite({"--out": out}, [args.run, args.plan])
     if out.suffix != ".npy":
-        raise ValueError(f"--out must be a .npy file; got {args.out!r}")
+        raise ForgetkitError(f"--out must be a .npy file; got {args.out!r}")
     fuser = load_fuser(Path(args.plan))
     probs = fuser.predict_proba(load(args.run))
     with atomic_write(out) as tmp, open(tmp, "wb") as f:
@@ -151,6 +165,7 @@ def _cmd_apply(args):
 
 
 def _cmd_compare(args):
+    refuse_overwrite({"--json": args.json}, [args.run, args.val_run])
     run = load(args.run)
     val_run = load(args.val_run) if args.val_run else None
     table = compare(run, methods=args.methods, seeds=tuple(args.seeds), val_frac=args.val_frac,
@@ -161,23 +176,34 @@ def _cmd_compare(args):
 
 
 def _cmd_distill(args):
+    refuse_overwrite({"--out": args.out}, [args.plan, args.train_run])
     fuser = load_fuser(Path(args.plan))
     out = write_soft_targets(args.out, fuser, load(args.train_run), temperature=args.temperature)
     if not args.quiet:
         print(f"wrote {out}: soft targets from {fuser.ensemble_size_} checkpoints")
 
 
+def _noise_mask(train_run, path):
+    """The boolean mask of noisy labels from meta['noise_mask'] (their indices)."""
+    flipped = train_run.meta.get("noise_mask")
+    if not isinstance(flipped, list):
+        raise ForgetkitError(f"{path} has no list meta['noise_mask'] (the indices of its noisy "
+                             "labels); the noise figure needs it")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in flipped):
+        raise ForgetkitError(f"{path}: meta['noise_mask'] must list sample indices (integers)")
+    mask = np.zeros(train_run.n_samples, dtype=bool)
+    if flipped:
+        mask[check_indices(f"meta['noise_mask'] of {path}", flipped, train_run.n_samples)] = True
+    return mask
+
+
 def _cmd_report(args):
+    refuse_overwrite({"-o": args.out}, [args.run, args.train_run])
     run = load(args.run)
     train_run, mask = None, None
     if args.train_run:
         train_run = load(args.train_run)
-        flipped = train_run.meta.get("noise_mask")
-        if flipped is None:
-            raise ValueError(f"{args.train_run} has no meta['noise_mask'] (the indices of its "
-                             "noisy labels); the noise figure needs it")
-        mask = np.zeros(train_run.n_samples, dtype=bool)
-        mask[np.asarray(flipped, dtype=np.int64)] = True
+        mask = _noise_mask(train_run, args.train_run)
     paths = write_report(run, args.out, fmt=args.format, source=Path(args.run).name,
                          val_frac=args.val_frac, seeds=tuple(args.seeds), window=args.window,
                          train_run=train_run, noise_mask=mask)
@@ -292,12 +318,18 @@ def main(argv=None):
     except BrokenPipeError:
         sys.stdout = None  # output piped into e.g. `head`: not an error
         return 0
-    except (ValueError, TypeError, OSError) as err:
-        print(f"forgetkit {args.command}: error: {err}", file=sys.stderr)
+    except (ForgetkitError, OSError, MemoryError) as err:
+        message = " ".join(str(err).split()) or "out of memory"
+        print(f"forgetkit {args.command}: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("forgetkit: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        traceback.print_exc()
+        print(f"forgetkit {args.command}: internal error: the traceback above is a bug in "
+              "forgetkit, not a problem with your input; please report it", file=sys.stderr)
+        return EXIT_BUG
     return 0
 
 

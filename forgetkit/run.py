@@ -8,6 +8,8 @@ kept in memory.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -26,7 +28,7 @@ from ._validation import (
     check_sample_ids,
     is_streamed,
 )
-from .errors import ForgetkitError
+from .errors import ForgetkitError, InputTypeError
 
 #: Runs smaller than this many values are fully checked (finite, probabilities sum to 1) when
 #: built; larger ones (memmaps, huge arrays) are checked chunk by chunk as they are read.
@@ -52,11 +54,11 @@ def split_indices(n_samples, frac=0.5, seed=0):
     val, test : ndarray of int64
     """
     if not 0.0 < frac < 1.0:
-        raise ValueError(f"frac must lie strictly between 0 and 1; got {frac}")
-    perm = np.random.default_rng(seed).permutation(n_samples)
+        raise ForgetkitError(f"frac must lie strictly between 0 and 1; got {frac}")
+    perm = np.random.default_rng(check_int("seed", seed, minimum=0)).permutation(n_samples)
     n_val = int(n_samples * frac)
     if n_val < 1 or n_val >= n_samples:
-        raise ValueError(f"frac={frac} leaves an empty half of {n_samples} samples")
+        raise ForgetkitError(f"frac={frac} leaves an empty half of {n_samples} samples")
     return perm[:n_val], perm[n_val:]
 
 
@@ -78,12 +80,12 @@ def softmax(values, out=None):
     """
     x = np.ascontiguousarray(values)
     if x.ndim != 2:
-        raise ValueError(f"softmax expects (samples, classes); got shape {x.shape}")
+        raise ForgetkitError(f"softmax expects (samples, classes); got shape {x.shape}")
     if out is None:
         out = np.empty(x.shape, dtype=np.float64)
     n_bad = kernels.softmax_rows(x, out)
     if n_bad:
-        raise ValueError(f"{n_bad} rows hold NaN or inf")
+        raise ForgetkitError(f"{n_bad} rows hold NaN or inf")
     return out
 
 
@@ -96,7 +98,7 @@ def mean_softmax(stack, out=None):
         out = np.empty(x.shape[1:], dtype=np.float64)
     n_bad = kernels.combine_softmax(x, np.arange(x.shape[0]), np.arange(x.shape[1]), out)
     if n_bad:
-        raise ValueError(f"{n_bad} rows hold NaN or inf")
+        raise ForgetkitError(f"{n_bad} rows hold NaN or inf")
     return out
 
 
@@ -205,6 +207,10 @@ class Run:
         in-memory runs up to EAGER_CHECK_VALUES values, else as each epoch is read. False
         skips the value checks (shapes and labels are always checked), for outputs that are
         already known to be valid, such as probabilities forgetkit computed itself.
+    source : str or Path, optional
+        The file or folder the run was loaded from (`forgetkit.load` sets it); writers
+        refuse it as a destination, and errors about the values name it. Kept by `isel`,
+        `sel`, `split` and `replace`.
 
     Epochs are addressed two ways, named apart everywhere: an epoch *index* is a position
     0..n_epochs-1 (``isel``, ``probs``, a fuser's ``checkpoints_``); an epoch *number* is the
@@ -222,6 +228,7 @@ class Run:
         class_names=None,
         meta=None,
         validate=True,
+        source=None,
     ):
         self.outputs = check_outputs(outputs)
         n_epochs, n_samples, n_classes = self.outputs.shape
@@ -231,6 +238,7 @@ class Run:
         self.sample_ids = check_sample_ids(sample_ids, n_samples)
         self.class_names = check_class_names(class_names, n_classes)
         self.meta = check_meta(meta)
+        self.source = None if source is None else Path(source)
         self._predictions = None  # the forgetting pass, (E, N) int32, read-only
         self._probs = None  # float64 probabilities of every epoch, kept by cache_probs
         self._validate = bool(validate)
@@ -273,11 +281,17 @@ class Run:
         )
 
     # ----------------------------------------------------------------- checks
+    @property
+    def _where(self):
+        """The start of a message about this run's values: its source file, if any."""
+        return "" if self.source is None else f"{str(self.source)!r}: "
+
     def check_epoch(self, index, values):
         """Raise ValueError if epoch ``index``'s values (n_samples, n_classes) are not valid."""
         if not np.all(np.isfinite(values)):
-            raise ValueError(
-                f"outputs contain NaN or inf at epoch index {index} (epoch {self.epochs[index]})"
+            raise ForgetkitError(
+                f"{self._where}outputs contain NaN or inf at epoch index {index} "
+                f"(epoch {self.epochs[index]})"
             )
         if self.kind == "probs":
             sums = values.sum(axis=-1, dtype=np.float64)
@@ -285,8 +299,8 @@ class Run:
             neg = (values < 0).any(axis=-1)
             if bad.any() or neg.any():
                 n = int(np.argmax(bad | neg))
-                raise ValueError(
-                    f'kind="probs" but sample {n} at epoch index {index} '
+                raise ForgetkitError(
+                    f'{self._where}kind="probs" but sample {n} at epoch index {index} '
                     f"(epoch {self.epochs[index]}) is not a probability vector "
                     f"(sum {sums[n]:.6g}, tolerance {PROBS_TOLERANCE})"
                 )
@@ -320,20 +334,26 @@ class Run:
         out = np.empty((n_epochs, n_samples), dtype=np.int32)
         bar = Progress(n_epochs, "forgetting pass", enabled=progress)
         # a lazy sample subset of a memmap is read in place by the parallel kernel, not
-        # gathered epoch by epoch first
+        # gathered epoch by epoch first (unless its values must be checked as probabilities)
         stored = self._subset_rows()
+        if self.kind == "probs" and self.checked_per_read:
+            stored = None
         for start, stop in epoch_chunks(n_epochs, n_samples * n_classes * self.outputs.itemsize):
             if stored is not None:
                 kernels.argmax_rows_at(stored[0][start:stop], stored[1], out[start:stop])
             else:
-                block = np.ascontiguousarray(self.outputs[start:stop]).reshape(-1, n_classes)
-                kernels.argmax_rows(block, out[start:stop].reshape(-1))
+                chunk = np.ascontiguousarray(self.outputs[start:stop])
+                kernels.argmax_rows(chunk.reshape(-1, n_classes), out[start:stop].reshape(-1))
             bad = (out[start:stop] < 0).any(axis=1)
             if bad.any():
                 e = start + int(np.argmax(bad))
-                raise ValueError(
-                    f"outputs contain NaN or inf at epoch index {e} (epoch {self.epochs[e]})"
+                raise ForgetkitError(
+                    f"{self._where}outputs contain NaN or inf at epoch index {e} "
+                    f"(epoch {self.epochs[e]})"
                 )
+            if self.kind == "probs" and self.checked_per_read:  # rows must sum to 1 too
+                for i, values in enumerate(chunk):
+                    self.check_epoch(start + i, values)
             bar.update(stop - start)
         out.setflags(write=False)
         self._predictions = out
@@ -386,7 +406,8 @@ class Run:
         if self._probs is not None:
             return self._probs
         out = self.outputs
-        if self.kind == "probs" and type(out) is np.ndarray and out.dtype == np.float64:
+        if self.kind == "probs" and type(out) is np.ndarray and out.dtype == np.float64 \
+                and not self.checked_per_read:
             return out
         return None
 
@@ -401,6 +422,8 @@ class Run:
         read in place (no copy of a memmap or lazy subset); one epoch at a time otherwise."""
         self._require_full("mean_probs()")
         idx = np.asarray(list(indices), dtype=np.int64)
+        if idx.size == 0:
+            raise ForgetkitError("mean_probs needs at least one epoch index; got none")
         cached = self.cached_probs
         if out is None:
             out = np.empty((self.n_samples, self.n_classes))
@@ -488,7 +511,7 @@ class Run:
         pos = np.minimum(np.searchsorted(self.epochs, wanted), self.n_epochs - 1)
         missing = wanted[self.epochs[pos] != wanted]
         if missing.size:
-            raise ValueError(
+            raise ForgetkitError(
                 f"the run lacks epochs {missing.tolist()} (it holds epochs {self.epochs[0]}.."
                 f"{self.epochs[-1]}, {self.n_epochs} stored)"
             )
@@ -501,13 +524,13 @@ class Run:
         wanted = np.asarray(sample_ids).reshape(-1)
         pos = pd.Index(ids).get_indexer(wanted)
         if (pos < 0).any():
-            raise ValueError(f"the run lacks sample ids {wanted[pos < 0][:10].tolist()}")
+            raise ForgetkitError(f"the run lacks sample ids {wanted[pos < 0][:10].tolist()}")
         return pos.astype(np.int64)
 
     def _epoch_index(self, e):
         e = check_int("epoch index", e)
         if not -self.n_epochs <= e < self.n_epochs:
-            raise ValueError(f"epoch index must lie in [0, {self.n_epochs}); got {e}")
+            raise ForgetkitError(f"epoch index must lie in [0, {self.n_epochs}); got {e}")
         return e % self.n_epochs
 
     def _subset_rows(self):
@@ -556,7 +579,7 @@ class Run:
         if epochs is not None:
             idx = check_indices("epochs", epochs, self.n_epochs)
             if np.any(np.diff(idx) <= 0):
-                raise ValueError("epoch indices must be strictly increasing")
+                raise ForgetkitError("epoch indices must be strictly increasing")
             run = self._derive(self.outputs[idx], self.labels, epochs=self.epochs[idx])
             if self._predictions is not None:
                 run._inherit_predictions(self._predictions[idx])
@@ -582,11 +605,12 @@ class Run:
         ``kind``, ``epochs``, ``sample_ids``, ``class_names``, ``meta``, ``validate``)."""
         fields = dict(outputs=self.outputs, labels=self.labels, kind=self.kind,
                       epochs=self.epochs, sample_ids=self.sample_ids,
-                      class_names=self.class_names, meta=self.meta, validate=self._validate)
+                      class_names=self.class_names, meta=self.meta, validate=self._validate,
+                      source=self.source)
         unknown = set(changes) - set(fields)
         if unknown:
-            raise TypeError(f"replace() got unknown fields {sorted(unknown)}; valid: "
-                            f"{', '.join(fields)}")
+            raise InputTypeError(f"replace() got unknown fields {sorted(unknown)}; valid: "
+                                 f"{', '.join(fields)}")
         fields.update(changes)
         return Run(fields.pop("outputs"), fields.pop("labels"), **fields)
 

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from ..errors import ForgetkitError
+
 
 def predictions(run, *, progress=False):
     """Predicted class (argmax over classes, ties to the lowest index) at every epoch:
@@ -110,7 +112,7 @@ class DoubleDescent:
 def _moving_average(x, width):
     """Centred moving average of odd ``width`` with edge padding."""
     if width % 2 == 0:
-        raise ValueError(f"smooth must be odd (a centred window); got {width}")
+        raise ForgetkitError(f"smooth must be odd (a centred window); got {width}")
     if width <= 1:
         return x.astype(np.float64)
     pad = width // 2
@@ -134,7 +136,7 @@ def double_descent(run, *, min_drop=0.01, smooth=None):
     DoubleDescent
     """
     if min_drop <= 0:
-        raise ValueError(f"min_drop must be > 0; got {min_drop}")
+        raise ForgetkitError(f"min_drop must be > 0; got {min_drop}")
     correct = correctness(run)
     acc = correct.mean(axis=1)
     smooth = (max(3, run.n_epochs // 10) | 1) if smooth is None else int(smooth)

@@ -10,29 +10,28 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from .._summary import HOLDS
-from ..errors import ForgetkitError
+from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
 from ..io.atomic import write_json_atomic
+from ..io.record import parse_record
 from ..run import Run
-
-#: The JSON format of a fitted fuser; version 1 was Knowledge Fusion's plan alone.
-FORMAT = "forgetkit-fuser"
-FORMAT_VERSION = 2
-_KF_PLAN_V1 = "forgetkit-knowledge-fusion"
+from .schema import FORMAT, FORMAT_VERSION, MAX_FUSER_BYTES, fuser_from_record
 
 
 def as_run(run, labels=None, *, kind="logits"):
     """Accept a Run, or an outputs array (E, N, C) with labels (N,)."""
     if isinstance(run, Run):
         if labels is not None:
-            raise TypeError("labels are taken from the Run; pass either a Run or (outputs, labels)")
+            raise InputTypeError(
+                "labels are taken from the Run; pass either a Run or (outputs, labels)")
         return run
     if labels is None:
-        raise TypeError("fit(outputs, labels): labels are required with a bare outputs array")
+        raise InputTypeError("fit(outputs, labels): labels are required with a bare outputs array")
     return Run(run, labels, kind=kind)
 
 
@@ -43,11 +42,11 @@ def check_validation_run(run):
         raise ForgetkitError("Knowledge Fusion (like every fuser) mixes the probabilities of "
                              f"every class at several epochs; {HOLDS}")
     if run.n_samples < 2:
-        raise ValueError(f"the validation set needs at least 2 samples; got {run.n_samples}")
+        raise ForgetkitError(f"the validation set needs at least 2 samples; got {run.n_samples}")
     if np.unique(run.labels).size < 2:
-        raise ValueError("the validation set holds a single class; fusion needs at least two")
+        raise ForgetkitError("the validation set holds a single class; fusion needs at least two")
     if run.n_epochs < 2:
-        raise ValueError(f"fusion needs a run with at least 2 epochs; got {run.n_epochs}")
+        raise ForgetkitError(f"fusion needs a run with at least 2 epochs; got {run.n_epochs}")
 
 
 class Fuser:
@@ -82,8 +81,8 @@ class Fuser:
         valid = self._param_names()
         for name, value in params.items():
             if name not in valid:
-                raise ValueError(f"{type(self).__name__} has no parameter {name!r}; valid "
-                                 f"parameters: {', '.join(valid)}")
+                raise ForgetkitError(f"{type(self).__name__} has no parameter {name!r}; valid "
+                                     f"parameters: {', '.join(valid)}")
             setattr(self, name, value)
         return self
 
@@ -97,7 +96,7 @@ class Fuser:
     # ---------------------------------------------------------------- fitted state
     def _check_fitted(self):
         if not hasattr(self, "epochs_"):
-            raise ValueError(
+            raise ForgetkitError(
                 f"this {type(self).__name__} is not fitted yet: call fit(validation_run) first"
             )
 
@@ -133,8 +132,8 @@ class Fuser:
         """Positions in ``run`` of fitted epoch indices, matched by epoch number."""
         self._check_fitted()
         if run.n_classes != self.n_classes_:
-            raise ValueError(f"the run has {run.n_classes} classes; the fusion was fitted on "
-                             f"{self.n_classes_}")
+            raise ForgetkitError(f"the run has {run.n_classes} classes; the fusion was fitted on "
+                                 f"{self.n_classes_}")
         return run.epoch_positions(self.epochs_[np.asarray(indices, dtype=np.int64)])
 
     # ---------------------------------------------------------------- prediction
@@ -157,9 +156,14 @@ class Fuser:
         """Fitted attributes of the subclass as JSON values."""
         return {name: _jsonable(getattr(self, name + "_")) for name in self._state}
 
-    def _set_state(self, state):
-        for name in self._state:
-            setattr(self, name + "_", state[name])
+    def _check_params(self):
+        """Raise ForgetkitError naming the first invalid constructor argument (called by
+        ``fit`` and when a fuser is read from JSON)."""
+
+    def _read_state(self, fields):
+        """Check and set the fitted state of a record read from JSON (``fields``: a
+        `schema.Fields`); ``epochs_``, ``checkpoints_`` and ``weights_`` are already set."""
+        raise NotImplementedError
 
     def to_json(self, path=None):
         """The fitted fuser as JSON text (one versioned format for every fuser, epoch
@@ -189,7 +193,7 @@ class Fuser:
         must hold that fuser."""
         fuser = load_fuser(source, _what=cls._what)
         if not isinstance(fuser, cls):
-            raise ValueError(f"the file holds a {type(fuser).__name__}, not a {cls.__name__}")
+            raise ForgetkitError(f"the file holds a {type(fuser).__name__}, not a {cls.__name__}")
         return fuser
 
 
@@ -212,47 +216,39 @@ def _fuser_classes():
                                     averages.EarlyStopping)}
 
 
+def _is_json_text(source):
+    """Whether ``source`` is JSON text rather than the path of a file."""
+    if not isinstance(source, str) or os.path.exists(source):
+        return False
+    return any(c in source for c in '{["\n') or source.strip() in ("null", "true", "false")
+
+
 def _read_source(source):
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip()
-                                    .startswith("{")):
-        try:
-            return Path(source).read_text()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no such fuser file: {str(source)!r}") from None
-    return source
+    """(JSON text, name for messages) of JSON text or a path to a JSON file."""
+    if _is_json_text(source):
+        return source, "the fuser JSON"
+    path = Path(source)
+    try:
+        size = path.stat().st_size
+        if size > MAX_FUSER_BYTES:
+            raise PlanError(f"{str(path)!r} holds {size} bytes: not a fuser file (those take "
+                            "kilobytes); was a run given in place of the plan?")
+        return path.read_bytes(), repr(str(path))
+    except FileNotFoundError:
+        raise MissingFileError(f"no such fuser file: {str(path)!r}") from None
+    except IsADirectoryError:
+        raise PlanError(f"{str(path)!r} is a folder, not a fuser file") from None
 
 
 def load_fuser(source, *, _what="fuser"):
     """Any fitted fuser from its JSON (text or path), as written by `Fuser.to_json`;
-    Knowledge Fusion plans of format version 1 are read too."""
-    text = _read_source(source)
+    Knowledge Fusion plans of format version 1 are read too.
+
+    Every field is checked against the fuser schema (`forgetkit.fusion.schema`); a file
+    that breaks it raises PlanError naming the field and its value."""
+    text, where = _read_source(source)
     try:
-        rec = json.loads(text)
-        if not isinstance(rec, dict):
-            raise TypeError(f"expected a JSON object; got {type(rec).__name__}")
-        if rec.get("format") == _KF_PLAN_V1:
-            rec = _upgrade_kf_plan(rec)
-        if rec.get("format") != FORMAT:
-            raise ValueError(f"not a forgetkit {_what} (format={rec.get('format')!r})")
-        classes = _fuser_classes()
-        name = rec["fuser"]
-        if name not in classes:
-            raise ValueError(f"unknown fuser {name!r}; known: {', '.join(classes)}")
-        fuser = classes[name](**rec["params"])
-        fuser.epochs_ = np.asarray(rec["epochs"], dtype=np.int64)
-        fuser.n_classes_ = int(rec["n_classes"])
-        fuser.kind_ = rec.get("kind", "logits")
-        fuser.checkpoints_ = [int(c["epoch_index"]) for c in rec["checkpoints"]]
-        weights = rec.get("weights")
-        fuser.weights_ = None if weights is None else np.asarray(weights, dtype=np.float64)
-        fuser._set_state(rec)
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"cannot read the fuser: {type(err).__name__}: {err}") from None
-    return fuser
-
-
-def _upgrade_kf_plan(rec):
-    """A version-1 Knowledge Fusion plan as a version-2 fuser record (the same fields, with
-    the fuser named)."""
-    return dict(rec, format=FORMAT, version=FORMAT_VERSION, fuser="KnowledgeFusion",
-                weights=None)
+        record = parse_record(text, where)
+    except ForgetkitError as err:
+        raise PlanError(f"not a forgetkit {_what}: {err}") from None
+    return fuser_from_record(record, _fuser_classes(), where, _what)

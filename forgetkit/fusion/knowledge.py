@@ -10,8 +10,9 @@ import numpy as np
 
 from .. import kernels
 from .._progress import Progress
-from .._validation import check_int, check_option
+from .._validation import check_bool, check_int, check_option
 from .base import Fuser, as_run, check_validation_run
+from .schema import check_checkpoints, check_weights_present
 
 #: Half-width of the band (relative to the largest |value| of a sample) around interval ends
 #: where the exact epsilon search re-checks grid points with the brute-force arithmetic.
@@ -21,6 +22,8 @@ RULES = ("best", "paper")
 #: arithmetic, best interval cover first: the cover counts of ties can be off by the
 #: samples whose interval ends at the candidate, and a handful of candidates settles them.
 N_VERIFIED = 16
+#: Most points of the eps grid: a step of 1e-6 (the exact search, grid=None, is finer still).
+MAX_GRID = 1_000_001
 
 
 class KnowledgeFusion(Fuser):
@@ -71,8 +74,17 @@ class KnowledgeFusion(Fuser):
     def _grid_points(self):
         if self.grid is None:
             return None
-        n = check_int("grid", self.grid, minimum=2)
+        n = check_int("grid", self.grid, minimum=2, maximum=MAX_GRID)
         return np.arange(n) / (n - 1)
+
+    def _check_params(self):
+        check_int("window", self.window, minimum=0)
+        check_option("rule", self.rule, RULES)
+        check_int("max_windows", self.max_windows, minimum=1, allow_none=True)
+        check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
+        check_bool("stop_when_no_gain", self.stop_when_no_gain)
+        check_bool("progress", self.progress)
+        self._grid_points()
 
     def _window(self, a, n_epochs):
         return range(max(a - self.window, 0), min(a + self.window, n_epochs - 1) + 1)
@@ -80,10 +92,7 @@ class KnowledgeFusion(Fuser):
     def fit(self, run, labels=None):
         """Fit the plan on validation data: a Run, or outputs (E, N, C) and labels (N,)."""
         run = as_run(run, labels)
-        check_int("window", self.window, minimum=0)
-        check_option("rule", self.rule, RULES)
-        check_int("max_windows", self.max_windows, minimum=1, allow_none=True)
-        check_int("max_checkpoints", self.max_checkpoints, minimum=1, allow_none=True)
+        self._check_params()
         grid = self._grid_points()
         check_validation_run(run)
         n_epochs, y = run.n_epochs, run.labels
@@ -204,10 +213,25 @@ class KnowledgeFusion(Fuser):
             "initial_accuracy": float(self.initial_accuracy_),
         }
 
-    def _set_state(self, state):
-        self.plan_ = [(int(s["epoch_index"]), float(s["eps"])) for s in state["plan"]]
-        self.val_accuracy_ = [float(x) for x in state["val_accuracy"]]
-        self.initial_accuracy_ = float(state["initial_accuracy"])
+    def _read_state(self, fields):
+        n_epochs = len(self.epochs_)
+        steps = fields.list(fields.get("plan"), "plan")
+        if len(steps) > n_epochs:  # each step removes its epoch from those explored
+            fields.fail("the length of plan", f"at most {n_epochs} (the epochs)", len(steps))
+        plan = []
+        for i, step in enumerate(steps):
+            a = fields.epoch_ref(step, f"plan[{i}]", self.epochs_)
+            plan.append((a, fields.number(step.get("eps"), f"plan[{i}].eps", 0.0, 1.0)))
+        accs = fields.list(fields.get("val_accuracy"), "val_accuracy", length=len(plan))
+        self.val_accuracy_ = [fields.number(x, f"val_accuracy[{i}]", 0.0, 1.0)
+                              for i, x in enumerate(accs)]
+        self.initial_accuracy_ = fields.number(fields.get("initial_accuracy"),
+                                               "initial_accuracy", 0.0, 1.0)
+        self.plan_ = plan
+        check_weights_present(self, fields, needed=False)
+        check_checkpoints(self, fields, self._checkpoints(plan),
+                          f"the final epoch and the windows (window={self.window}) of the "
+                          "plan's steps with eps > 0")
 
 
 def best_continuous_eps(a, b, labels, *, rule="best", base=None):

@@ -31,11 +31,13 @@ import os
 from pathlib import Path
 
 from .._validation import check_option
-from ..errors import ForgetkitError
+from ..errors import ForgetkitError, InputTypeError, MissingFileError
 from ..run import Run
 from .atomic import atomic_write, write_json_atomic
 from .background import wait_for_writes
 from .cartography import load_cartography
+from .guard import refuse_overwrite
+from .lock import RunLock
 from .npy import load_npy, write_npy
 from .npz import load_npz, write_npz
 from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
@@ -67,7 +69,7 @@ def load(path, labels=None, *, kind=None):
     if fmt == "parquet" and not path.exists() and staging_path(path).is_dir():
         fmt = "parquet"  # an unfinished RunWriter: load its completed epochs
     elif not path.exists():
-        raise FileNotFoundError(f"no such run: {str(path)!r}")
+        raise MissingFileError(f"no such run: {str(path)!r}")
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels_file(labels)
     wait_for_writes(path)  # epochs this process recorded to path and still writes
@@ -82,23 +84,26 @@ def save(run, path, *, layout="list", compress=True):
     """Write ``run`` to ``path``; the format follows the extension (.npz, .npy, .parquet).
 
     Streams epoch by epoch, so a memory-mapped or Parquet run converts with bounded memory.
-    The write is atomic: on any error no file is left at ``path`` (an existing one is kept).
+    The write is atomic and durable (see `atomic_write`): on any error no file is left at
+    ``path`` (an existing one is kept). It holds the run's writer lock, so it refuses a path
+    that a `RunWriter` is writing, and it refuses the file ``run`` was loaded from.
     ``layout`` ("list" or "binary") applies to Parquet, ``compress`` to NPZ.
     """
     if not isinstance(run, Run):
-        raise TypeError(f"run must be a forgetkit.Run; got {type(run).__name__}")
+        raise InputTypeError(f"run must be a forgetkit.Run; got {type(run).__name__}")
     path = Path(path)
     fmt = format_of(path)
     if fmt == "cartography":
-        raise ValueError("saving to Dataset Cartography folders is not supported")
+        raise ForgetkitError("saving to Dataset Cartography folders is not supported")
     check_option("layout", layout, LAYOUTS)
+    refuse_overwrite({"destination": path}, [run.source])
     if run.kind == "summary":  # written as what it is
         if fmt != "npy":
             raise ForgetkitError(f"a summary run is saved as .npy; got {str(path)!r}")
         summarize(run, path)
         return path
     epochs = ((int(run.epochs[e]), run.epoch_values(e)) for e in range(run.n_epochs))
-    with atomic_write(path) as tmp:
+    with RunLock(path), atomic_write(path) as tmp:
         if fmt == "npz":
             write_npz(tmp, run, compress=compress)
         elif fmt == "npy":
@@ -110,8 +115,9 @@ def save(run, path, *, layout="list", compress=True):
 
 
 def convert(src, dst, *, labels=None, layout="list"):
-    """Load ``src`` and save it as ``dst`` (format from each extension), epoch by epoch."""
-    run = load(src, labels=labels)
-    if Path(src).resolve() == Path(dst).resolve():
-        raise ValueError(f"convert would overwrite its input {str(src)!r}")
-    return save(run, dst, layout=layout)
+    """Load ``src`` and save it as ``dst`` (format from each extension), epoch by epoch.
+    Refuses, before reading anything, a ``dst`` that is ``src``, the labels file or a file
+    kept beside them (sidecar, staging folder)."""
+    label_file = labels if isinstance(labels, (str, os.PathLike)) else None
+    refuse_overwrite({"destination": dst}, [src, label_file])
+    return save(load(src, labels=labels), dst, layout=layout)

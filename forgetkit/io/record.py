@@ -141,17 +141,18 @@ def parse_record(data, where):
         raise CorruptFileError(f"{where} is not valid JSON ({detail})") from None
 
 
-def load_labels_file(path):
-    """Labels from a .npy file or a text file of integers."""
+def load_labels_file(path, what="labels"):
+    """Labels (or other integers: ``what`` names them) from a .npy file or a text file of
+    integers."""
     path = Path(path)
     try:
         if path.suffix == ".npy":
             return np.load(path, allow_pickle=False)
         return np.loadtxt(path, dtype=np.int64, ndmin=1)
     except FileNotFoundError:
-        raise MissingFileError(f"no such labels file: {str(path)!r}") from None
+        raise MissingFileError(f"no such {what} file: {str(path)!r}") from None
     except Exception as err:
-        raise ForgetkitError(f"cannot read labels from {str(path)!r}: {err}") from None
+        raise ForgetkitError(f"cannot read {what} from {str(path)!r}: {err}") from None
 
 
 def make_run(outputs, record, labels, kind, *, source):

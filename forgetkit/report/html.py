@@ -20,6 +20,7 @@ from ..analysis.dynamics import data_map
 from ..analysis.label_issues import label_issues, ranking_metrics, set_metrics
 from ..evaluate import percent
 from ..io.atomic import atomic_write
+from ..io.guard import refuse_overwrite
 from . import plots
 
 
@@ -253,10 +254,14 @@ def to_html(run, summary, table, kf, figures, *, source=""):
 
 def write_report(run, out, *, fmt="html", source="", **options):
     """Write the report: ``fmt="html"`` one self-contained file at ``out``; ``fmt="png"``
-    one PNG per figure in the folder ``out``. Options go to `build`. Returns the paths."""
+    one PNG per figure in the folder ``out``. Options go to `build`. Returns the paths.
+    Refuses, before any work, an ``out`` that is a file the runs were loaded from."""
 
     check_option("fmt", fmt, ("html", "png"))
     out = Path(out)
+    train_run = options.get("train_run")
+    refuse_overwrite({"the report": out},
+                     [run.source, None if train_run is None else train_run.source])
     summary, table, kf, figures = build(run, **options)
     if fmt == "png":
         out.mkdir(parents=True, exist_ok=True)
