@@ -253,6 +253,15 @@ DDP_WORKER = textwrap.dedent("""
                                       model=lambda e: Net(e, bad="nan" if rank else False)))
         attempt("raises", lambda: record("plain.npy", plain, [2],
                                          model=lambda e: Net(e, bad="raise" if rank else False)))
+        normed = torch.nn.Sequential(Net(0).lin, torch.nn.BatchNorm1d(C))
+        with torch.no_grad():
+            normed[1].running_mean.fill_(2.0 * rank)  # DDP ranks' statistics drift apart
+
+        def buffers():
+            record("buffers.npy", plain, [0], model=lambda e: normed, dtype="float32")
+            return float(normed[1].running_mean[0])  # this rank's own, put back
+
+        attempt("buffers", buffers)
     else:  # rank 1 dies before the third epoch's gather
         rec = LogitRecorder(f"{tmp}/death.npy", DataLoader(ds, batch_size=64))
         rec.record(Net(0), 0)
@@ -329,6 +338,12 @@ def test_torch_distributed_two_ranks_write_each_sample_once(tmp_path):
     assert results[1]["raises"] == "RuntimeError: out of memory on this rank"
     assert not (tmp_path / "samples.npy").exists() and not (tmp_path / "dup.npy").exists()
     assert fk.load(tmp_path / "plain.npy").epochs.tolist() == [0, 1]
+    # every shard evaluated with rank 0's batch-norm statistics; each rank keeps its own
+    assert [r["buffers"] for r in results] == [0.0, 2.0]
+    bn = torch.nn.BatchNorm1d(5).eval()
+    with torch.no_grad():
+        normed = bn(torch.as_tensor(expected[0], dtype=torch.float32)).numpy()
+    assert np.array_equal(np.asarray(fk.load(tmp_path / "buffers.npy").outputs[0]), normed)
     # resuming with another world size: epoch 2 from one process
     three, _, _, w = reference_outputs([0, 1, 2])
     model = torch.nn.Linear(6, 5)

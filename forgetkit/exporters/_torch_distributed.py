@@ -8,13 +8,16 @@ the recorder (the sorted indices of its sampler, in contiguous blocks, one per r
 any other iterable of batches is split by batch (rank r evaluates batches r, r + W, ...,
 and every rank reads every batch to count positions).
 
-One epoch: all ranks exchange their counts (all_gather_object), so that a disagreement
-(class or sample counts, a rank that failed, non-finite outputs) fails on every rank; the
-outputs and (index, label) pairs go to rank 0 (gather of padded byte tensors, on the rank's
-CUDA device under NCCL); rank 0 checks the indices (duplicates beyond the sampler's padding,
-missing ones), queues the epoch in dataset order and broadcasts its verdict, which every
-rank raises or returns. A collective that fails (a rank died, the process group's timeout
-passed) raises TimeoutError; nothing is written for that epoch.
+One epoch: every rank takes rank 0's buffers for the evaluation (batch-norm statistics
+differ between DDP ranks after their last training forward; each rank's own come back
+afterwards), so that the run holds rank 0's model's outputs. Then all ranks exchange their
+counts (all_gather_object), so that a disagreement (class or sample counts, a rank that
+failed, non-finite outputs) fails on every rank; the outputs and (index, label) pairs go to
+rank 0 (gather of padded byte tensors, on the rank's CUDA device under NCCL); rank 0 checks
+the indices (duplicates beyond the sampler's padding, missing ones), queues the epoch in
+dataset order and broadcasts its verdict, which every rank raises or returns. A collective
+that fails (a rank died, the process group's timeout passed) raises TimeoutError; nothing is
+written for that epoch.
 """
 
 from __future__ import annotations
@@ -126,6 +129,32 @@ def _collective(ctx, epoch, fn, *args, **kwargs):
             f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); a rank may have "
             "died or stopped calling record(). Nothing was written for this epoch; earlier "
             "epochs are on disk") from err
+
+
+def use_rank0_buffers(ctx, epoch, model):
+    """Give ``model`` rank 0's buffers (batch-norm statistics: DDP lets each rank update its
+    own in the forward passes after its last broadcast) so that every shard is evaluated by
+    rank 0's model; return a function that puts this rank's own buffers back."""
+    buffers = list(model.buffers())
+    saved = [b.detach().clone() for b in buffers]
+    for dtype in dict.fromkeys(b.dtype for b in buffers):  # module order: the same on all ranks
+        group = [b for b in buffers if b.dtype == dtype]
+        flat = torch.cat([b.detach().reshape(-1) for b in group]).to(ctx.device)
+        wire = flat.to(torch.uint8) if dtype == torch.bool else flat
+        _collective(ctx, epoch, dist.broadcast, wire, src=ctx.dst)
+        flat = wire.to(dtype)
+        offset = 0
+        with torch.no_grad():
+            for b in group:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+    def restore():
+        with torch.no_grad():
+            for b, own in zip(buffers, saved, strict=True):
+                b.copy_(own)
+
+    return restore
 
 
 def check_counts(epoch, metas, rank):

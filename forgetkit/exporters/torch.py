@@ -180,7 +180,8 @@ class LogitRecorder(RecorderBase):
         """Run ``model`` in eval mode without gradients over the data and store the outputs
         as epoch number ``epoch``; return the epoch's accuracy. The model's train/eval mode is
         restored afterwards. Under torch.distributed every rank must call it; each evaluates
-        its shard, rank 0 writes, and every rank returns the accuracy over all samples."""
+        its shard with rank 0's buffers (batch-norm statistics; its own are put back), rank 0
+        writes, and every rank returns the accuracy over all samples."""
         if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
                               torch.nn.DataParallel)):
             model = model.module  # a DDP forward would sync buffers: ranks differ in batches
@@ -189,12 +190,15 @@ class LogitRecorder(RecorderBase):
         shard = ddp.Shard(self.data, rank, world, batch_size=self.batch_size,
                           count=self._batch_length, cache=self._shard_loaders)
         was_training = model.training
+        restore = ddp.use_rank0_buffers(ctx, epoch, model) if ctx is not None else None
         model.eval()
         try:
             local = self._evaluate(model, epoch, shard if ctx is not None else
                                    ((None, batch) for batch in self.data), catch=ctx is not None)
         finally:
             model.train(was_training)
+            if restore is not None:
+                restore()
         if ctx is None:
             if local["error"] is not None:
                 raise local["error"]
