@@ -288,6 +288,22 @@ def test_a_second_writer_is_refused_and_touches_nothing(tmp_path, suffix, mode):
     assert fk.load(path).epochs.tolist() == [0, 1, 2, 3]
 
 
+def test_summary_writers_lock_too(tmp_path):
+    run = small_run(n_epochs=2, n_samples=20)
+    path = tmp_path / "summary.npy"
+    first = fk.io.SummaryWriter(path, 20, 3, labels=run.labels)
+    first.append(0, run.outputs[0])
+    with pytest.raises(errors.RunLockedError):
+        fk.io.SummaryWriter(path, 20, 3, labels=run.labels, mode="w")
+    with pytest.raises(errors.RunLockedError):
+        fk.summarize(run, path)
+    first.append(1, run.outputs[1])
+    first.close()
+    assert fk.load(path).epochs.tolist() == [0, 1]
+    with pytest.raises(errors.OverwriteError):
+        fk.summarize(fk.load(path), path)
+
+
 HOLDER = textwrap.dedent("""
     import sys, time, numpy as np, forgetkit as fk
     w = fk.RunWriter(sys.argv[1], 10, 3, labels=np.arange(10) % 3, dtype="float32")

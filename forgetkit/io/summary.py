@@ -29,7 +29,9 @@ from .._validation import (
 )
 from ..errors import ForgetkitError, RunExistsError
 from ..run import Run
-from .atomic import atomic_write, remove, write_json_atomic
+from .atomic import atomic_write, remove, remove_stale_temps, write_json_atomic
+from .guard import refuse_overwrite
+from .lock import RunLock
 from .record import jsonable, sidecar_path
 
 FORMAT = "forgetkit-summary"
@@ -107,7 +109,7 @@ def load_summary(path, *, labels=None):
     return Run(SummaryOutputs(records, record["n_classes"]),
                record["labels"] if labels is None else labels, kind="summary",
                epochs=epochs, sample_ids=record.get("sample_ids"),
-               class_names=record.get("class_names"), meta=record.get("meta"))
+               class_names=record.get("class_names"), meta=record.get("meta"), source=path)
 
 
 def summarize(run, path=None, *, progress=False):
@@ -151,7 +153,8 @@ def summarize(run, path=None, *, progress=False):
     path = Path(path)
     if path.suffix.lower() != ".npy":
         raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got {str(path)!r}")
-    with atomic_write(path) as tmp:
+    refuse_overwrite({"the summary": path}, [run.source])
+    with RunLock(path), atomic_write(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(summary_header(*records.shape))
             f.write(records.tobytes())
@@ -175,6 +178,9 @@ class SummaryWriter:
     mode : {"a", "w", "x"}
         "a" (default) appends to an existing summary at ``path`` or starts one; "w" starts
         over; "x" refuses an existing file.
+
+    Like `RunWriter`, it holds the run's lock (``<path>.lock``) until `close`, and an epoch
+    is on disk (fsync) when `append` returns.
     """
 
     def __init__(self, path, n_samples, n_classes, *, labels, sample_ids=None,
@@ -192,6 +198,16 @@ class SummaryWriter:
         self.meta = check_meta(meta)
         self.epochs = []
         self._closed = False
+        self._lock = RunLock(self.path)  # before anything on disk is read or touched
+        try:
+            self._open(mode)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self, mode):
+        for written in (self.path, sidecar_path(self.path)):
+            remove_stale_temps(written)  # left by killed writes
         exists = self.path.exists()
         if exists and mode == "x":
             raise RunExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
@@ -251,11 +267,15 @@ class SummaryWriter:
         f.seek(0)
         f.write(summary_header(len(self.epochs), self.n_samples))
         f.flush()
+        os.fsync(f.fileno())  # the epoch counted on disk before append returns
 
     def close(self):
-        """Finish the file (idempotent)."""
+        """Finish the file and release the lock (idempotent)."""
         if not self._closed:
-            self._file.close()
+            try:
+                self._file.close()
+            finally:
+                self._lock.release()
         self._closed = True
 
     abort = close
