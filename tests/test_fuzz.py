@@ -64,6 +64,8 @@ def write_format(folder, fmt):
                                         VALUES[e, n].tolist(), "gold": int(RUN.labels[n])})
                             + "\n")
         return path
+    if fmt == "summary":
+        return fk.summarize(RUN, folder / "summary.npy").source
     suffix, layout = {"npz": (".npz", "list"), "npy": (".npy", "list"),
                       "parquet-list": (".parquet", "list"),
                       "parquet-binary": (".parquet", "binary")}[fmt]
@@ -72,7 +74,9 @@ def write_format(folder, fmt):
     return path
 
 
-FORMATS = ["npz", "npy", "parquet-list", "parquet-binary", "cartography"]
+FORMATS = ["npz", "npy", "parquet-list", "parquet-binary", "cartography", "summary"]
+#: The summary records of RUN (a summary holds these, not the outputs).
+SUMMARY = fk.summarize(RUN).outputs.records
 
 
 def files_of(path):
@@ -88,11 +92,23 @@ def outcome(path):
     Any other exception propagates (and fails the test)."""
     try:
         run = fk.load(path)
-        values = np.asarray(run.outputs, dtype=np.float32)
+        if run.kind == "summary":  # records (E, N) of 4 fields, compared as (E, N, 4)
+            values = np.stack([np.asarray(run.outputs.records[f], dtype=np.float64)
+                               for f in SUMMARY.dtype.names], axis=-1)
+        else:
+            values = np.asarray(run.outputs, dtype=np.float32)
         run.predictions()  # the read path of every analysis, checked per read
         return values, run.labels, run.epochs
     except fk.ForgetkitError:
         return None
+
+
+def original_values(k, summary):
+    """The first ``k`` epochs of RUN's outputs, or of its summary records as (k, N, 4)."""
+    if not summary:
+        return VALUES[:k]
+    return np.stack([np.asarray(SUMMARY[f][:k], dtype=np.float64) for f in SUMMARY.dtype.names],
+                    axis=-1)
 
 
 def check_loaded_equals(result, flipped):
@@ -101,9 +117,11 @@ def check_loaded_equals(result, flipped):
         return
     values, labels, epochs = result
     k = values.shape[0]
-    assert values.shape[1:] == (N, C) and 1 <= k <= E
+    summary = values.shape[2:] == (len(SUMMARY.dtype.names),)
+    assert values.shape[1:] == (N, 4 if summary else C) and 1 <= k <= E
     assert epochs.tolist() == RUN.epochs[:k].tolist()
-    changed = int(np.sum(values != VALUES[:k])) + int(np.sum(labels != RUN.labels))
+    changed = int(np.sum(values != original_values(k, summary)))
+    changed += int(np.sum(labels != RUN.labels))
     assert changed <= flipped, f"{changed} values changed by {flipped} flipped bits"
     assert np.isfinite(values).all()
 
@@ -176,19 +194,21 @@ def check_states(result, field, value):
     if result is None:
         return
     values, labels, epochs = result
-    np.testing.assert_array_equal(values, VALUES[: values.shape[0]])
+    summary = values.shape[2:] == (len(SUMMARY.dtype.names),)
+    np.testing.assert_array_equal(values, original_values(values.shape[0], summary))
     stated = value if field == "labels" else RUN.labels.tolist()
     assert labels.tolist() == stated
     if field != "epochs":
         assert epochs.tolist() == RUN.epochs[: len(epochs)].tolist()
 
 
+@pytest.mark.parametrize("fmt", ["npy", "summary"])
 @FUZZ
 @given(**MUTATIONS)
-def test_sidecar_mutations(field, value, drop, capsys):
+def test_sidecar_mutations(fmt, field, value, drop, capsys):
     with tempfile.TemporaryDirectory() as folder:
-        path = write_format(folder, "npy")
-        sidecar = path.with_name("run.forgetkit.json")
+        path = write_format(folder, fmt)
+        sidecar = path.with_name(path.stem + ".forgetkit.json")
         record = mutate_record(json.loads(sidecar.read_text()), field, value, drop)
         sidecar.write_text(json.dumps(record))
         check_states(outcome(path), field, None if drop else value)

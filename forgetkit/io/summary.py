@@ -27,12 +27,12 @@ from .._validation import (
     check_option,
     check_sample_ids,
 )
-from ..errors import ForgetkitError, RunExistsError
+from ..errors import CorruptFileError, ForgetkitError, RunExistsError
 from ..run import Run
 from .atomic import atomic_write, remove, remove_stale_temps, write_json_atomic
 from .guard import refuse_overwrite
 from .lock import RunLock
-from .record import jsonable, sidecar_path
+from .record import check_record, jsonable, sidecar_path
 
 FORMAT = "forgetkit-summary"
 #: Room for the NPY header, rewritten in place as epochs are appended.
@@ -73,8 +73,8 @@ def read_summary_record(path):
     if Path(path).suffix.lower() != ".npy" or not sidecar.exists():
         return None
     try:
-        record = json.loads(sidecar.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        record = json.loads(sidecar.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None  # not ours to judge: the NPY loader reports it
     return record if isinstance(record, dict) and record.get("format") == FORMAT else None
 
@@ -89,6 +89,11 @@ def load_summary(path, *, labels=None):
     record = read_summary_record(path)
     if record is None:
         raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
+    where = f"the sidecar {str(sidecar_path(path))!r}"
+    check_record({k: v for k, v in record.items() if k != "kind"}, where)  # kind: summary
+    for name in ("n_samples", "n_classes", "epochs", "labels"):
+        if record.get(name) is None and not (name == "labels" and labels is not None):
+            raise CorruptFileError(f"{where} lacks the field {name!r}")
     try:
         records = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as err:
@@ -106,10 +111,13 @@ def load_summary(path, *, labels=None):
     for field in ("label", "other", "lse"):
         if not np.isfinite(records[field]).all():
             raise ForgetkitError(f"{str(path)!r}: field {field!r} holds NaN or inf")
-    return Run(SummaryOutputs(records, record["n_classes"]),
-               record["labels"] if labels is None else labels, kind="summary",
-               epochs=epochs, sample_ids=record.get("sample_ids"),
-               class_names=record.get("class_names"), meta=record.get("meta"), source=path)
+    try:
+        return Run(SummaryOutputs(records, record["n_classes"]),
+                   record["labels"] if labels is None else labels, kind="summary",
+                   epochs=epochs, sample_ids=record.get("sample_ids"),
+                   class_names=record.get("class_names"), meta=record.get("meta"), source=path)
+    except ForgetkitError as err:
+        raise type(err)(f"{str(path)!r}: {err}") from None
 
 
 def summarize(run, path=None, *, progress=False):
