@@ -32,9 +32,11 @@ class OverwriteError(ForgetkitError):
     """A destination that is (or resolves to) one of the inputs or their sidecars."""
 
 
-class MissingFileError(ForgetkitError, FileNotFoundError):
+# The OSError base comes first: OSError builds its instances itself, and exceptions
+# rebuilt from a pickle (dask, multiprocessing, tblib) are created through the first base.
+class MissingFileError(FileNotFoundError, ForgetkitError):
     """An input file that does not exist (also a FileNotFoundError)."""
 
 
-class RunExistsError(ForgetkitError, FileExistsError):
+class RunExistsError(FileExistsError, ForgetkitError):
     """A run exists where the caller asked for a new one (also a FileExistsError)."""

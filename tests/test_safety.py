@@ -440,6 +440,21 @@ def test_the_hierarchy():
         fk.load("no/such/run.npz")
 
 
+@pytest.mark.parametrize("cls", [errors.ForgetkitError, errors.InputTypeError,
+                                 errors.CorruptFileError, errors.PlanError,
+                                 errors.RunLockedError, errors.OverwriteError,
+                                 errors.MissingFileError, errors.RunExistsError])
+def test_errors_survive_pickling(cls):
+    """Errors raised on dask workers or in subprocesses come back as themselves: plain
+    pickle, and the ``cls.__new__(cls, *args)`` that tblib (dask's) rebuilds them with."""
+    import pickle
+
+    err = cls("no such shard: 'x.npy'")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls and str(back) == str(err)
+    assert type(cls.__new__(cls, *err.args)) is cls
+
+
 def test_a_bug_shows_its_traceback_and_says_so(monkeypatch, capsys):
     import forgetkit.cli as cli
 
