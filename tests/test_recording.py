@@ -21,6 +21,13 @@ from .conftest import ROOT, import_real_part
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 
 
+def test_import_forgetkit_imports_none_of_the_new_frameworks():
+    code = ("import sys, forgetkit; print(sorted(m for m in ('keras', 'transformers', "
+            "'lightning', 'accelerate', 'torch', 'jax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
 # ---------------------------------------------------------------- background writer
 class ListWriter:
     """A writer that keeps appended epochs, fails on ``fail`` and sleeps ``delay`` each."""
@@ -477,6 +484,67 @@ def test_huggingface_trainer_callback_records_the_eval_dataset(tmp_path):
         final = model(input_ids=test.ids, attention_mask=test.mask).logits.numpy()
     np.testing.assert_allclose(np.asarray(run.outputs[-1]), final, atol=1e-5)
     assert callback.accuracy_[-1] == pytest.approx(np.mean(final.argmax(1) == test.labels.numpy()))
+
+
+TRAINER_DDP = textwrap.dedent("""
+    import json, sys
+    import numpy as np, torch, transformers
+    import forgetkit as fk
+    from forgetkit.exporters.huggingface import LogitRecorderCallback
+
+    tmp = sys.argv[1]
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self, n, seed):
+            g = torch.Generator().manual_seed(seed)
+            self.ids = torch.randint(2, 40, (n, 8), generator=g)
+            self.labels = self.ids[:, 0] % 3
+
+        def __len__(self):
+            return len(self.labels)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=16, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    test = Tokens(41, seed=2)
+    args = transformers.TrainingArguments(
+        output_dir=f"{tmp}/out", num_train_epochs=2, per_device_train_batch_size=16,
+        per_device_eval_batch_size=8, report_to=[], save_strategy="no",
+        logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    callback = LogitRecorderCallback(f"{tmp}/trainer.npy", dtype="float32")
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(64, seed=1),
+                                   eval_dataset=test, callbacks=[callback])
+    trainer.train()
+    model.eval()
+    with torch.no_grad():
+        final = model(input_ids=test.ids).logits.numpy()
+    with open(f"{tmp}/rank{trainer.args.process_index}.json", "w") as f:
+        json.dump({"world": trainer.args.world_size, "epochs": callback.recorder.epochs,
+                   "accuracy": callback.accuracy_, "final": final.tolist()}, f)
+""")
+
+
+def test_huggingface_trainer_on_two_processes_writes_each_sample_once(tmp_path):
+    import_real_part("transformers", "transformers (pip install forgetkit[huggingface])")
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER_DDP)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["epochs"] == [0, 1] and ranks[1]["epochs"] == []  # rank 1 wrote nothing
+    assert ranks[0]["accuracy"] == ranks[1]["accuracy"]
+    run = fk.load(tmp_path / "trainer.npy")
+    assert run.shape == (2, 41, 3) and run.sample_ids is None
+    np.testing.assert_allclose(np.asarray(run.outputs[-1]), ranks[0]["final"], atol=1e-5)
 
 
 # ----------------------------------------------------------------------- Keras 3

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._summary import SUMMARY_DTYPE, summary_correct
 from ..errors import ForgetkitError
 from ..io import RunWriter, SummaryWriter, load
 from ..io.background import BackgroundWriter
@@ -87,6 +86,7 @@ class RecorderBase:
             stored_ids = self.sample_ids[ids]
         elif not np.array_equal(ids, np.arange(n)):
             stored_ids = ids
+        self._order = None
         stored_labels, stored_ids = self._match_existing(labels, stored_ids)
         options = dict(self._writer_options)
         if self.summary:
@@ -168,13 +168,6 @@ def _reordered(values, order):
         return np.asarray(values() if callable(values) else values)[order]
 
     return rows
-
-
-def accuracy_of(values, labels):
-    """Share of rows whose argmax (outputs (N, C)) or summary (N records) is the label."""
-    if values.dtype == SUMMARY_DTYPE:
-        return float(np.mean(summary_correct(values, labels)))
-    return float(np.mean(np.argmax(values, axis=1) == labels))
 
 
 def check_class_counts(shapes, epoch):

@@ -71,7 +71,7 @@ class LogitRecorder(RecorderBase):
         for x, y in batches:
             out = self._logits(params, x)
             shapes.append(tuple(out.shape))
-            check_class_counts(shapes[-1:] + shapes[:1], epoch)
+            check_class_counts(shapes[:1] + shapes[-1:], epoch)  # this batch vs the first
             if not getattr(out, "is_fully_addressable", True):
                 raise ForgetkitError(f"epoch {epoch}: the outputs span several processes "
                                      f"(jax.process_count() = {jax.process_count()}); record "

@@ -225,7 +225,7 @@ class LogitRecorder(RecorderBase):
                     args, kwargs, y = split_batch(batch, self.label_key)
                     out = self.output_fn(model(*_to(args, device), **_to(kwargs, device)))
                     shapes.append(tuple(out.shape))
-                    check_class_counts(shapes[-1:] + shapes[:1], epoch)
+                    check_class_counts(shapes[:1] + shapes[-1:], epoch)  # this batch vs the first
                     out = out.detach().to(self._torch_dtype)  # half the bytes for float16
                     y = torch.as_tensor(y).reshape(-1).to(out.device, non_blocking=True)
                     if len(y) != len(out):
