@@ -81,7 +81,7 @@ def test_sidecar_of_the_output_may_not_be_an_input(files, capsys, monkeypatch):
     (files / "x.forgetkit.json").write_text((files / "plan.json").read_text())
     before = snapshot(files)
     cli_error(capsys, ["distill", "x.forgetkit.json", "run.npz", "--out", "x.npy"],
-              r"--out 'x.npy' would overwrite 'x.forgetkit.json'")
+              r"--out 'x.npy' would overwrite the input 'x.forgetkit.json'")
     assert snapshot(files) == before
 
 

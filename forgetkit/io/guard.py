@@ -52,7 +52,8 @@ def refuse_overwrite(destinations, inputs):
                 for kept in companions(given):
                     if not same_file(written, kept):
                         continue
-                    whose = "" if kept == given else f", kept beside the input {str(given)!r}"
+                    which = f"the input {str(kept)!r}" if kept == given else \
+                        f"{str(kept)!r}, kept beside the input {str(given)!r}"
                     raise OverwriteError(
-                        f"{what} {str(dst)!r} would overwrite {str(kept)!r}{whose}; the "
-                        "output must not be one of the inputs: choose another path")
+                        f"{what} {str(dst)!r} would overwrite {which}; the output must not be "
+                        "one of the inputs: choose another path")
