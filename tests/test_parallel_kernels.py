@@ -73,6 +73,11 @@ def test_undecided_rows_and_add_into_equal_numpy():
     rows, decided = kernels.undecided_rows(total, y, 1.0)
     np.testing.assert_array_equal(rows, np.flatnonzero(open_))
     assert decided == np.sum(np.argmax(total[~open_], axis=1) == y[~open_])
+    limit = rng.random(3000) * 2  # one threshold per row
+    open_ = top2[:, 1] - top2[:, 0] <= limit
+    rows, decided = kernels.undecided_rows(total, y, limit)
+    np.testing.assert_array_equal(rows, np.flatnonzero(open_))
+    assert decided == np.sum(np.argmax(total[~open_], axis=1) == y[~open_])
     p = rng.random((3000, 9))
     expected = total + p
     kernels.add_into(total, p)
@@ -85,8 +90,10 @@ def test_selection_cached_counts_equal_the_full_row_argmax():
     probs[:, :50] = np.round(probs[:, :50] * 4) / 4  # exact ties between classes
     total = probs[[0, 2, 2, 5]].sum(axis=0)
     y = rng.integers(0, 12, 2500)
-    rows, _ = kernels.undecided_rows(total, y, 1.0 + 1e-9)
-    ptr, cand = kernels.selection_candidates(total, rows, np.ones(rows.size), 1e-9)
+    bound = kernels.row_max(probs)  # as ensemble selection bounds a round's change
+    np.testing.assert_array_equal(bound, probs.max(axis=(0, 2)))
+    rows, _ = kernels.undecided_rows(total, y, bound + 1e-9)
+    ptr, cand = kernels.selection_candidates(total, rows, bound[rows], 1e-9)
     got = kernels.selection_cached_counts(probs, total, rows, y, ptr, cand)
     expected = [np.sum(np.argmax(total[rows] + probs[e, rows], axis=1) == y[rows])
                 for e in range(6)]

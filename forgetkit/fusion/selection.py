@@ -43,15 +43,17 @@ class EnsembleSelection(Fuser):
         scorer = _StreamedScorer(run) if cached is None else None
         y = run.labels
         total = np.zeros((run.n_samples, run.n_classes))
+        # the largest probability any checkpoint gives each sample (known when cached)
+        bound = np.ones(run.n_samples) if cached is None else kernels.row_max(cached)
         picks = []
         for _ in range(k):
-            # this round adds one probability vector, which moves any class difference by
-            # at most 1: samples whose sum leads by more than 1 keep their prediction for
-            # every candidate, so only the undecided ones need scoring
-            rows, decided = kernels.undecided_rows(total, y, 1.0 + UNDECIDED_SLACK)
+            # this round adds one probability vector, which raises a sample's classes by at
+            # most its bound: samples whose sum leads by more than that keep their prediction
+            # for every candidate, so only the undecided ones need scoring
+            rows, decided = kernels.undecided_rows(total, y, bound + UNDECIDED_SLACK)
             scores = [decided] * run.n_epochs
             if rows.size and cached is not None:  # cached: the rows' candidates in place
-                ptr, cand = kernels.selection_candidates(total, rows, np.ones(rows.size),
+                ptr, cand = kernels.selection_candidates(total, rows, bound[rows],
                                                          UNDECIDED_SLACK)
                 scores = (decided + kernels.selection_cached_counts(cached, total, rows, y, ptr,
                                                                     cand)).tolist()

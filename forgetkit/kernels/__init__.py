@@ -151,6 +151,13 @@ selection_candidates = _selection.selection_candidates
 add_into = _selection.add_into
 
 
+def row_max(probs):
+    """The largest value of each row over every epoch of float64 probs (E, N, C): (N,)."""
+    out = np.empty(probs.shape[1])
+    _selection.row_max(probs, out)
+    return out
+
+
 def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand):
     """Per epoch of float64 probs (E, N, C): the ``rows`` of total whose argmax of total +
     probs[e] is the label, comparing each row's candidate classes only; see
@@ -161,10 +168,12 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand):
 
 def undecided_rows(total, labels, threshold):
     """Rows of float64 total (N, C) whose max leads the second largest value by at most
-    ``threshold`` (int64 (R,)), and the number of the others whose first argmax is the
-    label."""
-    open_ = np.empty(total.shape[0], dtype=bool)
-    n_correct = _selection.undecided_rows(total, labels, threshold, open_)
+    ``threshold`` (a number, or one per row (N,)): int64 (R,); and the number of the others
+    whose first argmax is the label."""
+    n = total.shape[0]
+    open_ = np.empty(n, dtype=bool)
+    limit = np.ascontiguousarray(np.broadcast_to(np.asarray(threshold, dtype=np.float64), n))
+    n_correct = _selection.undecided_rows(total, labels, limit, open_)
     return np.flatnonzero(open_), int(n_correct)
 
 

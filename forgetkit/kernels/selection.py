@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .argmax import first_argmax_mix
 from .floats import to_f64
 from .softmax import exp_row, exp_shifted, is_table_row
 
@@ -125,7 +124,7 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
 @njit(parallel=True, cache=True)
 def undecided_rows(total, labels, threshold, open_):
     """Rows of ``total`` (N, C) whose largest value leads the second largest (itself when
-    the max is shared) by at most ``threshold``: open_[r] (bool (N,)). Returns how many of
+    the max is shared) by at most threshold[r]: open_[r] (bool (N,)). Returns how many of
     the other rows have the label as their first argmax."""
     n_correct = 0
     for r in prange(total.shape[0]):
@@ -137,10 +136,21 @@ def undecided_rows(total, labels, threshold, open_):
                 first, second, best = v, first, c
             elif v > second:
                 second = v
-        open_[r] = first - second <= threshold
+        open_[r] = first - second <= threshold[r]
         if not open_[r] and best == labels[r]:
             n_correct += 1
     return n_correct
+
+
+@njit(parallel=True, cache=True)
+def row_max(probs, out):
+    """out[r] = the largest value of row r over every epoch of probs (E, N, C)."""
+    for r in prange(probs.shape[1]):
+        top = probs[0, r, 0]
+        for e in range(probs.shape[0]):
+            for c in range(probs.shape[2]):
+                top = max(top, probs[e, r, c])
+        out[r] = top
 
 
 @njit(parallel=True, cache=True)
@@ -149,6 +159,19 @@ def add_into(total, p):
     for r in prange(total.shape[0]):
         for c in range(total.shape[1]):
             total[r, c] += p[r, c]
+
+
+@njit(inline="always")
+def _first_argmax_sum(t, p):
+    """First index of the max of t + p, rows (C,) of non-negative floats, without writing:
+    the max of the sums' bits (their order) vectorises, then the first index holding it."""
+    top = np.int64(0)
+    for c in range(t.shape[0]):
+        top = max(top, np.float64(t[c] + p[c]).view(np.int64))
+    for c in range(t.shape[0]):
+        if np.float64(t[c] + p[c]).view(np.int64) == top:
+            return c
+    return -1
 
 
 @njit(parallel=True, cache=True)
@@ -182,7 +205,7 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
             for e in range(n_epochs):
                 p = probs[e, r]
                 if whole:
-                    best = first_argmax_mix(t, p, 1.0, 1.0)
+                    best = _first_argmax_sum(t, p)
                 else:
                     best = cand[first]
                     best_v = t[best] + p[best]
