@@ -95,8 +95,17 @@ __all__ = [
     "predictions",
     "sample_dynamics",
     "save",
-    "select",
     "summarize",
     "SummaryWriter",
+    "select",
     "split_indices",
 ]
+
+
+def __getattr__(name):
+    # fk.sweep runs on dask.distributed, an optional dependency: imported on first use only
+    if name == "sweep":
+        from .distributed import sweep
+
+        return sweep
+    raise AttributeError(f"module 'forgetkit' has no attribute {name!r}")

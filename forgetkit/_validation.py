@@ -58,15 +58,23 @@ def check_bool(name, value):
     return bool(value)
 
 
+def is_dask_array(outputs):
+    """True for a dask array (found by dask's collection protocol, without importing dask)."""
+    return callable(getattr(outputs, "__dask_graph__", None)) and hasattr(outputs, "chunks")
+
+
 def is_streamed(outputs):
-    """True for outputs read from disk on demand (memmap, lazy Parquet): checked per chunk."""
-    return isinstance(outputs, np.memmap) or getattr(outputs, "_forgetkit_lazy", False)
+    """True for outputs read on demand (memmap, lazy Parquet, dask array): checked per chunk
+    as they are read, never as a whole."""
+    return (isinstance(outputs, np.memmap) or getattr(outputs, "_forgetkit_lazy", False)
+            or is_dask_array(outputs))
 
 
 def check_outputs(outputs):
     """Check a model-output tensor of shape (n_epochs, n_samples, n_classes).
 
-    ndarrays and memmaps keep their dtype (float16, float32 or float64) and are not copied.
+    ndarrays, memmaps and dask arrays keep their dtype (float16, float32 or float64) and are
+    not copied (a dask array is not computed).
     """
     if not isinstance(outputs, np.ndarray) and not is_streamed(outputs):
         outputs = np.asarray(outputs)

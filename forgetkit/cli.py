@@ -1,4 +1,4 @@
-"""Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|distill|report ...``.
+"""Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|sweep|distill|report ...``.
 
 A thin layer: parse, refuse an output that is an input, load, one library call, write.
 Errors the user's input causes (`forgetkit.ForgetkitError`, and OSError such as a missing or
@@ -175,6 +175,28 @@ def _cmd_compare(args):
         write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
 
 
+def _cmd_sweep(args):
+    refuse_overwrite({"--out": args.out}, args.runs)
+    try:  # the optional dask extra; the error says how to install it
+        from .distributed import sweep
+    except ImportError as err:
+        raise ForgetkitError(str(err)) from None
+    from distributed import Client
+
+    client = Client(args.scheduler) if args.scheduler else None
+    try:
+        table = sweep(args.runs, methods=args.methods, client=client, n_workers=args.workers,
+                      seeds=tuple(args.seeds), val_frac=args.val_frac, window=args.window,
+                      progress=not args.quiet)
+    finally:
+        if client is not None:
+            client.close()
+    with atomic_write(Path(args.out)) as tmp:
+        table.to_csv(tmp, index=False)
+    if not args.quiet:
+        print(f"wrote {args.out}: {table['run'].nunique()} runs x {len(args.methods)} methods")
+
+
 def _cmd_distill(args):
     refuse_overwrite({"--out": args.out}, [args.plan, args.train_run])
     fuser = load_fuser(Path(args.plan))
@@ -246,6 +268,21 @@ def _add_fusion_commands(sub):
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--markdown", action="store_true")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("sweep", help="compare on many runs, one task per run on a dask cluster")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run files or glob patterns")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, default=None,
+                       help="worker processes of a local cluster (default: one per core)")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run on this dask.distributed scheduler (e.g. tcp://host:8786)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--val-frac", type=float, default=0.5)
+    p.add_argument("--window", type=int, default=1)
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS))
+    p.add_argument("--out", required=True, metavar="SWEEP.csv")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("distill", help="write fused soft targets of a training-set run")
     p.add_argument("plan", metavar="PLAN.json")

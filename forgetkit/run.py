@@ -26,6 +26,7 @@ from ._validation import (
     check_meta,
     check_outputs,
     check_sample_ids,
+    is_dask_array,
     is_streamed,
 )
 from .errors import ForgetkitError, InputTypeError
@@ -165,6 +166,14 @@ class SubsetOutputs(LazyOutputs):
         return None if base is None else (base[0], base[1][self.index])
 
 
+def _on_chunks():
+    """`forgetkit.distributed`'s passes over the chunks of a run on a dask array (imported
+    only for such runs: dask is an optional dependency)."""
+    from .distributed import chunks
+
+    return chunks
+
+
 def stored_rows(outputs):
     """(values, rows): ``outputs`` as a C-contiguous in-memory or memory-mapped (E, M, C)
     array that holds sample n at row rows[n], without reading or gathering anything; None
@@ -188,8 +197,9 @@ class Run:
 
     Parameters
     ----------
-    outputs : ndarray or memmap of shape (n_epochs, n_samples, n_classes)
-        float16, float32 or float64 logits or probabilities. Not copied.
+    outputs : ndarray, memmap or dask array of shape (n_epochs, n_samples, n_classes)
+        float16, float32 or float64 logits or probabilities. Not copied. A dask array (chunked
+        along samples) stays distributed: see `is_distributed`.
     labels : array-like of shape (n_samples,)
         True class of each sample, integers in [0, n_classes).
     kind : {"logits", "probs", "summary"}
@@ -245,6 +255,14 @@ class Run:
         if validate and not self.checked_per_read:
             for e in range(n_epochs):
                 self.check_epoch(e, self.outputs[e])
+
+    @property
+    def is_distributed(self):
+        """Whether the outputs are a dask array. Passes over such a run run chunk by chunk on
+        the workers of the active dask scheduler (`map_reduce`); `predictions`, `probs`,
+        `mean_probs`, `weighted_probs` and `label_probs` then return dask arrays, and the
+        tensor is never gathered into this process."""
+        return is_dask_array(self.outputs)
 
     @property
     def _large(self):
@@ -323,8 +341,11 @@ class Run:
 
         Returns
         -------
-        ndarray of int32, shape (n_epochs, n_samples), read-only
+        ndarray of int32, shape (n_epochs, n_samples), read-only (a dask array, computed per
+        chunk when asked, for a run on a dask array)
         """
+        if self.is_distributed:
+            return _on_chunks().map_samples(self, "predictions")
         if self._predictions is not None:
             return self._predictions
         if self.kind == "summary":  # exact from the label and the largest other logit
@@ -376,6 +397,8 @@ class Run:
         self._require_full("probs()")
         if index is None:
             index = range(self.n_epochs)
+        if self.is_distributed:
+            return _on_chunks().map_samples(self, "probs", index, dtype=dtype)
         if np.ndim(index) == 0:
             e = self._epoch_index(index)
             if self._probs is not None and dtype == np.float64:
@@ -394,7 +417,8 @@ class Run:
         or None when they do not fit; `clear_cache` frees them."""
         self._require_full("cache_probs()")
         held = self.cached_probs
-        if held is None and self.n_epochs * self.n_samples * self.n_classes * 8 <= memory_budget:
+        size = self.n_epochs * self.n_samples * self.n_classes * 8
+        if held is None and not self.is_distributed and size <= memory_budget:
             held = self._probs = self.probs()
             held.setflags(write=False)
         return held
@@ -424,6 +448,11 @@ class Run:
         idx = np.asarray(list(indices), dtype=np.int64)
         if idx.size == 0:
             raise ForgetkitError("mean_probs needs at least one epoch index; got none")
+        if self.is_distributed:
+            if out is not None:
+                raise ForgetkitError("out= needs a run held in memory; this run's outputs are "
+                                     "a dask array (the result is a dask array)")
+            return _on_chunks().map_samples(self, "mean_probs", idx)
         cached = self.cached_probs
         if out is None:
             out = np.empty((self.n_samples, self.n_classes))
@@ -454,6 +483,8 @@ class Run:
         to zeros; logits are read in place."""
         self._require_full("weighted_probs()")
         idx = np.asarray(indices, dtype=np.int64)
+        if self.is_distributed:
+            return _on_chunks().map_samples(self, "weighted_probs", idx, weights)
         out = np.empty((self.n_samples, self.n_classes))
         stored = stored_rows(self.outputs) if self.cached_probs is None else None
         if stored is not None and self.kind == "logits":
@@ -469,6 +500,8 @@ class Run:
         """Probability of each sample's label at every epoch: float64 (n_samples, n_epochs).
         Logits not held as probabilities are read in place, one epoch at a time, without
         storing any epoch's probabilities. A summary gives exp(label logit - log-sum-exp)."""
+        if self.is_distributed:
+            return _on_chunks().map_samples(self, "label_probs")
         if self.kind == "summary":
             return self.outputs.label_probs().T
         q = np.empty((self.n_epochs, self.n_samples))
@@ -503,6 +536,24 @@ class Run:
         """Raise a ValueError naming ``what`` if this run holds only a summary."""
         if self.kind == "summary":
             raise ForgetkitError(f"{what} needs every class's outputs; {HOLDS}")
+
+    def map_reduce(self, fn):
+        """``fn(run)`` over blocks of samples, combined: the plug-in point of passes that
+        must also run on a cluster.
+
+        ``fn`` takes a Run and returns per-epoch (or other) counts as an ndarray, per-sample
+        rows as a pandas DataFrame, or a tuple of those. On a run held in memory or on disk
+        this is ``fn(self)``. On a run on a dask array (`is_distributed`), ``fn`` runs on the
+        Run of each chunk of samples (every epoch and class of a block of samples, labels,
+        epoch numbers and sample ids included; positions as ids when the run has none) on
+        the workers of the active dask scheduler; ndarrays are summed and DataFrames
+        concatenated in sample order, so counts and per-sample rows equal the in-memory
+        result exactly. ``fn`` must be picklable (a module-level function or a
+        ``functools.partial`` of one).
+        """
+        if self.is_distributed:
+            return _on_chunks().map_reduce(self, fn)
+        return fn(self)
 
     def epoch_positions(self, epoch_numbers):
         """Indices (int64) of the given stored epoch *numbers*; ValueError naming any that
@@ -617,8 +668,8 @@ class Run:
     def _sample_subset(self, samples):
         idx = check_indices("samples", samples, self.n_samples)
         ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
-        # a summary selects by itself
-        lazy = self._large and self.kind != "summary"
+        # a dask array and a summary select by themselves
+        lazy = self._large and not self.is_distributed and self.kind != "summary"
         outputs = SubsetOutputs(self.outputs, idx) if lazy else self.outputs[:, idx]
         sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
         if self._predictions is not None:  # the forgetting pass is not read again

@@ -2,12 +2,15 @@
 
 All functions take a `Run`. The one pass over the outputs (`Run.predictions`) is a numba
 kernel that reads float16/32/64 directly, streams the run in chunks of epochs and is kept on
-the Run, so calling several functions on one run reads the data once.
+the Run, so calling several functions on one run reads the data once. On a run on a dask
+array every function is a map-reduce over its chunks of samples (`Run.map_reduce`: per-epoch
+counts summed, per-sample rows concatenated), with the same results.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -26,21 +29,38 @@ def correctness(run, *, progress=False):
     return run.correctness(progress=progress)
 
 
+def _epoch_counts(run):
+    """Counts of one run (or chunk of samples): int64 (3, n_epochs) of the samples correct at
+    e, forgotten (correct at e, wrong at the final epoch) and learned (wrong at e, correct at
+    the final epoch); and the number of samples ever correct but wrong at the final epoch."""
+    correct = correctness(run)
+    final = correct[-1]
+    counts = np.stack([correct.sum(axis=1), (correct & ~final).sum(axis=1),
+                       (~correct & final).sum(axis=1)])
+    return counts, int(np.count_nonzero(correct.any(axis=0) & ~final))
+
+
+def epoch_counts(run):
+    """Per-epoch counts (correct, forgotten, learned): int64 (3, n_epochs), and the number of
+    samples ever correct but wrong at the final epoch; summed over the chunks of a run on a
+    dask array. Each fraction below is one of these counts divided by n_samples (the same
+    bits as the mean of the boolean matrix)."""
+    return run.map_reduce(_epoch_counts)
+
+
 def accuracy(run):
     """Accuracy a_e at every epoch: float64 (n_epochs,)."""
-    return correctness(run).mean(axis=1)
+    return epoch_counts(run)[0][0] / run.n_samples
 
 
 def forget_fraction(run):
     """Forget fraction F_e: share of samples correct at e but wrong at the final epoch. (E,)"""
-    correct = correctness(run)
-    return (correct & ~correct[-1]).mean(axis=1)
+    return epoch_counts(run)[0][1] / run.n_samples
 
 
 def learn_fraction(run):
     """Learn fraction L_e: share of samples wrong at e but correct at the final epoch. (E,)"""
-    correct = correctness(run)
-    return (~correct & correct[-1]).mean(axis=1)
+    return epoch_counts(run)[0][2] / run.n_samples
 
 
 def sample_dynamics(run):
@@ -54,6 +74,10 @@ def sample_dynamics(run):
         next), forgotten (ever correct but wrong at the final epoch) and forget_epoch (the
         first stored epoch after the last correct one, for forgotten samples).
     """
+    return run.map_reduce(_sample_dynamics)
+
+
+def _sample_dynamics(run):
     correct = correctness(run)
     n_epochs = correct.shape[0]
     ever = correct.any(axis=0)
@@ -137,8 +161,21 @@ def double_descent(run, *, min_drop=0.01, smooth=None):
     """
     if min_drop <= 0:
         raise ForgetkitError(f"min_drop must be > 0; got {min_drop}")
+    return _double_descent(run, accuracy(run), min_drop=min_drop, smooth=smooth)
+
+
+def _descent_counts(run, *, peak, dip):
+    """Samples correct at ``peak``, of those wrong at ``dip``, of those wrong at every epoch
+    from ``dip`` to the end, and correct at ``peak`` but wrong at the end: int64 (4,)."""
     correct = correctness(run)
-    acc = correct.mean(axis=1)
+    at_peak = correct[peak]
+    lost = at_peak & ~correct[dip]
+    return np.array([at_peak.sum(), lost.sum(), (lost & ~correct[dip:].any(axis=0)).sum(),
+                     (at_peak & ~correct[-1]).sum()], dtype=np.int64)
+
+
+def _double_descent(run, acc, *, min_drop=0.01, smooth=None):
+    """`double_descent` of a run whose accuracy curve ``acc`` (n_epochs,) is known."""
     smooth = (max(3, run.n_epochs // 10) | 1) if smooth is None else int(smooth)
     curve = _moving_average(acc, smooth)
     running_max = np.maximum.accumulate(curve)
@@ -152,8 +189,7 @@ def double_descent(run, *, min_drop=0.01, smooth=None):
         return DoubleDescent(found=False, peak_epoch=int(run.epochs[peak]),
                              peak_accuracy=float(acc[peak]))
     second = dip + int(np.argmax(after))
-    at_peak = correct[peak]
-    lost = at_peak & ~correct[dip]
+    shares = run.map_reduce(partial(_descent_counts, peak=peak, dip=dip)) / run.n_samples
     return DoubleDescent(
         found=True,
         peak_epoch=int(run.epochs[peak]),
@@ -162,10 +198,10 @@ def double_descent(run, *, min_drop=0.01, smooth=None):
         peak_accuracy=float(acc[peak]),
         dip_accuracy=float(acc[dip]),
         second_peak_accuracy=float(acc[second]),
-        learned_first_ascent=float(at_peak.mean()),
-        forgotten_in_dip=float(lost.mean()),
-        never_relearned=float((lost & ~correct[dip:].any(axis=0)).mean()),
-        forgotten_at_end=float((at_peak & ~correct[-1]).mean()),
+        learned_first_ascent=float(shares[0]),
+        forgotten_in_dip=float(shares[1]),
+        never_relearned=float(shares[2]),
+        forgotten_at_end=float(shares[3]),
     )
 
 
@@ -173,19 +209,20 @@ def summary(run, *, progress=False):
     """The headline numbers of the forgetting analysis as a dict (what `forgetkit analyze`
     prints): final accuracy, max F_e and its epoch, share of samples ever forgotten, double
     descent phases."""
-    correct = correctness(run, progress=progress)
-    f = forget_fraction(run)
+    if not run.is_distributed:
+        run.predictions(progress=progress)  # the one pass, with progress; kept on the run
+    counts, ever_forgotten = epoch_counts(run)
+    acc, f = counts[0] / run.n_samples, counts[1] / run.n_samples
     e_max = int(np.argmax(f))
-    forgotten = correct.any(axis=0) & ~correct[-1]
     return {
         "n_epochs": run.n_epochs,
         "n_samples": run.n_samples,
         "n_classes": run.n_classes,
-        "final_accuracy": float(correct[-1].mean()),
-        "best_accuracy": float(correct.mean(axis=1).max()),
-        "best_epoch": int(run.epochs[int(np.argmax(correct.mean(axis=1)))]),
+        "final_accuracy": float(acc[-1]),
+        "best_accuracy": float(acc.max()),
+        "best_epoch": int(run.epochs[int(np.argmax(acc))]),
         "max_forget_fraction": float(f[e_max]),
         "max_forget_epoch": int(run.epochs[e_max]),
-        "ever_forgotten": float(forgotten.mean()),
-        "double_descent": double_descent(run).as_dict(),
+        "ever_forgotten": ever_forgotten / run.n_samples,
+        "double_descent": _double_descent(run, acc).as_dict(),
     }

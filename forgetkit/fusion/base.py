@@ -139,9 +139,19 @@ class Fuser:
     # ---------------------------------------------------------------- prediction
     def predict_proba(self, run):
         """Fused probabilities (n_samples, n_classes) of ``run`` (a Run or an outputs array
-        (E, N, C)) holding the fitted epochs: all of them, or only ``checkpoints_``."""
+        (E, N, C)) holding the fitted epochs: all of them, or only ``checkpoints_``. For a
+        run on a dask array, a dask array computed chunk by chunk on the workers (the same
+        values as in memory)."""
         self._check_fitted()
         run = self._as_input(run)
+        if run.is_distributed:
+            from ..distributed.chunks import apply_samples
+
+            return apply_samples(run, self.predict_proba, (None, self.n_classes_), np.float64)
+        return self._predict_proba(run)
+
+    def _predict_proba(self, run):
+        """`predict_proba` of a Run held in memory or on disk."""
         pos = self._positions(run, self.checkpoints_)
         if self.weights_ is None:
             return run.mean_probs(pos)

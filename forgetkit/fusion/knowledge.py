@@ -11,6 +11,7 @@ import numpy as np
 from .. import kernels
 from .._progress import Progress
 from .._validation import check_bool, check_int, check_option
+from ..errors import ForgetkitError
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_checkpoints, check_weights_present
 
@@ -95,26 +96,21 @@ class KnowledgeFusion(Fuser):
         self._check_params()
         grid = self._grid_points()
         check_validation_run(run)
-        n_epochs, y = run.n_epochs, run.labels
-        correct = run.correctness()
-        prob = run.probs(n_epochs - 1)  # the current fusion, updated in place below
-        # the current fusion's lead of the label, magnitude, top class; its correctness
-        stats, cur = kernels.label_leads(prob, y)
-        mean = np.empty_like(prob)
+        n_epochs = run.n_epochs
+        state = _fit_state(run, grid)
         needed = {n_epochs - 1}  # checkpoints of the plan so far
         explore = np.ones(n_epochs, dtype=bool)
-        missed = correct[:, ~cur].sum(axis=1)  # F'_e * n_samples, updated as cur changes
-        n_correct, left = int(cur.sum()), n_epochs
+        n_correct, left = state.n_correct, n_epochs
         plan, accs, used = [], [], 0
         bar = Progress(n_epochs, "knowledge fusion", enabled=self.progress)
         while left and (self.max_windows is None or used < self.max_windows):
-            a = int(np.argmax(np.where(explore, missed, -1)))  # ties: the earliest epoch
+            # ties: the earliest epoch
+            a = int(np.argmax(np.where(explore, state.missed, -1)))
             window = self._window(a, n_epochs)
             explore[window.start: window.stop] = False
             before, left = left, int(explore.sum())
             bar.update(before - left)
-            run.mean_probs(window, out=mean)
-            eps, count = self._choose_eps(mean, prob, stats, y, grid, n_correct)
+            eps, count = self._choose_eps(state, window, grid, n_correct)
             if self.stop_when_no_gain and count <= n_correct:
                 break
             if eps > 0 and self.max_checkpoints is not None \
@@ -123,18 +119,14 @@ class KnowledgeFusion(Fuser):
             plan.append((a, float(eps)))
             if eps > 0:
                 needed.update(window)
-                was_correct = cur.copy()
-                kernels.mix_into(mean, prob, eps, y, stats, cur)  # prob <- eps*mean + ...
-                flipped = np.flatnonzero(was_correct != cur)
-                missed += (correct[:, flipped[was_correct[flipped]]].sum(axis=1)
-                           - correct[:, flipped[cur[flipped]]].sum(axis=1))
+                state.mix(window, eps)
                 used += 1
             n_correct = count  # the eps search's counts are exact: cur.sum() == count
-            accs.append(n_correct / len(y))
+            accs.append(n_correct / run.n_samples)
         self._fit_shape(run, sorted(needed))
         self.plan_ = plan
         self.val_accuracy_ = accs
-        self.initial_accuracy_ = float(correct[-1].mean())
+        self.initial_accuracy_ = state.n_final_correct / run.n_samples
         return self
 
     def _checkpoints(self, plan):
@@ -164,21 +156,19 @@ class KnowledgeFusion(Fuser):
         new.checkpoints_, new.weights_ = new._checkpoints(new.plan_), None
         return new
 
-    def _choose_eps(self, mean, prob, stats, y, grid, base):
-        """(eps, number correct) chosen by the rule; ``stats``: ``label_leads`` of prob;
-        ``base`` = number correct at eps=0."""
-        if grid is not None:
-            counts = kernels.grid_correct_counts(mean, prob, y, stats, grid, REL_BAND)
-            if self.rule == "best":
-                i = int(np.argmax(counts))
-            else:
-                i = int(np.flatnonzero(counts >= base).max())
-            return grid[i], int(counts[i])
-        return best_continuous_eps(mean, prob, y, rule=self.rule, base=base)
+    def _choose_eps(self, state, window, grid, base):
+        """(eps, number correct) of mixing the mean of ``window`` into the current fusion
+        of ``state``, chosen by the rule; ``base`` = number correct at eps=0."""
+        if grid is None:
+            return state.continuous_eps(window, self.rule, base)
+        counts = state.grid_counts(window, grid)
+        if self.rule == "best":
+            i = int(np.argmax(counts))
+        else:
+            i = int(np.flatnonzero(counts >= base).max())
+        return grid[i], int(counts[i])
 
-    def predict_proba(self, run):
-        """Fused probabilities (n_samples, n_classes) of any run holding the fitted epochs
-        (all of them, or only ``checkpoints_``); a Run or an outputs array (E, N, C)."""
+    def _predict_proba(self, run):
         *_, prob = self._stages(run)  # every stage is the same array
         return prob
 
@@ -193,6 +183,9 @@ class KnowledgeFusion(Fuser):
         """The stages of `staged_predict_proba` as one array updated in place."""
         self._check_fitted()
         run = self._as_input(run)
+        if run.is_distributed:
+            raise ForgetkitError("staged_predict_proba needs a run held in memory or on disk; "
+                                 "on a run on a dask array take with_windows(i).predict_proba(run)")
         n_epochs = len(self.epochs_)
         pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
         prob = run.probs(pos[n_epochs - 1])
@@ -232,6 +225,76 @@ class KnowledgeFusion(Fuser):
         check_checkpoints(self, fields, self._checkpoints(plan),
                           f"the final epoch and the windows (window={self.window}) of the "
                           "plan's steps with eps > 0")
+
+
+def _fit_state(run, grid):
+    """The fit's state of ``run``: a `FitState`, or for a run on a dask array one per chunk
+    of samples on the workers of the active dask.distributed Client."""
+    if not run.is_distributed:
+        return FitState(run)
+    if grid is None:
+        raise ForgetkitError("grid=None (the continuous eps search) needs a run held in memory "
+                             "or on disk; on a run on a dask array pass an eps grid (e.g. "
+                             "grid=101)")
+    from ..distributed.knowledge import ChunkedFitState
+
+    return ChunkedFitState(run)
+
+
+class FitState:
+    """Knowledge Fusion's fit state on a run (or one chunk of samples of a run): the current
+    fusion ``prob`` (float64 (N, C), updated in place), its label leads and correctness, and
+    the forget counts against it.
+
+    Attributes
+    ----------
+    missed : int64 (n_epochs,)
+        F'_e * n_samples: samples correct at epoch e and wrong under the current fusion.
+    n_correct : int, samples the first fusion (the final epoch's probabilities) gets right
+    n_final_correct : int, samples the final epoch's outputs get right (argmax)
+    n_mixed : int, windows mixed in so far
+    """
+
+    def __init__(self, run):
+        self.run, self.labels = run, run.labels
+        self.correct = run.correctness()
+        self.prob = run.probs(run.n_epochs - 1)
+        # the current fusion's lead of the label, magnitude, top class; its correctness
+        self.stats, self.cur = kernels.label_leads(self.prob, self.labels)
+        self.mean, self.window = np.empty_like(self.prob), None  # a window's mean probabilities
+        self.missed = self.correct[:, ~self.cur].sum(axis=1)  # updated as cur changes
+        self.n_correct = int(self.cur.sum())
+        self.n_final_correct = int(self.correct[-1].sum())
+        self.n_mixed = 0
+
+    def window_mean(self, window):
+        """The mean probabilities of the epochs ``window`` (a range), kept until another
+        window is asked for."""
+        if self.window != window:
+            self.run.mean_probs(window, out=self.mean)
+            self.window = window
+        return self.mean
+
+    def grid_counts(self, window, grid):
+        """Samples that eps * mean(window) + (1 - eps) * prob classifies correctly, for each
+        eps of ``grid``: int64 (G,)."""
+        return kernels.grid_correct_counts(self.window_mean(window), self.prob, self.labels,
+                                           self.stats, grid, REL_BAND)
+
+    def continuous_eps(self, window, rule, base):
+        """`best_continuous_eps` of mixing mean(window) into prob."""
+        return best_continuous_eps(self.window_mean(window), self.prob, self.labels, rule=rule,
+                                   base=base)
+
+    def mix(self, window, eps):
+        """prob <- eps * mean(window) + (1 - eps) * prob; the forget counts follow."""
+        was_correct = self.cur.copy()
+        kernels.mix_into(self.window_mean(window), self.prob, eps, self.labels, self.stats,
+                         self.cur)
+        flipped = np.flatnonzero(was_correct != self.cur)
+        self.missed += (self.correct[:, flipped[was_correct[flipped]]].sum(axis=1)
+                        - self.correct[:, flipped[self.cur[flipped]]].sum(axis=1))
+        self.n_mixed += 1
 
 
 def best_continuous_eps(a, b, labels, *, rule="best", base=None):

@@ -49,8 +49,12 @@ __all__ = ["RunWriter", "SummaryWriter", "atomic_write", "convert", "load", "loa
            "save", "summarize"]
 
 
-def load(path, labels=None, *, kind=None):
+def load(path, labels=None, *, kind=None, chunks=None):
     """Load a run from ``path`` (.npz, .npy, .parquet or a Dataset Cartography folder).
+
+    A glob pattern (``"run/shard-*.npy"``), an fsspec URL (``"s3://..."``) or ``chunks``
+    loads NPY/Parquet shards as one Run on a dask array, kept distributed (see
+    `forgetkit.distributed.load_shards`; needs the ``dask`` extra).
 
     Parameters
     ----------
@@ -59,11 +63,17 @@ def load(path, labels=None, *, kind=None):
         Required for a bare .npy outputs file without its sidecar; overrides stored labels.
     kind : {"logits", "probs"}, optional
         Overrides the stored kind (a bare .npy is taken as logits by default).
+    chunks : int, optional
+        Samples per chunk of a run loaded as a dask array.
 
     Returns
     -------
     Run
     """
+    if chunks is not None or any(mark in str(path) for mark in ("*", "?", "[", "://")):
+        from ..distributed.shards import load_shards
+
+        return load_shards(path, chunks=chunks, labels=labels, kind=kind)
     path = Path(path)
     fmt = format_of(path)
     if fmt == "parquet" and not path.exists() and staging_path(path).is_dir():

@@ -1,0 +1,258 @@
+"""Runs stored as shards: NPY or Parquet files that each hold a block of samples with the
+same epochs, loaded as one Run on a dask array (concatenated along samples).
+
+Each shard is a forgetkit run file: an NPY tensor (E, n_i, C) with its
+``<name>.forgetkit.json`` sidecar, or a Parquet run (one row group per epoch), each with
+the labels (and optionally sample ids) of its samples. Paths are local or fsspec URLs
+(``s3://...``, ``gs://...``, ``file://...``); the client reads only headers, sidecars and
+Parquet footers, the workers read the blocks of samples they compute on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import PurePosixPath
+
+import dask
+import dask.array as da
+import numpy as np
+from fsspec.core import url_to_fs
+
+from .._validation import FLOAT_DTYPES, check_int
+from ..errors import CorruptFileError, ForgetkitError, MissingFileError
+from ..io.parquet import PARQUET_KEY, _column_to_numpy
+from ..io.record import SIDECAR_SUFFIX, load_labels_file
+from ..run import Run
+
+FORMATS = (".npy", ".parquet")
+
+
+def shard_paths(source):
+    """[(filesystem, path, name)] of the shards at ``source``: a path, glob pattern or fsspec
+    URL (glob matches in sorted order), or a list of them (in its order). ``name`` is what
+    messages call the shard (the URL, or the local path). MissingFileError when a path or
+    pattern names no file."""
+    sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not sources:
+        raise ForgetkitError("source names no shard: got an empty list")
+    shards = []
+    for src in sources:
+        src = os.fspath(src)
+        fs, path = url_to_fs(src)
+        if any(ch in path for ch in "*?["):
+            paths = sorted(fs.glob(path))
+            if not paths:
+                raise MissingFileError(f"no shard matches {src!r}")
+        elif fs.isfile(path):
+            paths = [path]
+        else:
+            raise MissingFileError(f"no such shard: {src!r}")
+        local = "file" in np.atleast_1d(fs.protocol)
+        shards += [(fs, p, p if local else fs.unstrip_protocol(p)) for p in paths]
+    return shards
+
+
+def corrupt_shard(name, err):
+    return CorruptFileError(f"cannot read shard {name!r}: the file is truncated or corrupt "
+                            f"({err})")
+
+
+def missing_shard(name):
+    return MissingFileError(f"shard {name!r} is missing (it was there when the run was "
+                            "loaded)")
+
+
+# --------------------------------------------------------------------------- NPY
+def _npy_header(fs, path, name):
+    """(shape, dtype, offset of the data) of an NPY file, checked against its size."""
+    try:
+        with fs.open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+    except FileNotFoundError:
+        raise missing_shard(name) from None
+    except Exception as err:
+        raise corrupt_shard(name, err) from None
+    if len(shape) != 3 or fortran or dtype.type not in FLOAT_DTYPES:
+        raise CorruptFileError(f"shard {name!r} must hold a C-ordered float16/32/64 tensor "
+                               f"(epochs, samples, classes); got shape {shape}, dtype {dtype}"
+                               f"{', Fortran order' if fortran else ''}")
+    size = fs.size(path)
+    if size < offset + int(np.prod(shape)) * dtype.itemsize:
+        raise corrupt_shard(name, f"{size} bytes hold less than its header's shape {shape}")
+    return shape, dtype.newbyteorder("="), dtype, offset
+
+
+def _npy_shard(fs, path, name):
+    shape, dtype, stored, offset = _npy_header(fs, path, name)
+    p = PurePosixPath(path)
+    sidecar = str(p.with_name(p.name[: -len(p.suffix)] + SIDECAR_SUFFIX))
+    record = {}
+    if fs.isfile(sidecar):
+        try:
+            with fs.open(sidecar, "rb") as f:
+                record = json.loads(f.read())
+        except Exception as err:
+            raise corrupt_shard(f"{name} (its sidecar)", err) from None
+        if record.get("epochs") is not None:  # a sidecar may list epochs not yet stored
+            record["epochs"] = record["epochs"][: shape[0]]
+    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=stored, offset=offset)
+    return shape, dtype, record, reader
+
+
+def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset):
+    """Samples start..stop of every epoch of an NPY shard: (E, stop - start, C), one read
+    per epoch."""
+    n_epochs, n_samples, n_classes = shape
+    row = n_classes * dtype.itemsize
+    out = np.empty((n_epochs, stop - start, n_classes), dtype=dtype)
+    try:
+        with fs.open(path, "rb") as f:
+            for e in range(n_epochs):
+                f.seek(offset + (e * n_samples + start) * row)
+                got = f.readinto(out[e].reshape(-1).view(np.uint8))
+                if got != out[e].nbytes:
+                    raise corrupt_shard(name, f"epoch index {e} ends after {got} of "
+                                              f"{out[e].nbytes} bytes")
+    except FileNotFoundError:
+        raise missing_shard(name) from None
+    return out.astype(dtype.newbyteorder("="), copy=False)
+
+
+# ----------------------------------------------------------------------- Parquet
+def _parquet_file(fs, path, name):
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(fs.open(path, "rb"))
+    except FileNotFoundError:
+        raise missing_shard(name) from None
+    except Exception as err:
+        raise corrupt_shard(name, err) from None
+
+
+def _parquet_shard(fs, path, name):
+    pf = _parquet_file(fs, path, name)
+    md = pf.schema_arrow.metadata or {}
+    if PARQUET_KEY not in md:
+        raise CorruptFileError(f"shard {name!r} has no forgetkit metadata (dtype, classes, "
+                               "labels): write shards with forgetkit")
+    record = json.loads(md[PARQUET_KEY])
+    epochs = []
+    for rg in range(pf.metadata.num_row_groups):
+        col = pf.read_row_group(rg, columns=["epoch"]).column("epoch").to_numpy()
+        if len(col) == 0 or (col != col[0]).any():
+            raise CorruptFileError(f"row group {rg} of shard {name!r} mixes epochs; expected "
+                                   "one row group per epoch")
+        epochs.append(int(col[0]))
+    record["epochs"] = epochs
+    shape = (len(epochs), int(record["n_samples"]), int(record["n_classes"]))
+    dtype = np.dtype(record.get("dtype", "float32"))
+    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=dtype)
+    return shape, dtype, record, reader
+
+
+def read_parquet_block(start, stop, *, fs, path, name, shape, dtype):
+    """Samples start..stop of every epoch of a Parquet shard: (E, stop - start, C). Each
+    epoch's row group is read whole."""
+    n_epochs, n_samples, n_classes = shape
+    pf = _parquet_file(fs, path, name)
+    out = np.empty((n_epochs, stop - start, n_classes), dtype=dtype)
+    for e in range(n_epochs):
+        where = f"epoch index {e} of shard {name!r}"
+        try:
+            table = pf.read_row_group(e, columns=["sample", "outputs"])
+        except Exception as err:
+            raise corrupt_shard(name, err) from None
+        if table.num_rows != n_samples:
+            raise CorruptFileError(f"{where} has {table.num_rows} rows; expected {n_samples}")
+        values = _column_to_numpy(table.column("outputs"), n_classes, dtype, where)
+        sample = table.column("sample").to_numpy()
+        order = np.argsort(sample, kind="stable")
+        if not np.array_equal(sample[order], np.arange(n_samples)):
+            raise CorruptFileError(f"{where}: column 'sample' is not a permutation of 0..N-1")
+        out[e] = values[order[start:stop]]
+    return out
+
+
+# ------------------------------------------------------------------------- load
+def _open_shard(fs, path, name):
+    suffix = PurePosixPath(path).suffix.lower()
+    if suffix == ".npy":
+        return (*_npy_shard(fs, path, name), read_npy_block)
+    if suffix == ".parquet":
+        return (*_parquet_shard(fs, path, name), read_parquet_block)
+    raise ForgetkitError(f"shard {name!r} must be a .npy or .parquet file; got "
+                         f"{suffix or 'no'} suffix")
+
+
+def load_shards(source, *, chunks=None, labels=None, kind=None):
+    """A Run on a dask array of the shards at ``source``, concatenated along samples.
+
+    Parameters
+    ----------
+    source : str, Path or list of them
+        A path, glob pattern or fsspec URL of NPY or Parquet shards (files each holding a
+        block of samples with the same epochs, classes and dtype), in sorted order, or a
+        list of paths in its order.
+    chunks : int, optional
+        Samples per chunk: each shard is split into blocks of at most this many samples
+        (default: one chunk per shard). A Parquet shard's row groups are read whole for each
+        of its blocks.
+    labels : array-like of shape (n_samples,) or path to a .npy/text file, optional
+        Labels of all samples; default: those stored with each shard.
+    kind : {"logits", "probs"}, optional
+        Overrides the stored kind.
+
+    Returns
+    -------
+    Run whose outputs are a dask array (n_epochs, n_samples, n_classes) chunked along
+    samples; nothing but headers and metadata is read until a pass computes on it.
+    """
+    if chunks is not None:
+        chunks = check_int("chunks", chunks, minimum=1)
+    if isinstance(labels, (str, os.PathLike)):
+        labels = load_labels_file(labels)
+    blocks, stored_labels, ids, first = [], [], [], None
+    for fs, path, name in shard_paths(source):
+        shape, dtype, record, reader, read_block = _open_shard(fs, path, name)
+        if first is None:
+            first = (name, shape, dtype, record)
+        _check_same(first, name, shape, dtype, record)
+        stored_labels.append(record.get("labels"))
+        ids.append(record.get("sample_ids"))
+        n = shape[1]
+        step = n if chunks is None else chunks
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            task = dask.delayed(read_block, pure=True)(a, b, **reader)
+            blocks.append(da.from_delayed(task, shape=(shape[0], b - a, shape[2]), dtype=dtype))
+    name, shape, dtype, record = first
+    if labels is None:
+        missing = [i for i, lab in enumerate(stored_labels) if lab is None]
+        if missing:
+            raise ForgetkitError(f"shard {missing[0]} of {source!r} stores no labels: pass "
+                                 "labels= (the labels of all samples, in shard order)")
+        labels = np.concatenate([np.asarray(lab) for lab in stored_labels])
+    sample_ids = None if any(i is None for i in ids) else np.concatenate(ids)
+    return Run(da.concatenate(blocks, axis=1), labels, kind=kind or record.get("kind", "logits"),
+               epochs=record.get("epochs"), sample_ids=sample_ids,
+               class_names=record.get("class_names"), meta=record.get("meta"))
+
+
+def _check_same(first, name, shape, dtype, record):
+    """Refuse a shard whose epochs, classes or dtype differ from the first shard's."""
+    first_name, first_shape, first_dtype, first_record = first
+    theirs = (first_shape[0], first_shape[2], first_dtype, first_record.get("epochs"),
+              first_record.get("kind", "logits"))
+    mine = (shape[0], shape[2], dtype, record.get("epochs"), record.get("kind", "logits"))
+    for what, a, b in zip(("epochs", "classes", "dtype", "epoch numbers", "kind"), theirs, mine,
+                          strict=True):
+        if a != b:
+            raise CorruptFileError(f"shard {name!r} has {what} {b}; the first shard "
+                                   f"{first_name!r} has {a}: shards must hold the same "
+                                   "epochs, classes and dtype")

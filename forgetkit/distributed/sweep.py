@@ -1,0 +1,102 @@
+"""Sweeps: `forgetkit.compare` on many runs, one task per run on a dask.distributed cluster."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numba
+import pandas as pd
+
+from .._progress import Progress
+from .._validation import check_int
+from ..errors import ForgetkitError, MissingFileError
+from ..evaluate import DEFAULT_METHODS, compare
+from ..io import load
+
+
+def run_paths(paths):
+    """Run files named by ``paths``: a path or glob pattern, or a sequence of them (glob
+    matches in sorted order). MissingFileError naming a path or pattern that names none."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not paths:
+        raise ForgetkitError("paths names no run: got an empty list")
+    out = []
+    for p in map(os.fspath, paths):
+        if glob.has_magic(p):
+            found = sorted(glob.glob(p))
+            if not found:
+                raise MissingFileError(f"no run matches {p!r}")
+            out += found
+        elif os.path.exists(p):
+            out.append(p)
+        else:
+            raise MissingFileError(f"no such run: {p!r}")
+    return out
+
+
+def compare_run(path, *, threads, **options):
+    """`compare` of the run at ``path`` as rows: columns run, method, then compare's. Runs on a
+    worker; ``threads``: numba threads of its kernels (None: numba's default). Errors name
+    the run."""
+    if threads is not None:
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        table = compare(load(path), **options)
+    except (ForgetkitError, OSError) as err:
+        raise ForgetkitError(f"run {path!r}: {err}") from err
+    table = table.reset_index()
+    table.insert(0, "run", path)
+    return table
+
+
+def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=(0, 1, 2),
+          val_frac=0.5, window=1, progress=False):
+    """`forgetkit.compare` on many runs, one task per run on a dask.distributed cluster.
+
+    Parameters
+    ----------
+    paths : str, Path or sequence of them
+        Run files (any format `forgetkit.load` reads) or glob patterns, matched here in sorted
+        order; the workers must see the same files.
+    methods, seeds, val_frac, window
+        As in `forgetkit.compare`.
+    client : distributed.Client, optional
+        The cluster to run on. Default: a LocalCluster of ``n_workers`` worker processes (one
+        task at a time each, its kernels on cores // n_workers threads), closed at the end.
+    n_workers : int, optional
+        Workers of that LocalCluster; default: one per core.
+    progress : bool
+        Show runs done / total on a terminal.
+
+    Returns
+    -------
+    pandas.DataFrame with one row per (run, method), in the order of the runs then the
+    methods: ``run`` (the path), ``method``, then the columns of `forgetkit.compare`.
+    """
+    from distributed import Client, LocalCluster, as_completed
+
+    check_int("n_workers", n_workers, minimum=1, allow_none=True)
+    paths = run_paths(paths)
+    options = dict(methods=list(methods), seeds=tuple(seeds), val_frac=val_frac, window=window)
+    cluster, threads = None, None
+    if client is None:
+        n_workers = n_workers or os.cpu_count()
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                               dashboard_address=":0")
+        client = Client(cluster)
+        threads = max(1, (os.cpu_count() or 1) // n_workers)
+    try:
+        futures = [client.submit(compare_run, p, threads=threads, pure=False, **options)
+                   for p in paths]
+        bar = Progress(len(paths), "sweep", enabled=progress, unit="runs")
+        for future in as_completed(futures):
+            if future.status == "error":
+                future.result()  # raises the error that names the run
+            bar.update(1)
+        tables = client.gather(futures)
+    finally:
+        if cluster is not None:
+            client.close()
+            cluster.close()
+    return pd.concat(tables, ignore_index=True)

@@ -1,0 +1,275 @@
+"""Runs on dask arrays, shards and sweeps on a real dask.distributed cluster (2 worker
+processes): every result equals the in-memory path's exactly, also after a worker is killed
+mid-computation."""
+
+import os
+import signal
+import subprocess
+import sys
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import forgetkit as fk
+from forgetkit.cli import main
+
+from .conftest import import_real_part, make_run
+
+dask = import_real_part("dask", "dask (the forgetkit[dask] extra)")
+da = import_real_part("dask.array", "dask (the forgetkit[dask] extra)")
+distributed = import_real_part("distributed", "dask.distributed (the forgetkit[dask] extra)")
+
+from forgetkit.distributed import knowledge as dknowledge  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                       dashboard_address=":0")
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+def on_dask(run, chunk):
+    """The run with its outputs as a dask array of ``chunk`` samples per chunk."""
+    return run.replace(outputs=da.from_array(np.asarray(run.outputs), chunks=(-1, chunk, -1)))
+
+
+def write_shards(run, folder, bounds, suffix=".npy"):
+    """The run saved as shards of samples bounds[i]..bounds[i+1]; returns their glob."""
+    folder.mkdir()
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        fk.save(run.isel(samples=np.arange(a, b)), folder / f"shard-{i:03d}{suffix}")
+    return str(folder / f"shard-*{suffix}")
+
+
+def tie_heavy_run(n_epochs=12, n_samples=3000, n_classes=5, seed=0):
+    """Probabilities that are multiples of 1/64 (rows of 64 counts): many exact ties."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, n_classes, n_samples)
+    pull = np.linspace(0.2, 3.0, n_epochs)[:, None, None] * np.eye(n_classes)[labels][None]
+    p = np.exp(rng.normal(size=(n_epochs, n_samples, n_classes)) + pull)
+    p /= p.sum(axis=2, keepdims=True)
+    counts = np.stack([[rng.multinomial(64, row) for row in epoch] for epoch in p])
+    return fk.Run(counts / 64.0, labels, kind="probs")
+
+
+def assert_same_kf(dask_run, run, **params):
+    ref = fk.KnowledgeFusion(**params).fit(run)
+    got = fk.KnowledgeFusion(**params).fit(dask_run)
+    assert got.plan_ == ref.plan_
+    assert got.val_accuracy_ == ref.val_accuracy_
+    assert got.checkpoints_ == ref.checkpoints_
+    assert got.initial_accuracy_ == ref.initial_accuracy_
+    return got, ref
+
+
+# --------------------------------------------------------------------- imports
+def test_import_forgetkit_does_not_import_dask():
+    code = ("import sys, forgetkit; bad = [m for m in ('dask', 'distributed') "
+            "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_dask_run_is_not_computed_when_built():
+    def never():
+        raise AssertionError("the tensor was computed")
+
+    x = da.from_delayed(dask.delayed(never)(), shape=(4, 10, 3), dtype=np.float32)
+    run = fk.Run(x, np.zeros(10, dtype=int))
+    assert run.is_distributed and run.shape == (4, 10, 3)
+    sub = run.isel(epochs=[1, 3], samples=[2, 5, 7])
+    assert sub.is_distributed and sub.shape == (2, 3, 3)
+    assert isinstance(run.predictions(), da.Array) and run.cache_probs() is None
+
+
+# ------------------------------------------------------------- forgetting pass
+def test_forgetting_on_shards_equals_in_memory(client, real_run, tmp_path):
+    pattern = write_shards(real_run, tmp_path / "shards", [0, 3000, 7001, 10000])
+    run = fk.load(pattern, chunks=1500)
+    assert run.is_distributed and run.shape == real_run.shape
+    assert run.outputs.chunks[1] == (1500, 1500, 1500, 1500, 1001, 1500, 1499)  # per shard
+    for fn in (fk.accuracy, fk.forget_fraction, fk.learn_fraction):
+        np.testing.assert_array_equal(fn(run), fn(real_run))
+    pd.testing.assert_frame_equal(fk.sample_dynamics(run), fk.sample_dynamics(real_run))
+    assert fk.analysis.summary(run) == fk.analysis.summary(real_run)
+    np.testing.assert_array_equal(run.predictions().compute(), real_run.predictions())
+
+
+def test_forgetting_on_tie_heavy_data_and_a_dip(client):
+    run = tie_heavy_run()
+    dask_run = on_dask(run, 700)
+    for fn in (fk.forget_fraction, fk.learn_fraction):
+        np.testing.assert_array_equal(fn(dask_run), fn(run))
+    pd.testing.assert_frame_equal(fk.sample_dynamics(dask_run), fk.sample_dynamics(run))
+    # a double descent with its fractions (a dip in the middle of training)
+    dip = make_run(n_epochs=30, n_samples=2000, seed=3)
+    values = dip.outputs.copy()
+    values[10:18] = np.random.default_rng(1).normal(size=values[10:18].shape)
+    dip = dip.replace(outputs=values)
+    found = fk.double_descent(dip, min_drop=0.05)
+    assert found.found
+    assert fk.double_descent(on_dask(dip, 300), min_drop=0.05) == found
+
+
+def test_run_methods_on_dask_return_dask_arrays_of_the_same_values(client, real_small):
+    run = on_dask(real_small, 600)
+    for got, ref in ((run.probs(59), real_small.probs(59)),
+                     (run.probs([3, 59]), real_small.probs([3, 59])),
+                     (run.mean_probs([57, 58, 59]), real_small.mean_probs([57, 58, 59])),
+                     (run.weighted_probs([1, 59], [0.25, 0.75]),
+                      real_small.weighted_probs([1, 59], [0.25, 0.75])),
+                     (run.label_probs(), real_small.label_probs())):
+        assert isinstance(got, da.Array)
+        np.testing.assert_array_equal(got.compute(), ref)
+    with pytest.raises(ValueError, match="out= needs a run held in memory"):
+        run.mean_probs([1], out=np.empty((2000, 10)))
+
+
+def test_map_reduce_plugs_in_a_per_chunk_function(client, real_small):
+    counts = on_dask(real_small, 300).map_reduce(per_class_correct)
+    np.testing.assert_array_equal(counts, per_class_correct(real_small))
+
+
+def per_class_correct(run):
+    """Correct final predictions per class: a per-chunk count vector (n_classes,)."""
+    hit = run.correctness()[-1]
+    return np.bincount(run.labels[hit], minlength=run.n_classes)
+
+
+# ------------------------------------------------------------ Knowledge Fusion
+def test_kf_on_dask_equals_in_memory_on_real_data(client, real_run):
+    val, test = real_run.split(0.5, seed=0)
+    got, ref = assert_same_kf(on_dask(val, 1100), val)
+    assert sum(eps > 0 for _, eps in got.plan_) >= 2  # the fusion did mix windows in
+    fused = got.predict_proba(on_dask(test, 900))
+    assert isinstance(fused, da.Array)
+    np.testing.assert_array_equal(fused.compute(), ref.predict_proba(test))
+    assert_same_kf(on_dask(val, 2500), val, max_windows=1, rule="paper", window=2)
+
+
+def test_kf_on_dask_equals_in_memory_on_tie_heavy_data(client):
+    run = tie_heavy_run(seed=4)
+    got, ref = assert_same_kf(on_dask(run, 800), run)
+    np.testing.assert_array_equal(got.predict_proba(on_dask(run, 1000)).compute(),
+                                  ref.predict_proba(run))
+    assert_same_kf(on_dask(run, 800), run, rule="paper", max_checkpoints=4)
+
+
+def test_every_fuser_predicts_a_dask_run_as_in_memory(client, real_small):
+    run = on_dask(real_small, 700)
+    for fuser in (fk.CheckpointAverage("horizontal", max_checkpoints=3),
+                  fk.LikelihoodFusion(max_checkpoints=4), fk.EnsembleSelection(3)):
+        fuser.fit(real_small)
+        np.testing.assert_array_equal(fuser.predict_proba(run).compute(),
+                                      fuser.predict_proba(real_small))
+
+
+def test_kf_on_dask_refuses_the_continuous_search(client, real_small):
+    with pytest.raises(ValueError, match="grid=None .* needs a run held in memory"):
+        fk.KnowledgeFusion(grid=None).fit(on_dask(real_small, 500))
+
+
+# ------------------------------------------------------------- worker failures
+def kill_worker_once(marker, run):
+    """A per-chunk count that kills its worker process the first time it runs."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return per_class_correct(run)
+
+
+def test_map_reduce_survives_a_killed_worker(client, real_small, tmp_path):
+    fn = partial(kill_worker_once, str(tmp_path / "killed"))
+    counts = on_dask(real_small, 250).map_reduce(fn)
+    assert (tmp_path / "killed").exists()
+    np.testing.assert_array_equal(counts, per_class_correct(real_small))
+
+
+def test_kf_fit_survives_a_worker_killed_mid_fit(client, real_run, monkeypatch):
+    val = real_run.isel(samples=np.arange(6000))
+    mix = dknowledge.ChunkedFitState.mix
+    killed = []
+
+    def mix_after_a_kill(state, window, eps):
+        if state.n_mixed == 2:  # two windows mixed in: kill a worker holding fit states
+            pid = next(iter(state.client.run(os.getpid).values()))
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        mix(state, window, eps)
+
+    monkeypatch.setattr(dknowledge.ChunkedFitState, "mix", mix_after_a_kill)
+    assert_same_kf(on_dask(val, 500), val)
+    assert killed
+
+
+# ------------------------------------------------------------------- shards
+def test_parquet_shards_by_url_equal_in_memory(client, real_small, tmp_path):
+    pattern = write_shards(real_small, tmp_path / "pq", [0, 900, 2000], suffix=".parquet")
+    run = fk.load("file://" + pattern, chunks=400)
+    assert run.is_distributed and run.shape == real_small.shape
+    np.testing.assert_array_equal(fk.forget_fraction(run), fk.forget_fraction(real_small))
+    pd.testing.assert_frame_equal(fk.sample_dynamics(run), fk.sample_dynamics(real_small))
+
+
+def test_a_missing_pattern_or_shard_names_it(client, real_small, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no shard matches .*nothing-"):
+        fk.load(str(tmp_path / "nothing-*.npy"))
+    pattern = write_shards(real_small, tmp_path / "s", [0, 1000, 2000])
+    run = fk.load(pattern, chunks=500)
+    (tmp_path / "s" / "shard-001.npy").unlink()
+    with pytest.raises(FileNotFoundError, match="shard .*shard-001.npy.* is missing"):
+        fk.forget_fraction(run)
+
+
+def test_a_corrupt_or_mismatched_shard_names_it(client, real_small, tmp_path):
+    pattern = write_shards(real_small, tmp_path / "s", [0, 1000, 2000])
+    bad = tmp_path / "s" / "shard-001.npy"
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="shard .*shard-001.npy.* truncated or corrupt"):
+        fk.load(pattern)
+    bad.write_bytes(b"not an npy file at all")
+    with pytest.raises(ValueError, match="shard .*shard-001.npy.* truncated or corrupt"):
+        fk.load(pattern)
+    fk.save(real_small.isel(epochs=np.arange(59), samples=np.arange(1000, 2000)), bad)
+    with pytest.raises(ValueError, match="shard .*shard-001.npy.* has epochs 59.*60"):
+        fk.load(pattern)
+
+
+# -------------------------------------------------------------------- sweeps
+def test_sweep_equals_compare_per_run(client, real_small, tmp_path):
+    paths = []
+    for i, rows in enumerate((np.arange(0, 1200), np.arange(800, 2000))):
+        paths.append(tmp_path / f"run{i}.npz")
+        fk.save(real_small.isel(samples=rows), paths[-1])
+    methods = ["single", "kf", "horizontal"]
+    table = fk.sweep(str(tmp_path / "run*.npz"), methods=methods, client=client, seeds=(0, 1))
+    assert list(table.columns[:2]) == ["run", "method"]
+    for path in paths:
+        ref = fk.compare(fk.load(path), methods=methods, seeds=(0, 1)).reset_index()
+        got = table[table["run"] == str(path)].drop(columns="run").reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, ref)
+    with pytest.raises(FileNotFoundError, match="no such run: .*missing.npz"):
+        fk.sweep([paths[0], tmp_path / "missing.npz"], client=client)
+
+
+def test_sweep_command_on_a_scheduler_and_on_its_own_cluster(client, tmp_path, capsys):
+    for i in range(2):
+        fk.save(make_run(n_samples=400, seed=i), tmp_path / f"r{i}.npy")
+    out = tmp_path / "sweep.csv"
+    args = [str(tmp_path / "r*.npy"), "--methods", "single", "kf", "--seeds", "0", "--out",
+            str(out), "--quiet"]
+    assert main(["sweep", *args, "--scheduler", client.scheduler.address]) == 0
+    by_scheduler = pd.read_csv(out)
+    assert len(by_scheduler) == 4 and by_scheduler["run"].nunique() == 2
+    assert main(["sweep", *args, "--workers", "1"]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(out), by_scheduler)
+    corrupt = tmp_path / "r9.npy"
+    corrupt.write_bytes(b"garbage")
+    assert main(["sweep", str(corrupt), "--out", str(out), "--scheduler",
+                 client.scheduler.address]) == 1
+    assert "r9.npy" in capsys.readouterr().err
