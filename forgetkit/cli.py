@@ -206,11 +206,14 @@ def _cmd_distill(args):
 
 
 def _noise_mask(train_run, path):
-    """The boolean mask of noisy labels from meta['noise_mask'] (their indices)."""
+    """The boolean mask of noisy labels from meta['noise_mask'] (their indices), or None
+    when the run does not know which labels are noisy."""
     flipped = train_run.meta.get("noise_mask")
+    if flipped is None:
+        return None
     if not isinstance(flipped, list):
-        raise ForgetkitError(f"{path} has no list meta['noise_mask'] (the indices of its noisy "
-                             "labels); the noise figure needs it")
+        raise ForgetkitError(f"{path}: meta['noise_mask'] must be a list of the indices of the "
+                             f"noisy labels; got {type(flipped).__name__}")
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in flipped):
         raise ForgetkitError(f"{path}: meta['noise_mask'] must list sample indices (integers)")
     mask = np.zeros(train_run.n_samples, dtype=bool)
@@ -300,8 +303,8 @@ def _add_fusion_commands(sub):
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--window", type=int, default=1)
     p.add_argument("--train-run", metavar="RUN",
-                   help="training-set run with meta['noise_mask'], for the label-noise figure, "
-                        "the data map and the label issues")
+                   help="training-set run: adds its data map and label issues, and with "
+                        "meta['noise_mask'] (indices of noisy labels) the label-noise figure")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_report)
 
