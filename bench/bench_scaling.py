@@ -1,0 +1,153 @@
+"""Scaling with cores: the forgetting pass, the Knowledge Fusion fit and `compare` at 1, 2,
+4, 8, 16 numba threads on a synthetic float16 memory-mapped run.
+
+    python -m bench.bench_scaling [--size L] [--threads 1 2 4 8 16] [--tasks ...] [--out DIR]
+
+Sizes as in the suite (S, M, L; default L: E=90, N=50,000, C=1,000, 9 GB), written once into
+bench/data/ by `bench.common.write_synthetic_npy` (the suite's files, reused). Each
+measurement runs in a fresh process that calls ``numba.set_num_threads(t)`` (BLAS limited to
+t threads too) on a freshly loaded memmap with a warm page cache, after the kernels are in
+numba's on-disk cache. Prints a markdown table (wall seconds, speed-up over 1 thread,
+efficiency) with the I/O floor (``cat file > /dev/null``), and writes the rows as JSON and
+the table as markdown under ``--out`` after every measurement (a run cut short keeps what
+it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import DATA, cat_seconds, machine, peak_rss_anon, write_synthetic_npy
+
+SIZES = {"XS": (40, 5_000, 100), "S": (200, 10_000, 100), "M": (200, 10_000, 200),
+         "L": (90, 50_000, 1_000)}
+TASKS = ("forgetting", "kf_fit", "compare")
+LABELS = {"forgetting": "forgetting pass (F_e, L_e, per-sample stats)",
+          "kf_fit": "KF(inf) fit on the validation half",
+          "compare": "compare (3 splits, 8 methods)"}
+
+
+# ----------------------------------------------------------------- measurements
+def _task(task, path):
+    """Run ``task`` on the run at ``path``; returns the seconds it took."""
+    import forgetkit as fk
+
+    run = fk.load(path)
+    t = time.perf_counter()
+    if task == "forgetting":
+        fk.forget_fraction(run), fk.learn_fraction(run), fk.sample_dynamics(run)
+    elif task == "kf_fit":
+        val, _ = run.split(0.5, 0)
+        t = time.perf_counter()
+        fk.KnowledgeFusion().fit(val)
+    else:
+        fk.compare(run)
+    return time.perf_counter() - t
+
+
+def child(task, path, threads):
+    import numba
+
+    numba.set_num_threads(int(threads))
+    with peak_rss_anon() as mem:
+        seconds = _task(task, path)
+    print(json.dumps({"seconds": seconds, "peak_mb": mem["peak_mb"],
+                      "threads": numba.get_num_threads()}))
+
+
+def measure(task, path, threads, timeout):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, "-m", "bench.bench_scaling", "--child", task, str(path),
+                          str(threads)], capture_output=True, text=True, env=env,
+                         timeout=timeout)
+    if out.returncode:
+        raise RuntimeError(f"{task} at {threads} threads failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def warm(path):
+    """Compile the kernels into numba's cache (a tiny run, every task), off the clock."""
+    small = write_synthetic_npy(DATA / "warm_scaling.npy", 6, 300, 20, seed=1, noise=0.1)
+    for task in TASKS:
+        measure(task, small, 1, timeout=600)
+    cat_seconds(path)  # warm the page cache
+
+
+# ------------------------------------------------------------------------ table
+def table(rows, floor, gb, header):
+    threads = sorted({r["threads"] for r in rows})
+    lines = [header, "",
+             f"I/O floor (`cat` of the {gb:.2f} GB run, warm cache): {floor:.2f} s "
+             f"({gb / floor:.1f} GB/s)", "",
+             "| task | " + " | ".join(f"{t} thr s" for t in threads)
+             + f" | speed-up at {threads[-1]} | efficiency at {threads[-1]} | peak RssAnon MB |",
+             "|---|" + "---|" * (len(threads) + 3)]
+    for task in TASKS:
+        mine = {r["threads"]: r for r in rows if r["task"] == task}
+        if not mine:
+            continue
+        base = mine.get(threads[0])
+        cells = [f"{mine[t]['seconds']:.2f} ({base['seconds'] / mine[t]['seconds']:.1f}x)"
+                 if t in mine and base else "" for t in threads]
+        top = mine.get(threads[-1])
+        speedup = base["seconds"] / top["seconds"] if top and base else float("nan")
+        peak = max(r["peak_mb"] for r in mine.values())
+        lines.append(f"| {LABELS[task]} | " + " | ".join(cells)
+                     + f" | {speedup:.1f}x | {speedup / threads[-1]:.0%} | {peak:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="L", choices=list(SIZES))
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--repeat", type=int, default=1, help="best of this many runs per point")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds per measurement")
+    p.add_argument("--out", default="bench/results", help="folder of the JSON and markdown")
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(*args.child)
+    import numba
+
+    n_epochs, n_samples, n_classes = SIZES[args.size]
+    path = write_synthetic_npy(DATA / f"suite_{args.size}.npy", n_epochs, n_samples, n_classes,
+                               seed=7, noise=0.1)
+    gb = n_epochs * n_samples * n_classes * 2 / 1e9
+    usable = [t for t in args.threads if t <= numba.config.NUMBA_NUM_THREADS]
+    skipped = sorted(set(args.threads) - set(usable))
+    warm(path)
+    floor = min(cat_seconds(path) for _ in range(2))
+    header = (f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}; size {args.size} "
+              f"(E={n_epochs}, N={n_samples}, C={n_classes}, float16 memmap); command: "
+              f"python -m bench.bench_scaling {' '.join(sys.argv[1:])}"
+              + (f"; skipped {skipped} threads (NUMBA_NUM_THREADS="
+                 f"{numba.config.NUMBA_NUM_THREADS})" if skipped else ""))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for task in args.tasks:
+        for threads in usable:
+            best = min((measure(task, path, threads, args.timeout) for _ in range(args.repeat)),
+                       key=lambda r: r["seconds"])
+            rows.append(dict(best, task=task, threads=threads, size=args.size))
+            print(f"{task} at {threads} threads: {best['seconds']:.2f} s", file=sys.stderr,
+                  flush=True)
+            text = table(rows, floor, gb, header)
+            (out / f"scaling_{args.size}.json").write_text(json.dumps(
+                {"machine": machine(), "floor_seconds": floor, "gb": gb, "rows": rows},
+                indent=1))
+            (out / f"scaling_{args.size}.md").write_text(text + "\n")
+    print(table(rows, floor, gb, header))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
