@@ -622,3 +622,32 @@ def test_jax_outputs_sharded_over_two_devices(tmp_path):
     out = subprocess.run([sys.executable, "-c", JAX_SHARDED, str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("summary", [False, True])
+def test_durable_false_reaches_the_writer_and_the_sidecar_is_plain_json(tmp_path, monkeypatch,
+                                                                         summary):
+    """``durable=False`` on the recorder: no fsync of the run's file; the sidecar, written
+    from its cached encoding, is what json.dumps of the record gives."""
+    from forgetkit.exporters.torch import LogitRecorder
+
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(20, 4), torch.arange(20) % 3
+    path = tmp_path / "run.npy"
+    for durable in (False, True):
+        synced.clear()
+        with LogitRecorder(path, (x, y), batch_size=8, summary=summary, mode="w",
+                           durable=durable, meta={"seed": 1}) as rec:
+            for epoch in range(3):
+                rec.record(model, epoch)
+        assert bool(synced) == durable
+    sidecar = tmp_path / "run.forgetkit.json"
+    record = json.loads(sidecar.read_text())
+    assert sidecar.read_text() == json.dumps(record)
+    assert record["epochs"] == [0, 1, 2] and record["labels"] == y.tolist()
+    assert record["meta"] == {"seed": 1}
+    run = fk.load(path)
+    assert run.n_epochs == 3 and run.kind == ("summary" if summary else "logits")

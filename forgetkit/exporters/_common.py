@@ -24,7 +24,7 @@ class RecorderBase:
     """
 
     def __init__(self, path, *, dtype, kind, format, layout, meta, class_names, mode,
-                 summary=False, sample_ids=None, max_pending=2):
+                 summary=False, sample_ids=None, max_pending=2, durable=True):
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.summary = bool(summary)
@@ -36,6 +36,7 @@ class RecorderBase:
                                      f"{str(self.path)!r} and format={format!r}")
         self.sample_ids = None if sample_ids is None else np.asarray(sample_ids)
         self.max_pending = max_pending
+        self.durable = bool(durable)
         self._writer_options = dict(kind=kind, dtype=self.dtype, format=format, layout=layout,
                                     meta=meta, class_names=class_names, mode=mode)
         self._writer = None  # a BackgroundWriter, on the process that writes
@@ -92,10 +93,11 @@ class RecorderBase:
         if self.summary:
             writer = SummaryWriter(self.path, n, n_classes, labels=stored_labels,
                                    sample_ids=stored_ids, class_names=options["class_names"],
-                                   meta=options["meta"], mode=options["mode"])
+                                   meta=options["meta"], mode=options["mode"],
+                                   durable=self.durable)
         else:
             writer = RunWriter(self.path, n, n_classes, labels=stored_labels,
-                               sample_ids=stored_ids, **options)
+                               sample_ids=stored_ids, durable=self.durable, **options)
         self._writer = BackgroundWriter(writer, max_pending=self.max_pending)
         self._labels = labels
         self._last_epoch = writer.epochs[-1] if writer.epochs else None

@@ -80,7 +80,7 @@ class LogitRecorderCallback(TrainerCallback):
         Default: the Trainer's data collator.
     **options
         Passed to `forgetkit.exporters.torch.LogitRecorder` (``dtype``, ``summary``,
-        ``label_key``, ``sample_ids``, ``meta``, ``mode``...).
+        ``label_key``, ``sample_ids``, ``meta``, ``mode``, ``durable``...).
 
     Attributes
     ----------

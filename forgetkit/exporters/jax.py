@@ -40,6 +40,8 @@ class LogitRecorder(RecorderBase):
         the device from the logits rounded to ``dtype`` (float64: on the host).
     sample_ids : array-like, optional, the id of each position, stored as the run's ids.
     max_pending : int, default 2, epochs that may wait for the background writer.
+    durable : bool, default True, fsync every epoch (as `forgetkit.exporters.torch.
+        LogitRecorder`); False leaves flushing to the operating system.
     kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
 
     Outputs stay on the device(s) until the epoch is done; the device-to-host copy (one
@@ -50,10 +52,10 @@ class LogitRecorder(RecorderBase):
 
     def __init__(self, path, batches, apply_fn, *, dtype="float16", jit=True, summary=False,
                  sample_ids=None, max_pending=2, kind="logits", format=None, layout="list",
-                 meta=None, class_names=None, mode="a"):
+                 meta=None, class_names=None, mode="a", durable=True):
         super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
                          meta=meta, class_names=class_names, mode=mode, summary=summary,
-                         sample_ids=sample_ids, max_pending=max_pending)
+                         sample_ids=sample_ids, max_pending=max_pending, durable=durable)
         self.batches = batches
         store = jnp.dtype(self.dtype.name)
         self._device_summary = self.summary and self.dtype != np.float64

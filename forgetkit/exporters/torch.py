@@ -99,7 +99,9 @@ def host_copy(values, summary):
     if values.device.type == "cuda":
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         host.copy_(values, non_blocking=True)
-        done = torch.cuda.Event()
+        # blocking: the writer thread sleeps until the copy is done instead of spinning on
+        # a CPU core that the training loop's launches need
+        done = torch.cuda.Event(blocking=True)
         done.record()
         values = host
 
@@ -145,6 +147,11 @@ class LogitRecorder(RecorderBase):
         The group to gather over (default: the world, when a process group is initialised).
     max_pending : int, default 2
         Epochs that may wait for the background writer before `record` waits.
+    durable : bool, default True
+        Flush every epoch to disk (fsync) before the writer thread takes the next one, so
+        that a recorded epoch survives a crash or power loss; False leaves that to the
+        operating system (an epoch may then be lost on power failure, never corrupted).
+        Passed to `forgetkit.RunWriter` / `forgetkit.SummaryWriter`.
     kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
 
     `record` evaluates on the training thread; the device-to-host copy and the disk write
@@ -154,10 +161,10 @@ class LogitRecorder(RecorderBase):
     def __init__(self, path, data, *, dtype="float16", output_fn=None, batch_size=1024,
                  label_key="labels", sample_ids=None, summary=False, group=None,
                  max_pending=2, kind="logits", format=None, layout="list", meta=None,
-                 class_names=None, mode="a"):
+                 class_names=None, mode="a", durable=True):
         super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
                          meta=meta, class_names=class_names, mode=mode, summary=summary,
-                         sample_ids=sample_ids, max_pending=max_pending)
+                         sample_ids=sample_ids, max_pending=max_pending, durable=durable)
         if (isinstance(data, (tuple, list)) and len(data) == 2
                 and all(isinstance(t, torch.Tensor) for t in data)):
             inputs, labels = data

@@ -111,16 +111,19 @@ def naming(err, path):
 
 
 @contextmanager
-def atomic_write(path, *, durable=True):
+def atomic_write(path, *, durable=True, clean=True):
     """Yield a temporary path beside ``path`` to write to; when the block ends without error
     it atomically replaces ``path``, otherwise it is removed and ``path`` is left as it was.
 
     ``durable`` (default) flushes the file and the rename to disk before returning. Stale
     temporary files of earlier killed writes to ``path`` are removed first. An OSError about
-    the temporary file names ``path`` instead.
+    the temporary file names ``path`` instead. ``clean=False`` skips the stale-file scan (a
+    folder listing): for a writer that holds the run's lock and scanned when it opened, so
+    that no other write to ``path`` can have left one since.
     """
     path = Path(path)
-    remove_stale_temps(path)
+    if clean:
+        remove_stale_temps(path)
     try:
         tmp = _atomic_path(path)
     except OSError as err:
@@ -142,10 +145,15 @@ def atomic_write(path, *, durable=True):
         tmp.unlink(missing_ok=True)
 
 
-def write_json_atomic(path, record, *, durable=True, **dumps_options):
-    """Write ``record`` as JSON to ``path`` atomically (see `atomic_write`)."""
-    with atomic_write(path, durable=durable) as tmp:
-        tmp.write_text(json.dumps(record, **dumps_options))
+def write_json_atomic(path, record, *, durable=True, clean=True, **dumps_options):
+    """Write ``record`` as JSON to ``path`` atomically (see `atomic_write`). A record that
+    carries its encoding (``json_text``, `forgetkit.io.record.record_encoder`) is written as
+    that text unless dumps options are given."""
+    text = getattr(record, "json_text", None)
+    if text is None or dumps_options:
+        text = json.dumps(record, **dumps_options)
+    with atomic_write(path, durable=durable, clean=clean) as tmp:
+        tmp.write_text(text)
 
 
 def remove(path):

@@ -64,6 +64,12 @@ def write_npy(path, epochs, dtype, shape):
             f.write(values.tobytes())
 
 
+def _buffer(values):
+    """The bytes of a C-contiguous array, as a buffer (no copy)."""
+    values = np.ascontiguousarray(values)
+    return memoryview(values.reshape(-1).view(np.uint8))
+
+
 class NpyAppender:
     """The NPY side of `RunWriter`: epochs are written after the last one, then the sidecar
     and the header are updated, so the file always loads as the epochs completed."""
@@ -101,14 +107,16 @@ class NpyAppender:
         # data, then the sidecar naming the epoch, then the header counting it: each on disk
         # before the next, so that after a crash the header never counts a lost epoch
         f = self._file
+        # (written from the array's buffer: no copy; the stale-temp scan was done at open,
+        # and the run's lock keeps other writers of the sidecar away since)
         f.seek(NPY_HEADER_BYTES + position * values.nbytes)
-        f.write(values.tobytes())
+        f.write(_buffer(values))
         self._flush()
-        write_json_atomic(self.sidecar, record, durable=self.durable)
+        write_json_atomic(self.sidecar, record, durable=self.durable, clean=False)
         self._write_header(position + 1)
 
     def truncate(self, keep, record):
-        write_json_atomic(self.sidecar, record, durable=self.durable)
+        write_json_atomic(self.sidecar, record, durable=self.durable, clean=False)
         self._write_header(keep)
 
     def close(self):

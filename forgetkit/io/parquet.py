@@ -338,7 +338,8 @@ class ParquetAppender:
         epoch = record["epochs"][position]
         with atomic_write(self._epoch_file(epoch), durable=self.durable) as tmp:
             pq.write_table(epoch_table(epoch, values, self.layout), tmp, **PARQUET_WRITE_OPTIONS)
-        write_json_atomic(self.staging / "run.json", record, durable=self.durable)
+        # run.json's stale temporaries were removed at open; the lock keeps others away
+        write_json_atomic(self.staging / "run.json", record, durable=self.durable, clean=False)
 
     def truncate(self, keep, record, dropped):
         if any(e in self.base_epochs for e in dropped):

@@ -60,6 +60,36 @@ def run_record(*, kind, dtype, n_samples, n_classes, epochs, labels, sample_ids=
     }
 
 
+class EncodedRecord(dict):
+    """A metadata record (a dict) that carries its JSON text, ``json_text`` (what
+    ``json.dumps(record)`` gives), made by `record_encoder`."""
+
+    __slots__ = ("json_text",)
+
+
+def record_encoder(record):
+    """A function ``epochs -> EncodedRecord``: ``record`` with those epoch numbers, its JSON
+    text joined from the encodings of the other fields, made once here. A writer's labels,
+    ids, class names and metadata do not change between epochs: encoding them once keeps
+    the per-epoch sidecar write off the GIL-holding JSON encoder (and the list of labels off
+    the heap)."""
+    keys = list(record)
+    at = keys.index("epochs")
+    head = json.dumps({k: record[k] for k in keys[:at]})[1:-1]
+    tail = json.dumps({k: record[k] for k in keys[at + 1:]})[1:-1]
+    fixed = dict(record)
+
+    def encoded(epochs):
+        epochs = [int(e) for e in epochs]
+        out = EncodedRecord(fixed)
+        out["epochs"] = epochs
+        body = f'"epochs": {json.dumps(epochs)}'
+        out.json_text = "{" + ", ".join(p for p in (head, body, tail) if p) + "}"
+        return out
+
+    return encoded
+
+
 def record_of(run):
     """`run_record` of a Run."""
     return run_record(kind=run.kind, dtype=run.outputs.dtype, n_samples=run.n_samples,

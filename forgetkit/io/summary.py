@@ -32,7 +32,7 @@ from ..run import Run
 from .atomic import atomic_write, remove, remove_stale_temps, write_json_atomic
 from .guard import refuse_overwrite
 from .lock import RunLock
-from .record import check_record, jsonable, sidecar_path
+from .record import check_record, jsonable, record_encoder, sidecar_path
 
 FORMAT = "forgetkit-summary"
 #: Room for the NPY header, rewritten in place as epochs are appended.
@@ -187,12 +187,17 @@ class SummaryWriter:
         "a" (default) appends to an existing summary at ``path`` or starts one; "w" starts
         over; "x" refuses an existing file.
 
-    Like `RunWriter`, it holds the run's lock (``<path>.lock``) until `close`, and an epoch
-    is on disk (fsync) when `append` returns.
+    durable : bool, default True
+        Flush every epoch to disk (fsync) before `append` returns, as `RunWriter` does;
+        False leaves that to the operating system (an epoch may be lost on power failure,
+        never corrupted: the records are still written before the header counts them).
+
+    Like `RunWriter`, it holds the run's lock (``<path>.lock``) until `close`, and (durable)
+    an epoch is on disk (fsync) when `append` returns.
     """
 
     def __init__(self, path, n_samples, n_classes, *, labels, sample_ids=None,
-                 class_names=None, meta=None, mode="a"):
+                 class_names=None, meta=None, mode="a", durable=True):
         self.path = Path(path)
         if self.path.suffix.lower() != ".npy":
             raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got "
@@ -206,6 +211,8 @@ class SummaryWriter:
         self.meta = check_meta(meta)
         self.epochs = []
         self._closed = False
+        self.durable = bool(durable)
+        self._encoder = None  # the sidecar record's JSON, labels and ids encoded once
         self._lock = RunLock(self.path)  # before anything on disk is read or touched
         try:
             self._open(mode)
@@ -230,7 +237,7 @@ class SummaryWriter:
             self._file = open(self.path, "wb")
             self._file.write(summary_header(0, self.n_samples))
             self._file.flush()
-            write_json_atomic(sidecar_path(self.path), self._record())
+            write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable)
 
     @property
     def n_epochs(self):
@@ -267,15 +274,20 @@ class SummaryWriter:
         position = len(self.epochs)
         f = self._file
         f.seek(HEADER_BYTES + position * self.n_samples * SUMMARY_DTYPE.itemsize)
-        f.write(np.ascontiguousarray(records).tobytes())
-        f.flush()
-        os.fsync(f.fileno())  # the records are on disk before the header counts them
+        f.write(memoryview(np.ascontiguousarray(records).reshape(-1).view(np.uint8)))
+        self._flush()  # the records are on disk before the header counts them
         self.epochs.append(epoch)
-        write_json_atomic(sidecar_path(self.path), self._record())
+        # stale temporaries were removed at open; the run's lock keeps other writers away
+        write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable,
+                          clean=False)
         f.seek(0)
         f.write(summary_header(len(self.epochs), self.n_samples))
-        f.flush()
-        os.fsync(f.fileno())  # the epoch counted on disk before append returns
+        self._flush()  # the epoch counted on disk before append returns
+
+    def _flush(self):
+        self._file.flush()
+        if self.durable:
+            os.fsync(self._file.fileno())
 
     def close(self):
         """Finish the file and release the lock (idempotent)."""
@@ -295,10 +307,12 @@ class SummaryWriter:
         self.close()
 
     def _record(self):
-        return summary_record(n_samples=self.n_samples, n_classes=self.n_classes,
-                              epochs=self.epochs, labels=self.labels,
-                              sample_ids=self.sample_ids, class_names=self.class_names,
-                              meta=self.meta)
+        if self._encoder is None:  # every field but the epochs is fixed: encoded once
+            self._encoder = record_encoder(summary_record(
+                n_samples=self.n_samples, n_classes=self.n_classes, epochs=[],
+                labels=self.labels, sample_ids=self.sample_ids,
+                class_names=self.class_names, meta=self.meta))
+        return self._encoder(self.epochs)
 
     def _existing_epochs(self):
         record = read_summary_record(self.path)

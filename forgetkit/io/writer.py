@@ -21,7 +21,7 @@ from .atomic import remove, remove_stale_temps
 from .lock import RunLock
 from .npy import NpyAppender
 from .parquet import LAYOUTS, ParquetAppender, staging_path
-from .record import format_of, run_record, sidecar_path
+from .record import format_of, record_encoder, run_record, sidecar_path
 
 
 class RunWriter:
@@ -73,6 +73,7 @@ class RunWriter:
         self.meta = check_meta(meta)
         self.epochs = []
         self._closed = False
+        self._encoder = None  # the sidecar record's JSON, labels and ids encoded once
         if self.format == "npy":
             self._store = NpyAppender(self.path, self.dtype, self.n_samples, self.n_classes,
                                       durable=bool(durable))
@@ -189,10 +190,13 @@ class RunWriter:
                 )
 
     def _record(self):
-        return run_record(kind=self.kind, dtype=self.dtype, n_samples=self.n_samples,
-                          n_classes=self.n_classes, epochs=self.epochs, labels=self.labels,
-                          sample_ids=self.sample_ids, class_names=self.class_names,
-                          meta=self.meta)
+        # every field but the epochs is fixed at construction: encoded once, not per epoch
+        if self._encoder is None:
+            self._encoder = record_encoder(run_record(
+                kind=self.kind, dtype=self.dtype, n_samples=self.n_samples,
+                n_classes=self.n_classes, epochs=[], labels=self.labels,
+                sample_ids=self.sample_ids, class_names=self.class_names, meta=self.meta))
+        return self._encoder(self.epochs)
 
     def _truncate(self, keep):
         """Drop the stored epochs from position ``keep`` on."""
