@@ -258,7 +258,7 @@ class Run:
 
     @property
     def is_distributed(self):
-        """Whether the outputs are a dask array. Passes over such a run run chunk by chunk on
+        """Whether the outputs are a dask array. Passes over such a run go chunk by chunk to
         the workers of the active dask scheduler (`map_reduce`); `predictions`, `probs`,
         `mean_probs`, `weighted_probs` and `label_probs` then return dask arrays, and the
         tensor is never gathered into this process."""
