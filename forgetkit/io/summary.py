@@ -20,19 +20,15 @@ import numpy as np
 from .._progress import Progress
 from .._summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
 from .._validation import (
-    check_class_names,
-    check_int,
-    check_labels,
-    check_meta,
     check_option,
-    check_sample_ids,
 )
-from ..errors import CorruptFileError, ForgetkitError, RunExistsError
+from ..errors import CorruptFileError, ForgetkitError
 from ..run import Run
-from .atomic import atomic_write, remove, remove_stale_temps, write_json_atomic
+from .atomic import atomic_write, write_json_atomic
 from .guard import refuse_overwrite
 from .lock import RunLock
 from .record import check_record, jsonable, record_encoder, sidecar_path
+from .writer import LockedWriter, check_run_fields
 
 FORMAT = "forgetkit-summary"
 #: Room for the NPY header, rewritten in place as epochs are appended.
@@ -173,7 +169,7 @@ def summarize(run, path=None, *, progress=False):
     return load_summary(path)
 
 
-class SummaryWriter:
+class SummaryWriter(LockedWriter):
     """Append a summary run epoch by epoch while the model trains (the `RunWriter` of
     summaries; same options, ``.npy`` only).
 
@@ -203,33 +199,17 @@ class SummaryWriter:
             raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got "
                                  f"{str(self.path)!r}")
         check_option("mode", mode, ("a", "w", "x"))
-        self.n_samples = check_int("n_samples", n_samples, minimum=1)
-        self.n_classes = check_int("n_classes", n_classes, minimum=2)
-        self.labels = check_labels(labels, self.n_samples, self.n_classes)
-        self.sample_ids = check_sample_ids(sample_ids, self.n_samples)
-        self.class_names = check_class_names(class_names, self.n_classes)
-        self.meta = check_meta(meta)
+        (self.n_samples, self.n_classes, self.labels, self.sample_ids, self.class_names,
+         self.meta) = check_run_fields(n_samples, n_classes, labels, sample_ids, class_names,
+                                       meta)
         self.epochs = []
         self._closed = False
         self.durable = bool(durable)
         self._encoder = None  # the sidecar record's JSON, labels and ids encoded once
-        self._lock = RunLock(self.path)  # before anything on disk is read or touched
-        try:
-            self._open(mode)
-        except BaseException:
-            self._lock.release()
-            raise
+        self._lock_and_open(mode)
 
     def _open(self, mode):
-        for written in (self.path, sidecar_path(self.path)):
-            remove_stale_temps(written)  # left by killed writes
-        exists = self.path.exists()
-        if exists and mode == "x":
-            raise RunExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
-        if exists and mode == "w":
-            for p in (self.path, sidecar_path(self.path)):
-                remove(p)
-            exists = False
+        exists = self._claim(mode, (self.path,))
         if exists:
             self.epochs = self._existing_epochs()
             self._file = open(self.path, "r+b")
@@ -238,10 +218,6 @@ class SummaryWriter:
             self._file.write(summary_header(0, self.n_samples))
             self._file.flush()
             write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable)
-
-    @property
-    def n_epochs(self):
-        return len(self.epochs)
 
     def append(self, epoch, values, *, replace=False):
         """Store epoch number ``epoch``: logits (n_samples, n_classes), summarised here, or
@@ -299,12 +275,6 @@ class SummaryWriter:
         self._closed = True
 
     abort = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
 
     def _record(self):
         if self._encoder is None:  # every field but the epochs is fixed: encoded once

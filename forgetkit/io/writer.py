@@ -24,7 +24,60 @@ from .parquet import LAYOUTS, ParquetAppender, staging_path
 from .record import format_of, record_encoder, run_record, sidecar_path
 
 
-class RunWriter:
+def check_run_fields(n_samples, n_classes, labels, sample_ids, class_names, meta):
+    """The fields every writer stores beside the outputs, checked as `Run` checks them:
+    (n_samples, n_classes, labels, sample_ids, class_names, meta)."""
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    n_classes = check_int("n_classes", n_classes, minimum=2)
+    return (n_samples, n_classes, check_labels(labels, n_samples, n_classes),
+            check_sample_ids(sample_ids, n_samples), check_class_names(class_names, n_classes),
+            check_meta(meta))
+
+
+class LockedWriter:
+    """What `RunWriter` and `SummaryWriter` share: the run's lock from construction to
+    `close`/`abort`, stale temporary files removed and the ``mode`` applied at open, and the
+    context-manager protocol. Subclasses set ``path`` and implement ``_open(mode)``,
+    ``close`` and ``abort``."""
+
+    def _lock_and_open(self, mode):
+        self._lock = RunLock(self.path)  # before anything on disk is read or touched
+        try:
+            self._open(mode)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _claim(self, mode, existing):
+        """Remove temporaries of killed writes, then apply ``mode`` to the files in
+        ``existing`` (those that make a run exist at ``path``): refuse them ("x"), remove them
+        and the sidecar ("w") or keep them ("a"). Returns whether a run is there to resume."""
+        for written in (self.path, sidecar_path(self.path)):
+            remove_stale_temps(written)  # left by killed writes
+        exists = any(p.exists() for p in existing)
+        if exists and mode == "x":
+            raise RunExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
+        if exists and mode == "w":
+            for p in (*existing, sidecar_path(self.path)):
+                remove(p)
+            exists = False
+        return exists
+
+    @property
+    def n_epochs(self):
+        return len(self.epochs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class RunWriter(LockedWriter):
     """Append a run epoch by epoch while the model trains (NPY or Parquet).
 
     Parameters
@@ -64,13 +117,10 @@ class RunWriter:
         self.dtype = np.dtype(dtype)
         if self.dtype.type not in FLOAT_DTYPES:
             raise InputTypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
-        self.n_samples = check_int("n_samples", n_samples, minimum=1)
-        self.n_classes = check_int("n_classes", n_classes, minimum=2)
         self.kind = check_option("kind", kind, KINDS)
-        self.labels = check_labels(labels, self.n_samples, self.n_classes)
-        self.sample_ids = check_sample_ids(sample_ids, self.n_samples)
-        self.class_names = check_class_names(class_names, self.n_classes)
-        self.meta = check_meta(meta)
+        (self.n_samples, self.n_classes, self.labels, self.sample_ids, self.class_names,
+         self.meta) = check_run_fields(n_samples, n_classes, labels, sample_ids, class_names,
+                                       meta)
         self.epochs = []
         self._closed = False
         self._encoder = None  # the sidecar record's JSON, labels and ids encoded once
@@ -80,34 +130,16 @@ class RunWriter:
         else:
             self._store = ParquetAppender(self.path, self.dtype, self.n_classes, self.layout,
                                           durable=bool(durable))
-        self._lock = RunLock(self.path)  # before anything on disk is read or touched
-        try:
-            self._open(mode)
-        except BaseException:
-            self._lock.release()
-            raise
+        self._lock_and_open(mode)
 
     def _open(self, mode):
-        for written in (self.path, sidecar_path(self.path)):
-            remove_stale_temps(written)  # left by killed writes
-        staging = staging_path(self.path)
-        exists = self.path.exists() or staging.exists()
-        if exists and mode == "x":
-            raise RunExistsError(f"a run already exists at {str(self.path)!r} (mode='x')")
-        if exists and mode == "w":
-            for p in (self.path, staging, sidecar_path(self.path)):
-                remove(p)
-            exists = False
+        exists = self._claim(mode, (self.path, staging_path(self.path)))
         if exists:
             record, self.epochs = self._store.existing()
             self._check_same_run(record)
         self._store.open(self._record(), resume=exists)
 
     # ------------------------------------------------------------- public API
-    @property
-    def n_epochs(self):
-        return len(self.epochs)
-
     def append(self, epoch, outputs, *, replace=False):
         """Store the outputs (n_samples, n_classes) of epoch number ``epoch``.
 
@@ -168,15 +200,6 @@ class RunWriter:
             finally:
                 self._lock.release()
         self._closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     # -------------------------------------------------------------- internals
     def _check_same_run(self, record):
