@@ -9,6 +9,9 @@ and a flagged set, from the whole trajectory of a training-set run rather than i
   log-probabilities as the evidence for each true class (the margin that AUM averages,
   against every class at once) and T as the prior.
 - Flagged set: the highest scores, as many as the joint's off-diagonal estimates.
+
+A summary run gives the same from exact label probabilities and lower bounds for the other
+classes (`label_issues`, `summary_statistics`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
+from .._progress import Progress
 from .._validation import check_int, check_labels, check_option
 from ..errors import ForgetkitError
-from .dynamics import SUMMARY_HOLDS, sample_index, trajectory
+from .dynamics import sample_index, trajectory
 
 #: Rows per chunk of the confident-joint count and the scores (bounds their temporaries).
 CHUNK_ROWS = 1 << 16
@@ -115,11 +119,33 @@ def label_issues(run, *, n_issues=None, progress=False):
     - the flagged set is the ``n_issues`` highest scores (ties: run order), by default the
       number of issues confident learning estimates (the joint's off-diagonal sum).
 
+    A summary run (kind "summary": per epoch e the label's probability p_y, the largest
+    other class k_e and its probability p_k, exactly) is read in one streaming pass too,
+    keeping per sample a few numbers and `SUMMARY_SLOTS` classes (`summary_statistics`):
+
+    - exact: P[n, y] and L[n, y]; Lo[n] = mean_e log p_k(e), the mean log-probability of
+      the largest other class of each epoch;
+    - lower bounds: for a class j != y, B[n, j] = (1 / E) sum of p_k(e) over the epochs
+      where k_e = j, <= P[n, j] (a class never largest has 0, and one that loses its slot
+      to a newer class when a sample has met more than `SUMMARY_SLOTS` restarts from 0);
+    - the confident joint is `confident_joint`'s with B[n, j] in place of P[n, j] for
+      j != y (thresholds exact, as they use P[n, y] only);
+    - the other classes' weight is pooled: ``w_other = exp(Lo) * Tbar``, Tbar the mean of
+      T[y, j] over the tracked classes weighted by B[n, j], so ``score = log(w_other) -
+      log(w[y])``; ``suggested_label`` is the argmax of w[y] and the shares ``exp(Lo) * B[n, j] *
+      T[y, j] / sum_j B[n, j]`` of the tracked classes (lowest class on ties).
+
+    When the largest other class is the same class k at every epoch, B[n, k] = P[n, k] and
+    Lo = L[n, k] are exact, and the summary's results equal the full run's but for the
+    classes that were never largest: their weights are left out of the score, and they are
+    never counted in the joint (the full run may count one whose mean probability reaches
+    its threshold).
+
     Parameters
     ----------
     run : Run
         A run of the outputs on the training samples, with the labels they were trained on
-        (logits or probabilities; a summary run lacks the other classes and is refused).
+        (logits, probabilities, or a summary of logits: see above).
     n_issues : int, optional
         Flag this many samples instead of the estimated number.
     progress : bool, default False
@@ -142,23 +168,10 @@ def label_issues(run, *, n_issues=None, progress=False):
         - ``n_epochs``: epochs used.
     """
     if run.kind == "summary":
-        raise ForgetkitError("label_issues needs the trajectory-averaged probabilities of "
-                             f"every class; {SUMMARY_HOLDS}")
-    t = trajectory(run, mean_probs=True, mean_log_probs=True, progress=progress)
+        joint, score, suggested, n_epochs = _summary_scores(run, progress)
+    else:
+        joint, score, suggested, n_epochs = _full_scores(run, progress)
     labels, n_classes = run.labels, run.n_classes
-    joint = confident_joint(labels, t.mean_probs)
-    log_t = np.log(noise_transition(joint))
-    score, suggested = np.empty(run.n_samples), np.empty(run.n_samples, dtype=np.int64)
-    for start in range(0, run.n_samples, CHUNK_ROWS):
-        part = slice(start, start + CHUNK_ROWS)
-        y = labels[part]
-        rows = np.arange(len(y))
-        log_w = t.mean_log_probs[part]  # becomes log w in place: the pass's buffer
-        log_w += log_t[y]
-        suggested[part] = np.argmax(log_w, axis=1)
-        own = log_w[rows, y].copy()
-        log_w[rows, y] = -np.inf
-        score[part] = logsumexp(log_w, axis=1) - own
     off = joint.sum(axis=1) - np.diag(joint)
     estimated = float(off.sum())
     if n_issues is None:
@@ -184,9 +197,124 @@ def label_issues(run, *, n_issues=None, progress=False):
         "noise_rate": estimated / run.n_samples,
         "per_class": per_class,
         "joint": joint.tolist(),
-        "n_epochs": t.n_epochs,
+        "n_epochs": n_epochs,
     }
     return df
+
+
+def _full_scores(run, progress):
+    """(joint, score, suggested, n_epochs) of a run of every class's outputs."""
+    t = trajectory(run, mean_probs=True, mean_log_probs=True, progress=progress)
+    labels = run.labels
+    joint = confident_joint(labels, t.mean_probs)
+    log_t = np.log(noise_transition(joint))
+    score, suggested = np.empty(run.n_samples), np.empty(run.n_samples, dtype=np.int64)
+    for start in range(0, run.n_samples, CHUNK_ROWS):
+        part = slice(start, start + CHUNK_ROWS)
+        y = labels[part]
+        rows = np.arange(len(y))
+        log_w = t.mean_log_probs[part]  # becomes log w in place: the pass's buffer
+        log_w += log_t[y]
+        suggested[part] = np.argmax(log_w, axis=1)
+        own = log_w[rows, y].copy()
+        log_w[rows, y] = -np.inf
+        score[part] = logsumexp(log_w, axis=1) - own
+    return joint, score, suggested, t.n_epochs
+
+
+#: Classes a summary pass tracks per sample among those that were its largest other class.
+SUMMARY_SLOTS = 4
+
+
+def summary_statistics(run, *, progress=False):
+    """One streaming pass over the epochs of a summary run: per sample, the exact means of
+    the label's probability and log-probability and of the largest other class's
+    log-probability, and the lower bounds of the mean probabilities of the classes that
+    were its largest other class (`SUMMARY_SLOTS` per sample).
+
+    Returns
+    -------
+    dict
+        ``mean_p`` and ``mean_log_p`` of the label, ``mean_log_other`` (n_samples,)
+        float64; ``classes`` (n_samples, SUMMARY_SLOTS) int64 (-1: empty slot) and
+        ``bounds`` (n_samples, SUMMARY_SLOTS) float64: (1 / E) times the sum of p_k over
+        the epochs where k was the largest other class (since it last took its slot: a
+        class meeting a full sample's slots replaces the one of least sum, so each bound
+        stays a lower bound).
+    """
+    n, n_epochs = run.n_samples, run.n_epochs
+    rows = np.arange(n)
+    total_p, total_log, total_other = np.zeros(n), np.zeros(n), np.zeros(n)
+    classes = np.full((n, SUMMARY_SLOTS), -1, dtype=np.int64)
+    sums = np.zeros((n, SUMMARY_SLOTS))
+    bar = Progress(n_epochs, "label issues (summary)", enabled=progress)
+    for e in range(n_epochs):
+        records = np.asarray(run.outputs.records[e])
+        lse = records["lse"].astype(np.float64)
+        log_p = records["label"] - lse
+        total_log += log_p
+        total_p += np.exp(log_p)
+        log_other = records["other"] - lse
+        total_other += log_other
+        k = records["other_class"].astype(np.int64)
+        match = classes == k[:, None]
+        hit = match.any(axis=1)
+        slot = np.where(hit, match.argmax(axis=1), sums.argmin(axis=1))
+        sums[rows, slot] = np.where(hit, sums[rows, slot], 0.0) + np.exp(log_other)
+        classes[rows, slot] = k
+        bar.update()
+    return {"mean_p": total_p / n_epochs, "mean_log_p": total_log / n_epochs,
+            "mean_log_other": total_other / n_epochs, "classes": classes,
+            "bounds": sums / n_epochs}
+
+
+def _summary_scores(run, progress):
+    """(joint, score, suggested, n_epochs) of a summary run (see `label_issues`)."""
+    s = summary_statistics(run, progress=progress)
+    labels, n_classes, n = run.labels, run.n_classes, run.n_samples
+    # confident joint: the label's mean probability exact, the others' lower bounds
+    counts = np.bincount(labels, minlength=n_classes)
+    sums = np.bincount(labels, weights=s["mean_p"], minlength=n_classes)
+    thresholds = np.full(n_classes, np.inf)
+    np.divide(sums, counts, out=thresholds, where=counts > 0)
+    classes = np.column_stack([labels, s["classes"]])
+    values = np.column_stack([s["mean_p"], s["bounds"]])
+    tracked = classes >= 0
+    above = tracked & (values >= thresholds[np.where(tracked, classes, 0)])
+    best = np.where(above, values, -np.inf)
+    top = best.max(axis=1, keepdims=True)
+    # the largest value above its threshold, ties to the lowest class (as argmax on columns)
+    guess = np.where(above & (best == top), classes, n_classes).min(axis=1)
+    confident = above.any(axis=1)
+    raw = np.bincount(labels[confident] * n_classes + guess[confident],
+                      minlength=n_classes * n_classes).reshape(n_classes, n_classes)
+    raw = raw.astype(np.float64)
+    row = raw.sum(axis=1, keepdims=True)
+    joint = np.divide(raw * counts[:, None], row, out=np.zeros_like(raw), where=row > 0)
+    # score: the label's evidence exact; the others' pooled as the largest other class's
+    # mean log-probability, with the noise prior mixed by their bounds
+    t = noise_transition(joint)
+    others = s["classes"]
+    bounds = np.where(others >= 0, s["bounds"], 0.0)
+    t_others = t[labels[:, None], np.where(others >= 0, others, 0)]
+    mass = bounds.sum(axis=1)
+    prior_other = np.divide((bounds * t_others).sum(axis=1), mass, out=np.zeros(n),
+                            where=mass > 0)
+    own = s["mean_log_p"] + np.log(t[labels, labels])
+    with np.errstate(divide="ignore"):
+        score = s["mean_log_other"] + np.log(prior_other) - own
+    # suggested: the label unless another class's share of the pooled weight beats it
+    share = np.divide(bounds * t_others, mass[:, None], out=np.zeros_like(bounds),
+                      where=mass[:, None] > 0)
+    with np.errstate(divide="ignore"):
+        log_share = s["mean_log_other"][:, None] + np.log(share)
+    log_share = np.where(others >= 0, log_share, -np.inf)
+    top = log_share.max(axis=1)
+    best_other = np.where((log_share == top[:, None]) & (others >= 0), others,
+                          n_classes).min(axis=1)
+    mine = own > top
+    suggested = np.where(mine | ((own == top) & (labels < best_other)), labels, best_other)
+    return joint, score, suggested.astype(np.int64), run.n_epochs
 
 
 def _check_mask(mask, n_samples, name="noise_mask"):
