@@ -18,9 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import DATA, cat_seconds, machine, peak_rss_anon, write_synthetic_npy
-
-SIZES = {"S": (200, 10_000, 100), "M": (200, 10_000, 200), "L": (90, 50_000, 1_000)}
+from .common import DATA, SIZES, cat_seconds, machine, peak_rss_anon, suite_run, write_synthetic_npy
 
 
 # ----------------------------------------------------------------- measurements
@@ -136,9 +134,7 @@ def measure(task, *args, timeout=3600):
 # ------------------------------------------------------------------------ suite
 def bench_size(name, rows, *, numpy_kf_steps, skip=(), seeds=(0, 1, 2)):
     n_epochs, n_samples, n_classes = SIZES[name]
-    path = write_synthetic_npy(DATA / f"suite_{name}.npy", n_epochs, n_samples, n_classes,
-                               seed=7, noise=0.1)
-    gb = n_epochs * n_samples * n_classes * 2 / 1e9
+    path, gb = suite_run(name)
     cat_seconds(path)
     floor = min(cat_seconds(path) for _ in range(2))
 
@@ -199,7 +195,7 @@ def bench_size(name, rows, *, numpy_kf_steps, skip=(), seeds=(0, 1, 2)):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", nargs="+", default=["S", "M", "L"], choices=list(SIZES))
+    p.add_argument("--sizes", nargs="+", default=["S", "M", "L"], choices=["S", "M", "L"])
     p.add_argument("--numpy-kf-steps", type=int, default=2,
                    help="brute-force KF steps timed on L (extrapolated to the full fit)")
     p.add_argument("--out", help="also write the markdown table here")

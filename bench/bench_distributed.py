@@ -21,9 +21,7 @@ import time
 
 import numpy as np
 
-from .common import DATA, machine, peak_rss_anon, write_synthetic_npy
-
-SIZES = {"S": (200, 10_000, 100), "M": (200, 10_000, 200), "L": (90, 50_000, 1_000)}
+from .common import DATA, SIZES, machine, peak_rss_anon, suite_run, write_synthetic_npy
 
 
 def child(path, side, workers, chunk):
@@ -71,11 +69,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         return child(*args.child)
-    n_epochs, n_samples, n_classes = SIZES[args.size]
-    path = write_synthetic_npy(DATA / f"suite_{args.size}.npy", n_epochs, n_samples, n_classes,
-                               seed=7, noise=0.1)
+    path, gb = suite_run(args.size)
     write_synthetic_npy(DATA / "warm.npy", 6, 300, 20, seed=1, noise=0.1)
-    gb = n_epochs * n_samples * n_classes * 2 / 1e9
     mem = measure(path, "memory", args.workers, args.chunk)
     dsk = measure(path, "dask", args.workers, args.chunk)
     same = mem["forget_fraction"] == dsk["forget_fraction"] and mem["plan"] == dsk["plan"] \

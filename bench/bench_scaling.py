@@ -23,10 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from .common import DATA, cat_seconds, machine, peak_rss_anon, write_synthetic_npy
+from .common import DATA, SIZES, cat_seconds, machine, peak_rss_anon, suite_run, write_synthetic_npy
 
-SIZES = {"XS": (40, 5_000, 100), "S": (200, 10_000, 100), "M": (200, 10_000, 200),
-         "L": (90, 50_000, 1_000)}
 TASKS = ("forgetting", "kf_fit", "compare")
 LABELS = {"forgetting": "forgetting pass (F_e, L_e, per-sample stats)",
           "kf_fit": "KF(inf) fit on the validation half",
@@ -119,9 +117,7 @@ def main(argv=None):
     import numba
 
     n_epochs, n_samples, n_classes = SIZES[args.size]
-    path = write_synthetic_npy(DATA / f"suite_{args.size}.npy", n_epochs, n_samples, n_classes,
-                               seed=7, noise=0.1)
-    gb = n_epochs * n_samples * n_classes * 2 / 1e9
+    path, gb = suite_run(args.size)
     usable = [t for t in args.threads if t <= numba.config.NUMBA_NUM_THREADS]
     skipped = sorted(set(args.threads) - set(usable))
     warm(path)

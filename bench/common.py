@@ -118,3 +118,17 @@ def write_synthetic_npy(path, n_epochs, n_samples, n_classes, *, seed=0, noise=0
         for e, x in epochs:
             w.append(e, x)
     return path
+
+
+#: The suite's synthetic run sizes (E, N, C); XS is for quick checks.
+SIZES = {"XS": (40, 5_000, 100), "S": (200, 10_000, 100), "M": (200, 10_000, 200),
+         "L": (90, 50_000, 1_000)}
+
+
+def suite_run(size):
+    """(path, GB of float16 outputs) of the suite's synthetic run of ``size`` (written once
+    into bench/data/, shared by every benchmark)."""
+    n_epochs, n_samples, n_classes = SIZES[size]
+    path = write_synthetic_npy(DATA / f"suite_{size}.npy", n_epochs, n_samples, n_classes,
+                               seed=7, noise=0.1)
+    return path, n_epochs * n_samples * n_classes * 2 / 1e9
