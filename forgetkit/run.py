@@ -496,6 +496,22 @@ class Run:
             out += w * self._epoch_probs(int(e), tmp)
         return out
 
+    def add_probs(self, index, total):
+        """total += the probabilities of epoch ``index`` (float64 (n_samples, n_classes), in
+        place, the bits of ``total += run.probs(index)``); logits are read in place, without
+        storing the epoch's probabilities."""
+        self._require_full("add_probs()")
+        e = self._epoch_index(index)
+        cached = self.cached_probs
+        stored = stored_rows(self.outputs) if cached is None and not self.is_distributed \
+            else None
+        if cached is not None:
+            kernels.add_into(total, cached[e])
+        elif self.kind != "logits" or stored is None or kernels.combine_softmax(
+                stored[0], [e], stored[1], total, weights=[1.0], accumulate=True):
+            kernels.add_into(total, self.probs(e))  # decoded, or names the bad epoch
+        return total
+
     def label_probs(self):
         """Probability of each sample's label at every epoch: float64 (n_samples, n_epochs).
         Logits not held as probabilities are read in place, one epoch at a time, without

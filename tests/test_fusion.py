@@ -297,14 +297,25 @@ def test_ensemble_selection_streams_large_runs(real_small, tmp_path, monkeypatch
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("ties", [False, True])
-def test_streamed_selection_on_candidate_classes_is_exact(dtype, ties, tmp_path, monkeypatch):
+@pytest.mark.parametrize("budget", ["row", "class", "gathered"])
+def test_streamed_selection_on_candidate_classes_is_exact(dtype, ties, budget, tmp_path):
     """Diffuse outputs over many classes: later rounds score only the classes that can still
-    win (bounded by each row's largest probability); picks equal the brute force's."""
+    win (bounded by each class's largest probability over the epochs, or each row's when
+    (N, C) does not fit the budget; with more budget, the candidates' values are gathered
+    and kept between rounds); picks equal the brute force's, for logits and for a
+    probabilities run too large to hold."""
 
     run = make_run(n_epochs=9, n_samples=400, n_classes=60, dtype=dtype, ties=ties)
+    # "class": the bound fits, nothing more; "gathered": all but the probabilities fit
+    budget = {"row": 0, "class": 400 * 60 * 8, "gathered": 9 * 400 * 60 * 8 - 1}[budget]
+    ref = ensemble_selection_ref(run.probs(), run.labels, 15)
     fk.save(run, tmp_path / "r.npy")
-    sel = EnsembleSelection(max_checkpoints=15, memory_budget=0).fit(fk.load(tmp_path / "r.npy"))
-    assert sel.selection_ == ensemble_selection_ref(run.probs(), run.labels, 15)
+    sel = EnsembleSelection(max_checkpoints=15, memory_budget=budget)
+    assert sel.fit(fk.load(tmp_path / "r.npy")).selection_ == ref
+    probs = run.replace(outputs=run.probs().astype(dtype), kind="probs", validate=False)
+    fk.save(probs, tmp_path / "p.npy")
+    assert sel.fit(fk.load(tmp_path / "p.npy")).selection_ == \
+        ensemble_selection_ref(probs.probs(), run.labels, 15)
 
 
 def test_streamed_selection_names_bad_values(tmp_path, monkeypatch):

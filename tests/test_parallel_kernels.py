@@ -64,20 +64,32 @@ def test_row_top_and_scores_equal_numpy():
     assert (nll_, ece_) == (nll(p, y), ece(p, y))
 
 
-def test_undecided_rows_and_add_into_equal_numpy():
+def _live_rows_ref(total, y, bound, slack):
+    """live_rows by its definition, row by row."""
+    rows, cands, n_right = [], [], 0
+    for r in range(total.shape[0]):
+        t, b = total[r], np.broadcast_to(bound[r], total.shape[1])
+        cand = [c for c in range(t.size) if t[c] + b[c] >= t.max() - slack]
+        if y[r] in cand and len(cand) > 1:
+            rows.append(r)
+            cands.append(cand)
+        elif len(cand) == 1 and np.argmax(t) == y[r]:
+            n_right += 1
+    return rows, cands, n_right
+
+
+@pytest.mark.parametrize("per_class", [True, False])
+def test_live_rows_and_add_into_equal_numpy(per_class):
     rng = np.random.default_rng(4)
     total = np.round(rng.random((3000, 9)) * 6) / 2  # shared maxima and gaps of exactly 1
     y = rng.integers(0, 9, 3000)
-    top2 = np.partition(total, -2, axis=1)[:, -2:]
-    open_ = top2[:, 1] - top2[:, 0] <= 1.0
-    rows, decided = kernels.undecided_rows(total, y, 1.0)
-    np.testing.assert_array_equal(rows, np.flatnonzero(open_))
-    assert decided == np.sum(np.argmax(total[~open_], axis=1) == y[~open_])
-    limit = rng.random(3000) * 2  # one threshold per row
-    open_ = top2[:, 1] - top2[:, 0] <= limit
-    rows, decided = kernels.undecided_rows(total, y, limit)
-    np.testing.assert_array_equal(rows, np.flatnonzero(open_))
-    assert decided == np.sum(np.argmax(total[~open_], axis=1) == y[~open_])
+    bound = np.round(rng.random((3000, 9 if per_class else 1)) * 4) / 2  # gaps met exactly
+    order = rng.permutation(3000)
+    rows, ptr, cand, n_right = kernels.live_rows(total, y, bound, 0.0, order)
+    ref_rows, ref_cands, ref_right = _live_rows_ref(total[order], y[order], bound[order], 0.0)
+    np.testing.assert_array_equal(rows, order[ref_rows])
+    assert [cand[ptr[i]:ptr[i + 1]].tolist() for i in range(rows.size)] == ref_cands
+    assert n_right == ref_right and 0 < rows.size < 3000 and n_right > 0
     p = rng.random((3000, 9))
     expected = total + p
     kernels.add_into(total, p)
@@ -88,12 +100,11 @@ def test_selection_cached_counts_equal_the_full_row_argmax():
     rng = np.random.default_rng(5)
     probs = rng.dirichlet(np.ones(12) * 0.3, size=(6, 2500))
     probs[:, :50] = np.round(probs[:, :50] * 4) / 4  # exact ties between classes
-    total = probs[[0, 2, 2, 5]].sum(axis=0)
+    total = probs[[0, 2]].sum(axis=0)
     y = rng.integers(0, 12, 2500)
-    bound = kernels.row_max(probs)  # as ensemble selection bounds a round's change
-    np.testing.assert_array_equal(bound, probs.max(axis=(0, 2)))
-    rows, _ = kernels.undecided_rows(total, y, bound + 1e-9)
-    ptr, cand = kernels.selection_candidates(total, rows, bound[rows], 1e-9)
+    bound = kernels.class_max(probs)  # as ensemble selection bounds a round's change
+    np.testing.assert_array_equal(bound, probs.max(axis=0))
+    rows, ptr, cand, _ = kernels.live_rows(total, y, bound, 1e-9)
     got = kernels.selection_cached_counts(probs, total, rows, y, ptr, cand)
     expected = [np.sum(np.argmax(total[rows] + probs[e, rows], axis=1) == y[rows])
                 for e in range(6)]

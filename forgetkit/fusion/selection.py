@@ -11,7 +11,8 @@ from ..run import DEFAULT_MEMORY_BUDGET, stored_rows
 from .base import Fuser, as_run, check_validation_run
 from .schema import WEIGHT_SUM_TOLERANCE, check_checkpoints, check_weights_present
 
-#: Rounding headroom above a lead of 1 before ensemble selection calls a sample decided.
+#: Rounding headroom of the candidate test (``kernels.live_rows``): a class within this of
+#: being able to reach the leading one is scored.
 UNDECIDED_SLACK = 1e-9
 
 
@@ -23,9 +24,11 @@ class EnsembleSelection(Fuser):
     ``selection_`` lists the picks, ``checkpoints_`` the distinct ones, ``weights_`` their
     share of the picks.
 
-    Exact shortcut: in a round, a sample whose summed probabilities lead by more than 1
-    cannot change its prediction whichever checkpoint is added, so candidates are scored on
-    the undecided samples only (on large runs only those rows' probabilities are computed).
+    Exact shortcut: adding a checkpoint raises class c of a sample by at most that class's
+    largest probability over the epochs, so in each round only the classes that can still
+    overtake the sample's leading class are compared, and a sample with one such class (or
+    whose label is not among them) is scored once for every candidate (on large runs only
+    those rows' and classes' probabilities are computed).
     """
 
     _state = ("selection",)
@@ -40,34 +43,28 @@ class EnsembleSelection(Fuser):
         k = self.max_checkpoints
         check_validation_run(run)
         cached = run.cache_probs(self.memory_budget)
-        scorer = _StreamedScorer(run) if cached is None else None
+        if cached is not None:
+            scorer = _CachedScorer(run, cached)
+        elif run.kind == "logits":
+            scorer = _StreamedScorer(run, self.memory_budget)
+        else:
+            scorer = _ProbsScorer(run, self.memory_budget)
         y = run.labels
         total = np.zeros((run.n_samples, run.n_classes))
-        # the largest probability any checkpoint gives each sample (known when cached)
-        bound = np.ones(run.n_samples) if cached is None else kernels.row_max(cached)
+        # the first round scores every row whole (and teaches the scorer its bound)
+        rows, ptr, cand, n_right = scorer.order, np.zeros(run.n_samples + 1, np.int64), \
+            np.empty(0, np.int64), 0
         picks = []
-        for _ in range(k):
-            # this round adds one probability vector, which raises a sample's classes by at
-            # most its bound: samples whose sum leads by more than that keep their prediction
-            # for every candidate, so only the undecided ones need scoring
-            rows, decided = kernels.undecided_rows(total, y, bound + UNDECIDED_SLACK)
-            scores = [decided] * run.n_epochs
-            if rows.size and cached is not None:  # cached: the rows' candidates in place
-                ptr, cand = kernels.selection_candidates(total, rows, bound[rows],
-                                                         UNDECIDED_SLACK)
-                scores = (decided + kernels.selection_cached_counts(cached, total, rows, y, ptr,
-                                                                    cand)).tolist()
-            elif rows.size and run.kind == "logits":  # large run: from the stored logits
-                scores = [decided + n for n in scorer.correct_counts(total, rows)]
-            elif rows.size:  # large probabilities run: read those rows only
-                sub = run.isel(samples=rows) if rows.size < run.n_samples else run
-                total_rows, y_rows, all_rows = total[rows], y[rows], np.arange(rows.size)
-                scores = [decided + kernels.sum_correct_count_rows(total_rows, sub.probs(e),
-                                                                    y_rows, all_rows)
-                          for e in range(run.n_epochs)]
-            e = int(np.argmax(scores))  # ties: the earlier epoch
+        for i in range(k):
+            if i:  # only rows that one more vector can make right or wrong, on their
+                # candidate classes
+                rows, ptr, cand, n_right = kernels.live_rows(total, y, scorer.bound,
+                                                             UNDECIDED_SLACK, scorer.order)
+            scores = n_right + np.asarray(scorer.correct_counts(total, rows, ptr, cand)
+                                          if rows.size else 0)
+            e = int(np.argmax(np.broadcast_to(scores, run.n_epochs)))  # ties: the earlier
             picks.append(e)
-            kernels.add_into(total, cached[e] if cached is not None else run.probs(e))
+            run.add_probs(e, total)
         self.selection_ = picks
         checkpoints = sorted(set(picks))
         self._fit_shape(run, checkpoints, [picks.count(e) / k for e in checkpoints])
@@ -91,32 +88,128 @@ class EnsembleSelection(Fuser):
         self.selection_ = picks
 
 
+def _bound_fits(run, memory_budget):
+    """Whether one bound per class and row, float64 (N, C), fits ``memory_budget``."""
+    return run.n_samples * run.n_classes * 8 <= memory_budget
+
+
+class _CachedScorer:
+    """Ensemble-selection scores on probabilities held in memory (E, N, C); each class is
+    bounded by its largest probability over the epochs."""
+
+    def __init__(self, run, cached):
+        self.cached, self.labels = cached, run.labels
+        self.order = np.arange(run.n_samples)
+        self.bound = kernels.class_max(cached)
+
+    def correct_counts(self, total, rows, ptr, cand):
+        return kernels.selection_cached_counts(self.cached, total, rows, self.labels, ptr,
+                                               cand)
+
+
+class _ProbsScorer:
+    """Ensemble-selection scores on a probabilities run too large to hold: each round reads
+    the live rows of every epoch. Bound: each class's largest probability over the epochs
+    (each row's, when (N, C) does not fit the memory budget), learnt in the first round."""
+
+    def __init__(self, run, memory_budget):
+        self.run, self.order = run, np.arange(run.n_samples)
+        shape = (run.n_samples, run.n_classes if _bound_fits(run, memory_budget) else 1)
+        self.bound = np.zeros(shape)
+        self.learnt = False  # the bound, in the first round
+
+    def correct_counts(self, total, rows, ptr, cand):
+        run = self.run
+        first, self.learnt = not self.learnt, True
+        sub = run.isel(samples=rows) if rows.size < run.n_samples else run
+        total_rows, y_rows, all_rows = total[rows], run.labels[rows], np.arange(rows.size)
+        counts = []
+        for e in range(run.n_epochs):
+            p = sub.probs(e)
+            if first:
+                top = p if self.bound.shape[1] > 1 else p.max(axis=1, keepdims=True)
+                np.maximum(self.bound, top, out=self.bound)
+            counts.append(kernels.sum_correct_count_rows(total_rows, p, y_rows, all_rows))
+        return counts
+
+
+def _csr_rows(rows, ptr, cand, mask):
+    """The rows[mask] of a candidate list (rows, ptr, cand) and their candidates."""
+    lens = np.diff(ptr)
+    new_ptr = np.zeros(int(mask.sum()) + 1, dtype=np.int64)
+    np.cumsum(lens[mask], out=new_ptr[1:])
+    return rows[mask], new_ptr, cand[np.repeat(mask, lens)]
+
+
 class _StreamedScorer:
     """Ensemble-selection scores on a logits run whose probabilities are not held in memory.
 
     Each epoch's stored outputs are read in place (no copy of a lazy subset) and a row's
-    softmax is never materialised. The first time a row is scored whole, its shift, 1/sum and
-    largest probability are kept (3 floats per epoch and sample); since no probability
-    exceeds the largest, later rounds compute only the classes that can still win
-    (``selection_candidates``), with the arithmetic of the full softmax, so every score is
-    exact.
+    softmax is never materialised. The first round scores every row whole and keeps its
+    shift and 1/sum (2 floats per epoch and sample), and each class's largest probability
+    over the epochs (the bound, when (N, C) fits the memory budget; else each row's largest,
+    a third float per epoch and sample). Later rounds compute only the classes that can
+    still win (``live_rows``), with the arithmetic of the full softmax, so every score is
+    exact; the stored values of those classes are gathered once and kept from round to
+    round while they fit the budget (candidates mostly shrink as the total grows).
     """
 
-    def __init__(self, run):
+    def __init__(self, run, memory_budget):
         self.run = run
         self.shift = np.full((run.n_epochs, run.n_samples), np.nan)
         self.inv = np.full((run.n_epochs, run.n_samples), np.nan)
         self.top = np.full((run.n_epochs, run.n_samples), np.nan)
+        fits = _bound_fits(run, memory_budget)
+        self.class_max = np.zeros((run.n_samples, run.n_classes)) if fits else None
+        # the previous and the next gather are held together
+        self.gather_budget = (memory_budget - (self.class_max.nbytes if fits else 0)) // 2
+        self.gathered = None  # (rows, ptr, cand, values) of the last round
+        self.known = None  # rows whose shift and inv are known at every epoch
+        stored = stored_rows(run.outputs)
+        # rows in storage order: neighbouring reads in every epoch
+        self.order = (np.arange(run.n_samples) if stored is None
+                      else np.argsort(stored[1], kind="stable"))
 
-    def correct_counts(self, total, rows):
-        """Per epoch e: the number of ``rows`` whose argmax of total + P[e] is the label."""
+    @property
+    def bound(self):
+        if self.class_max is not None:
+            return self.class_max
+        known = self.top  # a row that underflowed is never known: bounded by 1
+        return np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))[:, None]
+
+    def correct_counts(self, total, rows, ptr, cand):
+        """Per epoch e: the number of ``rows`` whose argmax of total + P[e] is the label,
+        comparing the candidate classes cand[ptr[i]:ptr[i+1]] of row i (all if none)."""
         run = self.run
         stored = stored_rows(run.outputs)
-        if stored is not None:  # rows in storage order: neighbouring reads in every epoch
-            rows = rows[np.argsort(stored[1][rows], kind="stable")]
-        known = self.top[:, rows]
-        bound = np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))
-        ptr, cand = kernels.selection_candidates(total, rows, bound, UNDECIDED_SLACK)
+        if self.known is None or stored is None:
+            counts = self._read_counts(total, rows, ptr, cand)
+            self.known = (self.inv > 0).all(axis=0)
+            return counts
+        fast = self.known[rows]
+        counts = np.zeros(run.n_epochs, dtype=np.int64)
+        if not fast.all():  # rows with an underflowing epoch: scored whole
+            counts += self._read_counts(total, *_csr_rows(rows, ptr, cand, ~fast))
+        rows, ptr, cand = _csr_rows(rows, ptr, cand, fast)
+        slot = np.full(run.n_samples, -1)
+        old = (np.zeros(1, np.int64), np.empty(0, np.int64), np.empty(0, stored[0].dtype))
+        if self.gathered is not None:
+            slot[self.gathered[0]] = np.arange(self.gathered[0].size)
+            old = self.gathered[1:]
+        entries, _ = kernels.gather_candidates(stored[0], stored[1][rows], rows, ptr, cand,
+                                               slot, old, self.gather_budget)
+        if entries is None:  # over the budget: read this round's candidates
+            self.gathered = None
+            return counts + self._read_counts(total, rows, ptr, cand)
+        self.gathered = (rows, *entries)
+        ptr, cls, values = entries
+        return counts + kernels.selection_gathered_counts(values, total, rows, run.labels,
+                                                          self.shift, self.inv, ptr, cls)
+
+    def _read_counts(self, total, rows, ptr, cand):
+        """`correct_counts` reading the stored outputs of every epoch."""
+        run = self.run
+        stored = stored_rows(run.outputs)
         if stored is not None:  # one pass over the rows, all epochs of a row together
             parts = [(stored[0], stored[1], slice(0, run.n_epochs))]
         else:  # outputs decoded epoch by epoch (one in memory at a time)
@@ -126,8 +219,8 @@ class _StreamedScorer:
         for values, src, epochs in parts:  # shift/inv/top slices are views: filled in place
             n_correct, n_bad = kernels.selection_correct_counts(
                 values, src[rows], total, rows, run.labels, self.shift[epochs],
-                self.inv[epochs], self.top[epochs], ptr, cand)
+                self.inv[epochs], self.top[epochs], ptr, cand, self.class_max)
             for e in np.flatnonzero(n_bad):
                 run.probs(epochs.start + int(e))  # raises the error naming the epoch
             counts.extend(n_correct.tolist())
-        return counts
+        return np.array(counts, dtype=np.int64)

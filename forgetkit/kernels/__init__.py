@@ -83,14 +83,14 @@ def softmax_rows(values, out):
     return _softmax.softmax_rows(stored(values), f16_exp_table(), out)
 
 
-def combine_softmax(values, epochs, rows, out, weights=None):
+def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False):
     """out[i] = mean (``weights`` None) or weighted sum over e in ``epochs`` of the softmax of
-    values[e, rows[i]]; values (E, M, C) read in place. Returns the number of (epoch, row)
-    pairs holding inf or nan."""
+    values[e, rows[i]] (``accumulate``: the weighted sum added to out); values (E, M, C)
+    read in place. Returns the number of (epoch, row) pairs holding inf or nan."""
     w = np.empty(0) if weights is None else np.asarray(weights, dtype=np.float64)
     return _softmax.combine_softmax(stored(values), np.asarray(epochs, dtype=np.int64), w,
                                     np.asarray(rows, dtype=np.int64), f16_exp_table(), out,
-                                    n_blocks())
+                                    bool(accumulate and weights is not None), n_blocks())
 
 
 def label_probs(values, rows, labels, out):
@@ -147,14 +147,14 @@ def mix_into(a, b, eps, labels, leads, correct):
 win_intervals = _eps.win_intervals
 mixture_correct_count = _argmax.mixture_correct_count
 sum_correct_count_rows = _argmax.sum_correct_count_rows
-selection_candidates = _selection.selection_candidates
 add_into = _selection.add_into
 
 
-def row_max(probs):
-    """The largest value of each row over every epoch of float64 probs (E, N, C): (N,)."""
-    out = np.empty(probs.shape[1])
-    _selection.row_max(probs, out)
+def class_max(probs):
+    """The largest value of each class of each row over every epoch of float64 probs
+    (E, N, C): (N, C)."""
+    out = np.empty(probs.shape[1:])
+    _selection.class_max(probs, out)
     return out
 
 
@@ -166,20 +166,51 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand):
                                               n_blocks())
 
 
-def undecided_rows(total, labels, threshold):
-    """Rows of float64 total (N, C) whose max leads the second largest value by at most
-    ``threshold`` (a number, or one per row (N,)): int64 (R,); and the number of the others
-    whose first argmax is the label."""
-    n = total.shape[0]
-    open_ = np.empty(n, dtype=bool)
-    limit = np.ascontiguousarray(np.broadcast_to(np.asarray(threshold, dtype=np.float64), n))
-    n_correct = _selection.undecided_rows(total, labels, limit, open_)
-    return np.flatnonzero(open_), int(n_correct)
+def live_rows(total, labels, bound, slack, order=None):
+    """The rows of float64 total (N, C) that an added vector bounded by ``bound`` ((N, C),
+    or (N, 1): one bound per row) can make right or wrong, and their candidate classes:
+    (rows int64 (R,) in the order of ``order`` (default ascending), cand_ptr (R+1,), cand),
+    and the number of the other rows that stay right; see ``selection.live_rows``."""
+    order = np.arange(total.shape[0]) if order is None else np.asarray(order, dtype=np.int64)
+    rows, ptr, cand, n_right = _selection.live_rows(total, labels, bound, slack, order)
+    return rows, ptr, cand, int(n_right)
 
 
-def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, ptr, cand):
+def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, ptr, cand,
+                             class_max_out=None):
     """Per epoch of values (E, M, C): the ``rows`` of total whose argmax of total + softmax
-    is the label; see ``selection.selection_correct_counts``. Returns (counts, bad) (E,)."""
+    is the label, raising ``class_max_out`` (N, C) to the probabilities of rows scored whole;
+    see ``selection.selection_correct_counts``. Returns (counts, bad) (E,)."""
+    keep = np.empty((0, 0)) if class_max_out is None else class_max_out
     return _selection.selection_correct_counts(stored(values), src, total, rows, labels,
-                                               f16_exp_table(), shift, inv, top, ptr, cand,
-                                               n_blocks())
+                                               f16_exp_table(), shift, inv, top, keep, ptr,
+                                               cand, n_blocks())
+
+
+def gather_candidates(values, src, rows, ptr, cand, slot, old, budget):
+    """Entries (ptr, classes, values) holding the stored values of each live row's
+    candidates at every epoch: the previous entry ``old`` = (ptr, classes, values) (slot[r]:
+    row r's position there, -1 if none) where it holds them, else read from ``values``;
+    see ``selection.gather_candidates``. None if the values would take more than ``budget``
+    bytes. Returns (entries, number of rows read)."""
+    values = stored(values)
+    old_ptr, old_cls, old_values = old
+    sizes = np.empty(rows.shape[0], dtype=np.int64)
+    _selection.gather_sizes(rows, ptr, cand, slot, old_ptr, old_cls, sizes)
+    new_ptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.abs(sizes), out=new_ptr[1:])
+    if new_ptr[-1] * values.shape[0] * values.itemsize > budget:
+        return None, 0
+    cls = np.empty(new_ptr[-1], dtype=np.int64)
+    out = np.empty(new_ptr[-1] * values.shape[0], dtype=values.dtype)
+    _selection.gather_candidates(values, src, rows, ptr, cand, slot, old_ptr, old_cls,
+                                 stored(old_values), sizes, new_ptr, cls, out)
+    return (new_ptr, cls, out), int((sizes < 0).sum())
+
+
+def selection_gathered_counts(gathered, total, rows, labels, shift, inv, ptr, cand):
+    """Per epoch: the ``rows`` of total whose argmax of total + softmax is the label, from
+    their candidates' gathered values; see ``selection.selection_gathered_counts``."""
+    return _selection.selection_gathered_counts(stored(gathered), total, rows, labels,
+                                                f16_exp_table(), shift, inv, ptr, cand,
+                                                shift.shape[0], n_blocks())

@@ -1,6 +1,7 @@
-"""Kernels of greedy ensemble selection: the undecided rows of a round, candidate classes of
-those rows, per-epoch correct counts of total + softmax (logits not held as probabilities)
-or of total + probabilities (held in memory), and the running total."""
+"""Kernels of greedy ensemble selection: the live rows of a round and their candidate
+classes, per-epoch correct counts of total + softmax (logits not held as probabilities) or
+of total + probabilities (held in memory), the largest probability of each class over the
+epochs, and the running total."""
 
 from __future__ import annotations
 
@@ -19,31 +20,63 @@ def _row_max(t):
     return top
 
 
+@njit(inline="always")
+def _first_argmax(t):
+    best = 0
+    for c in range(1, t.shape[0]):
+        if t[c] > t[best]:
+            best = c
+    return best
+
+
+@njit(inline="always")
+def _is_candidate(t, b, c, top, slack):
+    """Whether class c of row t can reach the row's max ``top`` when a vector whose class c
+    is at most b[c] (or b[0] for one bound per row) is added."""
+    return t[c] + b[c if b.shape[0] > 1 else 0] >= top - slack
+
+
 @njit(parallel=True, cache=True)
-def selection_candidates(total, rows, bound, slack):
-    """Classes that can still win row r = rows[i] of ``total`` (N, C) when one probability
-    vector whose entries are at most bound[i] is added: those within bound[i] + slack of
-    the row's max. Returns cand_ptr (R+1,) and cand (ascending classes per row, CSR)."""
-    n_rows = rows.shape[0]
-    counts = np.zeros(n_rows + 1, dtype=np.int64)
-    for i in prange(n_rows):
-        t = total[rows[i]]
-        threshold = _row_max(t) - bound[i] - slack
-        n = 0
+def live_rows(total, labels, bound, slack, order):
+    """The rows of a selection round that need scoring, and their candidate classes.
+
+    Row r = order[i] of ``total`` (N, C) has first argmax a; adding a probability vector p
+    with p[c] <= bound[r, c] (bound (N, C), or (N, 1): one bound for every class) can make
+    class c the argmax only if total[r, c] + bound[r, c] >= total[r, a] (``slack`` below
+    that as rounding headroom): the candidates. A row is live when its label is a candidate
+    and it has at least two; a row whose one candidate (a) is its label is right for every
+    vector added, any other row wrong for every one.
+    Returns rows (R,) (live rows in the order of ``order``), cand_ptr (R+1,) and cand
+    (ascending classes per row, CSR), and the number of rows right for every vector.
+    """
+    n = order.shape[0]
+    n_cand = np.zeros(n, dtype=np.int64)
+    always = np.zeros(n, dtype=np.int64)
+    for i in prange(n):
+        r = order[i]
+        t, b, y = total[r], bound[r], labels[r]
+        top = _row_max(t)
+        count = 0
         for c in range(t.shape[0]):
-            n += t[c] >= threshold
-        counts[i + 1] = n
-    ptr = np.cumsum(counts)
+            count += _is_candidate(t, b, c, top, slack)
+        if _is_candidate(t, b, y, top, slack) and count > 1:
+            n_cand[i] = count
+        elif count == 1 and _first_argmax(t) == y:
+            always[i] = 1
+    live = np.flatnonzero(n_cand)
+    ptr = np.zeros(live.shape[0] + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(n_cand[live])
     cand = np.empty(ptr[-1], dtype=np.int64)
-    for i in prange(n_rows):
-        t = total[rows[i]]
-        threshold = _row_max(t) - bound[i] - slack
-        j = ptr[i]
+    for j in prange(live.shape[0]):
+        r = order[live[j]]
+        t, b = total[r], bound[r]
+        top = _row_max(t)
+        k = ptr[j]
         for c in range(t.shape[0]):
-            if t[c] >= threshold:
-                cand[j] = c
-                j += 1
-    return ptr, cand
+            if _is_candidate(t, b, c, top, slack):
+                cand[k] = c
+                k += 1
+    return order[live], ptr, cand, always.sum()
 
 
 @njit(inline="always")
@@ -63,22 +96,25 @@ def _first_argmax_nonnegative(t, e, scale):
 
 @njit(parallel=True, cache=True)
 def selection_correct_counts(values, src, total, rows, labels, table, shift, inv, top,
-                             cand_ptr, cand, n_blocks):
+                             class_max, cand_ptr, cand, n_blocks):
     """Per epoch e: the rows r = rows[i] whose argmax of total[r] + softmax(values[e, src[i]])
     is labels[r].
 
     values: stored outputs (E, M, C) (float16 as int16 bits); src (R,): the row of values
     holding each row; table: the ``f16_exp_table()``; shift, inv, top (E, N): per epoch and
     row of total, the m and inv of ``exp_row`` and the largest probability of that softmax
-    (nan: not known yet; such rows are scored whole and the three kept). Rows of known inv
-    with at most C/2 candidate classes (``selection_candidates``) are scored on those only,
-    each probability computed exactly as ``softmax_rows`` does.
-    A row of total is read once for all epochs.
+    (nan: not known yet; such rows are scored whole and the three kept). A row scored whole
+    also raises class_max[r] (N, C; shape (0, 0): not kept, else ``top`` is not kept) to
+    its probabilities.
+    Rows of known inv with a candidate list (``live_rows``) of at most C/2 classes are
+    scored on those only, each probability computed exactly as ``softmax_rows`` does; a
+    row with an empty list is scored whole. A row of total is read once for all epochs.
     Returns counts (E,) and the number of rows holding inf or nan per epoch (E,).
     """
     n_epochs = values.shape[0]
     n_rows = rows.shape[0]
     n_classes = total.shape[1]
+    keep_max = class_max.shape[0] > 0
     n_blocks = max(1, min(n_blocks, n_rows))
     counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
     bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
@@ -88,13 +124,13 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
         for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             r = rows[i]
             t = total[r]
+            first = cand_ptr[i]
+            n = cand_ptr[i + 1] - first
             for e in range(n_epochs):
                 x = values[e, src[i]]
                 best = -1
-                first = cand_ptr[i]
-                n = cand_ptr[i + 1] - first
                 known = inv[e, r] > 0.0
-                if not known or 2 * n > n_classes:  # the whole row is cheaper
+                if not known or n == 0 or 2 * n > n_classes:  # the whole row
                     status, m, scale = exp_row(x, tmp, table)
                     if status < 0:
                         bad[blk, e] += 1
@@ -102,7 +138,12 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
                     if status == 1 and not known:
                         shift[e, r] = m
                         inv[e, r] = scale
-                        top[e, r] = _row_max(tmp) * scale
+                        if not keep_max:
+                            top[e, r] = _row_max(tmp) * scale
+                    if keep_max:
+                        b = class_max[r]
+                        for c in range(n_classes):
+                            b[c] = max(b[c], tmp[c] * scale)
                     best = _first_argmax_nonnegative(t, tmp, scale)
                 else:  # the candidates' exp (table or vectorised exp), then their argmax
                     if is_table_row(x, shift[e, r]):
@@ -121,36 +162,106 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
     return counts.sum(axis=0), bad.sum(axis=0)
 
 
-@njit(parallel=True, cache=True)
-def undecided_rows(total, labels, threshold, open_):
-    """Rows of ``total`` (N, C) whose largest value leads the second largest (itself when
-    the max is shared) by at most threshold[r]: open_[r] (bool (N,)). Returns how many of
-    the other rows have the label as their first argmax."""
-    n_correct = 0
-    for r in prange(total.shape[0]):
-        t = total[r]
-        first, second, best = t[0], -np.inf, 0
-        for c in range(1, t.shape[0]):
-            v = t[c]
-            if v > first:
-                first, second, best = v, first, c
-            elif v > second:
-                second = v
-        open_[r] = first - second <= threshold[r]
-        if not open_[r] and best == labels[r]:
-            n_correct += 1
-    return n_correct
+@njit(inline="always")
+def _holds(cls, a, n, old_cls, oa, on):
+    """Whether old_cls[oa:oa+on] holds every class of cls[a:a+n] (both ascending)."""
+    k = 0
+    for j in range(n):
+        while k < on and old_cls[oa + k] < cls[a + j]:
+            k += 1
+        if k == on or old_cls[oa + k] != cls[a + j]:
+            return False
+    return True
 
 
 @njit(parallel=True, cache=True)
-def row_max(probs, out):
-    """out[r] = the largest value of row r over every epoch of probs (E, N, C)."""
+def gather_sizes(rows, ptr, cand, slot, old_ptr, old_cls, out):
+    """Sizes of the gathered entries of the live rows of a round (see
+    ``gather_candidates``): out[i] = the size of row r = rows[i]'s previous entry (slot[r]:
+    its position in old_ptr, -1 if none) when that holds every candidate
+    cand[ptr[i]:ptr[i+1]], else minus the number of candidates."""
+    for i in prange(rows.shape[0]):
+        s = slot[rows[i]]
+        n = ptr[i + 1] - ptr[i]
+        if s >= 0 and _holds(cand, ptr[i], n, old_cls, old_ptr[s], old_ptr[s + 1] - old_ptr[s]):
+            out[i] = old_ptr[s + 1] - old_ptr[s]
+        else:
+            out[i] = -n
+
+
+@njit(parallel=True, cache=True)
+def gather_candidates(values, src, rows, cand_ptr, cand, slot, old_ptr, old_cls, old_values,
+                      sizes, ptr, cls, out):
+    """The stored values of each live row's candidate classes at every epoch, kept between
+    the rounds of ensemble selection (candidates mostly shrink as the total grows; scoring
+    on a superset of them is exact).
+
+    sizes[i] from ``gather_sizes``: >= 0, row r = rows[i] keeps its previous entry
+    (old_ptr, old_cls, old_values at slot[r]); < 0, its candidates cand[cand_ptr[i]:] are
+    read from ``values`` (E, M, C) (row src[i]; float16 as int16 bits). Entry i: classes
+    cls[ptr[i]:ptr[i+1]] (n, ascending) and out[E*ptr[i] + e*n + j] the value of class
+    cls[ptr[i] + j] at epoch e.
+    """
+    n_epochs = values.shape[0]
+    for i in prange(rows.shape[0]):
+        a = ptr[i]
+        n = ptr[i + 1] - a
+        if sizes[i] >= 0:
+            oa = old_ptr[slot[rows[i]]]
+            cls[a: a + n] = old_cls[oa: oa + n]
+            out[n_epochs * a: n_epochs * (a + n)] = \
+                old_values[n_epochs * oa: n_epochs * (oa + n)]
+            continue
+        cls[a: a + n] = cand[cand_ptr[i]: cand_ptr[i] + n]
+        for e in range(n_epochs):
+            x = values[e, src[i]]
+            for j in range(n):
+                out[n_epochs * a + e * n + j] = x[cls[a + j]]
+
+
+@njit(parallel=True, cache=True)
+def selection_gathered_counts(gathered, total, rows, labels, table, shift, inv, ptr, cand,
+                              n_epochs, n_blocks):
+    """``selection_correct_counts`` of rows whose candidates' values were gathered
+    (``gather_candidates``) and whose shift and inv are known at every epoch: per epoch e,
+    the rows r = rows[i] whose argmax of total[r] + softmax is labels[r], each candidate's
+    probability computed exactly as ``softmax_rows`` does. Returns counts (E,)."""
+    n_rows = rows.shape[0]
+    n_blocks = max(1, min(n_blocks, n_rows))
+    counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
+    for blk in prange(n_blocks):
+        tmp = np.empty(total.shape[1])
+        picked = np.empty(total.shape[1])
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            a = ptr[i]
+            n = ptr[i + 1] - a
+            t = total[r]
+            for e in range(n_epochs):
+                x = gathered[n_epochs * a + e * n: n_epochs * a + (e + 1) * n]
+                if is_table_row(x, shift[e, r]):
+                    for j in range(n):
+                        tmp[j] = table[np.uint16(x[j])]
+                else:
+                    exp_shifted(x, shift[e, r], tmp[:n])
+                for j in range(n):
+                    picked[j] = t[cand[a + j]]
+                best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
+                if best == labels[r]:
+                    counts[blk, e] += 1
+    return counts.sum(axis=0)
+
+
+@njit(parallel=True, cache=True)
+def class_max(probs, out):
+    """out[r, c] = the largest probs[e, r, c] over every epoch of probs (E, N, C)."""
     for r in prange(probs.shape[1]):
-        top = probs[0, r, 0]
-        for e in range(probs.shape[0]):
+        o = out[r]
+        o[:] = probs[0, r]
+        for e in range(1, probs.shape[0]):
+            p = probs[e, r]
             for c in range(probs.shape[2]):
-                top = max(top, probs[e, r, c])
-        out[r] = top
+                o[c] = max(o[c], p[c])
 
 
 @njit(parallel=True, cache=True)
@@ -179,10 +290,9 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
     """Per epoch e: the rows r = rows[i] whose first argmax of total[r] + probs[e, r] is
     labels[r], for float64 probabilities (E, N, C) held in memory.
 
-    Only the candidate classes of each row (``selection_candidates``: no other class can
-    win) are compared, in ascending order, unless they are more than C/2 (then the whole
-    row); a row whose label is not a candidate is never right. A row of total is read once
-    for all epochs. Returns counts (E,).
+    Only the candidate classes of each row (``live_rows``: no other class can win) are
+    compared, in ascending order, unless they are more than C/2 or the list is empty (then
+    the whole row). A row of total is read once for all epochs. Returns counts (E,).
     """
     n_epochs = probs.shape[0]
     n_rows = rows.shape[0]
@@ -196,12 +306,7 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
             y = labels[r]
             first = cand_ptr[i]
             n = cand_ptr[i + 1] - first
-            hopeless = True
-            for j in range(n):
-                hopeless &= cand[first + j] != y
-            if hopeless:
-                continue
-            whole = 2 * n > n_classes
+            whole = n == 0 or 2 * n > n_classes
             for e in range(n_epochs):
                 p = probs[e, r]
                 if whole:

@@ -223,13 +223,14 @@ def _exp_rows(values, epochs, row, table, tmp, inv):
 
 
 @njit(parallel=True, cache=True)
-def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
+def combine_softmax(values, epochs, weights, src, table, out, accumulate, n_blocks):
     """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
     as ``softmax_rows`` computes it, added in the order of ``epochs``:
 
     - ``weights`` empty: the mean, with numpy's arithmetic (``total = p0; total += p1; ...;
       total /= k``);
-    - ``weights`` (k,) float64: the weighted sum (``total = zeros; total += w * p ...``).
+    - ``weights`` (k,) float64: the weighted sum (``total = zeros; total += w * p ...``),
+      added to the values already in ``out`` when ``accumulate`` (``out += w * p ...``).
 
     values: stored outputs (E, M, C) (float16 as int16 bits), read in place; epochs (k,),
     src (R,): int64; table: the ``f16_exp_table()``; out: float64 (R, C).
@@ -255,7 +256,7 @@ def combine_softmax(values, epochs, weights, src, table, out, n_blocks):
                 p0, p1, p2 = tmp[0], tmp[1], tmp[2]
                 i0, i1, i2 = inv[0], inv[1], inv[2]
                 w0, w1, w2 = w[0], w[1], w[2]
-                first = g == 0
+                first = g == 0 and not accumulate
                 divide = mean and g + m == k
                 for c in range(n_classes):
                     v = (0.0 if first else total[c]) + w0 * (p0[c] * i0)
