@@ -111,15 +111,19 @@ def _prepare(run, memory_budget):
 
 
 def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
-                    memory_budget=DEFAULT_MEMORY_BUDGET):
+                    memory_budget=DEFAULT_MEMORY_BUDGET, softmax_stats=False):
     """Yield (split, validation run, test run) of the paper's protocol, or the one pair
-    ("val_run", val_run, run) when a separate validation run is given."""
+    ("val_run", val_run, run) when a separate validation run is given. A streamed logits
+    run's forgetting pass (and, with ``softmax_stats``, its `Run.softmax_stats`) is
+    computed once and shared by every split."""
     if val_run is not None:
         yield "val_run", _prepare(val_run, memory_budget), _prepare(run, memory_budget)
         return
     full = _prepare(run, memory_budget)
-    if full.kind == "logits":  # streamed: one forgetting pass, shared by every split
+    if full.kind == "logits" and not full.is_distributed:  # streamed
         full.predictions()
+        if softmax_stats:
+            full.softmax_stats(memory_budget)
     for s in seeds:
         val, test = split_indices(run.n_samples, val_frac, s)
         yield s, full.isel(samples=val), full.isel(samples=test)
@@ -158,8 +162,11 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     for m in methods:
         check_option("method", m, tuple(METHODS))
     rows = []
+    # ensemble selection's bounds and first round, likelihood fusion's label probabilities
+    shared = bool({"ensemble_selection", "likelihood"} & set(methods))
     for seed, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac,
-                                           val_run=val_run, memory_budget=memory_budget):
+                                           val_run=val_run, memory_budget=memory_budget,
+                                           softmax_stats=shared):
         kf = _fitted_kf(kf_fits, seed, val, window)
         k = kf.ensemble_size_
         single = single_hit(test)

@@ -9,6 +9,7 @@ kept in memory.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -101,6 +102,23 @@ def mean_softmax(stack, out=None):
     if n_bad:
         raise ForgetkitError(f"{n_bad} rows hold NaN or inf")
     return out
+
+
+class SoftmaxStats(NamedTuple):
+    """What one pass over every epoch's softmax of a logits run keeps (`Run.softmax_stats`),
+    each as forgetkit's softmax computes it."""
+
+    shift: np.ndarray  #: (E, N) float64: the shift of each row's exp (nan: some exp underflowed)
+    inv: np.ndarray  #: (E, N) float64: 1 / the sum of each row's exp (nan likewise)
+    pred: np.ndarray  #: (E, N) int32: first argmax of each row's probabilities
+    label_prob: np.ndarray  #: (E, N) float64: probability of each sample's label
+    class_max: np.ndarray | None  #: (N, C) float64: largest probability of each class, or None
+
+    def take(self, idx):
+        """The statistics of samples ``idx``."""
+        return SoftmaxStats(self.shift[:, idx], self.inv[:, idx], self.pred[:, idx],
+                            self.label_prob[:, idx],
+                            None if self.class_max is None else self.class_max[idx])
 
 
 class LazyOutputs:
@@ -251,6 +269,7 @@ class Run:
         self.source = None if source is None else Path(source)
         self._predictions = None  # the forgetting pass, (E, N) int32, read-only
         self._probs = None  # float64 probabilities of every epoch, kept by cache_probs
+        self._stats = None  # the SoftmaxStats of softmax_stats
         self._validate = bool(validate)
         if validate and not self.checked_per_read:
             for e in range(n_epochs):
@@ -436,9 +455,54 @@ class Run:
         return None
 
     def clear_cache(self):
-        """Free the probabilities kept by `cache_probs` and the forgetting pass."""
+        """Free the probabilities kept by `cache_probs`, the forgetting pass and the
+        `softmax_stats`."""
         self._probs = None
         self._predictions = None
+        self._stats = None
+
+    def softmax_stats(self, memory_budget=DEFAULT_MEMORY_BUDGET):
+        """One pass over the softmax of every epoch of a logits run, kept on the run and
+        inherited by its sample subsets (`isel`), so that methods fitted on several
+        subsets (the protocol's splits) share it: `SoftmaxStats` with each row's softmax
+        shift and 1/sum, first argmax and label probability (E, N), and, when (N, C)
+        float64 takes at most ``memory_budget`` bytes, each class's largest probability over
+        the epochs. `label_probs` and ensemble selection read them instead of the outputs.
+        """
+        self._require_full("softmax_stats()")
+        if self.kind != "logits" or self.is_distributed:
+            raise ForgetkitError("softmax_stats() needs logits held in memory or on disk; "
+                                 f"this run holds {self.kind}"
+                                 + (" on a dask array" if self.is_distributed else ""))
+        n_epochs, n_samples, n_classes = self.shape
+        want_max = n_samples * n_classes * 8 <= memory_budget
+        if self._stats is not None and (self._stats.class_max is not None or not want_max):
+            return self._stats
+        stats = SoftmaxStats(np.full((n_epochs, n_samples), np.nan),
+                             np.full((n_epochs, n_samples), np.nan),
+                             np.empty((n_epochs, n_samples), dtype=np.int32),
+                             np.empty((n_epochs, n_samples)),
+                             np.zeros((n_samples, n_classes)) if want_max else None)
+        stored = stored_rows(self.outputs)
+        if stored is not None:  # all epochs of a row together, rows read in place
+            parts = [(stored[0], stored[1], slice(0, n_epochs))]
+        else:  # decoded epoch by epoch
+            parts = ((np.asarray(self.outputs[e])[None], np.arange(n_samples), slice(e, e + 1))
+                     for e in range(n_epochs))
+        for values, src, epochs in parts:
+            bad = kernels.softmax_stats(values, src, self.labels, stats.shift[epochs],
+                                        stats.inv[epochs], stats.pred[epochs],
+                                        stats.label_prob[epochs], stats.class_max)
+            for e in np.flatnonzero(bad):
+                self.probs(epochs.start + int(e))  # raises the error naming the epoch
+        self._stats = stats
+        return stats
+
+    @property
+    def cached_softmax_stats(self):
+        """The `softmax_stats` if computed (here or on the run this is a sample subset of),
+        else None."""
+        return self._stats
 
     def mean_probs(self, indices, *, out=None):
         """Mean of the probabilities of epoch ``indices`` (summed in index order, then
@@ -520,6 +584,8 @@ class Run:
             return _on_chunks().map_samples(self, "label_probs")
         if self.kind == "summary":
             return self.outputs.label_probs().T
+        if self._stats is not None:
+            return self._stats.label_prob.T.copy()
         q = np.empty((self.n_epochs, self.n_samples))
         rows = np.arange(self.n_samples)
         stored = stored_rows(self.outputs)
@@ -690,6 +756,8 @@ class Run:
         sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
         if self._predictions is not None:  # the forgetting pass is not read again
             sub._inherit_predictions(self._predictions[:, idx])
+        if self._stats is not None:
+            sub._stats = self._stats.take(idx)
         return sub
 
     def _inherit_predictions(self, predictions):

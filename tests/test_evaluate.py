@@ -53,6 +53,21 @@ def test_compare_on_the_real_run(real_run):
     assert format_table(table, "markdown").startswith("| method | k |")
 
 
+@pytest.mark.parametrize("source", ["real", "diffuse"])
+def test_compare_streamed_equals_in_memory(source, real_small, tmp_path):
+    """The same table whether the probabilities are held (default budget), only the shared
+    softmax statistics with each class's bound fit (1 MB), or nothing does (0); on the real
+    run and on diffuse float16 outputs over many classes with exact ties."""
+    run = real_small if source == "real" else make_run(n_epochs=9, n_samples=400,
+                                                      n_classes=60, dtype=np.float16,
+                                                      ties=True)
+    fk.save(run, tmp_path / "r.npy")
+    tables = [compare_splits(fk.load(tmp_path / "r.npy"), memory_budget=budget)
+              for budget in (2 << 30, 1 << 20, 0)]
+    pd.testing.assert_frame_equal(tables[1], tables[0])
+    pd.testing.assert_frame_equal(tables[2], tables[0])
+
+
 def test_compare_with_a_validation_run():
     val, test = make_run(seed=0), make_run(seed=1)
     table = compare(test, ["single", "kf"], val_run=val)

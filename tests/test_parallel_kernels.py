@@ -8,6 +8,7 @@ import pytest
 import forgetkit as fk
 from forgetkit import kernels
 from forgetkit.evaluate import ece, nll, scores
+from forgetkit.run import softmax
 
 from .conftest import make_run
 
@@ -110,3 +111,38 @@ def test_selection_cached_counts_equal_the_full_row_argmax():
                 for e in range(6)]
     np.testing.assert_array_equal(got, expected)
     assert rows.size > 500 and np.diff(ptr).max() > 6  # both the candidates and whole rows
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_softmax_stats_equal_numpy(dtype, tmp_path):
+    """One pass: each row's first argmax of the probabilities, label probability and each
+    class's largest probability equal those of forgetkit's softmax; the shift and 1/sum
+    reproduce it; rows whose exp underflows (spread > 708) leave shift and inv as nan."""
+    run = make_run(n_epochs=7, n_samples=300, n_classes=40, dtype=dtype, ties=True)
+    out = np.array(run.outputs)
+    if dtype != np.float16:
+        out[3, :5, 0] = -1000.0  # underflowing rows
+    fk.save(run.replace(outputs=out), tmp_path / "r.npy")
+    rows = np.random.default_rng(0).permutation(300)[:200]
+    for r in (fk.load(tmp_path / "r.npy"), fk.load(tmp_path / "r.npy").isel(samples=rows)):
+        idx = np.arange(300) if r.n_samples == 300 else rows
+        stats = r.softmax_stats()
+        p = np.stack([softmax(out[e, idx]) for e in range(7)])
+        np.testing.assert_array_equal(stats.pred, p.argmax(axis=2))
+        np.testing.assert_array_equal(stats.label_prob, p[:, np.arange(idx.size), r.labels])
+        np.testing.assert_array_equal(stats.class_max, p.max(axis=0))
+        np.testing.assert_array_equal(r.label_probs(), stats.label_prob.T)
+        underflow = np.zeros((7, idx.size), dtype=bool)
+        if dtype != np.float16:
+            underflow[3] = idx < 5
+        assert np.isnan(stats.inv[underflow]).all() and (stats.inv[~underflow] > 0).all()
+        shift, inv = stats.shift[~underflow], stats.inv[~underflow]
+        x = out[:, idx][~underflow].astype(np.float64)
+        np.testing.assert_allclose(np.exp(x - shift[:, None]) * inv[:, None], p[~underflow],
+                                   rtol=1e-13, atol=1e-300)
+    assert r.softmax_stats(memory_budget=0).class_max is not None  # kept once computed
+    small = fk.load(tmp_path / "r.npy")
+    assert small.softmax_stats(memory_budget=0).class_max is None
+    sub = small.isel(samples=rows)  # inherited by subsets
+    np.testing.assert_array_equal(sub.cached_softmax_stats.label_prob,
+                                  small.softmax_stats().label_prob[:, rows])

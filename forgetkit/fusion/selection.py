@@ -148,19 +148,28 @@ class _StreamedScorer:
     softmax is never materialised. The first round scores every row whole and keeps its
     shift and 1/sum (2 floats per epoch and sample), and each class's largest probability
     over the epochs (the bound, when (N, C) fits the memory budget; else each row's largest,
-    a third float per epoch and sample). Later rounds compute only the classes that can
-    still win (``live_rows``), with the arithmetic of the full softmax, so every score is
-    exact; the stored values of those classes are gathered once and kept from round to
-    round while they fit the budget (candidates mostly shrink as the total grows).
+    a third float per epoch and sample); a run's `softmax_stats`, if computed, give all
+    of these (and the first round's scores) without reading. Later rounds compute only the
+    classes that can still win (``live_rows``), with the arithmetic of the full softmax, so
+    every score is exact; the stored values of those classes are gathered once and kept
+    from round to round while they fit the budget (candidates mostly shrink as the total
+    grows).
     """
 
     def __init__(self, run, memory_budget):
         self.run = run
-        self.shift = np.full((run.n_epochs, run.n_samples), np.nan)
-        self.inv = np.full((run.n_epochs, run.n_samples), np.nan)
         self.top = np.full((run.n_epochs, run.n_samples), np.nan)
         fits = _bound_fits(run, memory_budget)
-        self.class_max = np.zeros((run.n_samples, run.n_classes)) if fits else None
+        stats = run.cached_softmax_stats
+        self.first_counts = None  # the first round's, when known from the softmax stats
+        if fits and stats is not None and stats.class_max is not None:
+            # rows scored whole raise class_max to values it already holds: left unchanged
+            self.shift, self.inv, self.class_max = stats.shift, stats.inv, stats.class_max
+            self.first_counts = (stats.pred == run.labels).sum(axis=1)
+        else:
+            self.shift = np.full((run.n_epochs, run.n_samples), np.nan)
+            self.inv = np.full((run.n_epochs, run.n_samples), np.nan)
+            self.class_max = np.zeros((run.n_samples, run.n_classes)) if fits else None
         # the previous and the next gather are held together
         self.gather_budget = (memory_budget - (self.class_max.nbytes if fits else 0)) // 2
         self.gathered = None  # (rows, ptr, cand, values) of the last round
@@ -183,7 +192,8 @@ class _StreamedScorer:
         run = self.run
         stored = stored_rows(run.outputs)
         if self.known is None or stored is None:
-            counts = self._read_counts(total, rows, ptr, cand)
+            counts = self.first_counts if self.known is None and self.first_counts is not None \
+                else self._read_counts(total, rows, ptr, cand)
             self.known = (self.inv > 0).all(axis=0)
             return counts
         fast = self.known[rows]

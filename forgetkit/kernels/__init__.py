@@ -99,6 +99,17 @@ def label_probs(values, rows, labels, out):
     return _softmax.label_probs(stored(values), rows, labels, f16_exp_table(), out, n_blocks())
 
 
+def softmax_stats(values, src, labels, shift, inv, pred, label_prob, class_max=None):
+    """Per (epoch, row) of stored outputs values[e, src[i]] (E, M, C): the softmax's shift
+    and 1/sum, first argmax and label probability, written into the (E, R) arrays, and each
+    class's largest probability raised into ``class_max`` (R, C) if given; see
+    ``softmax.softmax_stats``. Returns the number of rows holding inf or nan per epoch."""
+    keep = np.empty((0, 0)) if class_max is None else class_max
+    return _softmax.softmax_stats(stored(values), np.asarray(src, dtype=np.int64), labels,
+                                  f16_exp_table(), shift, inv, pred, label_prob, keep,
+                                  n_blocks())
+
+
 def label_margins(values, labels, p, margin, correct, *, softmax=True, total=None,
                   total_log=None):
     """One epoch's outputs (N, C) to the label's probability ``p``, its margin over the

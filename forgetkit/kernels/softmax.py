@@ -296,3 +296,50 @@ def mean_first_axis(stack, out):
             for i in range(1, k):
                 s += stack[i, r, c]
             out[r, c] = s / k
+
+
+@njit(parallel=True, cache=True)
+def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, class_max,
+                  n_blocks):
+    """Per epoch e and row i of stored outputs values[e, src[i]] (E, M, C) (float16 as int16
+    bits), each softmax computed as ``softmax_rows`` does:
+
+    - shift[e, i], inv[e, i]: the m and inv of ``exp_row`` (left as they are where some
+      exp underflowed: such rows take math.exp);
+    - pred[e, i]: the first argmax of the probabilities (-1: the row holds inf or nan);
+    - label_prob[e, i]: the probability of labels[i];
+    - class_max[i, c] (shape (0, 0): not kept): raised to the probability of class c.
+
+    Returns the number of rows holding inf or nan per epoch (E,).
+    """
+    n_epochs = values.shape[0]
+    n_rows = src.shape[0]
+    keep_max = class_max.shape[0] > 0
+    n_blocks = max(1, min(n_blocks, n_rows))
+    bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
+    for blk in prange(n_blocks):
+        tmp = np.empty(values.shape[2])
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            for e in range(n_epochs):
+                status, m, scale = exp_row(values[e, src[i]], tmp, table)
+                if status < 0:
+                    bad[blk, e] += 1
+                    pred[e, i] = -1
+                    continue
+                if status == 1:
+                    shift[e, i] = m
+                    inv[e, i] = scale
+                top = np.int64(0)  # non-negative floats order as their bits
+                for c in range(tmp.shape[0]):
+                    tmp[c] *= scale
+                    top = max(top, np.float64(tmp[c]).view(np.int64))
+                if keep_max:
+                    b = class_max[i]
+                    for c in range(tmp.shape[0]):
+                        b[c] = max(b[c], tmp[c])
+                for c in range(tmp.shape[0]):
+                    if np.float64(tmp[c]).view(np.int64) == top:
+                        pred[e, i] = c
+                        break
+                label_prob[e, i] = tmp[labels[i]]
+    return bad.sum(axis=0)
