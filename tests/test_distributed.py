@@ -15,7 +15,7 @@ import pytest
 import forgetkit as fk
 from forgetkit.cli import main
 
-from .conftest import import_real_part, make_run
+from .conftest import ROOT, import_real_part, make_run
 
 dask = import_real_part("dask", "dask (the forgetkit[dask] extra)")
 da = import_real_part("dask.array", "dask (the forgetkit[dask] extra)")
@@ -138,6 +138,76 @@ def per_class_correct(run):
     """Correct final predictions per class: a per-chunk count vector (n_classes,)."""
     hit = run.correctness()[-1]
     return np.bincount(run.labels[hit], minlength=run.n_classes)
+
+
+# ------------------------------------------------- data maps and label issues
+NOISY_TRAIN = ("fmnist_resnet18_sym20_h200_train5k.npz", "fmnist_cnn_sym20_h200_train4k.npz")
+
+
+def refuse_gathering(monkeypatch):
+    """Make any gathering of a dask array into this process (np.asarray, .compute) fail."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dask array was gathered into the client")
+
+    monkeypatch.setattr(da.Array, "__array__", refuse)
+    monkeypatch.setattr(da.Array, "compute", refuse)
+
+
+def uneven(run, sizes):
+    """The run on a dask array of chunks of ``sizes`` samples (ids kept)."""
+    return run.replace(outputs=da.from_array(np.asarray(run.outputs), chunks=(-1, sizes, -1)))
+
+
+def assert_same_table(got, ref):
+    pd.testing.assert_frame_equal(got, ref, check_exact=True)
+    assert got.attrs == ref.attrs
+
+
+@pytest.mark.parametrize("name", NOISY_TRAIN)
+def test_data_map_and_label_issues_on_dask_equal_in_memory(client, name, monkeypatch):
+    run = fk.load(ROOT / "data_samples" / name)
+    n = run.n_samples
+    sizes = (n // 4, n // 10, n // 2, n - n // 4 - n // 10 - n // 2)
+    dask_run = uneven(run, sizes)
+    refs = (fk.data_map(run), fk.data_map(run, burn_out=7), fk.label_issues(run),
+            fk.label_issues(run, n_issues=100))
+    assert refs[2]["is_issue"].sum() > 0.1 * n  # the 20% flipped labels are found
+    with monkeypatch.context() as m:
+        refuse_gathering(m)
+        got = (fk.data_map(dask_run), fk.data_map(dask_run, burn_out=7),
+               fk.label_issues(dask_run), fk.label_issues(dask_run, n_issues=100))
+        picked = fk.select(dask_run, region="ambiguous", frac=0.1)
+    for g, r in zip(got, refs, strict=True):
+        assert_same_table(g, r)
+    np.testing.assert_array_equal(picked, fk.select(refs[0], region="ambiguous", frac=0.1))
+    for how in ("mean", "final"):
+        probs = fk.pred_probs(dask_run, how=how)
+        assert isinstance(probs, da.Array)
+        np.testing.assert_array_equal(probs.compute(), fk.pred_probs(run, how=how))
+
+
+def test_data_map_and_label_issues_on_dask_on_tie_heavy_data(client, monkeypatch):
+    # 2 epochs of multiples of 1/64, every sample three times (the copies in other chunks)
+    base = tie_heavy_run(n_epochs=2, n_samples=1000, seed=7)
+    run = fk.Run(np.tile(base.outputs, (1, 3, 1)), np.tile(base.labels, 3), kind="probs",
+                 sample_ids=np.arange(3000)[::-1] * 7)
+    with pytest.warns(UserWarning, match="aum .* is NaN"):
+        ref_map = fk.data_map(run)
+    ref_issues = fk.label_issues(run)
+    with monkeypatch.context() as m:
+        refuse_gathering(m)
+        with pytest.warns(UserWarning, match="aum .* is NaN"):
+            got_map = fk.data_map(uneven(run, (1, 999, 1234, 766)))
+        got_issues = fk.label_issues(uneven(run, (1500, 1, 1499)))
+    assert_same_table(got_map, ref_map)
+    assert_same_table(got_issues, ref_issues)
+    # ties: samples at both region thresholds, and a flagged set that splits equal scores
+    cuts = ref_map.attrs["thresholds"]
+    assert (ref_map["variability"] == cuts["variability"]).sum() > 10
+    assert (ref_map["confidence"] == cuts["confidence"]).sum() > 10
+    score = ref_issues["score"].to_numpy()
+    last = np.sort(score)[::-1][ref_issues.attrs["summary"]["n_issues"] - 1]
+    assert 0 < ref_issues["is_issue"].to_numpy()[score == last].sum() < (score == last).sum()
 
 
 # ------------------------------------------------------------ Knowledge Fusion

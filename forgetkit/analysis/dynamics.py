@@ -4,13 +4,16 @@
 Everything comes from one streaming pass over the epochs (`trajectory`): each epoch is read
 once (memmap and Parquet runs epoch by epoch), reduced by one numba kernel to the label's
 probability, the label's margin and correctness per sample, and folded into per-sample
-running statistics; memory grows with the number of samples, never with the epochs.
+running statistics; memory grows with the number of samples, never with the epochs. On a
+run on a dask array the pass runs per chunk of samples (`Run.map_reduce`) and only the
+per-sample rows come back; the region thresholds are then taken over all of them.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -205,13 +208,25 @@ def data_map(run, *, burn_out=None, progress=False):
         ``attrs["thresholds"]`` holds the region thresholds (``variability``,
         ``confidence``), ``attrs["n_epochs"]`` the epochs used.
     """
-    t = trajectory(run, burn_out=burn_out, progress=progress)
-    aum = t.margin
+    n_epochs = check_burn_out(burn_out, run.n_epochs)
     if run.kind == "probs":
         warnings.warn("the run holds probabilities: aum (defined on logits) is NaN",
                       UserWarning, stacklevel=2)
-        aum = np.full(run.n_samples, np.nan)
-    df = pd.DataFrame(
+    df = run.map_reduce(partial(_sample_table, burn_out=n_epochs,
+                                progress=progress and not run.is_distributed))
+    confidence, variability = df["confidence"].to_numpy(), df["variability"].to_numpy()
+    df["region"] = regions(confidence, variability)
+    v_cut, c_cut = region_thresholds(confidence, variability)
+    df.attrs["thresholds"] = {"variability": v_cut, "confidence": c_cut}
+    df.attrs["n_epochs"] = n_epochs
+    return df
+
+
+def _sample_table(run, *, burn_out, progress=False):
+    """The per-sample columns of `data_map` (all but ``region``) of a run or a chunk of its
+    samples: one row per sample, from one `trajectory` pass."""
+    t = trajectory(run, burn_out=burn_out, progress=progress)
+    return pd.DataFrame(
         {
             "label": run.labels,
             "confidence": t.confidence,
@@ -220,15 +235,10 @@ def data_map(run, *, burn_out=None, progress=False):
             "forgetfulness": t.forgetfulness,
             "never_learned": t.never_learned,
             "threshold_closeness": t.confidence * (1 - t.confidence),
-            "aum": aum,
-            "region": regions(t.confidence, t.variability),
+            "aum": np.full(run.n_samples, np.nan) if run.kind == "probs" else t.margin,
         },
         index=sample_index(run),
     )
-    v_cut, c_cut = region_thresholds(t.confidence, t.variability)
-    df.attrs["thresholds"] = {"variability": v_cut, "confidence": c_cut}
-    df.attrs["n_epochs"] = t.n_epochs
-    return df
 
 
 #: How `select` orders each region: (column, descending).

@@ -42,6 +42,7 @@ def pred_probs(run, *, how="mean"):
     Returns
     -------
     ndarray of float64, shape (n_samples, n_classes)
+        A dask array, computed per chunk of samples when asked, for a run on a dask array.
     """
     check_option("how", how, ("mean", "final"))
     if how == "final":
@@ -75,18 +76,41 @@ def confident_joint(labels, probs):
                              f"{probs.shape}")
     n_samples, n_classes = probs.shape
     labels = check_labels(labels, n_samples, n_classes)
+    counts, thresholds = class_thresholds(labels, probs[np.arange(n_samples), labels],
+                                          n_classes)
+    return calibrate(confident_counts(labels, probs, thresholds), counts)
+
+
+def class_thresholds(labels, label_probs, n_classes):
+    """Samples per given class and the confident-joint thresholds: int64 (n_classes,) and
+    float64 (n_classes,), the mean of ``label_probs`` (n_samples,), each sample's
+    probability of its label, over the samples of each class (inf for an empty class).
+    Summed in sample order, so a run's thresholds take its whole column."""
     counts = np.bincount(labels, minlength=n_classes)
-    rows = np.arange(n_samples)
-    sums = np.bincount(labels, weights=probs[rows, labels], minlength=n_classes)
+    sums = np.bincount(labels, weights=label_probs, minlength=n_classes)
     thresholds = np.full(n_classes, np.inf)
     np.divide(sums, counts, out=thresholds, where=counts > 0)
+    return counts, thresholds
+
+
+def confident_counts(labels, probs, thresholds):
+    """The uncalibrated confident joint of samples (n_samples,) and probs (n_samples,
+    n_classes) given the class thresholds: float64 (n_classes, n_classes) counts, so the
+    counts of blocks of samples add up to the whole's."""
+    n_classes = probs.shape[1]
     raw = np.zeros((n_classes, n_classes))
-    for start in range(0, n_samples, CHUNK_ROWS):
+    for start in range(0, len(probs), CHUNK_ROWS):
         block = probs[start:start + CHUNK_ROWS]
         above = block >= thresholds
         guess = np.argmax(np.where(above, block, -np.inf), axis=1)
         confident = above.any(axis=1)
         np.add.at(raw, (labels[start:start + CHUNK_ROWS][confident], guess[confident]), 1)
+    return raw
+
+
+def calibrate(raw, counts):
+    """The confident joint: counts ``raw`` (n_classes, n_classes) with each row scaled to
+    the class's number of samples ``counts`` (rows without counts stay 0)."""
     row = raw.sum(axis=1, keepdims=True)
     return np.divide(raw * counts[:, None], row, out=np.zeros_like(raw), where=row > 0)
 
@@ -203,23 +227,36 @@ def label_issues(run, *, n_issues=None, progress=False):
 
 
 def _full_scores(run, progress):
-    """(joint, score, suggested, n_epochs) of a run of every class's outputs."""
+    """(joint, score, suggested, n_epochs) of a run of every class's outputs; on a dask
+    array the same steps run over its chunks of samples (`forgetkit.distributed`)."""
+    if run.is_distributed:
+        from ..distributed.label_issues import full_scores
+
+        return full_scores(run)
     t = trajectory(run, mean_probs=True, mean_log_probs=True, progress=progress)
-    labels = run.labels
-    joint = confident_joint(labels, t.mean_probs)
-    log_t = np.log(noise_transition(joint))
-    score, suggested = np.empty(run.n_samples), np.empty(run.n_samples, dtype=np.int64)
-    for start in range(0, run.n_samples, CHUNK_ROWS):
+    joint = confident_joint(run.labels, t.mean_probs)
+    score, suggested = scores(run.labels, t.mean_log_probs, np.log(noise_transition(joint)))
+    return joint, score, suggested, t.n_epochs
+
+
+def scores(labels, mean_log_probs, log_t):
+    """(score float64, suggested int64), each (n_samples,), of samples of given ``labels``
+    with trajectory-averaged log-probabilities ``mean_log_probs`` (n_samples, n_classes,
+    overwritten) under the log noise transition ``log_t`` (n_classes, n_classes); row by
+    row, so blocks of samples give the whole's values."""
+    n = len(labels)
+    score, suggested = np.empty(n), np.empty(n, dtype=np.int64)
+    for start in range(0, n, CHUNK_ROWS):
         part = slice(start, start + CHUNK_ROWS)
         y = labels[part]
         rows = np.arange(len(y))
-        log_w = t.mean_log_probs[part]  # becomes log w in place: the pass's buffer
+        log_w = mean_log_probs[part]  # becomes log w in place: the pass's buffer
         log_w += log_t[y]
         suggested[part] = np.argmax(log_w, axis=1)
         own = log_w[rows, y].copy()
         log_w[rows, y] = -np.inf
         score[part] = logsumexp(log_w, axis=1) - own
-    return joint, score, suggested, t.n_epochs
+    return score, suggested
 
 
 #: Classes a summary pass tracks per sample among those that were its largest other class.
@@ -273,10 +310,7 @@ def _summary_scores(run, progress):
     s = summary_statistics(run, progress=progress)
     labels, n_classes, n = run.labels, run.n_classes, run.n_samples
     # confident joint: the label's mean probability exact, the others' lower bounds
-    counts = np.bincount(labels, minlength=n_classes)
-    sums = np.bincount(labels, weights=s["mean_p"], minlength=n_classes)
-    thresholds = np.full(n_classes, np.inf)
-    np.divide(sums, counts, out=thresholds, where=counts > 0)
+    counts, thresholds = class_thresholds(labels, s["mean_p"], n_classes)
     classes = np.column_stack([labels, s["classes"]])
     values = np.column_stack([s["mean_p"], s["bounds"]])
     tracked = classes >= 0
@@ -288,9 +322,7 @@ def _summary_scores(run, progress):
     confident = above.any(axis=1)
     raw = np.bincount(labels[confident] * n_classes + guess[confident],
                       minlength=n_classes * n_classes).reshape(n_classes, n_classes)
-    raw = raw.astype(np.float64)
-    row = raw.sum(axis=1, keepdims=True)
-    joint = np.divide(raw * counts[:, None], row, out=np.zeros_like(raw), where=row > 0)
+    joint = calibrate(raw.astype(np.float64), counts)
     # score: the label's evidence exact; the others' pooled as the largest other class's
     # mean log-probability, with the noise prior mixed by their bounds
     t = noise_transition(joint)

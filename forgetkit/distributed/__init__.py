@@ -10,7 +10,8 @@ workers of the active ``dask.distributed`` Client (`knowledge`).
 
 Modules: ``chunks`` (the chunk Runs, `map_reduce`, per-sample dask results), ``shards``
 (loading NPY/Parquet shards, local or fsspec URLs), ``knowledge`` (the distributed Knowledge
-Fusion fit), ``sweep`` (`sweep`: `compare` on many runs, one task per run).
+Fusion fit), ``label_issues`` (label issues' passes over the chunks), ``sweep`` (`sweep`:
+`compare` on many runs, one task per run).
 
 dask and distributed are the optional extra ``forgetkit[dask]``; ``import forgetkit`` never
 imports this package.

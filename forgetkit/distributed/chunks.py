@@ -9,6 +9,8 @@ computes:
 
 - `map_reduce`: ndarray results (counts) summed, DataFrames (per-sample rows) concatenated
   in sample order; computed at once on the active dask scheduler;
+- `persist_chunks`: per-chunk results kept on the workers, for passes that need a global
+  step between them (label issues);
 - `apply_samples` / `map_samples`: per-sample results (predictions, probabilities, fused
   probabilities) as a lazy dask array concatenated along samples.
 """
@@ -77,6 +79,14 @@ def map_reduce(run, fn):
     of the active dask scheduler, results combined by `combine`."""
     tasks, _ = chunk_tasks(run, fn)
     return combine(dask.compute(*tasks))
+
+
+def persist_chunks(run, fn):
+    """``fn(chunk Run)`` of every chunk, computed on the active dask scheduler and kept
+    there (on the workers of a dask.distributed Client): Delayed objects in sample order,
+    for further passes over the results without reading the outputs again."""
+    tasks, _ = chunk_tasks(run, fn)
+    return list(dask.persist(*tasks))
 
 
 def apply_samples(run, fn, shape, dtype):
