@@ -22,7 +22,7 @@ from .fusion import (
     KnowledgeFusion,
     LikelihoodFusion,
 )
-from .run import DEFAULT_MEMORY_BUDGET, split_indices
+from .run import DEFAULT_MEMORY_BUDGET, split_indices, stored_rows
 
 #: name -> label in tables
 METHODS = {
@@ -84,6 +84,29 @@ def _ece(conf, hit, n_bins=15):
         if m.any():
             total += m.mean() * abs(hit[m].mean() - conf[m].mean())
     return float(total)
+
+
+def score_fusers(fusers, run):
+    """`scores` of each fitted fuser's ``predict_proba(run)``: a list of (hit, NLL, ECE).
+
+    On logits read in place (a memory-mapped run or a sample subset of one, probabilities
+    not held) every fuser's `Fuser.recipe` runs in one pass that computes each row's
+    softmax of each needed epoch once and never stores the fused probabilities; the results
+    are those of predict_proba (the same arithmetic). Otherwise each fuser predicts in turn.
+    """
+    stored = stored_rows(run.outputs) if run.kind == "logits" and run.cached_probs is None \
+        and not run.is_distributed else None
+    if stored is None or not fusers:
+        return [scores(f.predict_proba(run), run.labels) for f in fusers]
+    pred, top, at_label, needed, bad = kernels.score_recipes(
+        stored[0], stored[1], run.labels, [f.recipe(run) for f in fusers])
+    for e in needed[bad > 0]:
+        run.probs(int(e))  # raises the error naming the epoch and its values
+    out = []
+    for m in range(len(fusers)):
+        hit = pred[m] == run.labels
+        out.append((hit, _nll(at_label[m]), _ece(top[m], hit)))
+    return out
 
 
 def mcnemar(correct_a, correct_b):
@@ -170,12 +193,14 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
         kf = _fitted_kf(kf_fits, seed, val, window)
         k = kf.ensemble_size_
         single = single_hit(test)
+        fusers = []
         for m in methods:
             if m in ("kf", "kf1"):  # KF(1) is the prefix of KF(inf)'s plan: no second fit
-                fuser = kf if m == "kf" else kf.with_windows(1)
+                fusers.append(kf if m == "kf" else kf.with_windows(1))
             else:
-                fuser = BASELINES[m](k, memory_budget).fit(val)
-            hit, nll_, ece_ = scores(fuser.predict_proba(test), test.labels)
+                fusers.append(BASELINES[m](k, memory_budget).fit(val))
+        for m, fuser, (hit, nll_, ece_) in zip(methods, fusers, score_fusers(fusers, test),
+                                               strict=True):
             rows.append({
                 "split": seed, "method": m, "k": fuser.ensemble_size_,
                 "accuracy": 100 * hit.mean(),

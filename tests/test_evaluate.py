@@ -7,7 +7,23 @@ import pytest
 
 import forgetkit as fk
 from forgetkit.cli import main
-from forgetkit.evaluate import compare, compare_splits, ece, format_table, mcnemar, nll
+from forgetkit.evaluate import (
+    compare,
+    compare_splits,
+    ece,
+    format_table,
+    mcnemar,
+    nll,
+    score_fusers,
+    scores,
+)
+from forgetkit.fusion import (
+    CheckpointAverage,
+    EarlyStopping,
+    EnsembleSelection,
+    KnowledgeFusion,
+    LikelihoodFusion,
+)
 
 from .conftest import SAMPLE_RUN, make_run
 
@@ -66,6 +82,31 @@ def test_compare_streamed_equals_in_memory(source, real_small, tmp_path):
               for budget in (2 << 30, 1 << 20, 0)]
     pd.testing.assert_frame_equal(tables[1], tables[0])
     pd.testing.assert_frame_equal(tables[2], tables[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_score_fusers_in_one_pass_equals_each_predict_proba(dtype, tmp_path):
+    """Every fuser's recipe run in one pass over the test half's logits gives the scores of
+    its own predict_proba, bit for bit (hit, NLL, ECE), ties included."""
+    run = make_run(n_epochs=9, n_samples=400, n_classes=30, dtype=dtype, ties=True)
+    fk.save(run, tmp_path / "r.npy")
+    val, test = fk.load(tmp_path / "r.npy").split(0.5, 0)
+    fusers = [KnowledgeFusion().fit(val), KnowledgeFusion(window=2, grid=None).fit(val),
+              CheckpointAverage("horizontal", 4).fit(val),
+              CheckpointAverage("fixed_jumps", 3).fit(val), CheckpointAverage("single").fit(val),
+              EarlyStopping().fit(val), EnsembleSelection(5).fit(val),
+              LikelihoodFusion(max_checkpoints=4).fit(val)]
+    assert max(sum(eps > 0 for _, eps in f.plan_) for f in fusers[:2]) >= 2
+    for fuser, (hit, nll_, ece_) in zip(fusers, score_fusers(fusers, test), strict=True):
+        ref_hit, ref_nll, ref_ece = scores(fuser.predict_proba(test), test.labels)
+        np.testing.assert_array_equal(hit, ref_hit)
+        assert (nll_, ece_) == (ref_nll, ref_ece)
+    out = np.array(run.outputs)
+    out[4, 3, 2] = np.nan
+    np.save(tmp_path / "bad.npy", out)
+    bad = fk.load(tmp_path / "bad.npy", labels=run.labels)
+    with pytest.raises(ValueError, match="epoch index 4"):
+        score_fusers([CheckpointAverage("uniform").fit(val)], bad)
 
 
 def test_compare_with_a_validation_run():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import kernels
 from .._summary import HOLDS
 from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
 from ..io.atomic import write_json_atomic
@@ -156,6 +157,17 @@ class Fuser:
         if self.weights_ is None:
             return run.mean_probs(pos)
         return run.weighted_probs(pos, self.weights_)
+
+    def recipe(self, run):
+        """How `predict_proba` combines the epochs of ``run``: a list of steps (kind, epoch
+        positions, value) with kind ``kernels.MEAN`` (value None), ``WEIGHTED`` (the weights)
+        or ``MIX`` (eps), each with the arithmetic predict_proba uses
+        (``forgetkit.kernels.recipes``); `forgetkit.evaluate.score_fusers` runs the recipes
+        of several fusers in one pass."""
+        pos = self._positions(run, self.checkpoints_)
+        if self.weights_ is None:
+            return [(kernels.MEAN, pos, None)]
+        return [(kernels.WEIGHTED, pos, np.asarray(self.weights_, dtype=np.float64))]
 
     def predict(self, run):
         """Fused class predictions: int64 (n_samples,)."""

@@ -172,6 +172,16 @@ class KnowledgeFusion(Fuser):
         *_, prob = self._stages(run)  # every stage is the same array
         return prob
 
+    def recipe(self, run):
+        """`Fuser.recipe`: the final epoch, then each window with eps > 0 mixed in."""
+        self._check_fitted()
+        n_epochs = len(self.epochs_)
+        pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
+        steps = [(kernels.MEAN, [pos[n_epochs - 1]], None)]
+        steps += [(kernels.MIX, [pos[e] for e in self._window(a, n_epochs)], float(eps))
+                  for a, eps in self.plan_ if eps > 0]
+        return steps
+
     def staged_predict_proba(self, run):
         """Yield the fused probabilities (n_samples, n_classes) of KF(0) (the final epoch
         alone), KF(1), KF(2), ...: one stage after each window with eps > 0, in one pass.

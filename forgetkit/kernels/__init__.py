@@ -4,6 +4,7 @@
 - ``softmax``: softmax rows, window means and weighted sums of softmaxes, label probabilities;
 - ``eps_search``: Knowledge Fusion's exact epsilon search and fusion update;
 - ``selection``: greedy ensemble selection on logits;
+- ``recipes``: every fuser's prediction of a row from one softmax per epoch, scored at once;
 - ``dynamics``: per-sample label probability, margin and correctness of an epoch (data
   maps, AUM, label issues);
 - ``floats``: float16-bit and float64-key helpers shared by the others.
@@ -22,6 +23,7 @@ import numpy as np
 from . import argmax as _argmax
 from . import dynamics as _dynamics
 from . import eps_search as _eps
+from . import recipes as _recipes
 from . import selection as _selection
 from . import softmax as _softmax
 from .softmax import f16_exp_table
@@ -225,3 +227,38 @@ def selection_gathered_counts(gathered, total, rows, labels, shift, inv, ptr, ca
     return _selection.selection_gathered_counts(stored(gathered), total, rows, labels,
                                                 f16_exp_table(), shift, inv, ptr, cand,
                                                 shift.shape[0], n_blocks())
+
+
+MEAN, WEIGHTED, MIX = _recipes.MEAN, _recipes.WEIGHTED, _recipes.MIX
+
+
+def score_recipes(values, src, labels, recipes):
+    """(pred int64, top, at_label), each (len(recipes), R), of the fused probabilities of
+    every recipe for the rows values[:, src[i]] of stored outputs (E, M, C): the first
+    argmax, max and label probability; and the number of rows holding inf or nan per epoch
+    of ``needed`` (sorted epochs read). A recipe is a list of steps (kind, epochs, value):
+    (MEAN, epochs, None), (WEIGHTED, epochs, weights) or (MIX, epochs, eps); see
+    ``recipes.score_recipes``. Returns (pred, top, at_label, needed, bad)."""
+    needed = np.unique(np.concatenate([np.asarray(ep, dtype=np.int64)
+                                       for recipe in recipes for _, ep, _ in recipe]))
+    method_ptr, kinds, step_ptr, slots, step_values = [0], [], [0], [], []
+    for recipe in recipes:
+        for kind, epochs, value in recipe:
+            epochs = np.asarray(epochs, dtype=np.int64)
+            kinds.append(kind)
+            slots.extend(np.searchsorted(needed, epochs).tolist())
+            if kind == WEIGHTED:
+                step_values.extend(np.asarray(value, dtype=np.float64).tolist())
+            else:
+                step_values.extend([value if kind == MIX else 1.0] * len(epochs))
+            step_ptr.append(len(slots))
+        method_ptr.append(len(kinds))
+    n, m = len(src), len(recipes)
+    pred, top, at_label = np.empty((m, n), np.int64), np.empty((m, n)), np.empty((m, n))
+    bad = _recipes.score_recipes(stored(values), np.asarray(src, dtype=np.int64),
+                                 np.asarray(labels, dtype=np.int64), f16_exp_table(), needed,
+                                 np.array(method_ptr, np.int64), np.array(kinds, np.int64),
+                                 np.array(step_ptr, np.int64), np.array(slots, np.int64),
+                                 np.array(step_values, np.float64), pred, top, at_label,
+                                 n_blocks())
+    return pred, top, at_label, needed, bad
