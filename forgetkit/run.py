@@ -115,10 +115,8 @@ class SoftmaxStats(NamedTuple):
     class_max: np.ndarray | None  #: (N, C) float64: largest probability of each class, or None
 
     def take(self, idx):
-        """The statistics of samples ``idx``."""
-        return SoftmaxStats(self.shift[:, idx], self.inv[:, idx], self.pred[:, idx],
-                            self.label_prob[:, idx],
-                            None if self.class_max is None else self.class_max[idx])
+        """The statistics of samples ``idx`` (gathered in parallel)."""
+        return SoftmaxStats(*kernels.take_samples(self, idx))
 
 
 class LazyOutputs:
@@ -270,6 +268,7 @@ class Run:
         self._predictions = None  # the forgetting pass, (E, N) int32, read-only
         self._probs = None  # float64 probabilities of every epoch, kept by cache_probs
         self._stats = None  # the SoftmaxStats of softmax_stats
+        self._stats_of = None  # (run, sample indices) whose stats are this subset's, if any
         self._validate = bool(validate)
         if validate and not self.checked_per_read:
             for e in range(n_epochs):
@@ -459,7 +458,7 @@ class Run:
         `softmax_stats`."""
         self._probs = None
         self._predictions = None
-        self._stats = None
+        self._stats = self._stats_of = None
 
     def softmax_stats(self, memory_budget=DEFAULT_MEMORY_BUDGET):
         """One pass over the softmax of every epoch of a logits run, kept on the run and
@@ -476,8 +475,9 @@ class Run:
                                  + (" on a dask array" if self.is_distributed else ""))
         n_epochs, n_samples, n_classes = self.shape
         want_max = n_samples * n_classes * 8 <= memory_budget
-        if self._stats is not None and (self._stats.class_max is not None or not want_max):
-            return self._stats
+        held = self.cached_softmax_stats
+        if held is not None and (held.class_max is not None or not want_max):
+            return held
         stats = SoftmaxStats(np.full((n_epochs, n_samples), np.nan),
                              np.full((n_epochs, n_samples), np.nan),
                              np.empty((n_epochs, n_samples), dtype=np.int32),
@@ -500,8 +500,13 @@ class Run:
 
     @property
     def cached_softmax_stats(self):
-        """The `softmax_stats` if computed (here or on the run this is a sample subset of),
-        else None."""
+        """The `softmax_stats` if computed (here or on the run this is a sample subset of,
+        then taken for these samples on first use), else None."""
+        if self._stats is None and self._stats_of is not None:
+            run, idx = self._stats_of
+            stats = run.cached_softmax_stats
+            self._stats = None if stats is None else stats.take(idx)
+            self._stats_of = None
         return self._stats
 
     def mean_probs(self, indices, *, out=None):
@@ -584,7 +589,7 @@ class Run:
             return _on_chunks().map_samples(self, "label_probs")
         if self.kind == "summary":
             return self.outputs.label_probs().T
-        if self._stats is not None:
+        if self.cached_softmax_stats is not None:
             return self._stats.label_prob.T.copy()
         q = np.empty((self.n_epochs, self.n_samples))
         rows = np.arange(self.n_samples)
@@ -756,8 +761,8 @@ class Run:
         sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
         if self._predictions is not None:  # the forgetting pass is not read again
             sub._inherit_predictions(self._predictions[:, idx])
-        if self._stats is not None:
-            sub._stats = self._stats.take(idx)
+        if self._stats is not None or self._stats_of is not None:
+            sub._stats_of = (self, idx)  # taken when first used
         return sub
 
     def _inherit_predictions(self, predictions):

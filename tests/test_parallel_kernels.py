@@ -146,3 +146,22 @@ def test_softmax_stats_equal_numpy(dtype, tmp_path):
     sub = small.isel(samples=rows)  # inherited by subsets
     np.testing.assert_array_equal(sub.cached_softmax_stats.label_prob,
                                   small.softmax_stats().label_prob[:, rows])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_add_softmax_live_rows_equals_add_then_live_rows(dtype):
+    rng = np.random.default_rng(6)
+    values = np.round(rng.normal(size=(3, 500, 9)) * 4).astype(dtype) / 4
+    src = rng.permutation(500)
+    total = np.round(rng.random((500, 9)) * 6) / 2
+    y = rng.integers(0, 9, 500)
+    bound = kernels.class_max(np.stack([softmax(values[e, src]) for e in range(3)]))
+    order = rng.permutation(500)
+    expected = total + softmax(values[1, src])
+    ref = kernels.live_rows(expected, y, bound, 1e-9, order)
+    got = total.copy()
+    *live, n_bad = kernels.add_softmax_live_rows(values, 1, src, got, y, bound, 1e-9, order)
+    np.testing.assert_array_equal(got, expected)
+    for a, b in zip(live, ref, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert n_bad == 0 and 0 < live[0].size < 500

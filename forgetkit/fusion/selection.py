@@ -49,22 +49,20 @@ class EnsembleSelection(Fuser):
             scorer = _StreamedScorer(run, self.memory_budget)
         else:
             scorer = _ProbsScorer(run, self.memory_budget)
-        y = run.labels
         total = np.zeros((run.n_samples, run.n_classes))
-        # the first round scores every row whole (and teaches the scorer its bound)
+        # the first round scores every row whole (and teaches the scorer its bound); later
+        # rounds only the rows that one more vector can make right or wrong, on their
+        # candidate classes
         rows, ptr, cand, n_right = scorer.order, np.zeros(run.n_samples + 1, np.int64), \
             np.empty(0, np.int64), 0
         picks = []
         for i in range(k):
-            if i:  # only rows that one more vector can make right or wrong, on their
-                # candidate classes
-                rows, ptr, cand, n_right = kernels.live_rows(total, y, scorer.bound,
-                                                             UNDECIDED_SLACK, scorer.order)
             scores = n_right + np.asarray(scorer.correct_counts(total, rows, ptr, cand)
                                           if rows.size else 0)
             e = int(np.argmax(np.broadcast_to(scores, run.n_epochs)))  # ties: the earlier
             picks.append(e)
-            run.add_probs(e, total)
+            if i + 1 < k:
+                rows, ptr, cand, n_right = scorer.add(total, e)
         self.selection_ = picks
         checkpoints = sorted(set(picks))
         self._fit_shape(run, checkpoints, [picks.count(e) / k for e in checkpoints])
@@ -93,14 +91,23 @@ def _bound_fits(run, memory_budget):
     return run.n_samples * run.n_classes * 8 <= memory_budget
 
 
+def _add_then_live_rows(scorer, total, e):
+    """total += P[e], then the next round's ``live_rows`` (rows, ptr, cand, n_right)."""
+    scorer.run.add_probs(e, total)
+    return kernels.live_rows(total, scorer.run.labels, scorer.bound, UNDECIDED_SLACK,
+                             scorer.order)
+
+
 class _CachedScorer:
     """Ensemble-selection scores on probabilities held in memory (E, N, C); each class is
     bounded by its largest probability over the epochs."""
 
     def __init__(self, run, cached):
-        self.cached, self.labels = cached, run.labels
+        self.run, self.cached, self.labels = run, cached, run.labels
         self.order = np.arange(run.n_samples)
         self.bound = kernels.class_max(cached)
+
+    add = _add_then_live_rows
 
     def correct_counts(self, total, rows, ptr, cand):
         return kernels.selection_cached_counts(self.cached, total, rows, self.labels, ptr,
@@ -117,6 +124,8 @@ class _ProbsScorer:
         shape = (run.n_samples, run.n_classes if _bound_fits(run, memory_budget) else 1)
         self.bound = np.zeros(shape)
         self.learnt = False  # the bound, in the first round
+
+    add = _add_then_live_rows
 
     def correct_counts(self, total, rows, ptr, cand):
         run = self.run
@@ -185,6 +194,19 @@ class _StreamedScorer:
             return self.class_max
         known = self.top  # a row that underflowed is never known: bounded by 1
         return np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))[:, None]
+
+    def add(self, total, e):
+        """total += P[e] read from the logits in place, then the next round's ``live_rows``,
+        in one pass over the rows."""
+        stored = stored_rows(self.run.outputs)
+        if stored is None:
+            return _add_then_live_rows(self, total, e)
+        *live, n_bad = kernels.add_softmax_live_rows(stored[0], e, stored[1], total,
+                                                     self.run.labels, self.bound,
+                                                     UNDECIDED_SLACK, self.order)
+        if n_bad:
+            self.run.probs(e)  # raises the error naming the epoch
+        return tuple(live)
 
     def correct_counts(self, total, rows, ptr, cand):
         """Per epoch e: the number of ``rows`` whose argmax of total + P[e] is the label,

@@ -112,6 +112,21 @@ def softmax_stats(values, src, labels, shift, inv, pred, label_prob, class_max=N
                                   n_blocks())
 
 
+def take_samples(stats, idx):
+    """The (shift, inv, pred, label_prob, class_max) arrays of ``softmax_stats`` for samples
+    ``idx`` (int64 (R,)), gathered in parallel: ((E, R) x 4, (R, C) or None)."""
+    shift, inv, pred, label_prob, class_max = stats
+    idx = np.asarray(idx, dtype=np.int64)
+    n_epochs, n = shift.shape[0], idx.shape[0]
+    out = (np.empty((n_epochs, n)), np.empty((n_epochs, n)),
+           np.empty((n_epochs, n), dtype=pred.dtype), np.empty((n_epochs, n)),
+           None if class_max is None else np.empty((n, class_max.shape[1])))
+    none = np.empty((0, 0))
+    _softmax.take_samples(shift, inv, pred, label_prob, none if class_max is None else class_max,
+                          idx, *out[:4], none if class_max is None else out[4])
+    return out
+
+
 def label_margins(values, labels, p, margin, correct, *, softmax=True, total=None,
                   total_log=None):
     """One epoch's outputs (N, C) to the label's probability ``p``, its margin over the
@@ -187,6 +202,17 @@ def live_rows(total, labels, bound, slack, order=None):
     order = np.arange(total.shape[0]) if order is None else np.asarray(order, dtype=np.int64)
     rows, ptr, cand, n_right = _selection.live_rows(total, labels, bound, slack, order)
     return rows, ptr, cand, int(n_right)
+
+
+def add_softmax_live_rows(values, e, src, total, labels, bound, slack, order):
+    """total += the softmax of epoch e of stored outputs values (E, M, C) at rows src (N,)
+    (the bits of ``total += probs``), then ``live_rows`` of the new total, in one pass:
+    (rows, cand_ptr, cand, number right for every vector, number of rows holding inf or
+    nan); see ``selection.add_softmax_live_rows``."""
+    rows, ptr, cand, n_right, n_bad = _selection.add_softmax_live_rows(
+        stored(values), e, np.asarray(src, dtype=np.int64), total, labels, bound, slack,
+        np.asarray(order, dtype=np.int64), f16_exp_table(), n_blocks())
+    return rows, ptr, cand, int(n_right), int(n_bad)
 
 
 def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, ptr, cand,

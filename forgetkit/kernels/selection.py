@@ -36,6 +36,37 @@ def _is_candidate(t, b, c, top, slack):
     return t[c] + b[c if b.shape[0] > 1 else 0] >= top - slack
 
 
+@njit(inline="always")
+def _classify_row(t, b, y, slack):
+    """(number of candidates if the row is live else 0, whether it is right for every
+    vector added) of a row t of the total with bounds b and label y; see `live_rows`."""
+    top = _row_max(t)
+    count = 0
+    for c in range(t.shape[0]):
+        count += _is_candidate(t, b, c, top, slack)
+    if _is_candidate(t, b, y, top, slack) and count > 1:
+        return count, 0
+    return 0, int(count == 1 and _first_argmax(t) == y)
+
+
+@njit(inline="always")
+def _live_candidates(total, bound, slack, rows, n_cand):
+    """(ptr, cand) of the candidate classes of rows (R,) with n_cand (R,) of them each."""
+    ptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(n_cand)
+    cand = np.empty(ptr[-1], dtype=np.int64)
+    for j in prange(rows.shape[0]):
+        r = rows[j]
+        t, b = total[r], bound[r]
+        top = _row_max(t)
+        k = ptr[j]
+        for c in range(t.shape[0]):
+            if _is_candidate(t, b, c, top, slack):
+                cand[k] = c
+                k += 1
+    return ptr, cand
+
+
 @njit(parallel=True, cache=True)
 def live_rows(total, labels, bound, slack, order):
     """The rows of a selection round that need scoring, and their candidate classes.
@@ -54,29 +85,43 @@ def live_rows(total, labels, bound, slack, order):
     always = np.zeros(n, dtype=np.int64)
     for i in prange(n):
         r = order[i]
-        t, b, y = total[r], bound[r], labels[r]
-        top = _row_max(t)
-        count = 0
-        for c in range(t.shape[0]):
-            count += _is_candidate(t, b, c, top, slack)
-        if _is_candidate(t, b, y, top, slack) and count > 1:
-            n_cand[i] = count
-        elif count == 1 and _first_argmax(t) == y:
-            always[i] = 1
+        n_cand[i], always[i] = _classify_row(total[r], bound[r], labels[r], slack)
     live = np.flatnonzero(n_cand)
-    ptr = np.zeros(live.shape[0] + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(n_cand[live])
-    cand = np.empty(ptr[-1], dtype=np.int64)
-    for j in prange(live.shape[0]):
-        r = order[live[j]]
-        t, b = total[r], bound[r]
-        top = _row_max(t)
-        k = ptr[j]
-        for c in range(t.shape[0]):
-            if _is_candidate(t, b, c, top, slack):
-                cand[k] = c
-                k += 1
-    return order[live], ptr, cand, always.sum()
+    rows = order[live]
+    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live])
+    return rows, ptr, cand, always.sum()
+
+
+@njit(parallel=True, cache=True)
+def add_softmax_live_rows(values, e, src, total, labels, bound, slack, order, table,
+                          n_blocks):
+    """total[r] += softmax(values[e, src[r]]) for every row (the bits of ``total +=
+    softmax_rows(...)``), then `live_rows` of the new total, in one pass over the rows.
+    values: stored outputs (E, M, C) (float16 as int16 bits). Returns `live_rows`'s
+    (rows, cand_ptr, cand, number right for every vector) and the number of rows holding
+    inf or nan (their totals are then undefined)."""
+    n = order.shape[0]
+    n_cand = np.zeros(n, dtype=np.int64)
+    always = np.zeros(n, dtype=np.int64)
+    n_blocks = max(1, min(n_blocks, n))
+    bad = np.zeros(n_blocks, dtype=np.int64)
+    for blk in prange(n_blocks):
+        tmp = np.empty(total.shape[1])
+        for i in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):
+            r = order[i]
+            t = total[r]
+            status, _, inv = exp_row(values[e, src[r]], tmp, table)
+            if status < 0:
+                bad[blk] += 1
+                continue
+            for c in range(t.shape[0]):
+                t[c] += 1.0 * (tmp[c] * inv)
+            n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack)
+    n_bad = bad.sum()
+    live = np.flatnonzero(n_cand)
+    rows = order[live]
+    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live])
+    return rows, ptr, cand, always.sum(), n_bad
 
 
 @njit(inline="always")

@@ -343,3 +343,20 @@ def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, clas
                         break
                 label_prob[e, i] = tmp[labels[i]]
     return bad.sum(axis=0)
+
+
+@njit(parallel=True, cache=True)
+def take_samples(shift, inv, pred, label_prob, class_max, idx, out_shift, out_inv, out_pred,
+                 out_label_prob, out_class_max):
+    """The ``softmax_stats`` of samples idx (R,): out_x[:, i] = x[:, idx[i]] for the (E, N)
+    arrays and out_class_max[i] = class_max[idx[i]] (skipped for shape (0, 0))."""
+    keep_max = class_max.shape[0] > 0
+    for i in prange(idx.shape[0]):
+        n = idx[i]
+        for e in range(shift.shape[0]):
+            out_shift[e, i] = shift[e, n]
+            out_inv[e, i] = inv[e, n]
+            out_pred[e, i] = pred[e, n]
+            out_label_prob[e, i] = label_prob[e, n]
+        if keep_max:
+            out_class_max[i] = class_max[n]
