@@ -22,7 +22,7 @@ from .fusion import (
     KnowledgeFusion,
     LikelihoodFusion,
 )
-from .run import DEFAULT_MEMORY_BUDGET, split_indices, stored_rows
+from .run import DEFAULT_MEMORY_BUDGET, split_indices, stored_order, stored_rows
 
 #: name -> label in tables
 METHODS = {
@@ -99,7 +99,8 @@ def score_fusers(fusers, run):
     if stored is None or not fusers:
         return [scores(f.predict_proba(run), run.labels) for f in fusers]
     pred, top, at_label, needed, bad = kernels.score_recipes(
-        stored[0], stored[1], run.labels, [f.recipe(run) for f in fusers])
+        stored[0], stored[1], run.labels, [f.recipe(run) for f in fusers],
+        order=stored_order(run.outputs))
     for e in needed[bad > 0]:
         run.probs(int(e))  # raises the error naming the epoch and its values
     out = []

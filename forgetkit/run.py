@@ -173,13 +173,23 @@ class SubsetOutputs(LazyOutputs):
     def __init__(self, base, index):
         super().__init__((base.shape[0], len(index), base.shape[2]), base.dtype)
         self.base, self.index = base, index
+        self._stored = self._order = None
 
     def _read(self, e):
         return np.asarray(self.base[e])[self.index]
 
     def stored_rows(self):
-        base = stored_rows(self.base)
-        return None if base is None else (base[0], base[1][self.index])
+        if self._stored is None:
+            base = stored_rows(self.base)
+            self._stored = False if base is None else (base[0], base[1][self.index])
+        return self._stored or None
+
+    def read_order(self):
+        """`kernels.read_order` of the stored rows (kept), or None if not stored."""
+        stored = self.stored_rows()
+        if stored is not None and self._order is None:
+            self._order = kernels.read_order(stored[1])
+        return self._order
 
 
 def _on_chunks():
@@ -199,6 +209,12 @@ def stored_rows(outputs):
     if isinstance(outputs, np.ndarray) and outputs.flags.c_contiguous:
         return outputs, np.arange(outputs.shape[1])
     return None
+
+
+def stored_order(outputs):
+    """The order in which to read the rows of `stored_rows` (ascending storage rows), kept
+    by a lazy sample subset; None (the kernels work it out) for other outputs."""
+    return outputs.read_order() if isinstance(outputs, SubsetOutputs) else None
 
 
 def _as_slice(idx):
@@ -379,7 +395,8 @@ class Run:
             stored = None
         for start, stop in epoch_chunks(n_epochs, n_samples * n_classes * self.outputs.itemsize):
             if stored is not None:
-                kernels.argmax_rows_at(stored[0][start:stop], stored[1], out[start:stop])
+                kernels.argmax_rows_at(stored[0][start:stop], stored[1], out[start:stop],
+                                       order=stored_order(self.outputs))
             else:
                 chunk = np.ascontiguousarray(self.outputs[start:stop])
                 kernels.argmax_rows(chunk.reshape(-1, n_classes), out[start:stop].reshape(-1))
@@ -531,7 +548,8 @@ class Run:
         if self.kind == "logits":
             stored = stored_rows(self.outputs)
             if stored is not None:
-                if not kernels.combine_softmax(stored[0], idx, stored[1], out):
+                if not kernels.combine_softmax(stored[0], idx, stored[1], out,
+                                               order=stored_order(self.outputs)):
                     return out
             else:
                 stack = np.ascontiguousarray(self.outputs[_as_slice(idx)])
@@ -557,7 +575,8 @@ class Run:
         out = np.empty((self.n_samples, self.n_classes))
         stored = stored_rows(self.outputs) if self.cached_probs is None else None
         if stored is not None and self.kind == "logits":
-            if not kernels.combine_softmax(stored[0], idx, stored[1], out, weights):
+            if not kernels.combine_softmax(stored[0], idx, stored[1], out, weights,
+                                           order=stored_order(self.outputs)):
                 return out
         out[...] = 0.0
         tmp = np.empty_like(out)
@@ -577,7 +596,8 @@ class Run:
         if cached is not None:
             kernels.add_into(total, cached[e])
         elif self.kind != "logits" or stored is None or kernels.combine_softmax(
-                stored[0], [e], stored[1], total, weights=[1.0], accumulate=True):
+                stored[0], [e], stored[1], total, weights=[1.0], accumulate=True,
+                order=stored_order(self.outputs)):
             kernels.add_into(total, self.probs(e))  # decoded, or names the bad epoch
         return total
 
@@ -686,7 +706,8 @@ class Run:
         if self.kind == "logits" and stored is not None and out.dtype == np.float64:
             # rows read in place (the same bits as softmax_rows); a bad row takes the path
             # below, which names the epoch
-            if not kernels.combine_softmax(stored[0], [e], stored[1], out):
+            if not kernels.combine_softmax(stored[0], [e], stored[1], out,
+                                           order=stored_order(self.outputs)):
                 return out
         values = np.asarray(self.outputs[e])
         if self.kind == "probs":

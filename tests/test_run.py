@@ -252,12 +252,21 @@ def test_combined_softmax_is_numpys_sequence_of_additions(dtype, k):
     for w, p in zip(weights, probs, strict=True):
         weighted_ref += w * p
     rows = np.arange(120)
+    order = np.random.default_rng(k).permutation(120)  # any order of reading the rows
     stored = fk.kernels.stored(values)
     for w, ref in ((np.empty(0), mean_ref), (weights, weighted_ref)):
         out = np.empty_like(ref)
-        assert ksoftmax.combine_softmax(stored, epochs, w, rows, ksoftmax.f16_exp_table(),
-                                        out, 7) == 0
+        assert ksoftmax.combine_softmax(stored, epochs, w, rows, order,
+                                        ksoftmax.f16_exp_table(), out, False, 7) == 0
         np.testing.assert_array_equal(out, ref)
+    if k > 1:  # accumulate: the weighted sum added to what out holds
+        out = mean_ref.copy()
+        assert ksoftmax.combine_softmax(stored, epochs, weights, rows, order,
+                                        ksoftmax.f16_exp_table(), out, True, 7) == 0
+        expected = mean_ref.copy()
+        for wt, p in zip(weights, probs, strict=True):
+            expected += wt * p
+        np.testing.assert_array_equal(out, expected)
 
 
 def test_subset_carries_the_forgetting_pass_over(tmp_path):

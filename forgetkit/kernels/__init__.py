@@ -54,18 +54,28 @@ def argmax_rows(values, out):
     return out
 
 
-def argmax_rows_at(values, src, out):
-    """out[e, i] = first argmax of values[e, src[i]] for stored outputs (E, M, C) read in
-    place (float16 as bits; at most 0xFFFF classes); -1 for a row holding inf or nan.
-    out: int32 (E, R)."""
+def read_order(src):
+    """The order in which to read rows src (R,) of stored outputs: ascending src, so that
+    neighbouring rows are read together (int64 (R,); identity for ascending src)."""
     src = np.asarray(src, dtype=np.int64)
+    if src.size < 2 or np.all(src[1:] >= src[:-1]):
+        return np.arange(src.size)
+    return np.argsort(src, kind="stable")
+
+
+def argmax_rows_at(values, src, out, order=None):
+    """out[e, i] = first argmax of values[e, src[i]] for stored outputs (E, M, C) read in
+    place (float16 as bits; at most 0xFFFF classes), rows read in ``order`` (default
+    `read_order`); -1 for a row holding inf or nan. out: int32 (E, R)."""
+    src = np.asarray(src, dtype=np.int64)
+    order = read_order(src) if order is None else order
     if values.dtype == np.float16 and values.shape[2] > 0xFFFF:  # gathered: the 2-pass kernel
         block = np.ascontiguousarray(values[:, src]).reshape(-1, values.shape[2])
         argmax_rows(block, out.reshape(-1))
     elif values.dtype == np.float16:
-        _argmax.argmax_f16_at(values.view(np.int16), src, out)
+        _argmax.argmax_f16_at(values.view(np.int16), src, order, out)
     else:
-        _argmax.argmax_float_at(values, src, out)
+        _argmax.argmax_float_at(values, src, order, out)
     return out
 
 
@@ -85,13 +95,16 @@ def softmax_rows(values, out):
     return _softmax.softmax_rows(stored(values), f16_exp_table(), out)
 
 
-def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False):
+def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False, order=None):
     """out[i] = mean (``weights`` None) or weighted sum over e in ``epochs`` of the softmax of
     values[e, rows[i]] (``accumulate``: the weighted sum added to out); values (E, M, C)
-    read in place. Returns the number of (epoch, row) pairs holding inf or nan."""
+    read in place, rows in ``order`` (default `read_order`). Returns the number of (epoch,
+    row) pairs holding inf or nan."""
     w = np.empty(0) if weights is None else np.asarray(weights, dtype=np.float64)
+    rows = np.asarray(rows, dtype=np.int64)
+    order = read_order(rows) if order is None else order
     return _softmax.combine_softmax(stored(values), np.asarray(epochs, dtype=np.int64), w,
-                                    np.asarray(rows, dtype=np.int64), f16_exp_table(), out,
+                                    rows, order, f16_exp_table(), out,
                                     bool(accumulate and weights is not None), n_blocks())
 
 
@@ -258,7 +271,7 @@ def selection_gathered_counts(gathered, total, rows, labels, shift, inv, ptr, ca
 MEAN, WEIGHTED, MIX = _recipes.MEAN, _recipes.WEIGHTED, _recipes.MIX
 
 
-def score_recipes(values, src, labels, recipes):
+def score_recipes(values, src, labels, recipes, order=None):
     """(pred int64, top, at_label), each (len(recipes), R), of the fused probabilities of
     every recipe for the rows values[:, src[i]] of stored outputs (E, M, C): the first
     argmax, max and label probability; and the number of rows holding inf or nan per epoch
@@ -281,7 +294,9 @@ def score_recipes(values, src, labels, recipes):
         method_ptr.append(len(kinds))
     n, m = len(src), len(recipes)
     pred, top, at_label = np.empty((m, n), np.int64), np.empty((m, n)), np.empty((m, n))
-    bad = _recipes.score_recipes(stored(values), np.asarray(src, dtype=np.int64),
+    src = np.asarray(src, dtype=np.int64)
+    bad = _recipes.score_recipes(stored(values), src,
+                                 read_order(src) if order is None else order,
                                  np.asarray(labels, dtype=np.int64), f16_exp_table(), needed,
                                  np.array(method_ptr, np.int64), np.array(kinds, np.int64),
                                  np.array(step_ptr, np.int64), np.array(slots, np.int64),

@@ -125,28 +125,31 @@ def sum_correct_count_rows(s, p, labels, rows):
 
 
 @njit(parallel=True, cache=True)
-def argmax_f16_at(bits, src, out):
+def argmax_f16_at(bits, src, order, out):
     """out[e, i] = first argmax of the float16 row bits[e, src[i]] (int16 bits, at most
     0xFFFF classes), read in place (a sample subset of a memmap is not gathered first); -1
-    for a row holding inf or nan. bits: int16 (E, M, C); src: int64 (R,); out: int32 (E, R).
+    for a row holding inf or nan. bits: int16 (E, M, C); src: int64 (R,); order (R,): the
+    order in which rows are read (ascending src: neighbouring reads); out: int32 (E, R).
     Rows of up to 256 classes are taken two at a time, as in ``argmax_f16``."""
     n_epochs, n_rows = out.shape
     step = 2 if bits.shape[2] <= 256 else 1
     per_epoch = (n_rows + step - 1) // step
     for j in prange(n_epochs * per_epoch):
         e = j // per_epoch
-        i0 = (j - e * per_epoch) * step
-        i1 = min(i0 + step - 1, n_rows - 1)  # i0 itself for wide rows or an odd last row
+        k0 = (j - e * per_epoch) * step
+        i0 = order[k0]
+        i1 = order[min(k0 + step - 1, n_rows - 1)]  # i0 itself for wide rows or the last
         out[e, i0], out[e, i1] = _argmax_pair_f16(bits[e, src[i0]], bits[e, src[i1]])
 
 
 @njit(parallel=True, cache=True)
-def argmax_float_at(values, src, out):
+def argmax_float_at(values, src, order, out):
     """``argmax_f16_at`` for float32/float64 values (E, M, C)."""
     n_epochs, n_rows = out.shape
     for j in prange(n_epochs * n_rows):
         e = j // n_rows
-        row = values[e, src[j - e * n_rows]]
+        i = order[j - e * n_rows]
+        row = values[e, src[i]]
         best = 0
         best_v = row[0]
         for c in range(1, row.shape[0]):
@@ -156,7 +159,7 @@ def argmax_float_at(values, src, out):
         finite = True
         for c in range(row.shape[0]):
             finite &= np.isfinite(row[c])
-        out[e, j - e * n_rows] = best if finite else -1
+        out[e, i] = best if finite else -1
 
 
 @njit(parallel=True, cache=True)

@@ -36,7 +36,7 @@ def _mean_into(buf, slots, acc):
 
 
 @njit(parallel=True, cache=True)
-def score_recipes(values, src, labels, table, needed, method_ptr, step_kind, step_ptr,
+def score_recipes(values, src, order, labels, table, needed, method_ptr, step_kind, step_ptr,
                   step_slot, step_value, pred, top, at_label, n_blocks):
     """Per row i of stored outputs values[e, src[i]] (E, M, C) (float16 as int16 bits) and
     recipe m: pred[m, i] (first argmax), top[m, i] (max) and at_label[m, i] (probability of
@@ -45,8 +45,8 @@ def score_recipes(values, src, labels, table, needed, method_ptr, step_kind, ste
     needed (U,): the epochs any recipe reads; recipe m's steps are method_ptr[m] ..
     method_ptr[m+1]-1, step s of kind step_kind[s] over the epochs needed[step_slot[j]] for
     j in step_ptr[s] .. step_ptr[s+1]-1, with the weights step_value[j] (WEIGHTED) or eps =
-    step_value[step_ptr[s]] (MIX). Returns the number of (epoch, row) pairs holding inf or
-    nan per needed epoch (U,).
+    step_value[step_ptr[s]] (MIX). Rows are read in the order ``order`` (R,). Returns the
+    number of (epoch, row) pairs holding inf or nan per needed epoch (U,).
     """
     n_rows = src.shape[0]
     n_classes = values.shape[2]
@@ -56,7 +56,8 @@ def score_recipes(values, src, labels, table, needed, method_ptr, step_kind, ste
         buf = np.empty((needed.shape[0], n_classes))
         total = np.empty(n_classes)
         mean = np.empty(n_classes)
-        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+        for k in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            i = order[k]
             ok = True
             for u in range(needed.shape[0]):  # each needed epoch's softmax, once
                 p = buf[u]

@@ -223,7 +223,7 @@ def _exp_rows(values, epochs, row, table, tmp, inv):
 
 
 @njit(parallel=True, cache=True)
-def combine_softmax(values, epochs, weights, src, table, out, accumulate, n_blocks):
+def combine_softmax(values, epochs, weights, src, order, table, out, accumulate, n_blocks):
     """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
     as ``softmax_rows`` computes it, added in the order of ``epochs``:
 
@@ -233,7 +233,8 @@ def combine_softmax(values, epochs, weights, src, table, out, accumulate, n_bloc
       added to the values already in ``out`` when ``accumulate`` (``out += w * p ...``).
 
     values: stored outputs (E, M, C) (float16 as int16 bits), read in place; epochs (k,),
-    src (R,): int64; table: the ``f16_exp_table()``; out: float64 (R, C).
+    src (R,): int64; order (R,): the order in which rows are read (ascending src:
+    neighbouring reads); table: the ``f16_exp_table()``; out: float64 (R, C).
     Epochs are taken 3 at a time, each group added in one pass (a mean's weights are 1.0,
     an exact factor). Returns the number of (epoch, row) pairs holding inf or nan.
     """
@@ -246,7 +247,8 @@ def combine_softmax(values, epochs, weights, src, table, out, accumulate, n_bloc
         tmp = np.empty((3, n_classes))
         inv = np.empty(3)
         w = np.ones(3)
-        for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+        for j in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = order[j]
             total = out[r]
             for g in range(0, k, 3):
                 m = min(3, k - g)
