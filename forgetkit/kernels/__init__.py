@@ -175,6 +175,30 @@ def grid_correct_counts(a, b, labels, leads, grid, rel_band):
     return _eps.grid_correct_counts(a, b, labels, *leads, grid, rel_band, n_blocks())
 
 
+def window_grid_counts(values, epochs, src, b, labels, leads, grid, rel_band, order=None):
+    """``grid_correct_counts`` with a = the mean softmax of stored outputs values (E, M, C)
+    at ``epochs`` and rows src (N,), never stored; rows read in ``order`` (default
+    `read_order`). Returns (counts int64 (G,), number of (epoch, row) pairs holding inf or
+    nan)."""
+    src = np.asarray(src, dtype=np.int64)
+    counts, bad = _eps.window_grid_counts(
+        stored(values), np.asarray(epochs, dtype=np.int64), src,
+        read_order(src) if order is None else order, f16_exp_table(), b, labels, *leads, grid,
+        rel_band, n_blocks())
+    return counts, int(bad)
+
+
+def mix_window_into(values, epochs, src, b, eps, labels, leads, correct, order=None):
+    """``mix_into`` with a = the mean softmax of values at ``epochs`` and rows src, never
+    stored (see `window_grid_counts`). Returns the number of (epoch, row) pairs holding inf
+    or nan (b is then undefined)."""
+    src = np.asarray(src, dtype=np.int64)
+    return int(_eps.mix_window_into(stored(values), np.asarray(epochs, dtype=np.int64), src,
+                                    read_order(src) if order is None else order,
+                                    f16_exp_table(), b, eps, labels, *leads, correct,
+                                    n_blocks()))
+
+
 def mix(a, b, eps):
     """b <- eps*a + (1-eps)*b in place (float64 (N, C))."""
     _eps.mix(a, b, eps)

@@ -11,6 +11,7 @@ from numba import njit, prange
 
 from .argmax import first_argmax_mix
 from .floats import LOW63, float_of_key64, key64
+from .softmax import combine_row
 
 
 # Grid searches start at x * (G - 1), the index on KnowledgeFusion's uniform grids, and walk
@@ -139,41 +140,102 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     n_blocks = max(1, min(n_blocks, n_samples))
     diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
     for blk in prange(n_blocks):
-        start = blk * n_samples // n_blocks
-        stop = (blk + 1) * n_samples // n_blocks
-        for n in range(start, stop):
-            y = labels[n]
-            lead_a, _, magnitude = _lead(a[n], y)
-            band = rel_band * max(magnitude, b_magnitude[n])
-            lead_b = b_lead[n]
-            if lead_a > band and lead_b > band:  # y wins at both ends, so at every eps
-                diff[blk, 0] += 1
-                diff[blk, n_grid] -= 1
-                continue
-            if lead_b < -band and lead_a < -band and a[n, b_top[n]] - a[n, y] > band:
-                continue  # b's top class beats y at both ends, so at every eps
-            lw, hw, lp, hp, empty = _win_bounds(a[n], b[n], y, band)
-            if empty:
-                continue
-            p0 = _first_at_least(grid, lp)
-            p1 = _first_above(grid, hp)  # possible grid points: [p0, p1)
-            if p0 >= p1:
-                continue
-            w0, w1 = p1, p1  # certain grid points: [w0, w1)
-            if lw < hw:
-                w0 = max(_first_above(grid, lw), p0)
-                w1 = min(_first_at_least(grid, hw), p1)
-                if w0 < w1:
-                    diff[blk, w0] += 1
-                    diff[blk, w1] -= 1
-            for g in range(p0, p1):
-                if w0 <= g < w1:
-                    continue
-                if first_argmax_mix(a[n], b[n], grid[g], 1.0 - grid[g]) == y:
-                    diff[blk, g] += 1
-                    diff[blk, g + 1] -= 1
+        for n in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
+            _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
+                      rel_band, diff[blk])
     total = diff.sum(axis=0)
     return np.cumsum(total[:n_grid])
+
+
+@njit(inline="always")
+def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
+    """One sample of ``grid_correct_counts``: adds to the difference array diff (G+1,) the
+    grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first."""
+    n_grid = grid.shape[0]
+    lead_a, _, magnitude = _lead(a, y)
+    band = rel_band * max(magnitude, magnitude_b)
+    if lead_a > band and lead_b > band:  # y wins at both ends, so at every eps
+        diff[0] += 1
+        diff[n_grid] -= 1
+        return
+    if lead_b < -band and lead_a < -band and a[top_b] - a[y] > band:
+        return  # b's top class beats y at both ends, so at every eps
+    lw, hw, lp, hp, empty = _win_bounds(a, b, y, band)
+    if empty:
+        return
+    p0 = _first_at_least(grid, lp)
+    p1 = _first_above(grid, hp)  # possible grid points: [p0, p1)
+    if p0 >= p1:
+        return
+    w0, w1 = p1, p1  # certain grid points: [w0, w1)
+    if lw < hw:
+        w0 = max(_first_above(grid, lw), p0)
+        w1 = min(_first_at_least(grid, hw), p1)
+        if w0 < w1:
+            diff[w0] += 1
+            diff[w1] -= 1
+    for g in range(p0, p1):
+        if w0 <= g < w1:
+            continue
+        if first_argmax_mix(a, b, grid[g], 1.0 - grid[g]) == y:
+            diff[g] += 1
+            diff[g + 1] -= 1
+
+
+@njit(parallel=True, cache=True)
+def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_magnitude,
+                       b_top, grid, rel_band, n_blocks):
+    """``grid_correct_counts`` of a = the mean softmax of the stored outputs values[epochs]
+    (E, M, C) at rows src (N,) (each row as ``combine_softmax`` computes it), without
+    storing a: each row's mean is made in a scratch row and used at once. Rows are read in
+    ``order``. Returns (counts int64 (G,), the number of (epoch, row) pairs holding inf or
+    nan)."""
+    n_samples, n_classes = b.shape
+    n_grid = grid.shape[0]
+    n_blocks = max(1, min(n_blocks, n_samples))
+    diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
+    bad = np.zeros(n_blocks, dtype=np.int64)
+    no_weights = np.empty(0)
+    for blk in prange(n_blocks):
+        tmp = np.empty((3, n_classes))
+        inv = np.empty(3)
+        w = np.ones(3)
+        a = np.empty(n_classes)
+        for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
+            n = order[j]
+            n_bad = combine_row(values, epochs, no_weights, src[n], table, tmp, inv, w, a,
+                                False)
+            if n_bad:
+                bad[blk] += n_bad
+                continue
+            _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
+                      rel_band, diff[blk])
+    total = diff.sum(axis=0)
+    return np.cumsum(total[:n_grid]), bad.sum()
+
+
+@njit(parallel=True, cache=True)
+def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, magnitude, top,
+                    correct, n_blocks):
+    """``mix_into`` of a = the mean softmax of values[epochs] at rows src (as
+    ``window_grid_counts`` computes it), without storing a. Returns the number of (epoch,
+    row) pairs holding inf or nan."""
+    n_samples, n_classes = b.shape
+    n_blocks = max(1, min(n_blocks, n_samples))
+    bad = np.zeros(n_blocks, dtype=np.int64)
+    no_weights = np.empty(0)
+    for blk in prange(n_blocks):
+        tmp = np.empty((3, n_classes))
+        inv = np.empty(3)
+        w = np.ones(3)
+        a = np.empty(n_classes)
+        for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
+            n = order[j]
+            bad[blk] += combine_row(values, epochs, no_weights, src[n], table, tmp, inv, w, a,
+                                    False)
+            _mix_row(a, b[n], eps)
+            _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+    return bad.sum()
 
 
 @njit(parallel=True, cache=True)

@@ -238,8 +238,6 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
     Epochs are taken 3 at a time, each group added in one pass (a mean's weights are 1.0,
     an exact factor). Returns the number of (epoch, row) pairs holding inf or nan.
     """
-    k = epochs.shape[0]
-    mean = weights.shape[0] == 0
     n_rows, n_classes = out.shape
     n_blocks = max(1, min(n_blocks, n_rows))
     n_bad = 0
@@ -249,24 +247,38 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
         w = np.ones(3)
         for j in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             r = order[j]
-            total = out[r]
-            for g in range(0, k, 3):
-                m = min(3, k - g)
-                n_bad += _exp_rows(values, epochs[g: g + m], src[r], table, tmp, inv)
-                if not mean:
-                    w[:m] = weights[g: g + m]
-                p0, p1, p2 = tmp[0], tmp[1], tmp[2]
-                i0, i1, i2 = inv[0], inv[1], inv[2]
-                w0, w1, w2 = w[0], w[1], w[2]
-                first = g == 0 and not accumulate
-                divide = mean and g + m == k
-                for c in range(n_classes):
-                    v = (0.0 if first else total[c]) + w0 * (p0[c] * i0)
-                    if m > 1:
-                        v += w1 * (p1[c] * i1)
-                    if m > 2:
-                        v += w2 * (p2[c] * i2)
-                    total[c] = v / k if divide else v
+            n_bad += combine_row(values, epochs, weights, src[r], table, tmp, inv, w, out[r],
+                                 accumulate)
+    return n_bad
+
+
+@njit(inline="always")
+def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumulate):
+    """One row of ``combine_softmax``: total (C,) = the softmaxes of values[e, row] for e in
+    epochs combined (mean if ``weights`` is empty, else weighted, added to total when
+    ``accumulate``); tmp (3, C), inv (3,), w (3,) are scratch. Returns the number of epochs
+    whose row holds inf or nan."""
+    k = epochs.shape[0]
+    mean = weights.shape[0] == 0
+    n_bad = 0
+    w[:] = 1.0
+    for g in range(0, k, 3):
+        m = min(3, k - g)
+        n_bad += _exp_rows(values, epochs[g: g + m], row, table, tmp, inv)
+        if not mean:
+            w[:m] = weights[g: g + m]
+        p0, p1, p2 = tmp[0], tmp[1], tmp[2]
+        i0, i1, i2 = inv[0], inv[1], inv[2]
+        w0, w1, w2 = w[0], w[1], w[2]
+        first = g == 0 and not accumulate
+        divide = mean and g + m == k
+        for c in range(total.shape[0]):
+            v = (0.0 if first else total[c]) + w0 * (p0[c] * i0)
+            if m > 1:
+                v += w1 * (p1[c] * i1)
+            if m > 2:
+                v += w2 * (p2[c] * i2)
+            total[c] = v / k if divide else v
     return n_bad
 
 
