@@ -165,3 +165,31 @@ def test_add_softmax_live_rows_equals_add_then_live_rows(dtype):
     for a, b in zip(live, ref, strict=True):
         np.testing.assert_array_equal(a, b)
     assert n_bad == 0 and 0 < live[0].size < 500
+
+
+def test_em_pass_equals_numpy_and_takes_the_parallel_path_above_its_size(monkeypatch):
+    """The EM pass's log-likelihood and update sums equal numpy's (to rounding; blocks of
+    rows are summed in order), its bits do not depend on the number of threads, and
+    likelihood fusion on a validation set that takes it gives numpy's EM weights."""
+    import numba
+
+    from forgetkit.fusion import likelihood
+
+    rng = np.random.default_rng(7)
+    q = rng.random((likelihood.PARALLEL_EM_SAMPLES + 123, 6)) + 1e-3
+    w = rng.dirichlet(np.ones(6))
+    mean_log, sums = kernels.em_pass(q, w)
+    np.testing.assert_allclose(mean_log, np.mean(np.log(q @ w)), rtol=1e-13)
+    np.testing.assert_allclose(sums, q.T @ (1 / (q @ w)), rtol=1e-12)
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = kernels.em_pass(q, w)
+    finally:
+        numba.set_num_threads(threads)
+    assert one[0] == mean_log and np.array_equal(one[1], sums)
+    w_big, _ = likelihood.LikelihoodFusion()._em(q)
+    # the same fit through numpy's matrix-vector products
+    monkeypatch.setattr(likelihood, "PARALLEL_EM_SAMPLES", q.shape[0] + 1)
+    w_numpy, _ = likelihood.LikelihoodFusion()._em(q)
+    np.testing.assert_allclose(w_big, w_numpy, atol=1e-7)

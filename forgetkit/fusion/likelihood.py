@@ -7,21 +7,27 @@ import warnings
 
 import numpy as np
 
+from .. import kernels
 from .._validation import check_int, check_number
 from ..run import LOG_FLOOR
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_weights_present
 
+#: Validation sets of at least this many samples take one parallel pass per EM evaluation
+#: (``kernels.em_pass``); smaller ones two BLAS matrix-vector products.
+PARALLEL_EM_SAMPLES = 16384
 
-def _mean_log(x):
-    return float(np.mean(np.log(x)))
 
-
-def _em_step(q, w):
-    """One EM step for mixture weights w (k,) of components q (N, k): w * mean(q / (q @ w)),
-    the mean over samples taken as a matrix-vector product."""
-    w = w * (q.T @ (1.0 / (q @ w))) / q.shape[0]
-    return w / w.sum()
+def _evaluate(q, w):
+    """(mean log-likelihood mean(log(q @ w)), EM step w * mean(q / (q @ w)) normalised) of
+    mixture weights w (k,) over components q (N, k) > 0."""
+    if q.shape[0] >= PARALLEL_EM_SAMPLES:
+        mean_log, sums = kernels.em_pass(np.ascontiguousarray(q), w)
+    else:
+        s = q @ w
+        mean_log, sums = float(np.mean(np.log(s))), q.T @ (1.0 / s)
+    w = w * sums / q.shape[0]
+    return mean_log, w / w.sum()
 
 
 class LikelihoodFusion(Fuser):
@@ -62,7 +68,7 @@ class LikelihoodFusion(Fuser):
             idx = idx[keep]
             w, self.n_iter_ = self._em(q[:, keep])
         self._fit_shape(run, idx, w)
-        self.log_likelihood_ = _mean_log(q[:, keep] @ w)
+        self.log_likelihood_ = _evaluate(q[:, keep], w)[0]
         return self
 
     def _check_params(self):
@@ -85,27 +91,29 @@ class LikelihoodFusion(Fuser):
         two EM steps, extrapolates along them, keeps the extrapolated point when it stays
         inside the simplex and raises the likelihood (else halves the step toward the
         second EM step), then takes one more EM step: the likelihood never decreases.
-        Stops when an iteration gains less than ``tol``. Returns (w, iterations)."""
-        n, k = q.shape
+        Stops when an iteration gains less than ``tol``. Each evaluation (`_evaluate`)
+        gives a point's likelihood and its EM step together. Returns (w, iterations)."""
+        if q.shape[0] >= PARALLEL_EM_SAMPLES:
+            q = np.ascontiguousarray(q)  # once, for every pass
+        k = q.shape[1]
         w = np.full(k, 1.0 / k)
-        cur = _mean_log(q @ w)
+        cur, w1 = _evaluate(q, w)
         for n_iter in range(1, self.max_iter + 1):
-            w1 = _em_step(q, w)
-            w2 = _em_step(q, w1)
+            _, w2 = _evaluate(q, w1)
             r, v = w1 - w, w2 - 2 * w1 + w
             alpha = -np.sqrt((r @ r) / (v @ v)) if v @ v > 0 else -1.0
-            best, best_ll = w2, _mean_log(q @ w2)
+            best_ll, best_step = _evaluate(q, w2)
             while alpha < -1:  # alpha = -1 is the second EM step itself
                 point = w - 2 * alpha * r + alpha * alpha * v
                 if (point > 0).all():
                     point /= point.sum()
-                    point_ll = _mean_log(q @ point)
+                    point_ll, point_step = _evaluate(q, point)
                     if point_ll >= best_ll:
-                        best, best_ll = point, point_ll
+                        best_ll, best_step = point_ll, point_step
                         break
                 alpha = (alpha - 1) / 2
-            w = _em_step(q, best)
-            new = _mean_log(q @ w)
+            w = best_step
+            new, w1 = _evaluate(q, w)
             if new - cur < self.tol:
                 return w, n_iter
             cur = new

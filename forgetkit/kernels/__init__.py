@@ -4,6 +4,7 @@
 - ``softmax``: softmax rows, window means and weighted sums of softmaxes, label probabilities;
 - ``eps_search``: Knowledge Fusion's exact epsilon search and fusion update;
 - ``selection``: greedy ensemble selection on logits;
+- ``mixture``: likelihood fusion's EM pass on large validation sets;
 - ``recipes``: every fuser's prediction of a row from one softmax per epoch, scored at once;
 - ``dynamics``: per-sample label probability, margin and correctness of an epoch (data
   maps, AUM, label issues);
@@ -23,6 +24,7 @@ import numpy as np
 from . import argmax as _argmax
 from . import dynamics as _dynamics
 from . import eps_search as _eps
+from . import mixture as _mixture
 from . import recipes as _recipes
 from . import selection as _selection
 from . import softmax as _softmax
@@ -327,3 +329,12 @@ def score_recipes(values, src, labels, recipes, order=None):
                                  np.array(step_values, np.float64), pred, top, at_label,
                                  n_blocks())
     return pred, top, at_label, needed, bad
+
+
+def em_pass(q, w):
+    """(mean_n log(q[n] @ w), the sums of the EM update sum_n q[n] / (q[n] @ w) (k,)) of
+    mixture weights w (k,) over components q (N, k) > 0, C-contiguous, from one parallel
+    pass; the same bits for any number of threads (``mixture.em_pass``)."""
+    grad = np.empty(q.shape[1])
+    total = _mixture.em_pass(q, np.ascontiguousarray(w, dtype=np.float64), grad)
+    return total / q.shape[0], grad
