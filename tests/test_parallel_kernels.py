@@ -150,21 +150,34 @@ def test_softmax_stats_equal_numpy(dtype, tmp_path):
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_add_softmax_live_rows_equals_add_then_live_rows(dtype):
+    """Round by round, the lazy pass gives the live rows, candidates and right count of
+    adding every pick's softmax to every row and calling live_rows; settled rows' totals,
+    once brought up to date, have the same bits."""
     rng = np.random.default_rng(6)
-    values = np.round(rng.normal(size=(3, 500, 9)) * 4).astype(dtype) / 4
+    values = np.round(rng.normal(size=(5, 500, 9)) * 4).astype(dtype) / 4
+    values[:, :, 0] += np.linspace(0, 3, 500).astype(dtype)  # many rows settle early
     src = rng.permutation(500)
-    total = np.round(rng.random((500, 9)) * 6) / 2
     y = rng.integers(0, 9, 500)
-    bound = kernels.class_max(np.stack([softmax(values[e, src]) for e in range(3)]))
+    y[::3] = 0
+    probs = np.stack([softmax(values[e, src]) for e in range(5)])
+    bound = kernels.class_max(probs)
     order = rng.permutation(500)
-    expected = total + softmax(values[1, src])
-    ref = kernels.live_rows(expected, y, bound, 1e-9, order)
-    got = total.copy()
-    *live, n_bad = kernels.add_softmax_live_rows(values, 1, src, got, y, bound, 1e-9, order)
-    np.testing.assert_array_equal(got, expected)
-    for a, b in zip(live, ref, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert n_bad == 0 and 0 < live[0].size < 500
+    state = (np.zeros(500, np.int64), np.zeros(500, np.int64), np.zeros(500, np.int64))
+    eager, lazy = np.zeros((500, 9)), np.zeros((500, 9))
+    picks, settled = [], 0
+    for e in (1, 4, 4, 0, 2, 1, 3, 4):
+        picks.append(e)
+        eager += probs[e]
+        ref = kernels.live_rows(eager, y, bound, 1e-9, order)
+        *live, n_bad = kernels.add_softmax_live_rows(values, picks, src, lazy, y, bound,
+                                                     1e-9, order, state)
+        for a, b in zip(live, ref, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert n_bad == 0
+        up_to_date = state[1] == len(picks)
+        np.testing.assert_array_equal(lazy[up_to_date], eager[up_to_date])
+        settled = max(settled, int((~up_to_date).sum()))
+    assert settled > 100 and 0 < live[0].size < 500
 
 
 def test_em_pass_equals_numpy_and_takes_the_parallel_path_above_its_size(monkeypatch):

@@ -62,7 +62,7 @@ class EnsembleSelection(Fuser):
             e = int(np.argmax(np.broadcast_to(scores, run.n_epochs)))  # ties: the earlier
             picks.append(e)
             if i + 1 < k:
-                rows, ptr, cand, n_right = scorer.add(total, e)
+                rows, ptr, cand, n_right = scorer.add(total, picks)
         self.selection_ = picks
         checkpoints = sorted(set(picks))
         self._fit_shape(run, checkpoints, [picks.count(e) / k for e in checkpoints])
@@ -91,9 +91,10 @@ def _bound_fits(run, memory_budget):
     return run.n_samples * run.n_classes * 8 <= memory_budget
 
 
-def _add_then_live_rows(scorer, total, e):
-    """total += P[e], then the next round's ``live_rows`` (rows, ptr, cand, n_right)."""
-    scorer.run.add_probs(e, total)
+def _add_then_live_rows(scorer, total, picks):
+    """total += P[the last pick], then the next round's ``live_rows`` (rows, ptr, cand,
+    n_right)."""
+    scorer.run.add_probs(picks[-1], total)
     return kernels.live_rows(total, scorer.run.labels, scorer.bound, UNDECIDED_SLACK,
                              scorer.order)
 
@@ -182,6 +183,7 @@ class _StreamedScorer:
         # the previous and the next gather are held together
         self.gather_budget = (memory_budget - (self.class_max.nbytes if fits else 0)) // 2
         self.gathered = None  # (rows, ptr, cand, values) of the last round
+        self.settle = None  # rows settled lazily (see add)
         self.known = None  # rows whose shift and inv are known at every epoch
         stored = stored_rows(run.outputs)
         # rows in storage order: neighbouring reads in every epoch
@@ -195,17 +197,23 @@ class _StreamedScorer:
         known = self.top  # a row that underflowed is never known: bounded by 1
         return np.where(np.isnan(known).any(axis=0), 1.0, np.max(known, axis=0))[:, None]
 
-    def add(self, total, e):
-        """total += P[e] read from the logits in place, then the next round's ``live_rows``,
-        in one pass over the rows."""
-        stored = stored_rows(self.run.outputs)
+    def add(self, total, picks):
+        """The next round's ``live_rows`` with P[the last pick] added, read from the logits
+        in place in one pass over the rows; rows that cannot become live for some rounds
+        are settled: not read, their totals brought up to date when next needed."""
+        run = self.run
+        stored = stored_rows(run.outputs)
         if stored is None:
-            return _add_then_live_rows(self, total, e)
-        *live, n_bad = kernels.add_softmax_live_rows(stored[0], e, stored[1], total,
-                                                     self.run.labels, self.bound,
-                                                     UNDECIDED_SLACK, self.order)
+            return _add_then_live_rows(self, total, picks)
+        bound = self.bound  # final after the first round
+        if self.settle is None:  # (due, added, right) per row
+            self.settle = tuple(np.zeros(run.n_samples, np.int64) for _ in range(3))
+        *live, n_bad = kernels.add_softmax_live_rows(
+            stored[0], picks, stored[1], total, run.labels, bound, UNDECIDED_SLACK,
+            self.order, self.settle)
         if n_bad:
-            self.run.probs(e)  # raises the error naming the epoch
+            for e in picks:
+                run.probs(int(e))  # raises the error naming the epoch
         return tuple(live)
 
     def correct_counts(self, total, rows, ptr, cand):

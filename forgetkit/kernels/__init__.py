@@ -243,14 +243,17 @@ def live_rows(total, labels, bound, slack, order=None):
     return rows, ptr, cand, int(n_right)
 
 
-def add_softmax_live_rows(values, e, src, total, labels, bound, slack, order):
-    """total += the softmax of epoch e of stored outputs values (E, M, C) at rows src (N,)
-    (the bits of ``total += probs``), then ``live_rows`` of the new total, in one pass:
-    (rows, cand_ptr, cand, number right for every vector, number of rows holding inf or
-    nan); see ``selection.add_softmax_live_rows``."""
+def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, state):
+    """The next round of ensemble selection on stored outputs values (E, M, C) at rows src
+    (N,): each row's total brought up to the ``picks`` so far (the bits of ``total +=
+    probs`` pick by pick), then ``live_rows``, with rows settled lazily; ``state`` = (due,
+    added, right) (N,) each, kept between rounds. Returns (rows, cand_ptr, cand, number
+    right for every vector, number of rows holding inf or nan); see
+    ``selection.add_softmax_live_rows``."""
     rows, ptr, cand, n_right, n_bad = _selection.add_softmax_live_rows(
-        stored(values), e, np.asarray(src, dtype=np.int64), total, labels, bound, slack,
-        np.asarray(order, dtype=np.int64), f16_exp_table(), n_blocks())
+        stored(values), np.asarray(picks, dtype=np.int64), np.asarray(src, dtype=np.int64),
+        total, labels, bound, slack, np.asarray(order, dtype=np.int64), *state,
+        f16_exp_table(), n_blocks())
     return rows, ptr, cand, int(n_right), int(n_bad)
 
 

@@ -92,15 +92,51 @@ def live_rows(total, labels, bound, slack, order):
     return rows, ptr, cand, always.sum()
 
 
+@njit(inline="always")
+def _rounds_settled(t, b, y, slack):
+    """How many more vectors (each class c at most its bound b[c]) a row t that is not live
+    can take before it may become live. If y leads alone, class c needs its gap
+    t[a] - slack - t[c] - b[c] to close, by at most b[c] a vector; if y is no candidate, its
+    gap to candidacy closes by at most b[y] a vector. Gaps less SETTLED_MARGIN (rounding)."""
+    top = _row_max(t)
+    per_class = b.shape[0] > 1
+    if _is_candidate(t, b, y, top, slack):  # y leads alone
+        a = _first_argmax(t)
+        rounds = 1e9
+        for c in range(t.shape[0]):
+            bc = b[c if per_class else 0]
+            gap = top - slack - t[c] - bc - SETTLED_MARGIN
+            if c != a:
+                rounds = min(rounds, gap / bc if gap > 0.0 and bc > 0.0 else
+                             (1e9 if gap > 0.0 else 0.0))
+    else:  # y is no candidate
+        by = b[y if per_class else 0]
+        gap = top - slack - t[y] - by - SETTLED_MARGIN
+        rounds = gap / by if gap > 0.0 and by > 0.0 else (1e9 if gap > 0.0 else 0.0)
+    return int(rounds)
+
+
+#: Rounding headroom of `_rounds_settled` (totals are sums of at most k probabilities).
+SETTLED_MARGIN = 1e-9
+
+
 @njit(parallel=True, cache=True)
-def add_softmax_live_rows(values, e, src, total, labels, bound, slack, order, table,
-                          n_blocks):
-    """total[r] += softmax(values[e, src[r]]) for every row (the bits of ``total +=
-    softmax_rows(...)``), then `live_rows` of the new total, in one pass over the rows.
-    values: stored outputs (E, M, C) (float16 as int16 bits). Returns `live_rows`'s
-    (rows, cand_ptr, cand, number right for every vector) and the number of rows holding
-    inf or nan (their totals are then undefined)."""
+def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, due, added,
+                          right, table, n_blocks):
+    """The next round of ensemble selection on stored outputs: total[r] += the softmax of
+    values[e, src[r]] for each pick e not yet added to it (in order: the bits of ``total +=
+    softmax_rows(...)`` pick by pick), then `live_rows` of the new totals, in one pass.
+
+    Rows are settled lazily: a row that is not live and cannot become live within s more
+    picks (`_rounds_settled`) is not read again
+    until round len(picks) + s + 1 (due[r]); meanwhile it counts as right (right[r]) or
+    wrong for every vector, and its total waits (added[r]: picks already in it).
+    values: stored outputs (E, M, C) (float16 as int16 bits). Returns `live_rows`'s (rows,
+    cand_ptr, cand, number right for every vector) and the number of rows holding inf or
+    nan (their totals are then undefined).
+    """
     n = order.shape[0]
+    n_picks = picks.shape[0]
     n_cand = np.zeros(n, dtype=np.int64)
     always = np.zeros(n, dtype=np.int64)
     n_blocks = max(1, min(n_blocks, n))
@@ -109,14 +145,22 @@ def add_softmax_live_rows(values, e, src, total, labels, bound, slack, order, ta
         tmp = np.empty(total.shape[1])
         for i in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):
             r = order[i]
-            t = total[r]
-            status, _, inv = exp_row(values[e, src[r]], tmp, table)
-            if status < 0:
-                bad[blk] += 1
+            if due[r] > n_picks:  # settled: right or wrong for every vector
+                always[i] = right[r]
                 continue
-            for c in range(t.shape[0]):
-                t[c] += 1.0 * (tmp[c] * inv)
+            t = total[r]
+            for p in range(added[r], n_picks):
+                status, _, inv = exp_row(values[picks[p], src[r]], tmp, table)
+                if status < 0:
+                    bad[blk] += 1
+                    break
+                for c in range(t.shape[0]):
+                    t[c] += 1.0 * (tmp[c] * inv)
+            added[r] = n_picks
             n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack)
+            right[r] = always[i]
+            if n_cand[i] == 0:
+                due[r] = n_picks + 1 + _rounds_settled(t, bound[r], labels[r], slack)
     n_bad = bad.sum()
     live = np.flatnonzero(n_cand)
     rows = order[live]
