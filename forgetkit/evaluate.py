@@ -22,7 +22,7 @@ from .fusion import (
     KnowledgeFusion,
     LikelihoodFusion,
 )
-from .run import DEFAULT_MEMORY_BUDGET, split_indices, stored_order, stored_rows
+from .run import DEFAULT_MEMORY_BUDGET, split_indices
 
 #: name -> label in tables
 METHODS = {
@@ -94,13 +94,11 @@ def score_fusers(fusers, run):
     softmax of each needed epoch once and never stores the fused probabilities; the results
     are those of predict_proba (the same arithmetic). Otherwise each fuser predicts in turn.
     """
-    stored = stored_rows(run.outputs) if run.kind == "logits" and run.cached_probs is None \
-        and not run.is_distributed else None
-    if stored is None or not fusers:
+    logits = run.logits_in_place()
+    if logits is None or not fusers:
         return [scores(f.predict_proba(run), run.labels) for f in fusers]
     pred, top, at_label, needed, bad = kernels.score_recipes(
-        stored[0], stored[1], run.labels, [f.recipe(run) for f in fusers],
-        order=stored_order(run.outputs))
+        logits[0], logits[1], run.labels, [f.recipe(run) for f in fusers], order=logits[2])
     for e in needed[bad > 0]:
         run.probs(int(e))  # raises the error naming the epoch and its values
     out = []

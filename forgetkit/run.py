@@ -212,9 +212,24 @@ def stored_rows(outputs):
 
 
 def stored_order(outputs):
-    """The order in which to read the rows of `stored_rows` (ascending storage rows), kept
-    by a lazy sample subset; None (the kernels work it out) for other outputs."""
-    return outputs.read_order() if isinstance(outputs, SubsetOutputs) else None
+    """The order in which to read the rows of `stored_rows` (ascending storage rows; kept
+    by a lazy sample subset), or None for outputs not stored as an array."""
+    if isinstance(outputs, SubsetOutputs):
+        return outputs.read_order()
+    stored = stored_rows(outputs)
+    return None if stored is None else kernels.read_order(stored[1])
+
+
+def epoch_parts(outputs):
+    """``outputs`` (E, N, C) as parts (values (k, M, C), rows (N,), epochs slice) for the
+    kernels that read every epoch of a row together: the stored array in place, once
+    (`stored_rows`), or each epoch decoded in turn (one in memory at a time)."""
+    stored = stored_rows(outputs)
+    n_epochs, n_samples = outputs.shape[:2]
+    if stored is not None:
+        return [(stored[0], stored[1], slice(0, n_epochs))]
+    return ((np.asarray(outputs[e])[None], np.arange(n_samples), slice(e, e + 1))
+            for e in range(n_epochs))
 
 
 def _as_slice(idx):
@@ -500,13 +515,7 @@ class Run:
                              np.empty((n_epochs, n_samples), dtype=np.int32),
                              np.empty((n_epochs, n_samples)),
                              np.zeros((n_samples, n_classes)) if want_max else None)
-        stored = stored_rows(self.outputs)
-        if stored is not None:  # all epochs of a row together, rows read in place
-            parts = [(stored[0], stored[1], slice(0, n_epochs))]
-        else:  # decoded epoch by epoch
-            parts = ((np.asarray(self.outputs[e])[None], np.arange(n_samples), slice(e, e + 1))
-                     for e in range(n_epochs))
-        for values, src, epochs in parts:
+        for values, src, epochs in epoch_parts(self.outputs):
             bad = kernels.softmax_stats(values, src, self.labels, stats.shift[epochs],
                                         stats.inv[epochs], stats.pred[epochs],
                                         stats.label_prob[epochs], stats.class_max)
@@ -545,17 +554,15 @@ class Run:
         if cached is not None:
             stack = cached[_as_slice(idx)]  # consecutive epochs: a view, no copy
             return kernels.mean_first_axis(stack, out)
-        if self.kind == "logits":
-            stored = stored_rows(self.outputs)
-            if stored is not None:
-                if not kernels.combine_softmax(stored[0], idx, stored[1], out,
-                                               order=stored_order(self.outputs)):
-                    return out
-            else:
-                stack = np.ascontiguousarray(self.outputs[_as_slice(idx)])
-                if not kernels.combine_softmax(stack, np.arange(len(idx)),
-                                               np.arange(self.n_samples), out):
-                    return out
+        logits = self.logits_in_place()
+        if logits is not None:
+            if not kernels.combine_softmax(logits[0], idx, logits[1], out, order=logits[2]):
+                return out
+        elif self.kind == "logits":  # decoded: the epochs gathered first
+            stack = np.ascontiguousarray(self.outputs[_as_slice(idx)])
+            if not kernels.combine_softmax(stack, np.arange(len(idx)),
+                                           np.arange(self.n_samples), out):
+                return out
         # epoch by epoch: one epoch in memory besides the total; names a bad epoch
         self._epoch_probs(int(idx[0]), out)
         if len(idx) > 1:
@@ -573,16 +580,26 @@ class Run:
         if self.is_distributed:
             return _on_chunks().map_samples(self, "weighted_probs", idx, weights)
         out = np.empty((self.n_samples, self.n_classes))
-        stored = stored_rows(self.outputs) if self.cached_probs is None else None
-        if stored is not None and self.kind == "logits":
-            if not kernels.combine_softmax(stored[0], idx, stored[1], out, weights,
-                                           order=stored_order(self.outputs)):
+        logits = self.logits_in_place()
+        if logits is not None:
+            if not kernels.combine_softmax(logits[0], idx, logits[1], out, weights,
+                                           order=logits[2]):
                 return out
         out[...] = 0.0
         tmp = np.empty_like(out)
         for e, w in zip(idx, weights, strict=True):
             out += w * self._epoch_probs(int(e), tmp)
         return out
+
+    def logits_in_place(self):
+        """(values, rows, order) of logits the kernels read in place: an in-memory or
+        memory-mapped (E, M, C) array holding sample n at row rows[n], read in ``order``
+        (`stored_order`); None for probabilities, probabilities held (`cache_probs`),
+        decoded (Parquet) or dask outputs."""
+        if self.kind != "logits" or self.cached_probs is not None or self.is_distributed:
+            return None
+        stored = stored_rows(self.outputs)
+        return None if stored is None else (*stored, stored_order(self.outputs))
 
     def add_probs(self, index, total):
         """total += the probabilities of epoch ``index`` (float64 (n_samples, n_classes), in
@@ -591,13 +608,12 @@ class Run:
         self._require_full("add_probs()")
         e = self._epoch_index(index)
         cached = self.cached_probs
-        stored = stored_rows(self.outputs) if cached is None and not self.is_distributed \
-            else None
+        logits = self.logits_in_place()
         if cached is not None:
             kernels.add_into(total, cached[e])
-        elif self.kind != "logits" or stored is None or kernels.combine_softmax(
-                stored[0], [e], stored[1], total, weights=[1.0], accumulate=True,
-                order=stored_order(self.outputs)):
+        elif logits is None or kernels.combine_softmax(
+                logits[0], [e], logits[1], total, weights=[1.0], accumulate=True,
+                order=logits[2]):
             kernels.add_into(total, self.probs(e))  # decoded, or names the bad epoch
         return total
 

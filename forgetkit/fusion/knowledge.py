@@ -12,7 +12,6 @@ from .. import kernels
 from .._progress import Progress
 from .._validation import check_bool, check_int, check_option
 from ..errors import ForgetkitError
-from ..run import stored_order, stored_rows
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_checkpoints, check_weights_present
 
@@ -269,9 +268,7 @@ class FitState:
     def __init__(self, run):
         self.run, self.labels = run, run.labels
         # logits read in place: window means are made row by row and never stored
-        self.stored = stored_rows(run.outputs) if run.kind == "logits" \
-            and run.cached_probs is None else None
-        self.order = stored_order(run.outputs)
+        self.logits = run.logits_in_place()
         self.correct = run.correctness()
         self.prob = run.probs(run.n_epochs - 1)
         # the current fusion's lead of the label, magnitude, top class; its correctness
@@ -293,10 +290,11 @@ class FitState:
     def grid_counts(self, window, grid):
         """Samples that eps * mean(window) + (1 - eps) * prob classifies correctly, for each
         eps of ``grid``: int64 (G,)."""
-        if self.stored is not None and self.window != window:
-            counts, bad = kernels.window_grid_counts(
-                self.stored[0], window, self.stored[1], self.prob, self.labels, self.stats,
-                grid, REL_BAND, order=self.order)
+        if self.logits is not None and self.window != window:
+            values, rows, order = self.logits
+            counts, bad = kernels.window_grid_counts(values, window, rows, self.prob,
+                                                     self.labels, self.stats, grid, REL_BAND,
+                                                     order=order)
             if not bad:
                 return counts
         return kernels.grid_correct_counts(self.window_mean(window), self.prob, self.labels,
@@ -310,9 +308,10 @@ class FitState:
     def mix(self, window, eps):
         """prob <- eps * mean(window) + (1 - eps) * prob; the forget counts follow."""
         was_correct = self.cur.copy()
-        if self.stored is not None and self.window != window:
-            if kernels.mix_window_into(self.stored[0], window, self.stored[1], self.prob, eps,
-                                       self.labels, self.stats, self.cur, order=self.order):
+        if self.logits is not None and self.window != window:
+            values, rows, order = self.logits
+            if kernels.mix_window_into(values, window, rows, self.prob, eps, self.labels,
+                                       self.stats, self.cur, order=order):
                 self.window_mean(window)  # raises the error naming the epoch
         else:
             kernels.mix_into(self.window_mean(window), self.prob, eps, self.labels, self.stats,

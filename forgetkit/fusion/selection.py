@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import kernels
 from .._validation import check_int
-from ..run import DEFAULT_MEMORY_BUDGET, stored_rows
+from ..run import DEFAULT_MEMORY_BUDGET, epoch_parts, stored_order, stored_rows
 from .base import Fuser, as_run, check_validation_run
 from .schema import WEIGHT_SUM_TOLERANCE, check_checkpoints, check_weights_present
 
@@ -168,7 +168,6 @@ class _StreamedScorer:
 
     def __init__(self, run, memory_budget):
         self.run = run
-        self.top = np.full((run.n_epochs, run.n_samples), np.nan)
         fits = _bound_fits(run, memory_budget)
         stats = run.cached_softmax_stats
         self.first_counts = None  # the first round's, when known from the softmax stats
@@ -180,15 +179,17 @@ class _StreamedScorer:
             self.shift = np.full((run.n_epochs, run.n_samples), np.nan)
             self.inv = np.full((run.n_epochs, run.n_samples), np.nan)
             self.class_max = np.zeros((run.n_samples, run.n_classes)) if fits else None
+        # each row's largest probability, for the bound when class_max is not kept
+        self.top = (np.empty((0, 0)) if self.class_max is not None
+                    else np.full((run.n_epochs, run.n_samples), np.nan))
         # the previous and the next gather are held together
         self.gather_budget = (memory_budget - (self.class_max.nbytes if fits else 0)) // 2
         self.gathered = None  # (rows, ptr, cand, values) of the last round
         self.settle = None  # rows settled lazily (see add)
         self.known = None  # rows whose shift and inv are known at every epoch
-        stored = stored_rows(run.outputs)
         # rows in storage order: neighbouring reads in every epoch
-        self.order = (np.arange(run.n_samples) if stored is None
-                      else np.argsort(stored[1], kind="stable"))
+        order = stored_order(run.outputs)
+        self.order = np.arange(run.n_samples) if order is None else order
 
     @property
     def bound(self):
@@ -236,8 +237,8 @@ class _StreamedScorer:
         if self.gathered is not None:
             slot[self.gathered[0]] = np.arange(self.gathered[0].size)
             old = self.gathered[1:]
-        entries, _ = kernels.gather_candidates(stored[0], stored[1][rows], rows, ptr, cand,
-                                               slot, old, self.gather_budget)
+        entries = kernels.gather_candidates(stored[0], stored[1][rows], rows, ptr, cand, slot,
+                                            old, self.gather_budget)
         if entries is None:  # over the budget: read this round's candidates
             self.gathered = None
             return counts + self._read_counts(total, rows, ptr, cand)
@@ -249,14 +250,9 @@ class _StreamedScorer:
     def _read_counts(self, total, rows, ptr, cand):
         """`correct_counts` reading the stored outputs of every epoch."""
         run = self.run
-        stored = stored_rows(run.outputs)
-        if stored is not None:  # one pass over the rows, all epochs of a row together
-            parts = [(stored[0], stored[1], slice(0, run.n_epochs))]
-        else:  # outputs decoded epoch by epoch (one in memory at a time)
-            parts = ((np.asarray(run.outputs[e])[None], np.arange(run.n_samples),
-                      slice(e, e + 1)) for e in range(run.n_epochs))
         counts = []
-        for values, src, epochs in parts:  # shift/inv/top slices are views: filled in place
+        # shift/inv/top slices are views: filled in place
+        for values, src, epochs in epoch_parts(run.outputs):
             n_correct, n_bad = kernels.selection_correct_counts(
                 values, src[rows], total, rows, run.labels, self.shift[epochs],
                 self.inv[epochs], self.top[epochs], ptr, cand, self.class_max)

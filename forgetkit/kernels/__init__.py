@@ -273,7 +273,7 @@ def gather_candidates(values, src, rows, ptr, cand, slot, old, budget):
     candidates at every epoch: the previous entry ``old`` = (ptr, classes, values) (slot[r]:
     row r's position there, -1 if none) where it holds them, else read from ``values``;
     see ``selection.gather_candidates``. None if the values would take more than ``budget``
-    bytes. Returns (entries, number of rows read)."""
+    bytes."""
     values = stored(values)
     old_ptr, old_cls, old_values = old
     sizes = np.empty(rows.shape[0], dtype=np.int64)
@@ -281,12 +281,12 @@ def gather_candidates(values, src, rows, ptr, cand, slot, old, budget):
     new_ptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
     np.cumsum(np.abs(sizes), out=new_ptr[1:])
     if new_ptr[-1] * values.shape[0] * values.itemsize > budget:
-        return None, 0
+        return None
     cls = np.empty(new_ptr[-1], dtype=np.int64)
     out = np.empty(new_ptr[-1] * values.shape[0], dtype=values.dtype)
     _selection.gather_candidates(values, src, rows, ptr, cand, slot, old_ptr, old_cls,
                                  stored(old_values), sizes, new_ptr, cls, out)
-    return (new_ptr, cls, out), int((sizes < 0).sum())
+    return new_ptr, cls, out
 
 
 def selection_gathered_counts(gathered, total, rows, labels, shift, inv, ptr, cand):
