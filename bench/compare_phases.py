@@ -23,7 +23,7 @@ from forgetkit.fusion import likelihood, selection
 
 from .common import DATA, suite_run, write_synthetic_npy
 
-KERNELS = ("add_softmax_live_rows", "gather_candidates", "selection_gathered_counts",
+KERNELS = ("add_softmax_live_rows", "fill_entries", "selection_gathered_counts",
            "score_recipes", "window_grid_counts", "mix_window_into", "softmax_stats",
            "take_samples", "em_pass")
 

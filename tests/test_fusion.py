@@ -318,6 +318,43 @@ def test_streamed_selection_on_candidate_classes_is_exact(dtype, ties, budget, t
         ensemble_selection_ref(probs.probs(), run.labels, 15)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gathered_entries_hold_each_live_rows_candidates(dtype):
+    """Round after round of random candidate lists, every live row's entry holds its
+    candidates and their stored values at every epoch: kept where it held them, read anew
+    where not, moved when the buffers fill; over the budget, every entry is dropped."""
+    from forgetkit.fusion.selection import _Entries
+
+    rng = np.random.default_rng(3)
+    n_epochs, n_samples, n_classes = 4, 60, 12
+    values = rng.normal(size=(n_epochs, n_samples + 7, n_classes)).astype(dtype)
+    src = rng.permutation(n_samples + 7)[:n_samples]
+    run = fk.Run(values[:, src], rng.integers(0, n_classes, n_samples))
+    per_class = n_epochs * values.itemsize + 8
+    entries = _Entries(run, 100 * per_class)  # room for 100 classes: moves and refusals
+    held = moved = refused = 0
+    for _ in range(40):
+        rows = np.sort(rng.choice(n_samples, rng.integers(1, 40), replace=False))
+        cands = [np.sort(rng.choice(n_classes, rng.integers(2, 5), replace=False))
+                 for _ in rows]
+        ptr = np.concatenate([[0], np.cumsum([c.size for c in cands])])
+        before = entries.cls
+        kept = entries.offset[rows].copy()
+        if not entries.update((values, src), rows, ptr, np.concatenate(cands)):
+            assert (entries.offset == -1).all() and entries.used == 0
+            refused += 1
+            continue
+        moved += entries.cls is not before
+        for r, c in zip(rows, cands, strict=True):
+            o, n = entries.offset[r], entries.size[r]
+            cls = entries.cls[o:o + n]
+            assert np.isin(c, cls).all() and (np.diff(cls) > 0).all()
+            got = entries.values[n_epochs * o: n_epochs * (o + n)].reshape(n_epochs, n)
+            np.testing.assert_array_equal(got, values[:, src[r]][:, cls])
+            held += kept[rows == r][0] == o
+    assert held > 0 and moved > 1 and refused > 0
+
+
 def test_streamed_selection_names_bad_values(tmp_path, monkeypatch):
 
     out = np.array(make_run(n_epochs=4, n_samples=50, n_classes=6).outputs)

@@ -149,10 +149,12 @@ def test_softmax_stats_equal_numpy(dtype, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_add_softmax_live_rows_equals_add_then_live_rows(dtype):
+@pytest.mark.parametrize("known", [False, True])
+def test_add_softmax_live_rows_equals_add_then_live_rows(dtype, known):
     """Round by round, the lazy pass gives the live rows, candidates and right count of
     adding every pick's softmax to every row and calling live_rows; settled rows' totals,
-    once brought up to date, have the same bits."""
+    once brought up to date, have the same bits; with each softmax's shift and inv known
+    (float16 rows then add their table values in one pass) or not."""
     rng = np.random.default_rng(6)
     values = np.round(rng.normal(size=(5, 500, 9)) * 4).astype(dtype) / 4
     values[:, :, 0] += np.linspace(0, 3, 500).astype(dtype)  # many rows settle early
@@ -163,6 +165,8 @@ def test_add_softmax_live_rows_equals_add_then_live_rows(dtype):
     bound = kernels.class_max(probs)
     order = rng.permutation(500)
     state = (np.zeros(500, np.int64), np.zeros(500, np.int64), np.zeros(500, np.int64))
+    stats = fk.Run(values[:, src], y).softmax_stats()
+    shift, inv = (stats.shift, stats.inv) if known else (np.full((5, 500), np.nan),) * 2
     eager, lazy = np.zeros((500, 9)), np.zeros((500, 9))
     picks, settled = [], 0
     for e in (1, 4, 4, 0, 2, 1, 3, 4):
@@ -170,7 +174,7 @@ def test_add_softmax_live_rows_equals_add_then_live_rows(dtype):
         eager += probs[e]
         ref = kernels.live_rows(eager, y, bound, 1e-9, order)
         *live, n_bad = kernels.add_softmax_live_rows(values, picks, src, lazy, y, bound,
-                                                     1e-9, order, state)
+                                                     1e-9, order, state, shift, inv)
         for a, b in zip(live, ref, strict=True):
             np.testing.assert_array_equal(a, b)
         assert n_bad == 0

@@ -151,6 +151,57 @@ def _csr_rows(rows, ptr, cand, mask):
     return rows[mask], new_ptr, cand[np.repeat(mask, lens)]
 
 
+class _Entries:
+    """The stored values of the live rows' candidate classes at every epoch, gathered from
+    the run once per row and kept between the rounds of ensemble selection while they hold
+    the row's candidates (scoring on a superset of them is exact).
+
+    Row r's entry: classes cls[offset[r]:offset[r] + size[r]] (ascending; offset -1: none)
+    and their values at epoch e, values[E*offset[r] + e*size[r]:][:size[r]]. New entries
+    are appended, copying the values a row's previous entry holds; when the buffers are
+    full, the entries this round keeps move to new ones of up to twice what they need,
+    within ``budget`` bytes.
+    """
+
+    def __init__(self, run, budget):
+        self.n_epochs = run.n_epochs
+        self.offset = np.full(run.n_samples, -1, np.int64)
+        self.size = np.zeros(run.n_samples, np.int64)
+        dtype = np.dtype(run.outputs.dtype)
+        self.limit = budget // (run.n_epochs * dtype.itemsize + 8)  # classes that fit
+        self.cls, self.values, self.used = np.empty(0, np.int64), np.empty(0, dtype), 0
+
+    def update(self, stored, rows, ptr, cand):
+        """Give every row of rows (R,) an entry holding its candidates cand[ptr[i]:ptr[i+1]]
+        (see ``live_rows``), read from the stored outputs (values, src) where it has none;
+        False (and every entry dropped) if they do not fit the budget."""
+        need = kernels.entry_needs(rows, ptr, cand, self.offset, self.size, self.cls)
+        fresh = int(need.sum())
+        old = (self.offset, self.size, self.cls, self.values)  # new entries copy from these
+        if self.used + fresh > self.cls.size:
+            kept = np.where(need == 0, self.size[rows], 0)
+            required = int(kept.sum()) + fresh
+            if required > self.limit:
+                self.offset[:] = -1
+                self.cls, self.values = np.empty(0, np.int64), np.empty(0, self.values.dtype)
+                self.used = 0
+                return False
+            capacity = min(self.limit, 2 * required)
+            offset = np.full(self.offset.size, -1, np.int64)
+            size = self.size.copy()
+            cls = np.empty(capacity, np.int64)
+            values = np.empty(capacity * self.n_epochs, self.values.dtype)
+            kernels.move_entries(rows, need, self.offset, self.size, self.cls, self.values,
+                                 offset, cls, values, np.cumsum(kept) - kept, self.n_epochs)
+            self.offset, self.size, self.cls, self.values = offset, size, cls, values
+            self.used = required - fresh
+        at = self.used + np.cumsum(need) - need
+        kernels.fill_entries(stored[0], stored[1][rows], rows, ptr, cand, need, at, old,
+                             self.offset, self.size, self.cls, self.values)
+        self.used += fresh
+        return True
+
+
 class _StreamedScorer:
     """Ensemble-selection scores on a logits run whose probabilities are not held in memory.
 
@@ -161,9 +212,8 @@ class _StreamedScorer:
     a third float per epoch and sample); a run's `softmax_stats`, if computed, give all
     of these (and the first round's scores) without reading. Later rounds compute only the
     classes that can still win (``live_rows``), with the arithmetic of the full softmax, so
-    every score is exact; the stored values of those classes are gathered once and kept
-    from round to round while they fit the budget (candidates mostly shrink as the total
-    grows).
+    every score is exact; the stored values of those classes are gathered once per row
+    (`_Entries`) and kept from round to round while they hold its candidates.
     """
 
     def __init__(self, run, memory_budget):
@@ -182,9 +232,9 @@ class _StreamedScorer:
         # each row's largest probability, for the bound when class_max is not kept
         self.top = (np.empty((0, 0)) if self.class_max is not None
                     else np.full((run.n_epochs, run.n_samples), np.nan))
-        # the previous and the next gather are held together
-        self.gather_budget = (memory_budget - (self.class_max.nbytes if fits else 0)) // 2
-        self.gathered = None  # (rows, ptr, cand, values) of the last round
+        # the candidates' gathered values; two buffers are held while entries move
+        self.entries = _Entries(run, (memory_budget - (self.class_max.nbytes if fits else 0))
+                                // 2)
         self.settle = None  # rows settled lazily (see add)
         self.known = None  # rows whose shift and inv are known at every epoch
         # rows in storage order: neighbouring reads in every epoch
@@ -211,7 +261,7 @@ class _StreamedScorer:
             self.settle = tuple(np.zeros(run.n_samples, np.int64) for _ in range(3))
         *live, n_bad = kernels.add_softmax_live_rows(
             stored[0], picks, stored[1], total, run.labels, bound, UNDECIDED_SLACK,
-            self.order, self.settle)
+            self.order, self.settle, self.shift, self.inv)
         if n_bad:
             for e in picks:
                 run.probs(int(e))  # raises the error naming the epoch
@@ -232,20 +282,12 @@ class _StreamedScorer:
         if not fast.all():  # rows with an underflowing epoch: scored whole
             counts += self._read_counts(total, *_csr_rows(rows, ptr, cand, ~fast))
         rows, ptr, cand = _csr_rows(rows, ptr, cand, fast)
-        slot = np.full(run.n_samples, -1)
-        old = (np.zeros(1, np.int64), np.empty(0, np.int64), np.empty(0, stored[0].dtype))
-        if self.gathered is not None:
-            slot[self.gathered[0]] = np.arange(self.gathered[0].size)
-            old = self.gathered[1:]
-        entries = kernels.gather_candidates(stored[0], stored[1][rows], rows, ptr, cand, slot,
-                                            old, self.gather_budget)
-        if entries is None:  # over the budget: read this round's candidates
-            self.gathered = None
+        entries = self.entries
+        if not entries.update(stored, rows, ptr, cand):
             return counts + self._read_counts(total, rows, ptr, cand)
-        self.gathered = (rows, *entries)
-        ptr, cls, values = entries
-        return counts + kernels.selection_gathered_counts(values, total, rows, run.labels,
-                                                          self.shift, self.inv, ptr, cls)
+        return counts + kernels.selection_gathered_counts(
+            entries.values, entries.cls, entries.offset, entries.size, total, rows,
+            run.labels, self.shift, self.inv, ptr, cand)
 
     def _read_counts(self, total, rows, ptr, cand):
         """`correct_counts` reading the stored outputs of every epoch."""

@@ -243,16 +243,18 @@ def live_rows(total, labels, bound, slack, order=None):
     return rows, ptr, cand, int(n_right)
 
 
-def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, state):
+def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, state,
+                          shift, inv):
     """The next round of ensemble selection on stored outputs values (E, M, C) at rows src
     (N,): each row's total brought up to the ``picks`` so far (the bits of ``total +=
     probs`` pick by pick), then ``live_rows``, with rows settled lazily; ``state`` = (due,
-    added, right) (N,) each, kept between rounds. Returns (rows, cand_ptr, cand, number
+    added, right) (N,) each, kept between rounds; shift, inv (E, N): the softmaxes' m and
+    inv where known (inv > 0), else nan. Returns (rows, cand_ptr, cand, number
     right for every vector, number of rows holding inf or nan); see
     ``selection.add_softmax_live_rows``."""
     rows, ptr, cand, n_right, n_bad = _selection.add_softmax_live_rows(
         stored(values), np.asarray(picks, dtype=np.int64), np.asarray(src, dtype=np.int64),
-        total, labels, bound, slack, np.asarray(order, dtype=np.int64), *state,
+        total, labels, bound, slack, np.asarray(order, dtype=np.int64), *state, shift, inv,
         f16_exp_table(), n_blocks())
     return rows, ptr, cand, int(n_right), int(n_bad)
 
@@ -268,33 +270,38 @@ def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, 
                                                cand, n_blocks())
 
 
-def gather_candidates(values, src, rows, ptr, cand, slot, old, budget):
-    """Entries (ptr, classes, values) holding the stored values of each live row's
-    candidates at every epoch: the previous entry ``old`` = (ptr, classes, values) (slot[r]:
-    row r's position there, -1 if none) where it holds them, else read from ``values``;
-    see ``selection.gather_candidates``. None if the values would take more than ``budget``
-    bytes."""
-    values = stored(values)
-    old_ptr, old_cls, old_values = old
-    sizes = np.empty(rows.shape[0], dtype=np.int64)
-    _selection.gather_sizes(rows, ptr, cand, slot, old_ptr, old_cls, sizes)
-    new_ptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.abs(sizes), out=new_ptr[1:])
-    if new_ptr[-1] * values.shape[0] * values.itemsize > budget:
-        return None
-    cls = np.empty(new_ptr[-1], dtype=np.int64)
-    out = np.empty(new_ptr[-1] * values.shape[0], dtype=values.dtype)
-    _selection.gather_candidates(values, src, rows, ptr, cand, slot, old_ptr, old_cls,
-                                 stored(old_values), sizes, new_ptr, cls, out)
-    return new_ptr, cls, out
+def entry_needs(rows, ptr, cand, offset, size, cls):
+    """need (R,) of the live rows of a round: 0 where a row's gathered entry holds its
+    candidates, else the size of its new entry; see ``selection.entry_needs``."""
+    need = np.empty(rows.shape[0], np.int64)
+    _selection.entry_needs(rows, ptr, cand, offset, size, cls, need)
+    return need
 
 
-def selection_gathered_counts(gathered, total, rows, labels, shift, inv, ptr, cand):
+def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values, at,
+                 n_epochs):
+    """Move the kept gathered entries to new buffers; see ``selection.move_entries``."""
+    _selection.move_entries(rows, need, offset, size, cls, stored(values), new_offset,
+                            new_cls, stored(new_values), at, n_epochs)
+
+
+def fill_entries(values, src, rows, ptr, cand, need, at, old, offset, size, cls, out):
+    """Gather the new entries of stored outputs values (E, M, C) at rows src, keeping what
+    the previous entries ``old`` = (offset, size, cls, values) hold; see
+    ``selection.fill_entries``."""
+    old_offset, old_size, old_cls, old_values = old
+    _selection.fill_entries(stored(values), src, rows, ptr, cand, need, at, old_offset,
+                            old_size, old_cls, stored(old_values), offset, size, cls,
+                            stored(out))
+
+
+def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, shift, inv,
+                              ptr, cand):
     """Per epoch: the ``rows`` of total whose argmax of total + softmax is the label, from
     their candidates' gathered values; see ``selection.selection_gathered_counts``."""
-    return _selection.selection_gathered_counts(stored(gathered), total, rows, labels,
-                                                f16_exp_table(), shift, inv, ptr, cand,
-                                                shift.shape[0], n_blocks())
+    return _selection.selection_gathered_counts(stored(gathered), cls, offset, size, total,
+                                                rows, labels, f16_exp_table(), shift, inv,
+                                                ptr, cand, shift.shape[0], n_blocks())
 
 
 MEAN, WEIGHTED, MIX = _recipes.MEAN, _recipes.WEIGHTED, _recipes.MIX

@@ -37,10 +37,10 @@ def _is_candidate(t, b, c, top, slack):
 
 
 @njit(inline="always")
-def _classify_row(t, b, y, slack):
+def _classify_row(t, b, y, slack, top):
     """(number of candidates if the row is live else 0, whether it is right for every
-    vector added) of a row t of the total with bounds b and label y; see `live_rows`."""
-    top = _row_max(t)
+    vector added) of a row t of the total with max ``top``, bounds b and label y; see
+    `live_rows`."""
     count = 0
     for c in range(t.shape[0]):
         count += _is_candidate(t, b, c, top, slack)
@@ -85,7 +85,8 @@ def live_rows(total, labels, bound, slack, order):
     always = np.zeros(n, dtype=np.int64)
     for i in prange(n):
         r = order[i]
-        n_cand[i], always[i] = _classify_row(total[r], bound[r], labels[r], slack)
+        t = total[r]
+        n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack, _row_max(t))
     live = np.flatnonzero(n_cand)
     rows = order[live]
     ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live])
@@ -93,12 +94,12 @@ def live_rows(total, labels, bound, slack, order):
 
 
 @njit(inline="always")
-def _rounds_settled(t, b, y, slack):
+def _rounds_settled(t, b, y, slack, top):
     """How many more vectors (each class c at most its bound b[c]) a row t that is not live
     can take before it may become live. If y leads alone, class c needs its gap
     t[a] - slack - t[c] - b[c] to close, by at most b[c] a vector; if y is no candidate, its
-    gap to candidacy closes by at most b[y] a vector. Gaps less SETTLED_MARGIN (rounding)."""
-    top = _row_max(t)
+    gap to candidacy closes by at most b[y] a vector. Gaps less SETTLED_MARGIN (rounding);
+    top: the max of t."""
     per_class = b.shape[0] > 1
     if _is_candidate(t, b, y, top, slack):  # y leads alone
         a = _first_argmax(t)
@@ -120,9 +121,22 @@ def _rounds_settled(t, b, y, slack):
 SETTLED_MARGIN = 1e-9
 
 
+@njit(inline="always")
+def _add_table_probs(t, x, table, scale):
+    """t += the softmax of a float16 row x whose exp comes from the table and whose 1/sum is
+    ``scale`` (``exp_row``'s arithmetic); returns the new max of t (non-negative floats:
+    the max of their bits, which vectorises)."""
+    top = np.int64(0)
+    for c in range(t.shape[0]):
+        v = t[c] + 1.0 * (table[np.uint16(x[c])] * scale)
+        t[c] = v
+        top = max(top, np.float64(v).view(np.int64))
+    return np.int64(top).view(np.float64)
+
+
 @njit(parallel=True, cache=True)
 def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, due, added,
-                          right, table, n_blocks):
+                          right, shift, inv, table, n_blocks):
     """The next round of ensemble selection on stored outputs: total[r] += the softmax of
     values[e, src[r]] for each pick e not yet added to it (in order: the bits of ``total +=
     softmax_rows(...)`` pick by pick), then `live_rows` of the new totals, in one pass.
@@ -131,7 +145,9 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
     picks (`_rounds_settled`) is not read again
     until round len(picks) + s + 1 (due[r]); meanwhile it counts as right (right[r]) or
     wrong for every vector, and its total waits (added[r]: picks already in it).
-    values: stored outputs (E, M, C) (float16 as int16 bits). Returns `live_rows`'s (rows,
+    values: stored outputs (E, M, C) (float16 as int16 bits); shift, inv (E, N): each
+    softmax's m and inv from ``exp_row`` where known (inv > 0), so that a float16 row read
+    from the table is added in one pass. Returns `live_rows`'s (rows,
     cand_ptr, cand, number right for every vector) and the number of rows holding inf or
     nan (their totals are then undefined).
     """
@@ -149,18 +165,24 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
                 always[i] = right[r]
                 continue
             t = total[r]
+            top = 0.0
             for p in range(added[r], n_picks):
-                status, _, inv = exp_row(values[picks[p], src[r]], tmp, table)
+                e, row = picks[p], src[r]
+                if inv[e, r] > 0.0 and is_table_row(values[e, row], shift[e, r]):
+                    top = _add_table_probs(t, values[e, row], table, inv[e, r])
+                    continue
+                status, _, scale = exp_row(values[e, row], tmp, table)
                 if status < 0:
                     bad[blk] += 1
                     break
                 for c in range(t.shape[0]):
-                    t[c] += 1.0 * (tmp[c] * inv)
+                    t[c] += 1.0 * (tmp[c] * scale)
+                top = _row_max(t)
             added[r] = n_picks
-            n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack)
+            n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack, top)
             right[r] = always[i]
             if n_cand[i] == 0:
-                due[r] = n_picks + 1 + _rounds_settled(t, bound[r], labels[r], slack)
+                due[r] = n_picks + 1 + _rounds_settled(t, bound[r], labels[r], slack, top)
     n_bad = bad.sum()
     live = np.flatnonzero(n_cand)
     rows = order[live]
@@ -264,77 +286,107 @@ def _holds(cls, a, n, old_cls, oa, on):
 
 
 @njit(parallel=True, cache=True)
-def gather_sizes(rows, ptr, cand, slot, old_ptr, old_cls, out):
-    """Sizes of the gathered entries of the live rows of a round (see
-    ``gather_candidates``): out[i] = the size of row r = rows[i]'s previous entry (slot[r]:
-    its position in old_ptr, -1 if none) when that holds every candidate
-    cand[ptr[i]:ptr[i+1]], else minus the number of candidates."""
+def entry_needs(rows, ptr, cand, offset, size, cls, need):
+    """For the live rows of a round (rows, their candidates cand[ptr[i]:ptr[i+1]]): need[i]
+    = 0 if row r = rows[i] has an entry (cls[offset[r]:offset[r] + size[r]], offset -1:
+    none) holding every candidate, else the number of its candidates (its new entry)."""
     for i in prange(rows.shape[0]):
-        s = slot[rows[i]]
-        n = ptr[i + 1] - ptr[i]
-        if s >= 0 and _holds(cand, ptr[i], n, old_cls, old_ptr[s], old_ptr[s + 1] - old_ptr[s]):
-            out[i] = old_ptr[s + 1] - old_ptr[s]
-        else:
-            out[i] = -n
+        r = rows[i]
+        a = ptr[i]
+        n = ptr[i + 1] - a
+        o = offset[r]
+        need[i] = 0 if o >= 0 and _holds(cand, a, n, cls, o, size[r]) else n
 
 
 @njit(parallel=True, cache=True)
-def gather_candidates(values, src, rows, cand_ptr, cand, slot, old_ptr, old_cls, old_values,
-                      sizes, ptr, cls, out):
-    """The stored values of each live row's candidate classes at every epoch, kept between
-    the rounds of ensemble selection (candidates mostly shrink as the total grows; scoring
-    on a superset of them is exact).
+def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values,
+                 at, n_epochs):
+    """Copy the kept entries (need[i] == 0) of rows r = rows[i] from (cls, values) to
+    (new_cls, new_values) at new positions at[i], recorded in new_offset[r]."""
+    for i in prange(rows.shape[0]):
+        if need[i] != 0:
+            continue
+        r = rows[i]
+        o, n, a = offset[r], size[r], at[i]
+        new_cls[a: a + n] = cls[o: o + n]
+        new_values[n_epochs * a: n_epochs * (a + n)] = values[n_epochs * o: n_epochs * (o + n)]
+        new_offset[r] = a
 
-    sizes[i] from ``gather_sizes``: >= 0, row r = rows[i] keeps its previous entry
-    (old_ptr, old_cls, old_values at slot[r]); < 0, its candidates cand[cand_ptr[i]:] are
-    read from ``values`` (E, M, C) (row src[i]; float16 as int16 bits). Entry i: classes
-    cls[ptr[i]:ptr[i+1]] (n, ascending) and out[E*ptr[i] + e*n + j] the value of class
-    cls[ptr[i] + j] at epoch e.
-    """
+
+@njit(parallel=True, cache=True)
+def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, old_cls,
+                 old_values, offset, size, cls, out):
+    """Write the new entries (need[i] > 0, from `entry_needs`) of rows r = rows[i] at
+    positions at[i]: cls[at[i]:at[i] + need[i]] their candidates cand[ptr[i]:] and
+    out[E*a + e*n + j] the stored value of class cls[a + j] at epoch e; offset[r] and
+    size[r] record them. A value the row's previous entry (old_offset[r] >= 0 into old_cls,
+    old_values; the same buffers as cls, out or not) holds is copied from it, the others are
+    read from ``values`` (E, M, C) (row src[i]; float16 as int16 bits): candidates change a
+    few classes at a time, so most of a row is not read again."""
     n_epochs = values.shape[0]
     for i in prange(rows.shape[0]):
-        a = ptr[i]
-        n = ptr[i + 1] - a
-        if sizes[i] >= 0:
-            oa = old_ptr[slot[rows[i]]]
-            cls[a: a + n] = old_cls[oa: oa + n]
-            out[n_epochs * a: n_epochs * (a + n)] = \
-                old_values[n_epochs * oa: n_epochs * (oa + n)]
+        n = need[i]
+        if n == 0:
             continue
-        cls[a: a + n] = cand[cand_ptr[i]: cand_ptr[i] + n]
+        r = rows[i]
+        a = at[i]
+        o, on = old_offset[r], old_size[r]
+        on = on if o >= 0 else 0
+        where = np.empty(n, dtype=np.int64)  # each class's place in the old entry, or -1
+        k = 0
+        for j in range(n):
+            c = cand[ptr[i] + j]
+            cls[a + j] = c
+            while k < on and old_cls[o + k] < c:
+                k += 1
+            where[j] = k if k < on and old_cls[o + k] == c else -1
         for e in range(n_epochs):
             x = values[e, src[i]]
             for j in range(n):
-                out[n_epochs * a + e * n + j] = x[cls[a + j]]
+                out[n_epochs * a + e * n + j] = (x[cls[a + j]] if where[j] < 0 else
+                                                 old_values[n_epochs * o + e * on + where[j]])
+        offset[r] = a
+        size[r] = n
 
 
 @njit(parallel=True, cache=True)
-def selection_gathered_counts(gathered, total, rows, labels, table, shift, inv, ptr, cand,
-                              n_epochs, n_blocks):
-    """``selection_correct_counts`` of rows whose candidates' values were gathered
-    (``gather_candidates``) and whose shift and inv are known at every epoch: per epoch e,
-    the rows r = rows[i] whose argmax of total[r] + softmax is labels[r], each candidate's
-    probability computed exactly as ``softmax_rows`` does. Returns counts (E,)."""
+def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, table, shift,
+                              inv, ptr, cand, n_epochs, n_blocks):
+    """``selection_correct_counts`` of rows whose shift and inv are known at every epoch,
+    from entries holding their candidates' stored values (`fill_entries`: row r's classes
+    cls[offset[r]:offset[r] + size[r]], values gathered[E*offset[r]:]): per epoch e, the
+    rows r = rows[i] whose argmax of total[r] + softmax is labels[r], over the candidates
+    cand[ptr[i]:ptr[i+1]], each probability computed exactly as ``softmax_rows`` does.
+    Returns counts (E,)."""
     n_rows = rows.shape[0]
     n_blocks = max(1, min(n_blocks, n_rows))
     counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
     for blk in prange(n_blocks):
         tmp = np.empty(total.shape[1])
         picked = np.empty(total.shape[1])
+        x = np.empty(total.shape[1], dtype=gathered.dtype)
+        pos = np.empty(total.shape[1], dtype=np.int64)
         for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             r = rows[i]
             a = ptr[i]
             n = ptr[i + 1] - a
+            o, size_r = offset[r], size[r]
             t = total[r]
+            k = 0  # pos[j]: candidate j's place in the entry (both ascending)
+            for j in range(n):
+                while cls[o + k] < cand[a + j]:
+                    k += 1
+                pos[j] = k
+                picked[j] = t[cand[a + j]]
             for e in range(n_epochs):
-                x = gathered[n_epochs * a + e * n: n_epochs * a + (e + 1) * n]
+                base = n_epochs * o + e * size_r
+                for j in range(n):
+                    x[j] = gathered[base + pos[j]]
                 if is_table_row(x, shift[e, r]):
                     for j in range(n):
                         tmp[j] = table[np.uint16(x[j])]
                 else:
-                    exp_shifted(x, shift[e, r], tmp[:n])
-                for j in range(n):
-                    picked[j] = t[cand[a + j]]
+                    exp_shifted(x[:n], shift[e, r], tmp[:n])
                 best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
                 if best == labels[r]:
                     counts[blk, e] += 1
