@@ -303,10 +303,11 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
         kf = _fitted_kf(kf_fits, s, val, window)
         single = np.mean(single_hit(test))
-        for i, prob in enumerate(kf.staged_predict_proba(test)):
-            acc = np.mean(np.argmax(prob, axis=1) == test.labels)
+        accs = [np.mean(np.argmax(prob, axis=1) == test.labels)
+                for prob in kf.staged_predict_proba(test)]
+        for i, acc in enumerate(accs):
             rows.append({"split": s, "windows": i, "k": kf.with_windows(i).ensemble_size_,
-                         "accuracy": 100 * acc, "gain": 100 * (acc - single)})
+                         "accuracy": 100 * float(acc), "gain": 100 * (float(acc) - single)})
     return pd.DataFrame(rows)
 
 

@@ -221,6 +221,17 @@ def test_kf_on_dask_equals_in_memory_on_real_data(client, real_run):
     assert_same_kf(on_dask(val, 2500), val, max_windows=1, rule="paper", window=2)
 
 
+def test_staged_predictions_on_dask_equal_in_memory(client, real_small):
+    val, test = real_small.split(0.5, seed=1)
+    kf = fk.KnowledgeFusion().fit(val)
+    stages = list(kf.staged_predict_proba(on_dask(test, 700)))
+    ref = list(kf.staged_predict_proba(test))
+    assert len(stages) == len(ref) > 2
+    assert all(isinstance(stage, da.Array) for stage in stages)
+    for got, want in zip(stages, ref, strict=True):
+        np.testing.assert_array_equal(got.compute(), want)
+
+
 def test_kf_on_dask_equals_in_memory_on_tie_heavy_data(client):
     run = tie_heavy_run(seed=4)
     got, ref = assert_same_kf(on_dask(run, 800), run)
@@ -236,6 +247,18 @@ def test_every_fuser_predicts_a_dask_run_as_in_memory(client, real_small):
         fuser.fit(real_small)
         np.testing.assert_array_equal(fuser.predict_proba(run).compute(),
                                       fuser.predict_proba(real_small))
+
+
+def test_fusers_fit_on_dask_as_in_memory_or_refuse_by_name(client, real_small):
+    """Likelihood fusion fits on the label probabilities computed on the workers (the same
+    weights); ensemble selection, which reads the outputs every round, refuses by name."""
+    run = on_dask(real_small, 700)
+    got, ref = fk.LikelihoodFusion(max_checkpoints=4).fit(run), \
+        fk.LikelihoodFusion(max_checkpoints=4).fit(real_small)
+    assert got.checkpoints_ == ref.checkpoints_
+    np.testing.assert_array_equal(got.weights_, ref.weights_)
+    with pytest.raises(fk.ForgetkitError, match="ensemble selection needs a run held"):
+        fk.EnsembleSelection(3).fit(run)
 
 
 def test_kf_on_dask_refuses_the_continuous_search(client, real_small):

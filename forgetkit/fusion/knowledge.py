@@ -185,17 +185,21 @@ class KnowledgeFusion(Fuser):
     def staged_predict_proba(self, run):
         """Yield the fused probabilities (n_samples, n_classes) of KF(0) (the final epoch
         alone), KF(1), KF(2), ...: one stage after each window with eps > 0, in one pass.
-        Each stage is a new array."""
+        Each stage is a new array; on a run on a dask array, a lazy dask array
+        (``with_windows(i).predict_proba(run)``, computed on the workers)."""
+        self._check_fitted()
+        if self._as_input(run).is_distributed:
+            for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
+                yield self.with_windows(i).predict_proba(run)
+            return
         for prob in self._stages(run):
             yield prob.copy()
 
     def _stages(self, run):
-        """The stages of `staged_predict_proba` as one array updated in place."""
+        """The stages of `staged_predict_proba` as one array updated in place (a run held
+        in memory or on disk)."""
         self._check_fitted()
         run = self._as_input(run)
-        if run.is_distributed:
-            raise ForgetkitError("staged_predict_proba needs a run held in memory or on disk; "
-                                 "on a run on a dask array take with_windows(i).predict_proba(run)")
         n_epochs = len(self.epochs_)
         pos = dict(zip(self.checkpoints_, self._positions(run, self.checkpoints_), strict=True))
         prob = run.probs(pos[n_epochs - 1])

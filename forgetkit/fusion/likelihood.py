@@ -57,7 +57,8 @@ class LikelihoodFusion(Fuser):
         run = as_run(run, labels)
         self._check_params()
         check_validation_run(run)
-        q = np.maximum(run.label_probs(), LOG_FLOOR)
+        q = run.label_probs()  # (N, E): on a dask run, computed on the workers
+        q = np.maximum(q.compute() if run.is_distributed else q, LOG_FLOOR)
         idx = np.arange(run.n_epochs)
         w, self.n_iter_ = self._em(q)
         keep = w > self.min_weight * w.max()

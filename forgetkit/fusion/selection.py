@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import kernels
 from .._validation import check_int
+from ..errors import ForgetkitError
 from ..run import DEFAULT_MEMORY_BUDGET, epoch_parts, stored_order, stored_rows
 from .base import Fuser, as_run, check_validation_run
 from .schema import WEIGHT_SUM_TOLERANCE, check_checkpoints, check_weights_present
@@ -42,6 +43,10 @@ class EnsembleSelection(Fuser):
         self._check_params()
         k = self.max_checkpoints
         check_validation_run(run)
+        if run.is_distributed:
+            raise ForgetkitError("ensemble selection needs a run held in memory or on disk "
+                                 "(each round reads its outputs); load the run from its "
+                                 "files without chunks=, or run fk.sweep on a cluster")
         cached = run.cache_probs(self.memory_budget)
         if cached is not None:
             scorer = _CachedScorer(run, cached)
