@@ -8,8 +8,8 @@ bench/data/ by `bench.common.write_synthetic_npy` (the suite's files, reused). E
 measurement runs in a fresh process that calls ``numba.set_num_threads(t)`` (BLAS limited to
 t threads too) and first runs the task on a tiny run (loading every kernel from numba's
 on-disk cache, a fixed cost of a few seconds, off the clock), then times it on a freshly
-loaded memmap with a warm page cache. Prints a markdown table (wall seconds, speed-up over 1 thread,
-efficiency) with the I/O floor (``cat file > /dev/null``), and writes the rows as JSON and
+loaded memmap with a warm page cache; its peak RssAnon is sampled from outside the process.
+Prints a markdown table (wall seconds, speed-up over 1 thread, efficiency) with the I/O floor (``cat file > /dev/null``), and writes the rows as JSON and
 the table as markdown under ``--out`` after every measurement (a run cut short keeps what
 it measured).
 """
@@ -21,10 +21,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from .common import DATA, SIZES, cat_seconds, machine, peak_rss_anon, suite_run, write_synthetic_npy
+from .common import DATA, SIZES, cat_seconds, machine, rss_anon_mb, suite_run, write_synthetic_npy
 
 TASKS = ("forgetting", "kf_fit", "compare")
 LABELS = {"forgetting": "forgetting pass (F_e, L_e, per-sample stats)",
@@ -59,21 +60,29 @@ def child(task, path, threads):
     numba.set_num_threads(int(threads))
     if task != "warm":  # load the kernels from numba's cache off the clock (a fixed cost)
         _task("warm" if task == "compare" else task, DATA / "warm_scaling.npy")
-    with peak_rss_anon() as mem:
-        seconds = _task(task, path)
-    print(json.dumps({"seconds": seconds, "peak_mb": mem["peak_mb"],
-                      "threads": numba.get_num_threads()}))
+    print(json.dumps({"seconds": _task(task, path), "threads": numba.get_num_threads()}))
 
 
 def measure(task, path, threads, timeout):
+    """Run ``task`` in a child process with ``threads`` threads; its peak RssAnon is
+    sampled every 5 ms from this process (no thread of the child's own competes with its
+    kernels)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
-    out = subprocess.run([sys.executable, "-m", "bench.bench_scaling", "--child", task, str(path),
-                          str(threads)], capture_output=True, text=True, env=env,
-                         timeout=timeout)
-    if out.returncode:
-        raise RuntimeError(f"{task} at {threads} threads failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-m", "bench.bench_scaling", "--child", task,
+                                  str(path), str(threads)], stdout=out, stderr=err, env=env)
+        peak, deadline = 0.0, time.monotonic() + timeout
+        while child.poll() is None:
+            peak = max(peak, rss_anon_mb(child.pid) or 0.0)
+            if time.monotonic() > deadline:
+                child.kill()
+                raise subprocess.TimeoutExpired(child.args, timeout)
+            time.sleep(0.005)
+        out.seek(0), err.seek(0)
+        if child.returncode:
+            raise RuntimeError(f"{task} at {threads} threads failed:\n{err.read()[-2000:]}")
+        return dict(json.loads(out.read().strip().splitlines()[-1]), peak_mb=peak)
 
 
 def warm(path):

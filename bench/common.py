@@ -28,10 +28,14 @@ def machine():
     return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, {platform.python_version()}"
 
 
-def rss_anon_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
+def rss_anon_mb(pid="self"):
+    """RssAnon of process ``pid`` in MB (nan once it has exited)."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return float("nan")
 
 
