@@ -9,9 +9,9 @@ measurement runs in a fresh process that calls ``numba.set_num_threads(t)`` (BLA
 t threads too) and first runs the task on a tiny run (loading every kernel from numba's
 on-disk cache, a fixed cost of a few seconds, off the clock), then times it on a freshly
 loaded memmap with a warm page cache; its peak RssAnon is sampled from outside the process.
-Prints a markdown table (wall seconds, speed-up over 1 thread, efficiency) with the I/O floor (``cat file > /dev/null``), and writes the rows as JSON and
-the table as markdown under ``--out`` after every measurement (a run cut short keeps what
-it measured).
+Prints a markdown table (wall seconds, speed-up over 1 thread, efficiency) with the I/O
+floor (``cat file > /dev/null``), and writes the rows as JSON and the table as markdown
+under ``--out`` after every measurement (a run cut short keeps what it measured).
 """
 
 from __future__ import annotations

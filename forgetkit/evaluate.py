@@ -143,9 +143,9 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
         return
     full = _prepare(run, memory_budget)
     if full.kind == "logits" and not full.is_distributed:  # streamed
-        full.predictions()
-        if softmax_stats:
+        if softmax_stats:  # first: on float16 logits, it also gives the predictions
             full.softmax_stats(memory_budget)
+        full.predictions()
     for s in seeds:
         val, test = split_indices(run.n_samples, val_frac, s)
         yield s, full.isel(samples=val), full.isel(samples=test)

@@ -498,7 +498,8 @@ class Run:
         subsets (the protocol's splits) share it: `SoftmaxStats` with each row's softmax
         shift and 1/sum, first argmax and label probability (E, N), and, when (N, C)
         float64 takes at most ``memory_budget`` bytes, each class's largest probability over
-        the epochs. `label_probs` and ensemble selection read them instead of the outputs.
+        the epochs. `label_probs` and ensemble selection read them instead of the outputs;
+        float16 logits whose every exp comes from the table also get their `predictions`.
         """
         self._require_full("softmax_stats()")
         if self.kind != "logits" or self.is_distributed:
@@ -522,6 +523,12 @@ class Run:
             for e in np.flatnonzero(bad):
                 self.probs(epochs.start + int(e))  # raises the error naming the epoch
         self._stats = stats
+        if self._predictions is None and self.outputs.dtype == np.float16 \
+                and (stats.shift == 0).all():
+            # every row's exp came from the table: distinct float16 values keep their order
+            # through it (gaps of at least 6e-8 relative), so the first argmax of the
+            # probabilities is the forgetting pass's
+            self._inherit_predictions(stats.pred)
         return stats
 
     @property

@@ -148,6 +148,26 @@ def test_softmax_stats_equal_numpy(dtype, tmp_path):
                                   small.softmax_stats().label_prob[:, rows])
 
 
+@pytest.mark.parametrize("table", [True, False])
+def test_float16_softmax_stats_give_the_forgetting_pass(table, tmp_path):
+    """On float16 logits whose every exp comes from the table, the stats' first argmax of
+    the probabilities is the forgetting pass's argmax of the logits (ties, -0.0 and +0.0
+    included) and is taken as it; a value beyond the table leaves the pass to run."""
+    run = make_run(n_epochs=6, n_samples=400, n_classes=30, dtype=np.float16, ties=True)
+    out = np.array(run.outputs)
+    out[2, :40] = -1.0
+    out[2, :40, 3], out[2, :40, 7] = -0.0, 0.0
+    if not table:
+        out[4, 9, 1] = 700.0  # shifted exp for this row
+    fk.save(run.replace(outputs=out), tmp_path / "r.npy")
+    expected = fk.load(tmp_path / "r.npy").predictions()
+    r = fk.load(tmp_path / "r.npy")
+    stats = r.softmax_stats()
+    assert (r._predictions is stats.pred) == table
+    np.testing.assert_array_equal(r.predictions(), expected)
+    assert (expected[2, :40] == 3).all()
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("known", [False, True])
 def test_add_softmax_live_rows_equals_add_then_live_rows(dtype, known):

@@ -8,7 +8,7 @@ from numba import njit, prange
 
 #: Rows per block of the EM pass: sums are taken per block, then over the blocks in order,
 #: so the result does not depend on the number of threads.
-EM_BLOCK = 512
+EM_BLOCK = 128
 
 
 @njit(fastmath={"reassoc"})
