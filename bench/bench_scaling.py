@@ -64,21 +64,25 @@ def child(task, path, threads):
 
 
 def measure(task, path, threads, timeout):
-    """Run ``task`` in a child process with ``threads`` threads; its peak RssAnon is
-    sampled every 5 ms from this process (no thread of the child's own competes with its
-    kernels)."""
+    """Run ``task`` in a child process with ``threads`` threads; its peak RssAnon over its
+    whole life (imports and the warm-up run included) is sampled every 5 ms from this
+    process, so no thread of the child's own competes with its kernels."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen([sys.executable, "-m", "bench.bench_scaling", "--child", task,
                                   str(path), str(threads)], stdout=out, stderr=err, env=env)
         peak, deadline = 0.0, time.monotonic() + timeout
-        while child.poll() is None:
-            peak = max(peak, rss_anon_mb(child.pid) or 0.0)
-            if time.monotonic() > deadline:
-                child.kill()
-                raise subprocess.TimeoutExpired(child.args, timeout)
-            time.sleep(0.005)
+        try:
+            while child.poll() is None:
+                mb = rss_anon_mb(child.pid)
+                peak = max(peak, mb) if mb == mb else peak  # nan once it has exited
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(child.args, timeout)
+                time.sleep(0.005)
+        finally:
+            child.kill()
+            child.wait()
         out.seek(0), err.seek(0)
         if child.returncode:
             raise RuntimeError(f"{task} at {threads} threads failed:\n{err.read()[-2000:]}")

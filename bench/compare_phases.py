@@ -23,9 +23,9 @@ from forgetkit.fusion import likelihood, selection
 
 from .common import DATA, suite_run, write_synthetic_npy
 
-KERNELS = ("add_softmax_live_rows", "fill_entries", "selection_gathered_counts",
-           "score_recipes", "window_grid_counts", "mix_window_into", "softmax_stats",
-           "take_samples", "em_pass")
+KERNELS = ("add_softmax_live_rows", "entry_needs", "move_entries", "fill_entries",
+           "selection_gathered_counts", "score_recipes", "window_grid_counts",
+           "mix_window_into", "softmax_stats", "take_samples", "em_pass")
 
 
 def timed_phases():

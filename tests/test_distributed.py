@@ -230,6 +230,9 @@ def test_staged_predictions_on_dask_equal_in_memory(client, real_small):
     assert all(isinstance(stage, da.Array) for stage in stages)
     for got, want in zip(stages, ref, strict=True):
         np.testing.assert_array_equal(got.compute(), want)
+    curve = fk.evaluate.ensemble_size_curve(on_dask(real_small, 900), seeds=(1,))
+    pd.testing.assert_frame_equal(curve, fk.evaluate.ensemble_size_curve(real_small,
+                                                                         seeds=(1,)))
 
 
 def test_kf_on_dask_equals_in_memory_on_tie_heavy_data(client):

@@ -345,6 +345,12 @@ def test_gathered_entries_hold_each_live_rows_candidates(dtype):
             refused += 1
             continue
         moved += entries.cls is not before
+        assert entries.used <= entries.cls.size <= entries.limit
+        others = np.setdiff1d(np.flatnonzero(entries.offset >= 0), rows)
+        for r in others:  # rows not live this round keep a valid entry
+            o, n = entries.offset[r], entries.size[r]
+            got = entries.values[n_epochs * o: n_epochs * (o + n)].reshape(n_epochs, n)
+            np.testing.assert_array_equal(got, values[:, src[r]][:, entries.cls[o:o + n]])
         for r, c in zip(rows, cands, strict=True):
             o, n = entries.offset[r], entries.size[r]
             cls = entries.cls[o:o + n]

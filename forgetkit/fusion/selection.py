@@ -178,13 +178,14 @@ class _Entries:
 
     def update(self, stored, rows, ptr, cand):
         """Give every row of rows (R,) an entry holding its candidates cand[ptr[i]:ptr[i+1]]
-        (see ``live_rows``), read from the stored outputs (values, src) where it has none;
+        (see ``live_rows``) where its entry does not hold them: the classes the old entry
+        holds are copied from it, the others read from the stored outputs (values, src).
         False (and every entry dropped) if they do not fit the budget."""
         need = kernels.entry_needs(rows, ptr, cand, self.offset, self.size, self.cls)
         fresh = int(need.sum())
         old = (self.offset, self.size, self.cls, self.values)  # new entries copy from these
         if self.used + fresh > self.cls.size:
-            kept = np.where(need == 0, self.size[rows], 0)
+            kept = np.where((need == 0) & (self.offset[rows] >= 0), self.size[rows], 0)
             required = int(kept.sum()) + fresh
             if required > self.limit:
                 self.offset[:] = -1

@@ -165,7 +165,7 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
                 always[i] = right[r]
                 continue
             t = total[r]
-            top = 0.0
+            top = -1.0  # set by the last pick added (totals are never negative)
             for p in range(added[r], n_picks):
                 e, row = picks[p], src[r]
                 if inv[e, r] > 0.0 and is_table_row(values[e, row], shift[e, r]):
@@ -177,6 +177,8 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
                     break
                 for c in range(t.shape[0]):
                     t[c] += 1.0 * (tmp[c] * scale)
+                top = _row_max(t)
+            if top < 0.0:
                 top = _row_max(t)
             added[r] = n_picks
             n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack, top)
@@ -301,12 +303,12 @@ def entry_needs(rows, ptr, cand, offset, size, cls, need):
 @njit(parallel=True, cache=True)
 def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values,
                  at, n_epochs):
-    """Copy the kept entries (need[i] == 0) of rows r = rows[i] from (cls, values) to
-    (new_cls, new_values) at new positions at[i], recorded in new_offset[r]."""
+    """Copy the kept entries (need[i] == 0, offset[r] >= 0) of rows r = rows[i] from (cls,
+    values) to (new_cls, new_values) at new positions at[i], recorded in new_offset[r]."""
     for i in prange(rows.shape[0]):
-        if need[i] != 0:
-            continue
         r = rows[i]
+        if need[i] != 0 or offset[r] < 0:
+            continue
         o, n, a = offset[r], size[r], at[i]
         new_cls[a: a + n] = cls[o: o + n]
         new_values[n_epochs * a: n_epochs * (a + n)] = values[n_epochs * o: n_epochs * (o + n)]
