@@ -15,6 +15,7 @@ from scipy.special import bdtr
 
 from . import kernels
 from ._validation import check_option
+from .errors import ForgetkitError
 from .fusion import (
     CheckpointAverage,
     EarlyStopping,
@@ -183,6 +184,11 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     methods = list(methods)
     for m in methods:
         check_option("method", m, tuple(METHODS))
+    if "ensemble_selection" in methods and any(r is not None and r.is_distributed
+                                               for r in (run, val_run)):
+        raise ForgetkitError("ensemble selection needs a run held in memory or on disk (each "
+                             "round reads its outputs): on a run on a dask array pass methods "
+                             "without 'ensemble_selection', or run fk.sweep on its files")
     rows = []
     # ensemble selection's bounds and first round, likelihood fusion's label probabilities
     shared = bool({"ensemble_selection", "likelihood"} & set(methods))

@@ -264,6 +264,16 @@ def test_fusers_fit_on_dask_as_in_memory_or_refuse_by_name(client, real_small):
         fk.EnsembleSelection(3).fit(run)
 
 
+def test_compare_on_dask_equals_in_memory_without_ensemble_selection(client, real_run):
+    """compare on a dask run (the streamed run's shared softmax pass in memory) gives the
+    in-memory table exactly; with ensemble selection among its methods it refuses at once."""
+    methods = [m for m in fk.evaluate.DEFAULT_METHODS if m != "ensemble_selection"]
+    got = fk.compare(on_dask(real_run, 2500), seeds=(0,), methods=methods)
+    pd.testing.assert_frame_equal(got, fk.compare(real_run, seeds=(0,), methods=methods))
+    with pytest.raises(fk.ForgetkitError, match="pass methods without 'ensemble_selection'"):
+        fk.compare(on_dask(real_run, 2500), seeds=(0,))
+
+
 def test_kf_on_dask_refuses_the_continuous_search(client, real_small):
     with pytest.raises(ValueError, match="grid=None .* needs a run held in memory"):
         fk.KnowledgeFusion(grid=None).fit(on_dask(real_small, 500))

@@ -58,7 +58,10 @@ class LikelihoodFusion(Fuser):
         self._check_params()
         check_validation_run(run)
         q = run.label_probs()  # (N, E): on a dask run, computed on the workers
-        q = np.maximum(q.compute() if run.is_distributed else q, LOG_FLOOR)
+        # C order whatever the source (a transposed view of the softmax stats, a dask
+        # result): the BLAS products' bits depend on the layout
+        q = np.ascontiguousarray(np.maximum(q.compute() if run.is_distributed else q,
+                                            LOG_FLOOR))
         idx = np.arange(run.n_epochs)
         w, self.n_iter_ = self._em(q)
         keep = w > self.min_weight * w.max()
