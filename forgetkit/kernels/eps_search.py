@@ -11,7 +11,7 @@ from numba import njit, prange
 
 from .argmax import first_argmax_mix
 from .floats import LOW63, float_of_key64, key64
-from .softmax import combine_row
+from .softmax import combine_scratch, window_mean_row
 
 
 # Grid searches start at x * (G - 1), the index on KnowledgeFusion's uniform grids, and walk
@@ -195,16 +195,11 @@ def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_m
     n_blocks = max(1, min(n_blocks, n_samples))
     diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
     bad = np.zeros(n_blocks, dtype=np.int64)
-    no_weights = np.empty(0)
     for blk in prange(n_blocks):
-        tmp = np.empty((3, n_classes))
-        inv = np.empty(3)
-        w = np.ones(3)
-        a = np.empty(n_classes)
+        scratch, a = combine_scratch(n_classes), np.empty(n_classes)
         for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
             n = order[j]
-            n_bad = combine_row(values, epochs, no_weights, src[n], table, tmp, inv, w, a,
-                                False)
+            n_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
             if n_bad:
                 bad[blk] += n_bad
                 continue
@@ -223,16 +218,11 @@ def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, mag
     n_samples, n_classes = b.shape
     n_blocks = max(1, min(n_blocks, n_samples))
     bad = np.zeros(n_blocks, dtype=np.int64)
-    no_weights = np.empty(0)
     for blk in prange(n_blocks):
-        tmp = np.empty((3, n_classes))
-        inv = np.empty(3)
-        w = np.ones(3)
-        a = np.empty(n_classes)
+        scratch, a = combine_scratch(n_classes), np.empty(n_classes)
         for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
             n = order[j]
-            bad[blk] += combine_row(values, epochs, no_weights, src[n], table, tmp, inv, w, a,
-                                    False)
+            bad[blk] += window_mean_row(values, epochs, src[n], table, scratch, a)
             _mix_row(a, b[n], eps)
             _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
     return bad.sum()

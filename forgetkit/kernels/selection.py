@@ -142,14 +142,14 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
     softmax_rows(...)`` pick by pick), then `live_rows` of the new totals, in one pass.
 
     Rows are settled lazily: a row that is not live and cannot become live within s more
-    picks (`_rounds_settled`) is not read again
-    until round len(picks) + s + 1 (due[r]); meanwhile it counts as right (right[r]) or
-    wrong for every vector, and its total waits (added[r]: picks already in it).
+    picks (`_rounds_settled`) is not read again until round len(picks) + s + 1 (due[r]);
+    meanwhile it counts as right (right[r]) or wrong for every vector, and its total waits
+    (added[r]: picks already in it).
     values: stored outputs (E, M, C) (float16 as int16 bits); shift, inv (E, N): each
     softmax's m and inv from ``exp_row`` where known (inv > 0), so that a float16 row read
-    from the table is added in one pass. Returns `live_rows`'s (rows,
-    cand_ptr, cand, number right for every vector) and the number of rows holding inf or
-    nan (their totals are then undefined).
+    from the table is added in one pass. Returns `live_rows`'s (rows, cand_ptr, cand,
+    number right for every vector) and the number of rows holding inf or nan (their totals
+    are then undefined).
     """
     n = order.shape[0]
     n_picks = picks.shape[0]

@@ -242,14 +242,27 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
     n_blocks = max(1, min(n_blocks, n_rows))
     n_bad = 0
     for blk in prange(n_blocks):
-        tmp = np.empty((3, n_classes))
-        inv = np.empty(3)
-        w = np.ones(3)
+        tmp, inv, w = combine_scratch(n_classes)
         for j in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
             r = order[j]
             n_bad += combine_row(values, epochs, weights, src[r], table, tmp, inv, w, out[r],
                                  accumulate)
     return n_bad
+
+
+@njit(inline="always")
+def combine_scratch(n_classes):
+    """One thread's scratch of `combine_row`: tmp (3, C), inv (3,), w (3,)."""
+    return np.empty((3, n_classes)), np.empty(3), np.ones(3)
+
+
+@njit(inline="always")
+def window_mean_row(values, epochs, row, table, scratch, out):
+    """out (C,) = the mean softmax of values[epochs, row] as `combine_softmax` makes it;
+    scratch from `combine_scratch`. Returns the number of epochs whose row holds inf or
+    nan."""
+    tmp, inv, w = scratch
+    return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, False)
 
 
 @njit(inline="always")
