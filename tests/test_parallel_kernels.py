@@ -230,3 +230,61 @@ def test_em_pass_equals_numpy_and_takes_the_parallel_path_above_its_size(monkeyp
     monkeypatch.setattr(likelihood, "PARALLEL_EM_SAMPLES", q.shape[0] + 1)
     w_numpy, _ = likelihood.LikelihoodFusion()._em(q)
     np.testing.assert_allclose(w_big, w_numpy, atol=1e-7)
+
+
+def test_claimed_blocks_run_each_block_once_at_any_number_of_threads():
+    """The shared counter of ``kernels.schedule`` hands out every block exactly once, with
+    more worker slots than threads, one slot, or a single block."""
+    import numba
+    from numba import njit, prange
+
+    from forgetkit.kernels.schedule import claim, new_counter
+
+    @njit(parallel=True)
+    def visits(n_blocks):
+        seen = np.zeros(n_blocks, dtype=np.int64)
+        counter = new_counter()
+        for _ in prange(n_blocks):
+            blk = claim(counter)
+            while blk < n_blocks:
+                seen[blk] += 1
+                blk = claim(counter)
+        return seen
+
+    threads = numba.get_num_threads()
+    try:
+        for t in sorted({1, threads}):
+            numba.set_num_threads(t)
+            for n_blocks in (1, 2, 7, 1000):
+                np.testing.assert_array_equal(visits(n_blocks), np.ones(n_blocks))
+    finally:
+        numba.set_num_threads(threads)
+
+
+def test_compare_does_not_depend_on_threads_or_blocks(tmp_path, monkeypatch):
+    """compare on stored float16 logits (the softmax statistics, the KF fit's window
+    kernels, ensemble selection's gathered rounds, the EM pass, the scoring pass: every
+    kernel whose threads claim blocks) gives the same table at 1 thread and at every
+    thread, with 1, 3 or 8 blocks per thread."""
+    import numba
+    import pandas as pd
+
+    from forgetkit.evaluate import compare_splits
+    from forgetkit.fusion import likelihood
+
+    monkeypatch.setattr(likelihood, "PARALLEL_EM_SAMPLES", 100)  # the EM pass too
+    run = make_run(n_epochs=9, n_samples=600, n_classes=40, dtype=np.float16, ties=True)
+    fk.save(run, tmp_path / "r.npy")
+    tables = []
+    threads = numba.get_num_threads()
+    try:
+        for t in sorted({1, threads}):
+            numba.set_num_threads(t)
+            for blocks_per_thread in (1, 3, 8):
+                monkeypatch.setattr(kernels, "BLOCKS_PER_THREAD", blocks_per_thread)
+                tables.append(compare_splits(fk.load(tmp_path / "r.npy"),
+                                             memory_budget=1 << 20))
+    finally:
+        numba.set_num_threads(threads)
+    for table in tables[1:]:
+        pd.testing.assert_frame_equal(table, tables[0])

@@ -8,7 +8,9 @@
 - ``recipes``: every fuser's prediction of a row from one softmax per epoch, scored at once;
 - ``dynamics``: per-sample label probability, margin and correctness of an epoch (data
   maps, AUM, label issues);
-- ``floats``: float16-bit and float64-key helpers shared by the others.
+- ``floats``: float16-bit and float64-key helpers shared by the others;
+- ``schedule``: the block counter from which the threads of the kernels that take
+  ``n_blocks`` (and the EM pass) claim their blocks.
 
 The functions below are the one layer the rest of the package calls: they pass float16 data
 as its raw int16 bits (numba has no float16 arithmetic), hand the float16 exp table to the
@@ -31,8 +33,9 @@ from . import softmax as _softmax
 from .softmax import f16_exp_table
 
 #: Row blocks per thread of the block-parallel kernels (each block keeps its own counts,
-#: merged at the end): several per thread keep both threads busy when rows cost unevenly,
-#: as in the eps search, where most samples are decided at once.
+#: merged at the end; threads claim blocks one at a time, see ``schedule``): several per
+#: thread let the threads that run faster take more of them, when rows cost unevenly (as in
+#: the eps search, where most samples are decided at once) or a core is slowed down.
 BLOCKS_PER_THREAD = 8
 
 
@@ -239,7 +242,8 @@ def live_rows(total, labels, bound, slack, order=None):
     (rows int64 (R,) in the order of ``order`` (default ascending), cand_ptr (R+1,), cand),
     and the number of the other rows that stay right; see ``selection.live_rows``."""
     order = np.arange(total.shape[0]) if order is None else np.asarray(order, dtype=np.int64)
-    rows, ptr, cand, n_right = _selection.live_rows(total, labels, bound, slack, order)
+    rows, ptr, cand, n_right = _selection.live_rows(total, labels, bound, slack, order,
+                                                    n_blocks())
     return rows, ptr, cand, int(n_right)
 
 
@@ -274,7 +278,7 @@ def entry_needs(rows, ptr, cand, offset, size, cls):
     """need (R,) of the live rows of a round: 0 where a row's gathered entry holds its
     candidates, else the size of its new entry; see ``selection.entry_needs``."""
     need = np.empty(rows.shape[0], np.int64)
-    _selection.entry_needs(rows, ptr, cand, offset, size, cls, need)
+    _selection.entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks())
     return need
 
 
@@ -282,7 +286,7 @@ def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new
                  n_epochs):
     """Move the kept gathered entries to new buffers; see ``selection.move_entries``."""
     _selection.move_entries(rows, need, offset, size, cls, stored(values), new_offset,
-                            new_cls, stored(new_values), at, n_epochs)
+                            new_cls, stored(new_values), at, n_epochs, n_blocks())
 
 
 def fill_entries(values, src, rows, ptr, cand, need, at, old, offset, size, cls, out):
@@ -292,7 +296,7 @@ def fill_entries(values, src, rows, ptr, cand, need, at, old, offset, size, cls,
     old_offset, old_size, old_cls, old_values = old
     _selection.fill_entries(stored(values), src, rows, ptr, cand, need, at, old_offset,
                             old_size, old_cls, stored(old_values), offset, size, cls,
-                            stored(out))
+                            stored(out), n_blocks())
 
 
 def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, shift, inv,

@@ -12,6 +12,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .floats import F16_EXP_MASK, to_f64
+from .schedule import claim, new_counter
 from .softmax import exp_row
 
 #: Probabilities below this are taken as this before a log (the smallest normal float64).
@@ -55,47 +56,51 @@ def label_margins(values, labels, table, softmax, p, margin, correct, total, tot
     accumulate = total.shape[0] > 0
     accumulate_log = total_log.shape[0] > 0
     n_blocks = max(1, min(n_blocks, n_rows))
-    n_bad = 0
-    for blk in prange(n_blocks):
+    bad = np.zeros(n_blocks, dtype=np.int64)
+    counter = new_counter()
+    for _ in prange(n_blocks):
         tmp = np.empty(n_classes)
-        for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            row = values[r]
-            y = labels[r]
-            other = -1
-            best = -np.inf
-            finite = True
-            for c in range(n_classes):
-                finite = finite and _finite(row[c])
-                v = to_f64(row[c])
-                if c != y and (other < 0 or v > best):
-                    best = v
-                    other = c
-            if not finite:
-                n_bad += 1
-                p[r] = np.nan
-                margin[r] = np.nan
-                correct[r] = False
-                continue
-            zy = to_f64(row[y])
-            correct[r] = zy > best or (zy == best and y < other)
-            if softmax:
-                _, shift, inv = exp_row(row, tmp, table)
-                p[r] = tmp[y] * inv
-                margin[r] = zy - best
-                if accumulate:
-                    for c in range(n_classes):
-                        total[r, c] += tmp[c] * inv
-                if accumulate_log:
-                    log_inv = math.log(inv)
-                    for c in range(n_classes):
-                        total_log[r, c] += (to_f64(row[c]) - shift) + log_inv
-            else:
-                p[r] = zy
-                margin[r] = math.log(max(zy, TINY)) - math.log(max(best, TINY))
-                if accumulate:
-                    for c in range(n_classes):
-                        total[r, c] += to_f64(row[c])
-                if accumulate_log:
-                    for c in range(n_classes):
-                        total_log[r, c] += math.log(max(to_f64(row[c]), TINY))
-    return n_bad
+        blk = claim(counter)
+        while blk < n_blocks:
+            for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                row = values[r]
+                y = labels[r]
+                other = -1
+                best = -np.inf
+                finite = True
+                for c in range(n_classes):
+                    finite = finite and _finite(row[c])
+                    v = to_f64(row[c])
+                    if c != y and (other < 0 or v > best):
+                        best = v
+                        other = c
+                if not finite:
+                    bad[blk] += 1
+                    p[r] = np.nan
+                    margin[r] = np.nan
+                    correct[r] = False
+                    continue
+                zy = to_f64(row[y])
+                correct[r] = zy > best or (zy == best and y < other)
+                if softmax:
+                    _, shift, inv = exp_row(row, tmp, table)
+                    p[r] = tmp[y] * inv
+                    margin[r] = zy - best
+                    if accumulate:
+                        for c in range(n_classes):
+                            total[r, c] += tmp[c] * inv
+                    if accumulate_log:
+                        log_inv = math.log(inv)
+                        for c in range(n_classes):
+                            total_log[r, c] += (to_f64(row[c]) - shift) + log_inv
+                else:
+                    p[r] = zy
+                    margin[r] = math.log(max(zy, TINY)) - math.log(max(best, TINY))
+                    if accumulate:
+                        for c in range(n_classes):
+                            total[r, c] += to_f64(row[c])
+                    if accumulate_log:
+                        for c in range(n_classes):
+                            total_log[r, c] += math.log(max(to_f64(row[c]), TINY))
+            blk = claim(counter)
+    return bad.sum()

@@ -11,6 +11,7 @@ from numba import njit, prange
 
 from .argmax import first_argmax_mix
 from .floats import LOW63, float_of_key64, key64
+from .schedule import claim, new_counter
 from .softmax import combine_scratch, window_mean_row
 
 
@@ -139,10 +140,14 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     n_grid = grid.shape[0]
     n_blocks = max(1, min(n_blocks, n_samples))
     diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
-    for blk in prange(n_blocks):
-        for n in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
-            _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
-                      rel_band, diff[blk])
+    counter = new_counter()
+    for _ in prange(n_blocks):
+        blk = claim(counter)
+        while blk < n_blocks:
+            for n in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
+                _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
+                          rel_band, diff[blk])
+            blk = claim(counter)
     total = diff.sum(axis=0)
     return np.cumsum(total[:n_grid])
 
@@ -195,16 +200,20 @@ def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_m
     n_blocks = max(1, min(n_blocks, n_samples))
     diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
     bad = np.zeros(n_blocks, dtype=np.int64)
-    for blk in prange(n_blocks):
+    counter = new_counter()
+    for _ in prange(n_blocks):
         scratch, a = combine_scratch(n_classes), np.empty(n_classes)
-        for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
-            n = order[j]
-            n_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
-            if n_bad:
-                bad[blk] += n_bad
-                continue
-            _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
-                      rel_band, diff[blk])
+        blk = claim(counter)
+        while blk < n_blocks:
+            for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
+                n = order[j]
+                n_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
+                if n_bad:
+                    bad[blk] += n_bad
+                    continue
+                _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
+                          rel_band, diff[blk])
+            blk = claim(counter)
     total = diff.sum(axis=0)
     return np.cumsum(total[:n_grid]), bad.sum()
 
@@ -218,13 +227,17 @@ def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, mag
     n_samples, n_classes = b.shape
     n_blocks = max(1, min(n_blocks, n_samples))
     bad = np.zeros(n_blocks, dtype=np.int64)
-    for blk in prange(n_blocks):
+    counter = new_counter()
+    for _ in prange(n_blocks):
         scratch, a = combine_scratch(n_classes), np.empty(n_classes)
-        for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
-            n = order[j]
-            bad[blk] += window_mean_row(values, epochs, src[n], table, scratch, a)
-            _mix_row(a, b[n], eps)
-            _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+        blk = claim(counter)
+        while blk < n_blocks:
+            for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
+                n = order[j]
+                bad[blk] += window_mean_row(values, epochs, src[n], table, scratch, a)
+                _mix_row(a, b[n], eps)
+                _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+            blk = claim(counter)
     return bad.sum()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .schedule import claim, new_counter
+
 #: Rows per block of the EM pass: sums are taken per block, then over the blocks in order,
 #: so the result does not depend on the number of threads.
 EM_BLOCK = 128
@@ -29,16 +31,20 @@ def em_pass(q, w, grad):
     n_blocks = (n + EM_BLOCK - 1) // EM_BLOCK
     parts = np.zeros((n_blocks, k))
     logs = np.zeros(n_blocks)
-    for b in prange(n_blocks):
-        g = parts[b]
-        total = 0.0
-        for r in range(b * EM_BLOCK, min(n, (b + 1) * EM_BLOCK)):
-            s = _dot(q[r], w)
-            total += np.log(s)
-            inv = 1.0 / s
-            for j in range(k):
-                g[j] += q[r, j] * inv
-        logs[b] = total
+    counter = new_counter()
+    for _ in prange(n_blocks):
+        b = claim(counter)
+        while b < n_blocks:
+            g = parts[b]
+            total = 0.0
+            for r in range(b * EM_BLOCK, min(n, (b + 1) * EM_BLOCK)):
+                s = _dot(q[r], w)
+                total += np.log(s)
+                inv = 1.0 / s
+                for j in range(k):
+                    g[j] += q[r, j] * inv
+            logs[b] = total
+            b = claim(counter)
     grad[:] = 0.0
     total = 0.0
     for b in range(n_blocks):

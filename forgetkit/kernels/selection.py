@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from .floats import to_f64
+from .schedule import claim, new_counter
 from .softmax import exp_row, exp_shifted, is_table_row
 
 
@@ -50,25 +51,32 @@ def _classify_row(t, b, y, slack, top):
 
 
 @njit(inline="always")
-def _live_candidates(total, bound, slack, rows, n_cand):
+def _live_candidates(total, bound, slack, rows, n_cand, n_blocks):
     """(ptr, cand) of the candidate classes of rows (R,) with n_cand (R,) of them each."""
-    ptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    n = rows.shape[0]
+    ptr = np.zeros(n + 1, dtype=np.int64)
     ptr[1:] = np.cumsum(n_cand)
     cand = np.empty(ptr[-1], dtype=np.int64)
-    for j in prange(rows.shape[0]):
-        r = rows[j]
-        t, b = total[r], bound[r]
-        top = _row_max(t)
-        k = ptr[j]
-        for c in range(t.shape[0]):
-            if _is_candidate(t, b, c, top, slack):
-                cand[k] = c
-                k += 1
+    n_blocks = max(1, min(n_blocks, n))
+    counter = new_counter()
+    for _ in prange(n_blocks):
+        blk = claim(counter)
+        while blk < n_blocks:
+            for j in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):
+                r = rows[j]
+                t, b = total[r], bound[r]
+                top = _row_max(t)
+                k = ptr[j]
+                for c in range(t.shape[0]):
+                    if _is_candidate(t, b, c, top, slack):
+                        cand[k] = c
+                        k += 1
+            blk = claim(counter)
     return ptr, cand
 
 
 @njit(parallel=True, cache=True)
-def live_rows(total, labels, bound, slack, order):
+def live_rows(total, labels, bound, slack, order, n_blocks):
     """The rows of a selection round that need scoring, and their candidate classes.
 
     Row r = order[i] of ``total`` (N, C) has first argmax a; adding a probability vector p
@@ -83,13 +91,20 @@ def live_rows(total, labels, bound, slack, order):
     n = order.shape[0]
     n_cand = np.zeros(n, dtype=np.int64)
     always = np.zeros(n, dtype=np.int64)
-    for i in prange(n):
-        r = order[i]
-        t = total[r]
-        n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack, _row_max(t))
+    row_blocks = max(1, min(n_blocks, n))
+    counter = new_counter()
+    for _ in prange(row_blocks):
+        blk = claim(counter)
+        while blk < row_blocks:
+            for i in range(blk * n // row_blocks, (blk + 1) * n // row_blocks):
+                r = order[i]
+                t = total[r]
+                n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack,
+                                                     _row_max(t))
+            blk = claim(counter)
     live = np.flatnonzero(n_cand)
     rows = order[live]
-    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live])
+    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live], n_blocks)
     return rows, ptr, cand, always.sum()
 
 
@@ -157,38 +172,42 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
     always = np.zeros(n, dtype=np.int64)
     n_blocks = max(1, min(n_blocks, n))
     bad = np.zeros(n_blocks, dtype=np.int64)
-    for blk in prange(n_blocks):
+    counter = new_counter()
+    for _ in prange(n_blocks):
         tmp = np.empty(total.shape[1])
-        for i in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):
-            r = order[i]
-            if due[r] > n_picks:  # settled: right or wrong for every vector
-                always[i] = right[r]
-                continue
-            t = total[r]
-            top = -1.0  # set by the last pick added (totals are never negative)
-            for p in range(added[r], n_picks):
-                e, row = picks[p], src[r]
-                if inv[e, r] > 0.0 and is_table_row(values[e, row], shift[e, r]):
-                    top = _add_table_probs(t, values[e, row], table, inv[e, r])
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):
+                r = order[i]
+                if due[r] > n_picks:  # settled: right or wrong for every vector
+                    always[i] = right[r]
                     continue
-                status, _, scale = exp_row(values[e, row], tmp, table)
-                if status < 0:
-                    bad[blk] += 1
-                    break
-                for c in range(t.shape[0]):
-                    t[c] += 1.0 * (tmp[c] * scale)
-                top = _row_max(t)
-            if top < 0.0:
-                top = _row_max(t)
-            added[r] = n_picks
-            n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack, top)
-            right[r] = always[i]
-            if n_cand[i] == 0:
-                due[r] = n_picks + 1 + _rounds_settled(t, bound[r], labels[r], slack, top)
+                t = total[r]
+                top = -1.0  # set by the last pick added (totals are never negative)
+                for p in range(added[r], n_picks):
+                    e, row = picks[p], src[r]
+                    if inv[e, r] > 0.0 and is_table_row(values[e, row], shift[e, r]):
+                        top = _add_table_probs(t, values[e, row], table, inv[e, r])
+                        continue
+                    status, _, scale = exp_row(values[e, row], tmp, table)
+                    if status < 0:
+                        bad[blk] += 1
+                        break
+                    for c in range(t.shape[0]):
+                        t[c] += 1.0 * (tmp[c] * scale)
+                    top = _row_max(t)
+                if top < 0.0:
+                    top = _row_max(t)
+                added[r] = n_picks
+                n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack, top)
+                right[r] = always[i]
+                if n_cand[i] == 0:
+                    due[r] = n_picks + 1 + _rounds_settled(t, bound[r], labels[r], slack, top)
+            blk = claim(counter)
     n_bad = bad.sum()
     live = np.flatnonzero(n_cand)
     rows = order[live]
-    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live])
+    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live], n_blocks)
     return rows, ptr, cand, always.sum(), n_bad
 
 
@@ -231,47 +250,51 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
     n_blocks = max(1, min(n_blocks, n_rows))
     counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
     bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
-    for blk in prange(n_blocks):
+    counter = new_counter()
+    for _ in prange(n_blocks):
         tmp = np.empty(n_classes)
         picked = np.empty(n_classes)
-        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            r = rows[i]
-            t = total[r]
-            first = cand_ptr[i]
-            n = cand_ptr[i + 1] - first
-            for e in range(n_epochs):
-                x = values[e, src[i]]
-                best = -1
-                known = inv[e, r] > 0.0
-                if not known or n == 0 or 2 * n > n_classes:  # the whole row
-                    status, m, scale = exp_row(x, tmp, table)
-                    if status < 0:
-                        bad[blk, e] += 1
-                        continue
-                    if status == 1 and not known:
-                        shift[e, r] = m
-                        inv[e, r] = scale
-                        if not keep_max:
-                            top[e, r] = _row_max(tmp) * scale
-                    if keep_max:
-                        b = class_max[r]
-                        for c in range(n_classes):
-                            b[c] = max(b[c], tmp[c] * scale)
-                    best = _first_argmax_nonnegative(t, tmp, scale)
-                else:  # the candidates' exp (table or vectorised exp), then their argmax
-                    if is_table_row(x, shift[e, r]):
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                r = rows[i]
+                t = total[r]
+                first = cand_ptr[i]
+                n = cand_ptr[i + 1] - first
+                for e in range(n_epochs):
+                    x = values[e, src[i]]
+                    best = -1
+                    known = inv[e, r] > 0.0
+                    if not known or n == 0 or 2 * n > n_classes:  # the whole row
+                        status, m, scale = exp_row(x, tmp, table)
+                        if status < 0:
+                            bad[blk, e] += 1
+                            continue
+                        if status == 1 and not known:
+                            shift[e, r] = m
+                            inv[e, r] = scale
+                            if not keep_max:
+                                top[e, r] = _row_max(tmp) * scale
+                        if keep_max:
+                            b = class_max[r]
+                            for c in range(n_classes):
+                                b[c] = max(b[c], tmp[c] * scale)
+                        best = _first_argmax_nonnegative(t, tmp, scale)
+                    else:  # the candidates' exp (table or vectorised exp), then their argmax
+                        if is_table_row(x, shift[e, r]):
+                            for j in range(n):
+                                tmp[j] = table[np.uint16(x[cand[first + j]])]
+                        else:
+                            for j in range(n):
+                                picked[j] = to_f64(x[cand[first + j]])
+                            exp_shifted(picked[:n], shift[e, r], tmp[:n])
                         for j in range(n):
-                            tmp[j] = table[np.uint16(x[cand[first + j]])]
-                    else:
-                        for j in range(n):
-                            picked[j] = to_f64(x[cand[first + j]])
-                        exp_shifted(picked[:n], shift[e, r], tmp[:n])
-                    for j in range(n):
-                        picked[j] = t[cand[first + j]]
-                    best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
-                                                                  inv[e, r])]
-                if best == labels[r]:
-                    counts[blk, e] += 1
+                            picked[j] = t[cand[first + j]]
+                        best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
+                                                                      inv[e, r])]
+                    if best == labels[r]:
+                        counts[blk, e] += 1
+            blk = claim(counter)
     return counts.sum(axis=0), bad.sum(axis=0)
 
 
@@ -288,36 +311,51 @@ def _holds(cls, a, n, old_cls, oa, on):
 
 
 @njit(parallel=True, cache=True)
-def entry_needs(rows, ptr, cand, offset, size, cls, need):
+def entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks):
     """For the live rows of a round (rows, their candidates cand[ptr[i]:ptr[i+1]]): need[i]
     = 0 if row r = rows[i] has an entry (cls[offset[r]:offset[r] + size[r]], offset -1:
     none) holding every candidate, else the number of its candidates (its new entry)."""
-    for i in prange(rows.shape[0]):
-        r = rows[i]
-        a = ptr[i]
-        n = ptr[i + 1] - a
-        o = offset[r]
-        need[i] = 0 if o >= 0 and _holds(cand, a, n, cls, o, size[r]) else n
+    n_rows = rows.shape[0]
+    n_blocks = max(1, min(n_blocks, n_rows))
+    counter = new_counter()
+    for _ in prange(n_blocks):
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                r = rows[i]
+                a = ptr[i]
+                n = ptr[i + 1] - a
+                o = offset[r]
+                need[i] = 0 if o >= 0 and _holds(cand, a, n, cls, o, size[r]) else n
+            blk = claim(counter)
 
 
 @njit(parallel=True, cache=True)
 def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values,
-                 at, n_epochs):
+                 at, n_epochs, n_blocks):
     """Copy the kept entries (need[i] == 0, offset[r] >= 0) of rows r = rows[i] from (cls,
     values) to (new_cls, new_values) at new positions at[i], recorded in new_offset[r]."""
-    for i in prange(rows.shape[0]):
-        r = rows[i]
-        if need[i] != 0 or offset[r] < 0:
-            continue
-        o, n, a = offset[r], size[r], at[i]
-        new_cls[a: a + n] = cls[o: o + n]
-        new_values[n_epochs * a: n_epochs * (a + n)] = values[n_epochs * o: n_epochs * (o + n)]
-        new_offset[r] = a
+    n_rows = rows.shape[0]
+    n_blocks = max(1, min(n_blocks, n_rows))
+    counter = new_counter()
+    for _ in prange(n_blocks):
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                r = rows[i]
+                if need[i] != 0 or offset[r] < 0:
+                    continue
+                o, n, a = offset[r], size[r], at[i]
+                new_cls[a: a + n] = cls[o: o + n]
+                new_values[n_epochs * a: n_epochs * (a + n)] = \
+                    values[n_epochs * o: n_epochs * (o + n)]
+                new_offset[r] = a
+            blk = claim(counter)
 
 
 @njit(parallel=True, cache=True)
 def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, old_cls,
-                 old_values, offset, size, cls, out):
+                 old_values, offset, size, cls, out, n_blocks):
     """Write the new entries (need[i] > 0, from `entry_needs`) of rows r = rows[i] at
     positions at[i]: cls[at[i]:at[i] + need[i]] their candidates cand[ptr[i]:] and
     out[E*a + e*n + j] the stored value of class cls[a + j] at epoch e; offset[r] and
@@ -326,29 +364,38 @@ def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, o
     read from ``values`` (E, M, C) (row src[i]; float16 as int16 bits): candidates change a
     few classes at a time, so most of a row is not read again."""
     n_epochs = values.shape[0]
-    for i in prange(rows.shape[0]):
-        n = need[i]
-        if n == 0:
-            continue
-        r = rows[i]
-        a = at[i]
-        o, on = old_offset[r], old_size[r]
-        on = on if o >= 0 else 0
-        where = np.empty(n, dtype=np.int64)  # each class's place in the old entry, or -1
-        k = 0
-        for j in range(n):
-            c = cand[ptr[i] + j]
-            cls[a + j] = c
-            while k < on and old_cls[o + k] < c:
-                k += 1
-            where[j] = k if k < on and old_cls[o + k] == c else -1
-        for e in range(n_epochs):
-            x = values[e, src[i]]
-            for j in range(n):
-                out[n_epochs * a + e * n + j] = (x[cls[a + j]] if where[j] < 0 else
-                                                 old_values[n_epochs * o + e * on + where[j]])
-        offset[r] = a
-        size[r] = n
+    n_rows = rows.shape[0]
+    n_blocks = max(1, min(n_blocks, n_rows))
+    counter = new_counter()
+    for _ in prange(n_blocks):
+        # each class's place in the old entry, or -1 (a row has at most C candidates)
+        where = np.empty(values.shape[2], dtype=np.int64)
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                n = need[i]
+                if n == 0:
+                    continue
+                r = rows[i]
+                a = at[i]
+                o, on = old_offset[r], old_size[r]
+                on = on if o >= 0 else 0
+                k = 0
+                for j in range(n):
+                    c = cand[ptr[i] + j]
+                    cls[a + j] = c
+                    while k < on and old_cls[o + k] < c:
+                        k += 1
+                    where[j] = k if k < on and old_cls[o + k] == c else -1
+                for e in range(n_epochs):
+                    x = values[e, src[i]]
+                    for j in range(n):
+                        out[n_epochs * a + e * n + j] = (
+                            x[cls[a + j]] if where[j] < 0
+                            else old_values[n_epochs * o + e * on + where[j]])
+                offset[r] = a
+                size[r] = n
+            blk = claim(counter)
 
 
 @njit(parallel=True, cache=True)
@@ -363,35 +410,39 @@ def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, 
     n_rows = rows.shape[0]
     n_blocks = max(1, min(n_blocks, n_rows))
     counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
-    for blk in prange(n_blocks):
+    counter = new_counter()
+    for _ in prange(n_blocks):
         tmp = np.empty(total.shape[1])
         picked = np.empty(total.shape[1])
         x = np.empty(total.shape[1], dtype=gathered.dtype)
         pos = np.empty(total.shape[1], dtype=np.int64)
-        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            r = rows[i]
-            a = ptr[i]
-            n = ptr[i + 1] - a
-            o, size_r = offset[r], size[r]
-            t = total[r]
-            k = 0  # pos[j]: candidate j's place in the entry (both ascending)
-            for j in range(n):
-                while cls[o + k] < cand[a + j]:
-                    k += 1
-                pos[j] = k
-                picked[j] = t[cand[a + j]]
-            for e in range(n_epochs):
-                base = n_epochs * o + e * size_r
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                r = rows[i]
+                a = ptr[i]
+                n = ptr[i + 1] - a
+                o, size_r = offset[r], size[r]
+                t = total[r]
+                k = 0  # pos[j]: candidate j's place in the entry (both ascending)
                 for j in range(n):
-                    x[j] = gathered[base + pos[j]]
-                if is_table_row(x, shift[e, r]):
+                    while cls[o + k] < cand[a + j]:
+                        k += 1
+                    pos[j] = k
+                    picked[j] = t[cand[a + j]]
+                for e in range(n_epochs):
+                    base = n_epochs * o + e * size_r
                     for j in range(n):
-                        tmp[j] = table[np.uint16(x[j])]
-                else:
-                    exp_shifted(x[:n], shift[e, r], tmp[:n])
-                best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
-                if best == labels[r]:
-                    counts[blk, e] += 1
+                        x[j] = gathered[base + pos[j]]
+                    if is_table_row(x, shift[e, r]):
+                        for j in range(n):
+                            tmp[j] = table[np.uint16(x[j])]
+                    else:
+                        exp_shifted(x[:n], shift[e, r], tmp[:n])
+                    best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
+                    if best == labels[r]:
+                        counts[blk, e] += 1
+            blk = claim(counter)
     return counts.sum(axis=0)
 
 
@@ -442,27 +493,31 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
     n_classes = total.shape[1]
     n_blocks = max(1, min(n_blocks, n_rows))
     counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
-    for blk in prange(n_blocks):
-        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            r = rows[i]
-            t = total[r]
-            y = labels[r]
-            first = cand_ptr[i]
-            n = cand_ptr[i + 1] - first
-            whole = n == 0 or 2 * n > n_classes
-            for e in range(n_epochs):
-                p = probs[e, r]
-                if whole:
-                    best = _first_argmax_sum(t, p)
-                else:
-                    best = cand[first]
-                    best_v = t[best] + p[best]
-                    for j in range(1, n):
-                        c = cand[first + j]
-                        v = t[c] + p[c]
-                        if v > best_v:
-                            best = c
-                            best_v = v
-                if best == y:
-                    counts[blk, e] += 1
+    counter = new_counter()
+    for _ in prange(n_blocks):
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                r = rows[i]
+                t = total[r]
+                y = labels[r]
+                first = cand_ptr[i]
+                n = cand_ptr[i + 1] - first
+                whole = n == 0 or 2 * n > n_classes
+                for e in range(n_epochs):
+                    p = probs[e, r]
+                    if whole:
+                        best = _first_argmax_sum(t, p)
+                    else:
+                        best = cand[first]
+                        best_v = t[best] + p[best]
+                        for j in range(1, n):
+                            c = cand[first + j]
+                            v = t[c] + p[c]
+                            if v > best_v:
+                                best = c
+                                best_v = v
+                    if best == y:
+                        counts[blk, e] += 1
+            blk = claim(counter)
     return counts.sum(axis=0)

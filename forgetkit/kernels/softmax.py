@@ -15,6 +15,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .floats import F16_EXP_MASK, f16_bits_of_key, f16_key, f16_to_f64, is_f16, to_f64
+from .schedule import claim, new_counter
 
 # exp(x) for -708 <= x <= 0 in straight-line arithmetic that vectorises (numba has no
 # vectorised exp on this platform): x = k*ln2 + r with |r| <= ln2/2 (Cody-Waite), a degree-13
@@ -240,14 +241,18 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
     """
     n_rows, n_classes = out.shape
     n_blocks = max(1, min(n_blocks, n_rows))
-    n_bad = 0
-    for blk in prange(n_blocks):
+    bad = np.zeros(n_blocks, dtype=np.int64)
+    counter = new_counter()
+    for _ in prange(n_blocks):
         tmp, inv, w = combine_scratch(n_classes)
-        for j in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            r = order[j]
-            n_bad += combine_row(values, epochs, weights, src[r], table, tmp, inv, w, out[r],
-                                 accumulate)
-    return n_bad
+        blk = claim(counter)
+        while blk < n_blocks:
+            for j in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                r = order[j]
+                bad[blk] += combine_row(values, epochs, weights, src[r], table, tmp, inv, w,
+                                        out[r], accumulate)
+            blk = claim(counter)
+    return bad.sum()
 
 
 @njit(inline="always")
@@ -302,14 +307,18 @@ def label_probs(values, src, labels, table, out, n_blocks):
     ``f16_exp_table()``; out: float64 (R,). Returns the number of rows holding inf or nan."""
     n_rows = src.shape[0]
     n_blocks = max(1, min(n_blocks, n_rows))
-    n_bad = 0
-    for blk in prange(n_blocks):
+    bad = np.zeros(n_blocks, dtype=np.int64)
+    counter = new_counter()
+    for _ in prange(n_blocks):
         tmp = np.empty(values.shape[1])
-        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            if _softmax_row(values[src[i]], tmp, table)[0] < 0:
-                n_bad += 1
-            out[i] = tmp[labels[i]]
-    return n_bad
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                if _softmax_row(values[src[i]], tmp, table)[0] < 0:
+                    bad[blk] += 1
+                out[i] = tmp[labels[i]]
+            blk = claim(counter)
+    return bad.sum()
 
 
 @njit(parallel=True, cache=True)
@@ -344,31 +353,35 @@ def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, clas
     keep_max = class_max.shape[0] > 0
     n_blocks = max(1, min(n_blocks, n_rows))
     bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
-    for blk in prange(n_blocks):
+    counter = new_counter()
+    for _ in prange(n_blocks):
         tmp = np.empty(values.shape[2])
-        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-            for e in range(n_epochs):
-                status, m, scale = exp_row(values[e, src[i]], tmp, table)
-                if status < 0:
-                    bad[blk, e] += 1
-                    pred[e, i] = -1
-                    continue
-                if status == 1:
-                    shift[e, i] = m
-                    inv[e, i] = scale
-                top = np.int64(0)  # non-negative floats order as their bits
-                for c in range(tmp.shape[0]):
-                    tmp[c] *= scale
-                    top = max(top, np.float64(tmp[c]).view(np.int64))
-                if keep_max:
-                    b = class_max[i]
+        blk = claim(counter)
+        while blk < n_blocks:
+            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+                for e in range(n_epochs):
+                    status, m, scale = exp_row(values[e, src[i]], tmp, table)
+                    if status < 0:
+                        bad[blk, e] += 1
+                        pred[e, i] = -1
+                        continue
+                    if status == 1:
+                        shift[e, i] = m
+                        inv[e, i] = scale
+                    top = np.int64(0)  # non-negative floats order as their bits
                     for c in range(tmp.shape[0]):
-                        b[c] = max(b[c], tmp[c])
-                for c in range(tmp.shape[0]):
-                    if np.float64(tmp[c]).view(np.int64) == top:
-                        pred[e, i] = c
-                        break
-                label_prob[e, i] = tmp[labels[i]]
+                        tmp[c] *= scale
+                        top = max(top, np.float64(tmp[c]).view(np.int64))
+                    if keep_max:
+                        b = class_max[i]
+                        for c in range(tmp.shape[0]):
+                            b[c] = max(b[c], tmp[c])
+                    for c in range(tmp.shape[0]):
+                        if np.float64(tmp[c]).view(np.int64) == top:
+                            pred[e, i] = c
+                            break
+                    label_prob[e, i] = tmp[labels[i]]
+            blk = claim(counter)
     return bad.sum(axis=0)
 
 

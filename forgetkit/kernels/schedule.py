@@ -1,0 +1,59 @@
+"""Dynamic scheduling of the block-parallel kernels.
+
+numba's ``prange`` gives each thread one fixed, equal share of the iterations, so the
+slowest thread sets the loop's time: one on a busy core or on a virtual CPU that its host
+pauses, or one whose rows cost more. So the kernels split their rows into blocks and let
+threads claim the blocks one at a time from a shared counter::
+
+    counter = new_counter()
+    for _ in prange(n_blocks):          # worker slots: numba gives each thread a share
+        ...                             # scratch
+        blk = claim(counter)
+        while blk < n_blocks:           # a thread's first slot claims blocks until none is
+            for i in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):   # left; its
+                ...                     # other slots find none
+            blk = claim(counter)
+
+Every kernel that takes ``n_blocks`` (and the EM pass, over its fixed blocks) runs so. A
+thread that starts late or runs slowly claims fewer blocks. Which thread runs a block
+never changes a result: blocks keep their own partial sums, merged in block order.
+``python -m bench.bench_schedule`` measures both schedules on loops of equal and of uneven
+iterations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _fetch_increment(typingctx, counter):
+    """counter[0] += 1 as one atomic operation; returns the value before."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        array_type = sig.args[0]
+        array = context.make_array(array_type)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, array_type, array,
+                                       [context.get_constant(types.intp, 0)])
+        one = context.get_constant(types.int64, 1)
+        return builder.atomic_rmw("add", ptr, one, "monotonic")
+
+    return types.int64(counter), codegen
+
+
+@njit(inline="always")
+def new_counter():
+    """The shared block counter of one parallel loop (int64 (1,), starting at 0)."""
+    return np.zeros(1, dtype=np.int64)
+
+
+@njit(inline="always")
+def claim(counter):
+    """The next unclaimed block index (>= the number of blocks when none is left)."""
+    return _fetch_increment(counter)
+
