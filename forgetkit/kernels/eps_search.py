@@ -139,14 +139,17 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     n_samples, n_classes = a.shape
     n_grid = grid.shape[0]
     n_blocks = max(1, min(n_blocks, n_samples))
-    diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
+    diff = np.empty((n_blocks, n_grid + 1), dtype=np.int64)
     counter = new_counter()
     for _ in prange(n_blocks):
+        local = np.empty(n_grid + 1, dtype=np.int64)  # the block's, stored at its end
         blk = claim(counter)
         while blk < n_blocks:
+            local[:] = 0
             for n in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
                 _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
-                          rel_band, diff[blk])
+                          rel_band, local)
+            diff[blk] = local
             blk = claim(counter)
     total = diff.sum(axis=0)
     return np.cumsum(total[:n_grid])
@@ -198,21 +201,26 @@ def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_m
     n_samples, n_classes = b.shape
     n_grid = grid.shape[0]
     n_blocks = max(1, min(n_blocks, n_samples))
-    diff = np.zeros((n_blocks, n_grid + 1), dtype=np.int64)
-    bad = np.zeros(n_blocks, dtype=np.int64)
+    diff = np.empty((n_blocks, n_grid + 1), dtype=np.int64)
+    bad = np.empty(n_blocks, dtype=np.int64)
     counter = new_counter()
     for _ in prange(n_blocks):
         scratch, a = combine_scratch(n_classes), np.empty(n_classes)
+        local = np.empty(n_grid + 1, dtype=np.int64)  # the block's, stored at its end
         blk = claim(counter)
         while blk < n_blocks:
+            local[:] = 0
+            n_bad = 0
             for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
                 n = order[j]
-                n_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
-                if n_bad:
-                    bad[blk] += n_bad
+                row_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
+                if row_bad:
+                    n_bad += row_bad
                     continue
                 _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
-                          rel_band, diff[blk])
+                          rel_band, local)
+            diff[blk] = local
+            bad[blk] = n_bad
             blk = claim(counter)
     total = diff.sum(axis=0)
     return np.cumsum(total[:n_grid]), bad.sum()
@@ -226,17 +234,19 @@ def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, mag
     row) pairs holding inf or nan."""
     n_samples, n_classes = b.shape
     n_blocks = max(1, min(n_blocks, n_samples))
-    bad = np.zeros(n_blocks, dtype=np.int64)
+    bad = np.empty(n_blocks, dtype=np.int64)
     counter = new_counter()
     for _ in prange(n_blocks):
         scratch, a = combine_scratch(n_classes), np.empty(n_classes)
         blk = claim(counter)
         while blk < n_blocks:
+            n_bad = 0
             for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
                 n = order[j]
-                bad[blk] += window_mean_row(values, epochs, src[n], table, scratch, a)
+                n_bad += window_mean_row(values, epochs, src[n], table, scratch, a)
                 _mix_row(a, b[n], eps)
                 _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+            bad[blk] = n_bad
             blk = claim(counter)
     return bad.sum()
 

@@ -29,13 +29,14 @@ def em_pass(q, w, grad):
     over the blocks in order."""
     n, k = q.shape
     n_blocks = (n + EM_BLOCK - 1) // EM_BLOCK
-    parts = np.zeros((n_blocks, k))
+    parts = np.empty((n_blocks, k))
     logs = np.zeros(n_blocks)
     counter = new_counter()
     for _ in prange(n_blocks):
+        g = np.empty(k)  # the block's sums, stored at its end (see schedule)
         b = claim(counter)
         while b < n_blocks:
-            g = parts[b]
+            g[:] = 0.0
             total = 0.0
             for r in range(b * EM_BLOCK, min(n, (b + 1) * EM_BLOCK)):
                 s = _dot(q[r], w)
@@ -43,6 +44,7 @@ def em_pass(q, w, grad):
                 inv = 1.0 / s
                 for j in range(k):
                     g[j] += q[r, j] * inv
+            parts[b] = g
             logs[b] = total
             b = claim(counter)
     grad[:] = 0.0

@@ -248,14 +248,16 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
     n_classes = total.shape[1]
     keep_max = class_max.shape[0] > 0
     n_blocks = max(1, min(n_blocks, n_rows))
-    counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
+    counts = np.empty((n_blocks, n_epochs), dtype=np.int64)
     bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
     counter = new_counter()
     for _ in prange(n_blocks):
+        local = np.empty(n_epochs, dtype=np.int64)  # the block's, stored at its end
         tmp = np.empty(n_classes)
         picked = np.empty(n_classes)
         blk = claim(counter)
         while blk < n_blocks:
+            local[:] = 0
             for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
                 r = rows[i]
                 t = total[r]
@@ -293,7 +295,8 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
                         best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
                                                                       inv[e, r])]
                     if best == labels[r]:
-                        counts[blk, e] += 1
+                        local[e] += 1
+            counts[blk] = local
             blk = claim(counter)
     return counts.sum(axis=0), bad.sum(axis=0)
 
@@ -409,15 +412,17 @@ def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, 
     Returns counts (E,)."""
     n_rows = rows.shape[0]
     n_blocks = max(1, min(n_blocks, n_rows))
-    counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
+    counts = np.empty((n_blocks, n_epochs), dtype=np.int64)
     counter = new_counter()
     for _ in prange(n_blocks):
+        local = np.empty(n_epochs, dtype=np.int64)  # the block's, stored at its end
         tmp = np.empty(total.shape[1])
         picked = np.empty(total.shape[1])
         x = np.empty(total.shape[1], dtype=gathered.dtype)
         pos = np.empty(total.shape[1], dtype=np.int64)
         blk = claim(counter)
         while blk < n_blocks:
+            local[:] = 0
             for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
                 r = rows[i]
                 a = ptr[i]
@@ -441,7 +446,8 @@ def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, 
                         exp_shifted(x[:n], shift[e, r], tmp[:n])
                     best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
                     if best == labels[r]:
-                        counts[blk, e] += 1
+                        local[e] += 1
+            counts[blk] = local
             blk = claim(counter)
     return counts.sum(axis=0)
 
@@ -492,11 +498,13 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
     n_rows = rows.shape[0]
     n_classes = total.shape[1]
     n_blocks = max(1, min(n_blocks, n_rows))
-    counts = np.zeros((n_blocks, n_epochs), dtype=np.int64)
+    counts = np.empty((n_blocks, n_epochs), dtype=np.int64)
     counter = new_counter()
     for _ in prange(n_blocks):
+        local = np.empty(n_epochs, dtype=np.int64)  # the block's, stored at its end
         blk = claim(counter)
         while blk < n_blocks:
+            local[:] = 0
             for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
                 r = rows[i]
                 t = total[r]
@@ -518,6 +526,7 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
                                 best = c
                                 best_v = v
                     if best == y:
-                        counts[blk, e] += 1
+                        local[e] += 1
+            counts[blk] = local
             blk = claim(counter)
     return counts.sum(axis=0)

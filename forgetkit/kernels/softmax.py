@@ -241,16 +241,18 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
     """
     n_rows, n_classes = out.shape
     n_blocks = max(1, min(n_blocks, n_rows))
-    bad = np.zeros(n_blocks, dtype=np.int64)
+    bad = np.empty(n_blocks, dtype=np.int64)
     counter = new_counter()
     for _ in prange(n_blocks):
         tmp, inv, w = combine_scratch(n_classes)
         blk = claim(counter)
         while blk < n_blocks:
+            n_bad = 0
             for j in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
                 r = order[j]
-                bad[blk] += combine_row(values, epochs, weights, src[r], table, tmp, inv, w,
-                                        out[r], accumulate)
+                n_bad += combine_row(values, epochs, weights, src[r], table, tmp, inv, w,
+                                     out[r], accumulate)
+            bad[blk] = n_bad
             blk = claim(counter)
     return bad.sum()
 
