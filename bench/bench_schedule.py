@@ -7,7 +7,7 @@ share) and worker slots that claim blocks from a shared counter, as forgetkit's 
 Each block is pure arithmetic (no memory traffic): "equal" blocks all cost the same,
 "uneven" ones follow a Pareto law (a few rows cost many times the rest, as in the eps
 search's re-checks). Prints the speed-up of each schedule at each thread count over the
-same schedule at 1 thread (best of 5), measured in one process.
+same schedule at the first count given (default 1; best of 5), measured in one process.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ neighbouring blocks run on different threads, and rows of one shared array updat
 row would bounce their cache lines between cores (the EM pass ran 4x slower so).
 ``python -m bench.bench_schedule`` measures both schedules on loops of equal and of uneven
 iterations.
+
+numba's cache checks only each kernel's own source file: after editing this module, clear
+the kernels' caches (``forgetkit/kernels/__pycache__/*.nbi``, ``*.nbc``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 
 @intrinsic
@@ -55,8 +58,16 @@ def new_counter():
     return np.zeros(1, dtype=np.int64)
 
 
-@njit(inline="always")
 def claim(counter):
-    """The next unclaimed block index (>= the number of blocks when none is left)."""
-    return _fetch_increment(counter)
+    """The next unclaimed block index (>= the number of blocks when none is left). In
+    compiled kernels one atomic increment; this plain version runs them under
+    NUMBA_DISABLE_JIT, where prange is a serial range."""
+    value = int(counter[0])
+    counter[0] += 1
+    return value
+
+
+@overload(claim, inline="always")
+def _claim_compiled(counter):
+    return lambda counter: _fetch_increment(counter)
 

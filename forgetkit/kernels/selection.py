@@ -87,6 +87,7 @@ def live_rows(total, labels, bound, slack, order, n_blocks):
     vector added, any other row wrong for every one.
     Returns rows (R,) (live rows in the order of ``order``), cand_ptr (R+1,) and cand
     (ascending classes per row, CSR), and the number of rows right for every vector.
+    n_blocks: the blocks of rows the threads claim (``schedule``).
     """
     n = order.shape[0]
     n_cand = np.zeros(n, dtype=np.int64)
@@ -317,7 +318,8 @@ def _holds(cls, a, n, old_cls, oa, on):
 def entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks):
     """For the live rows of a round (rows, their candidates cand[ptr[i]:ptr[i+1]]): need[i]
     = 0 if row r = rows[i] has an entry (cls[offset[r]:offset[r] + size[r]], offset -1:
-    none) holding every candidate, else the number of its candidates (its new entry)."""
+    none) holding every candidate, else the number of its candidates (its new entry).
+    n_blocks: the blocks of rows the threads claim (``schedule``)."""
     n_rows = rows.shape[0]
     n_blocks = max(1, min(n_blocks, n_rows))
     counter = new_counter()
@@ -337,7 +339,8 @@ def entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks):
 def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values,
                  at, n_epochs, n_blocks):
     """Copy the kept entries (need[i] == 0, offset[r] >= 0) of rows r = rows[i] from (cls,
-    values) to (new_cls, new_values) at new positions at[i], recorded in new_offset[r]."""
+    values) to (new_cls, new_values) at new positions at[i], recorded in new_offset[r];
+    n_blocks: the blocks of rows the threads claim (``schedule``)."""
     n_rows = rows.shape[0]
     n_blocks = max(1, min(n_blocks, n_rows))
     counter = new_counter()
@@ -365,7 +368,8 @@ def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, o
     size[r] record them. A value the row's previous entry (old_offset[r] >= 0 into old_cls,
     old_values; the same buffers as cls, out or not) holds is copied from it, the others are
     read from ``values`` (E, M, C) (row src[i]; float16 as int16 bits): candidates change a
-    few classes at a time, so most of a row is not read again."""
+    few classes at a time, so most of a row is not read again. n_blocks: the blocks of rows
+    the threads claim (``schedule``)."""
     n_epochs = values.shape[0]
     n_rows = rows.shape[0]
     n_blocks = max(1, min(n_blocks, n_rows))
