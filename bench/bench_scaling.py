@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import DATA, SIZES, cat_seconds, machine, rss_anon_mb, suite_run, write_synthetic_npy
+from .common import SIZES, cat_seconds, machine, rss_anon_mb, suite_run, warm_compare, warm_run
 
 TASKS = ("forgetting", "kf_fit", "compare")
 LABELS = {"forgetting": "forgetting pass (F_e, L_e, per-sample stats)",
@@ -43,8 +43,7 @@ def _task(task, path):
     if task == "forgetting":
         fk.forget_fraction(run), fk.learn_fraction(run), fk.sample_dynamics(run)
     elif task == "warm":  # every path compare takes on a large run, in memory and streamed
-        for budget in (2 << 30, 100_000, 0):  # tiny run: held, stats + gathered, streamed
-            fk.compare(run, memory_budget=budget)
+        warm_compare(path)
     elif task == "kf_fit":
         val, _ = run.split(0.5, 0)
         t = time.perf_counter()
@@ -59,7 +58,7 @@ def child(task, path, threads):
 
     numba.set_num_threads(int(threads))
     if task != "warm":  # load the kernels from numba's cache off the clock (a fixed cost)
-        _task("warm" if task == "compare" else task, DATA / "warm_scaling.npy")
+        _task("warm" if task == "compare" else task, warm_run())
     print(json.dumps({"seconds": _task(task, path), "threads": numba.get_num_threads()}))
 
 
@@ -92,7 +91,7 @@ def measure(task, path, threads, timeout):
 def warm(path):
     """Compile the kernels into numba's cache (a tiny run, every task, compare also with
     the budgets that make it stream), off the clock."""
-    small = write_synthetic_npy(DATA / "warm_scaling.npy", 6, 300, 20, seed=1, noise=0.1)
+    small = warm_run()
     for task in TASKS + ("warm",):
         measure(task, small, 1, timeout=600)
     cat_seconds(path)  # warm the page cache

@@ -136,3 +136,20 @@ def suite_run(size):
     path = write_synthetic_npy(DATA / f"suite_{size}.npy", n_epochs, n_samples, n_classes,
                                seed=7, noise=0.1)
     return path, n_epochs * n_samples * n_classes * 2 / 1e9
+
+
+def warm_run():
+    """Path of the tiny float16 run (E=6, N=300, C=20) on which the benchmarks load their
+    kernels off the clock (written once into bench/data/)."""
+    return write_synthetic_npy(DATA / "warm_scaling.npy", 6, 300, 20, seed=1, noise=0.1)
+
+
+def warm_compare(path=None):
+    """`compare` on the tiny run at ``path`` (default `warm_run`) with the memory budgets
+    that take each of its paths (probabilities held; softmax statistics and gathered
+    values; streamed): every kernel it uses is loaded or compiled, off the clock."""
+    import forgetkit as fk
+
+    run = fk.load(warm_run() if path is None else path)
+    for budget in (2 << 30, 100_000, 0):
+        fk.compare(run, memory_budget=budget)

@@ -5,7 +5,7 @@ suite's L run (E=90, N=50,000, C=1,000, float16 memmap) at a given number of num
 
 Each phase is the summed wall time of the calls of one function (kernels and fits, nested:
 ES.fit includes its kernels). The kernels are first loaded from numba's cache by the same
-compare on the tiny warm-up run of `bench.bench_scaling`, off the clock. Run it at 1 and at
+compare on the tiny warm-up run (`bench.common.warm_compare`), off the clock. Run it at 1 and at
 16 threads on the same machine to see which phases scale.
 """
 
@@ -21,7 +21,7 @@ import forgetkit as fk
 from forgetkit import evaluate, kernels
 from forgetkit.fusion import likelihood, selection
 
-from .common import DATA, suite_run, write_synthetic_npy
+from .common import suite_run, warm_compare
 
 KERNELS = ("add_softmax_live_rows", "entry_needs", "move_entries", "fill_entries",
            "selection_gathered_counts", "score_recipes", "window_grid_counts",
@@ -58,10 +58,7 @@ def main(argv=None):
     threads, size = int(args[0]), (args[1] if len(args) > 1 else "L")
     numba.set_num_threads(threads)
     path, _ = suite_run(size)
-    small = fk.load(write_synthetic_npy(DATA / "warm_scaling.npy", 6, 300, 20, seed=1,
-                                        noise=0.1))
-    for budget in (2 << 30, 100_000, 0):  # every path compare takes, off the clock
-        evaluate.compare(small, memory_budget=budget)
+    warm_compare()
     seconds = timed_phases()
     t = time.perf_counter()
     evaluate.compare(fk.load(path))

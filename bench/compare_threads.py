@@ -2,7 +2,7 @@
 
     python -m bench.compare_threads THREADS... (e.g. 1 16 16 16; one JSON line per run)
 
-The kernels are loaded (the tiny warm-up run of `bench.bench_scaling`, every path compare
+The kernels are loaded (`bench.common.warm_compare`: a tiny run, every path compare
 takes) and the run read once at the full thread count, off the clock; then each count sets
 ``numba.set_num_threads`` and times `compare` on a freshly loaded memmap. Speed-ups taken
 within one process and minute are not blurred by the lent hosts' speed, which varies from
@@ -21,16 +21,13 @@ import numba
 import forgetkit as fk
 from forgetkit import evaluate
 
-from .common import DATA, suite_run, write_synthetic_npy
+from .common import suite_run, warm_compare
 
 
 def main(argv=None):
     counts = [int(t) for t in (argv or sys.argv[1:])]
     path, _ = suite_run("L")
-    small = fk.load(write_synthetic_npy(DATA / "warm_scaling.npy", 6, 300, 20, seed=1,
-                                        noise=0.1))
-    for budget in (2 << 30, 100_000, 0):
-        evaluate.compare(small, memory_budget=budget)
+    warm_compare()
     evaluate.compare(fk.load(path))  # the page cache and every specialisation
     for threads in counts:
         numba.set_num_threads(threads)
