@@ -15,6 +15,7 @@ from .analysis import (
     accuracy,
     correctness,
     data_map,
+    data_scores,
     double_descent,
     forget_fraction,
     label_issues,
@@ -23,6 +24,7 @@ from .analysis import (
     predictions,
     sample_dynamics,
     select,
+    select_coreset,
 )
 from .errors import ForgetkitError
 from .evaluate import compare, compare_splits, format_table, mcnemar
@@ -98,6 +100,8 @@ __all__ = [
     "summarize",
     "SummaryWriter",
     "select",
+    "select_coreset",
+    "data_scores",
     "split_indices",
 ]
 
