@@ -1,4 +1,5 @@
-"""Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|sweep|distill|report ...``.
+"""Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|sweep|distill|report ...``
+(and ``scores|coreset``).
 
 A thin layer: parse, refuse an output that is an input, load, one library call, write.
 Errors the user's input causes (`forgetkit.ForgetkitError`, and OSError such as a missing or
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validation import check_indices
-from .analysis import REGIONS, data_map, forgetting, select
+from ._validation import check_indices, check_int
+from .analysis import REGIONS, data_map, data_scores, forgetting, select, select_coreset
+from .analysis.scores import METHODS as CORESET_METHODS
+from .analysis.scores import SCORES, check_coreset_options, read_scores_csv
 from .errors import ForgetkitError
 from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent, single_hit
 from .fusion import KnowledgeFusion, load_fuser
@@ -108,6 +111,43 @@ def _cmd_datamap(args):
             rows.to_csv(tmp)
         if not args.quiet:
             print(f"wrote {args.out}: {len(ids)} {args.select} samples")
+
+
+def _cmd_scores(args):
+    out = Path(args.out)
+    refuse_overwrite({"--out": out}, [args.run, args.labels, args.second_split])
+    if out.suffix != ".csv":
+        raise ForgetkitError(f"--out must be a .csv file; got {args.out!r}")
+    check_int("--window", args.window, minimum=1)
+    check_int("--el2n-epochs", args.el2n_epochs, minimum=1, allow_none=True)
+    run = load(args.run, labels=args.labels)
+    second = load(args.second_split) if args.second_split else None
+    df = data_scores(run, scores=args.scores, epochs=args.epochs, window=args.window,
+                     el2n_epochs=args.el2n_epochs, second_split=second)
+    with atomic_write(out) as tmp:
+        df.to_csv(tmp)
+    if not args.quiet:
+        for reason in df.attrs["left_out"].values():
+            print(f"left out: {reason}")
+        print(f"wrote {out}: {', '.join(df.columns)} of {len(df)} samples "
+              f"({df.attrs['n_epochs']} epochs)")
+
+
+def _cmd_coreset(args):
+    out = Path(args.out)
+    refuse_overwrite({"--out": out}, [args.scores])
+    if out.suffix != ".npy":
+        raise ForgetkitError(f"--out must be a .npy file; got {args.out!r}")
+    check_coreset_options(args.keep, method=args.method, hard_cutoff=args.hard_cutoff,
+                          strata=args.strata, seed=args.seed)
+    table = read_scores_csv(args.scores)
+    ids = select_coreset(table, args.keep, score=args.score, method=args.method,
+                         hard_cutoff=args.hard_cutoff, strata=args.strata, seed=args.seed)
+    with atomic_write(out) as tmp, open(tmp, "wb") as f:
+        np.save(f, ids)
+    if not args.quiet:
+        print(f"wrote {out}: {len(ids)} of {len(table)} sample ids ({args.method} on "
+              f"{args.score})")
 
 
 def _validation_split(args, run):
@@ -346,8 +386,41 @@ def build_parser():
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_datamap)
 
+    _add_score_commands(sub)
     _add_fusion_commands(sub)
     return parser
+
+
+def _add_score_commands(sub):
+    p = sub.add_parser("scores", help="per-sample pruning scores of a training run (CSV)")
+    p.add_argument("run", metavar="TRAIN_RUN")
+    p.add_argument("--out", required=True, metavar="SCORES.csv")
+    p.add_argument("--labels", help="labels (.npy or text) for a bare .npy run")
+    p.add_argument("--scores", nargs="+", choices=SCORES, default=None,
+                   help="the scores to compute (default: all the run can give)")
+    p.add_argument("--epochs", type=int, nargs="+", default=None, metavar="EPOCH",
+                   help="stored epoch numbers to use (default: all)")
+    p.add_argument("--window", type=int, default=10, help="dynamic uncertainty's window J")
+    p.add_argument("--el2n-epochs", type=int, default=None, metavar="K",
+                   help="EL2N's first epochs (default: ceil(0.1 E))")
+    p.add_argument("--second-split", metavar="RUN",
+                   help="run on the same samples while training on the second split: adds "
+                        "second_split_forgetting")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_scores)
+
+    p = sub.add_parser("coreset", help="the sample ids to keep, chosen by one score")
+    p.add_argument("scores", metavar="SCORES.csv", help="written by forgetkit scores")
+    p.add_argument("--score", required=True, help="the column to select by")
+    p.add_argument("--keep", type=float, required=True, help="fraction to keep, in (0, 1]")
+    p.add_argument("--method", choices=CORESET_METHODS, default="ccs")
+    p.add_argument("--hard-cutoff", type=float, default=0.0,
+                   help="CCS: share of hardest samples removed first")
+    p.add_argument("--strata", type=int, default=50, help="CCS: number of bins")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, metavar="KEEP.npy")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_coreset)
 
 
 def main(argv=None):
