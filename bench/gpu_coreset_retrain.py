@@ -1,0 +1,397 @@
+"""Choosing the data to keep, measured by retraining: ResNet-18 on Fashion-MNIST.
+
+End to end, on one machine with one or more GPUs:
+
+1. **Dynamics, once.** Train ResNet-18 on all 60,000 training images for ``--record-epochs``
+   epochs and record the training set's logits after every epoch with forgetkit's
+   ``LogitRecorder`` (float16, eval mode, no augmentation).
+2. **Scores.** ``fk.data_scores`` on that run (el2n, forgetting, aum, variability,
+   aleatoric, dynamic_uncertainty).
+3. **Retraining.** For every keep fraction (``--keep``, default 0.7 0.5 0.3 0.1), every
+   score with ``fk.select_coreset(method="hardest")`` and with ``method="ccs"``
+   (hard_cutoff 0, 50 strata), against ``method="random"`` and the full training set, for
+   every seed (``--seeds``): a fresh ResNet-18 trained from scratch on the kept samples for
+   a fixed ``--epochs`` (the same for every subset: smaller subsets take fewer steps), then
+   its test accuracy on the 10,000 test images. The selection seed is the training seed.
+
+The trainings run side by side: ``--workers`` processes per GPU, each holding the data on
+its GPU, taking jobs from one queue (most important first: random, full, CCS on aum, the
+other CCS, hardest), with bf16 autocast, channels-last, batch ``--batch-size``. New jobs
+stop starting after ``--budget`` seconds; the JSON says which ran.
+
+    python bench/gpu_coreset_retrain.py --out out/coreset              # the GPU run
+    python bench/gpu_coreset_retrain.py --device cpu --width 8 --train-subset 600 \
+        --test-subset 200 --record-epochs 3 --epochs 1 --window 2 --workers 2 \
+        --keep 0.5 --seeds 0 --out out/smoke                           # a check that it runs
+    python bench/gpu_coreset_retrain.py --table out/coreset/coreset_retrain.json
+
+Writes ``<out>/coreset_retrain.json`` (configuration, every job's accuracy, the table),
+``<out>/scores.csv`` and the recorded training run ``<out>/train_run.npy``.
+
+Recorded results (2 x H200): ``bench/gpu_results/coreset_retrain_2xh200.json`` (the defaults
+above: 8 epochs, lr 0.1, seeds 10 11 12; the README's table) and
+``bench/gpu_results/coreset_retrain_explore_2xh200.json`` (the exploration run that chose
+the default: ``--epochs 6 --lr 0.2 --seeds 0 1 --budget 420``, when the script's default
+was still CCS on aum).
+Needs torch; Fashion-MNIST's IDX files (``--data``, default /usr/share/datasets/fashion-mnist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
+
+SCORES = ("el2n", "forgetting", "aum", "variability", "aleatoric", "dynamic_uncertainty")
+#: forgetkit's recommended default (README "Choosing the data to keep"): chosen on a first
+#: run (seeds 0 and 1, 6 epochs, lr 0.2), confirmed on a second with other seeds.
+DEFAULT = ("ccs", "dynamic_uncertainty")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="output folder")
+    p.add_argument("--table", metavar="JSON", help="print the README table of a result file")
+    p.add_argument("--data", default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--record-epochs", type=int, default=12)
+    p.add_argument("--epochs", type=int, default=8, help="epochs of every retraining")
+    p.add_argument("--window", type=int, default=10, help="dynamic uncertainty's J")
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--wd", type=float, default=5e-4)
+    p.add_argument("--keep", type=float, nargs="+", default=[0.7, 0.5, 0.3, 0.1])
+    p.add_argument("--seeds", type=int, nargs="+", default=[10, 11, 12])
+    p.add_argument("--scores", nargs="+", default=list(SCORES), choices=SCORES)
+    p.add_argument("--workers", type=int, default=4, help="training processes per GPU")
+    p.add_argument("--budget", type=float, default=420.0,
+                   help="seconds after which no new training starts")
+    p.add_argument("--train-subset", type=int, default=None)
+    p.add_argument("--test-subset", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.table is None and args.out is None:
+        p.error("--out is required (or --table JSON)")
+    if any(not 0 < k <= 1 for k in args.keep):
+        p.error(f"--keep fractions must lie in (0, 1]; got {args.keep}")
+    if args.epochs < 1 or args.record_epochs < 1 or args.workers < 1:
+        p.error("--epochs, --record-epochs and --workers must be >= 1")
+    return args
+
+
+# ------------------------------------------------------------------ training
+def load_data(args, device):
+    import torch
+    from train_fmnist import to_tensor
+
+    from forgetkit.datasets import load_fashion_mnist
+
+    x_train, y_train = load_fashion_mnist("train", args.data)
+    x_test, y_test = load_fashion_mnist("test", args.data)
+    if args.train_subset:
+        x_train, y_train = x_train[:args.train_subset], y_train[:args.train_subset]
+    if args.test_subset:
+        x_test, y_test = x_test[:args.test_subset], y_test[:args.test_subset]
+    return (to_tensor(x_train, device), torch.as_tensor(y_train, device=device),
+            to_tensor(x_test, device), torch.as_tensor(y_test, device=device))
+
+
+def train(args, data, idx, seed, *, epochs, recorder=None):
+    """A fresh ResNet-18 trained on the samples ``idx`` (positions) for ``epochs`` epochs;
+    returns (test accuracy, seconds). ``recorder(model, epoch)`` after every epoch."""
+    import torch
+    import torch.nn.functional as F
+    from train_fmnist import ResNet18, augment
+
+    xtr, ytr, xte, yte = data
+    dev = xtr.device
+    torch.manual_seed(seed)
+    np.random.seed(seed)  # noqa: NPY002  (augment's crop offsets)
+    idx = torch.as_tensor(np.asarray(idx), device=dev)
+    model = ResNet18(args.width).to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd,
+                          nesterov=True)
+    steps_per_epoch = (len(idx) + args.batch_size - 1) // args.batch_size
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=epochs * steps_per_epoch)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    t0 = time.time()
+    for epoch in range(epochs):
+        model.train()
+        perm = idx[torch.randperm(len(idx), device=dev)]
+        for i in range(0, len(perm), args.batch_size):
+            b = perm[i:i + args.batch_size]
+            with autocast:
+                loss = F.cross_entropy(model(augment(xtr[b])), ytr[b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+        if recorder is not None:
+            recorder(model, epoch)
+    model.eval()
+    correct = 0
+    with torch.no_grad(), autocast:
+        for i in range(0, len(xte), 4096):
+            correct += (model(xte[i:i + 4096]).argmax(1) == yte[i:i + 4096]).sum().item()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return correct / len(xte), time.time() - t0
+
+
+def worker(rank, device, args, jobs, results):
+    """Take jobs from ``jobs`` until a None; put one result per job into ``results``."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    data = load_data(args, torch.device(device))
+    results.put({"ready": rank, "device": device})
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        try:
+            acc, seconds = train(args, data, job.pop("idx"), job["seed"], epochs=args.epochs)
+            results.put(dict(job, accuracy=acc, seconds=seconds, worker=rank, device=device))
+        except Exception as err:  # reported in the JSON, the other jobs go on
+            results.put(dict(job, error=f"{type(err).__name__}: {err}", worker=rank))
+
+
+def record_dynamics(args, out):
+    """Phase 1: the full training run, the training set's logits recorded every epoch."""
+    import torch
+
+    from forgetkit.datasets import FASHION_MNIST_CLASSES
+    from forgetkit.exporters.torch import LogitRecorder
+
+    device = torch.device(args.device if args.device == "cpu" else "cuda:0")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    data = load_data(args, device)
+    path = out / "train_run.npy"
+    meta = dict(model=f"ResNet18(width={args.width})", epochs=args.record_epochs,
+                batch_size=args.batch_size, lr=args.lr, dataset="fashion-mnist train")
+    rec = LogitRecorder(path, (data[0], data[1]), batch_size=4096, meta=meta, mode="w",
+                        class_names=FASHION_MNIST_CLASSES)
+    try:
+        acc, seconds = train(args, data, np.arange(len(data[0])), 1000,
+                             epochs=args.record_epochs, recorder=rec.record)
+    finally:
+        rec.close()
+    return path, acc, seconds
+
+
+# ------------------------------------------------------------------- the run
+def job_list(args, scores_df, n_train):
+    """The retraining jobs, most important first: with ``scores_df`` None those that need
+    no score (random, full), else those that do."""
+    import forgetkit as fk
+
+    if scores_df is None:
+        groups = [[("random", None)], [("full", None)]]
+    else:
+        groups = [[DEFAULT], [("ccs", s) for s in args.scores if ("ccs", s) != DEFAULT],
+                  [("hardest", s) for s in args.scores]]
+    jobs = []
+    for group in groups:
+        for keep in sorted(args.keep, reverse=True):
+            for seed in args.seeds:
+                for method, score in group:
+                    if method == "full":
+                        if keep != max(args.keep):
+                            continue
+                        idx, frac = np.arange(n_train), 1.0
+                    elif method == "random":  # positions: the run has no sample ids
+                        idx = fk.select_coreset(np.zeros(n_train), keep, method="random",
+                                                seed=seed)
+                        frac = keep
+                    else:
+                        ids = fk.select_coreset(scores_df, keep, score=score, method=method,
+                                                seed=seed)
+                        idx, frac = scores_df.index.get_indexer(ids), keep
+                    jobs.append(dict(method=method, score=score, keep=frac, seed=seed,
+                                     n=int(len(idx)), idx=np.asarray(idx, dtype=np.int64)))
+    return jobs
+
+
+def run(args):
+    import torch
+    import torch.multiprocessing as mp
+
+    import forgetkit as fk
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    devices = ([f"cuda:{i}" for i in range(torch.cuda.device_count())]
+               if args.device == "cuda" else [args.device])
+    if not devices:
+        raise SystemExit("no CUDA device: pass --device cpu")
+    n_train = args.train_subset or 60000
+    ctx = mp.get_context("spawn")
+    jobs, results = ctx.Queue(), ctx.Queue()
+    all_jobs = job_list(args, None, n_train)  # random and full need no scores: start them now
+    for job in all_jobs:
+        jobs.put(dict(job))
+    procs = []
+
+    def start(device, n):
+        for _ in range(n):
+            p = ctx.Process(target=worker, args=(len(procs), device, args, jobs, results),
+                            daemon=True)
+            p.start()
+            procs.append(p)
+
+    # the first GPU records the dynamics first; the others train meanwhile
+    if len(devices) > 1:
+        for d in devices[1:]:
+            start(d, args.workers)
+    else:
+        start(devices[0], max(1, args.workers - 1))
+    record = dict(
+        config={k: v for k, v in vars(args).items() if k != "table"},
+        device=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if args.device == "cuda" else "cpu",
+        torch=torch.__version__, forgetkit=fk.__version__, default=list(DEFAULT), jobs=[])
+    path, rec_acc, rec_seconds = record_dynamics(args, out)
+    print(f"recorded {args.record_epochs} epochs in {rec_seconds:.1f}s, test acc {rec_acc:.4f}",
+          flush=True)
+    if len(devices) > 1:
+        start(devices[0], args.workers)
+    t1 = time.time()
+    train_run = fk.load(path)
+    scores_df = fk.data_scores(train_run, window=args.window)
+    scores_df.to_csv(out / "scores.csv")
+    score_seconds = time.time() - t1
+    print(f"scores of {train_run.n_samples} samples in {score_seconds:.1f}s", flush=True)
+    record["record"] = dict(seconds=rec_seconds, test_accuracy=rec_acc,
+                            n_train=train_run.n_samples, epochs=train_run.n_epochs,
+                            scores_seconds=score_seconds)
+    more = job_list(args, scores_df, train_run.n_samples)
+    for job in more:
+        jobs.put(dict(job))
+    all_jobs += more
+    pending, stopped = len(all_jobs), False
+    while pending:
+        if not stopped and time.time() - t_start > args.budget:
+            stopped = True  # jobs not started yet are reported as not run
+            while True:
+                try:
+                    jobs.get_nowait()
+                    pending -= 1
+                except queue.Empty:
+                    break
+            if not pending:
+                break
+        try:
+            r = results.get(timeout=5)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        if "ready" in r:
+            continue
+        pending -= 1
+        record["jobs"].append(r)
+        print(f"[{time.time() - t_start:6.0f}s] {r['method']:>7} {r['score'] or '':>20} "
+              f"keep {r['keep']:.1f} seed {r['seed']}: "
+              + (f"acc {r['accuracy']:.4f} ({r['seconds']:.0f}s)" if "accuracy" in r
+                 else r.get("error", "")), flush=True)
+        write(record, all_jobs, out, t_start)
+    for _ in procs:
+        jobs.put(None)
+    for p in procs:
+        p.join(timeout=30)
+    write(record, all_jobs, out, t_start)
+    print(markdown(record))
+    return record
+
+
+def write(record, all_jobs, out, t_start):
+    """The result file as it stands (rewritten after every job, so that a run stopped
+    early leaves what it measured)."""
+    key = ("method", "score", "keep", "seed")
+    ran = {tuple(r[k] for k in key) for r in record["jobs"]}
+    record["not_run"] = [{k: j[k] for k in key} for j in all_jobs
+                         if tuple(j[k] for k in key) not in ran]
+    record["wall_seconds"] = time.time() - t_start
+    record["table"] = table(record)
+    tmp = out / "coreset_retrain.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, out / "coreset_retrain.json")
+
+
+# ------------------------------------------------------------------- tables
+def label(method, score):
+    return method if score is None else f"{method} {score}"
+
+
+def table(record):
+    """{row label: {keep: [mean, std, n_seeds]} and 'mean'} of a result record (test
+    accuracy in percent; std with ddof 1 over the seeds, 0 for one seed)."""
+    cells = {}
+    for r in record["jobs"]:
+        if "accuracy" in r:
+            cells.setdefault(label(r["method"], r["score"]), {}).setdefault(
+                f"{r['keep']:g}", []).append(100 * r["accuracy"])
+    out = {}
+    for row, by_keep in cells.items():
+        out[row] = {k: [statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0,
+                        len(v)] for k, v in by_keep.items()}
+    return out
+
+
+def markdown(record):
+    keeps = [f"{k:g}" for k in sorted(record["config"]["keep"], reverse=True)]
+    t = record["table"]
+    rows = []
+    for row, cells in t.items():
+        if row == "full":
+            continue
+        means = [cells[k][0] for k in keeps if k in cells]
+        rows.append((statistics.fmean(means) if len(means) == len(keeps) else -1, row))
+    rows.sort(reverse=True)
+    head = "| method | " + " | ".join(f"keep {float(k):.0%}" for k in keeps) + " | mean |"
+    lines = [head, "|" + " --- |" * (len(keeps) + 2)]
+    for mean, row in rows:
+        cells = t[row]
+        shown = [f"{cells[k][0]:.2f} ± {cells[k][1]:.2f}" if k in cells else "–"
+                 for k in keeps]
+        name = f"**{row}** (default)" if row == " ".join(record["default"]) else row
+        tail = f" | {mean:.2f} |" if mean >= 0 else " | – |"
+        lines.append(f"| {name} | " + " | ".join(shown) + tail)
+    if "full" in t:
+        full = next(iter(t["full"].values()))
+        lines.append(f"\nFull training set: {full[0]:.2f} ± {full[1]:.2f} "
+                     f"({full[2]} seeds).")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(markdown(json.load(f)))
+        return
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
