@@ -14,7 +14,7 @@ import forgetkit as fk
 from forgetkit.analysis.scores import SCORES, ccs_budgets, ccs_strata, select_coreset
 from forgetkit.cli import main
 
-from .conftest import make_run
+from .conftest import import_real_part, make_run
 from .reference import correct_ref, softmax64
 from .reference_scores import (
     ccs_bins_ref,
@@ -45,6 +45,19 @@ def test_scores_equal_numpy_reference(dtype, ties):
     assert_columns_equal(df, scores_ref(np.asarray(run.outputs, np.float64), run.labels), SIX)
     assert df.attrs["el2n_epochs"] == 2 and df.attrs["n_epochs"] == 13
     assert set(df.attrs["left_out"]) == {"second_split_forgetting"}
+
+
+def test_scores_of_a_run_on_a_dask_array_equal_in_memory():
+    da = import_real_part("dask.array", "dask (the forgetkit[dask] extra)")
+    run = make_run(n_epochs=11, n_samples=90, seed=9).replace(sample_ids=np.arange(90) * 3)
+    dask_run = run.replace(outputs=da.from_array(np.asarray(run.outputs),
+                                                 chunks=(-1, 25, -1)))
+    second = make_run(n_epochs=4, n_samples=90, seed=10).replace(labels=run.labels,
+                                                                 sample_ids=run.sample_ids)
+    got = fk.data_scores(dask_run, second_split=second)
+    ref = fk.data_scores(run, second_split=second)
+    pd.testing.assert_frame_equal(got, ref, check_exact=True)
+    assert list(got.columns) == list(SCORES)
 
 
 def test_never_learned_forgetting_is_inf_and_options():
@@ -253,6 +266,21 @@ def test_cli_scores_then_coreset(tmp_path, capsys):
                  "--out", str(out), "--quiet"]) == 0
     np.testing.assert_array_equal(np.load(out), select_coreset(fk.data_scores(run), 0.25,
                                                                score="aum"))
+
+
+def test_cli_scores_with_a_second_split_and_chosen_scores(tmp_path):
+    run = make_run(n_epochs=5, n_samples=40, seed=11)
+    second = make_run(n_epochs=3, n_samples=40, seed=12).replace(labels=run.labels)
+    fk.save(run, tmp_path / "a.npz")
+    fk.save(second, tmp_path / "b.npz")
+    csv = tmp_path / "s.csv"
+    assert main(["scores", str(tmp_path / "a.npz"), "--out", str(csv), "--quiet",
+                 "--second-split", str(tmp_path / "b.npz"), "--epochs", "1", "2", "3",
+                 "--scores", "second_split_forgetting", "aum"]) == 0
+    table = pd.read_csv(csv, index_col=0)
+    ref = fk.data_scores(run, epochs=[1, 2, 3], second_split=second,
+                         scores=["aum", "second_split_forgetting"])
+    pd.testing.assert_frame_equal(table, ref, check_names=False, rtol=1e-12)
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +125,23 @@ def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_ep
                 raise ForgetkitError(cannot[s])
         columns, left_out = requested, {}
     second = _align_second_split(run, second_split) if second_split is not None else None
+    # every score but SSFT is local to a sample: one pass per block of samples (on a run on
+    # a dask array, per chunk on the workers), rows concatenated in sample order
+    local = [c for c in columns if c != "second_split_forgetting"]
+    df = run.map_reduce(partial(_score_table, columns=tuple(local), el2n_epochs=el2n_epochs,
+                                window=window))
+    if second is not None and "second_split_forgetting" in columns:
+        df["second_split_forgetting"] = second_split_forgetting(
+            np.asarray(second.correctness()), second.epochs)
+    df = df[columns]
+    df.attrs.update(n_epochs=n_epochs, epochs=run.epochs.tolist(), window=window,
+                    el2n_epochs=el2n_epochs, left_out=left_out)
+    return df
 
+
+def _score_table(run, *, columns, el2n_epochs, window):
+    """The per-sample ``columns`` of `data_scores` (all but second_split_forgetting) of a
+    run or a block of its samples: float64, index the sample ids (or positions)."""
     out = {}
     p = None
     if {"variability", "aleatoric", "dynamic_uncertainty"} & set(columns):
@@ -140,16 +157,10 @@ def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_ep
             out[name] = p.std(axis=1)
         elif name == "aleatoric":
             out[name] = (p * (1.0 - p)).mean(axis=1)
-        elif name == "dynamic_uncertainty":
-            out[name] = dynamic_uncertainty(p, window)
         else:
-            out[name] = second_split_forgetting(np.asarray(second.correctness()),
-                                                second.epochs)
-    df = pd.DataFrame({name: out[name] for name in columns}, index=sample_index(run),
-                      dtype=np.float64)
-    df.attrs.update(n_epochs=n_epochs, epochs=run.epochs.tolist(), window=window,
-                    el2n_epochs=el2n_epochs, left_out=left_out)
-    return df
+            out[name] = dynamic_uncertainty(p, window)
+    return pd.DataFrame({name: out[name] for name in columns}, index=sample_index(run),
+                        dtype=np.float64)
 
 
 def el2n(run, n_first):
