@@ -44,7 +44,7 @@ def _kf(path, max_windows):
     import forgetkit as fk
 
     run = fk.load(path)
-    val, test = run.split(0.5, 0)
+    val, test = run.split(0.5, seed=0)
     t = time.perf_counter()
     kf = fk.KnowledgeFusion(max_windows=max_windows).fit(val)
     fit_seconds = time.perf_counter() - t
@@ -57,7 +57,7 @@ def _kf_numpy(path, max_steps):
 
     from .bench_fusion import numpy_kf
 
-    val, _ = fk.load(path).split(0.5, 0)
+    val, _ = fk.load(path).split(0.5, seed=0)
     plan, times, setup = numpy_kf(val, max_steps=max_steps)
     return {"steps": len(plan), "step_seconds": float(np.mean(times)), "setup_seconds": setup}
 

@@ -45,7 +45,7 @@ def _task(task, path):
     elif task == "warm":  # every path compare takes on a large run, in memory and streamed
         warm_compare(path)
     elif task == "kf_fit":
-        val, _ = run.split(0.5, 0)
+        val, _ = run.split(0.5, seed=0)
         t = time.perf_counter()
         fk.KnowledgeFusion().fit(val)
     else:

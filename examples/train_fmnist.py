@@ -181,7 +181,7 @@ def main(argv=None):
               "max_forget_fraction": s["max_forget_fraction"],
               "max_forget_epoch": s["max_forget_epoch"], "ever_forgotten": s["ever_forgotten"]}
     if run.n_epochs >= 2:
-        table = fk.compare(run, ["single", "kf1", "kf", "horizontal", "likelihood"])
+        table = fk.compare(run, methods=["single", "kf1", "kf", "horizontal", "likelihood"])
         print(fk.format_table(table))
         result["kf_gain_pp"] = float(table.loc["kf", "gain"])
         result["kf_gain_se"] = float(table.loc["kf", "gain_se"])

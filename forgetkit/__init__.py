@@ -8,7 +8,14 @@ Subpackages: ``io`` (formats, atomic writes, `RunWriter`), ``kernels`` (numba, p
 ``analysis`` (forgetting), ``fusion`` (Knowledge Fusion and the baselines), ``theory``
 (section 4, fairness, label noise), ``report`` (figures, HTML); modules ``run`` (`Run`),
 ``evaluate`` (the split-half protocol), ``cli``.
+
+Short module paths: ``forgetkit.fairness``, ``forgetkit.linear`` and ``forgetkit.noise`` are
+``forgetkit.theory.*``, ``forgetkit.plots`` is ``forgetkit.report.plots`` and
+``forgetkit.distill`` is ``forgetkit.fusion.distill``; each imports under either path (the
+same module). Every public name, its signature and return type: docs/api.md.
 """
+
+import sys as _sys
 
 from . import datasets, errors, evaluate
 from .analysis import (
@@ -18,7 +25,6 @@ from .analysis import (
     data_scores,
     double_descent,
     forget_fraction,
-    label_issues,
     learn_fraction,
     pred_probs,
     predictions,
@@ -26,6 +32,7 @@ from .analysis import (
     select,
     select_coreset,
 )
+from .analysis.label_issues import label_issues
 from .errors import ForgetkitError
 from .evaluate import compare, compare_splits, format_table, mcnemar
 from .fusion import (
@@ -45,16 +52,32 @@ from .fusion import (
     snapshot,
     uniform,
 )
+from .fusion.distill import soft_targets, write_soft_targets
 from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize
 from .report import plots, write_report
 from .run import Run, split_indices
 from .theory import fairness, linear, noise
 
+# the short paths import too (one module object under both names)
+for _name, _module in (("fairness", fairness), ("linear", linear), ("noise", noise),
+                       ("plots", plots), ("distill", distill)):
+    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
+del _name, _module
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "ForgetkitError",
+    # modules
+    "datasets",
+    "distill",
     "errors",
+    "evaluate",
+    "fairness",
+    "linear",
+    "noise",
+    "plots",
+    # classes and functions
+    "ForgetkitError",
     "CheckpointAverage",
     "EarlyStopping",
     "EnsembleSelection",
@@ -64,13 +87,6 @@ __all__ = [
     "RunWriter",
     "Fuser",
     "average_runs",
-    "datasets",
-    "distill",
-    "evaluate",
-    "fairness",
-    "linear",
-    "noise",
-    "plots",
     "write_report",
     "compare",
     "compare_splits",
@@ -102,14 +118,16 @@ __all__ = [
     "select",
     "select_coreset",
     "data_scores",
+    "soft_targets",
     "split_indices",
+    "write_soft_targets",
 ]
 
 
 def __getattr__(name):
     # fk.sweep runs on dask.distributed, an optional dependency: imported on first use only
     if name == "sweep":
-        from .distributed import sweep
+        from .distributed.sweep import sweep
 
         return sweep
     raise AttributeError(f"module 'forgetkit' has no attribute {name!r}")

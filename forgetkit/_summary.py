@@ -27,7 +27,9 @@ from .errors import ForgetkitError
 #: One summary record per (epoch, sample).
 SUMMARY_DTYPE = np.dtype([("label", "<f4"), ("other", "<f4"), ("other_class", "<i4"),
                           ("lse", "<f4")])
-#: Bytes of float64 logits a summary pass converts at a time.
+#: Bytes a pass holds at a time: of stored outputs in the forgetting pass (`Run.predictions`,
+#: epochs per chunk), of float64 logits in a summary pass (rows per chunk). The one value,
+#: imported by `forgetkit.run`.
 CHUNK_BYTES = 1 << 26
 #: What a summary cannot give, for the errors of the methods that need the full outputs.
 HOLDS = ("this run is a summary (per epoch and sample: the label's logit, the largest other "

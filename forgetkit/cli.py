@@ -99,7 +99,7 @@ def _cmd_datamap(args):
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(7.0, 5.2), layout="constrained")
-        plots.data_map(dm, ax=fig.add_subplot())
+        plots.confidence_variability(dm, ax=fig.add_subplot())
         with atomic_write(Path(args.plot)) as tmp:
             fig.savefig(tmp, format="png", dpi=110)
         if not args.quiet:
@@ -161,7 +161,7 @@ def _validation_split(args, run):
         rest = np.setdiff1d(np.arange(run.n_samples), idx)
         test = run.isel(samples=rest) if rest.size else None
         return run.isel(samples=idx), test, f"{idx.size} validation indices from {args.val_indices}"
-    val, test = split_indices(run.n_samples, args.val_frac, args.seed)
+    val, test = split_indices(run.n_samples, args.val_frac, seed=args.seed)
     return run.isel(samples=val), run.isel(samples=test), \
         f"split-half protocol (val_frac={args.val_frac}, seed={args.seed})"
 
@@ -209,8 +209,8 @@ def _cmd_compare(args):
     run = load(args.run)
     val_run = load(args.val_run) if args.val_run else None
     table = compare(run, methods=args.methods, seeds=tuple(args.seeds), val_frac=args.val_frac,
-                    val_run=val_run, window=args.window)
-    print(format_table(table, "markdown" if args.markdown else "text"))
+                    val_run=val_run, window=args.window, progress=not args.quiet)
+    print(format_table(table, fmt="markdown" if args.markdown else "text"))
     if args.json:
         write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
 
@@ -218,7 +218,7 @@ def _cmd_compare(args):
 def _cmd_sweep(args):
     refuse_overwrite({"--out": args.out}, args.runs)
     try:  # the optional dask extra; the error says how to install it
-        from .distributed import sweep
+        from .distributed.sweep import sweep
     except ImportError as err:
         raise ForgetkitError(str(err)) from None
     from distributed import Client
@@ -310,6 +310,7 @@ def _add_fusion_commands(sub):
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS))
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("sweep", help="compare on many runs, one task per run on a dask cluster")

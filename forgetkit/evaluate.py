@@ -14,6 +14,7 @@ import pandas as pd
 from scipy.special import bdtr
 
 from . import kernels
+from ._deprecation import keyword_options
 from ._validation import check_option
 from .errors import ForgetkitError
 from .fusion import (
@@ -40,13 +41,13 @@ METHODS = {
 #: name -> factory(k, memory_budget) of an unfitted baseline with the ensemble budget k;
 #: "kf" and "kf1" come from the split's one KF(inf) fit.
 BASELINES = {
-    "single": lambda k, mb: CheckpointAverage("single"),
-    "horizontal": lambda k, mb: CheckpointAverage("horizontal", max_checkpoints=k),
-    "fixed_jumps": lambda k, mb: CheckpointAverage("fixed_jumps", max_checkpoints=k),
+    "single": lambda k, mb: CheckpointAverage(select="single"),
+    "horizontal": lambda k, mb: CheckpointAverage(select="horizontal", max_checkpoints=k),
+    "fixed_jumps": lambda k, mb: CheckpointAverage(select="fixed_jumps", max_checkpoints=k),
     "early_stopping": lambda k, mb: EarlyStopping(),
     "ensemble_selection": lambda k, mb: EnsembleSelection(max_checkpoints=k, memory_budget=mb),
     "likelihood": lambda k, mb: LikelihoodFusion(max_checkpoints=k),
-    "uniform": lambda k, mb: CheckpointAverage("uniform"),
+    "uniform": lambda k, mb: CheckpointAverage(select="uniform"),
 }
 DEFAULT_METHODS = ("single", "kf1", "kf", "horizontal", "fixed_jumps", "early_stopping",
                    "ensemble_selection", "likelihood")
@@ -63,7 +64,8 @@ def _nll(at_label):
     return float(-np.mean(np.log(np.clip(at_label, 1e-12, None))))
 
 
-def ece(probs, labels, n_bins=15):
+@keyword_options
+def ece(probs, labels, *, n_bins=15):
     """Expected calibration error with ``n_bins`` equal-width confidence bins."""
     return _ece(probs.max(axis=1), probs.argmax(axis=1) == labels, n_bins)
 
@@ -134,7 +136,7 @@ def _prepare(run, memory_budget):
 
 
 def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
-                    memory_budget=DEFAULT_MEMORY_BUDGET, softmax_stats=False):
+                    memory_budget=DEFAULT_MEMORY_BUDGET, softmax_stats=False, progress=False):
     """Yield (split, validation run, test run) of the paper's protocol, or the one pair
     ("val_run", val_run, run) when a separate validation run is given. A streamed logits
     run's forgetting pass (and, with ``softmax_stats``, its `Run.softmax_stats`) is
@@ -145,10 +147,10 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
     full = _prepare(run, memory_budget)
     if full.kind == "logits" and not full.is_distributed:  # streamed
         if softmax_stats:  # first: on float16 logits, it also gives the predictions
-            full.softmax_stats(memory_budget)
-        full.predictions()
+            full.softmax_stats(memory_budget=memory_budget)
+        full.predictions(progress=progress)
     for s in seeds:
-        val, test = split_indices(run.n_samples, val_frac, s)
+        val, test = split_indices(run.n_samples, val_frac, seed=s)
         yield s, full.isel(samples=val), full.isel(samples=test)
 
 
@@ -158,19 +160,21 @@ def single_hit(test):
     return kernels.row_top(test.probs(-1), test.labels)[0] == test.labels
 
 
-def _fitted_kf(fits, split, val, window):
+def _fitted_kf(fits, split, val, window, progress=False):
     """KF(inf) of window ``window`` fitted on ``val``, taken from / stored in ``fits``."""
     key = (split, window)
     if fits is not None and key in fits:
         return fits[key]
-    kf = KnowledgeFusion(window=window).fit(val)
+    kf = KnowledgeFusion(window=window, progress=progress).fit(val)
     if fits is not None:
         fits[key] = kf
     return kf
 
 
-def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5,
-                   val_run=None, window=1, kf_fits=None, memory_budget=DEFAULT_MEMORY_BUDGET):
+@keyword_options
+def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5,
+                   val_run=None, window=1, kf_fits=None, memory_budget=DEFAULT_MEMORY_BUDGET,
+                   progress=False):
     """One row per (split, method): test accuracy, NLL, ECE, ensemble size k, gain over the
     single network on the same split and the McNemar p-value of that difference.
 
@@ -179,7 +183,8 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     dict, keeps the KF(inf) fits by (split, window) and reuses those already in it (pass
     the same dict to `ensemble_size_curve` and `window_curve` to fit each split once).
     ``memory_budget``: bytes of probabilities kept in memory (the run's, then each
-    ensemble selection's); larger runs are streamed.
+    ensemble selection's); larger runs are streamed. ``progress``: show the forgetting
+    pass's and each KF fit's progress on a terminal.
     """
     methods = list(methods)
     for m in methods:
@@ -194,8 +199,8 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     shared = bool({"ensemble_selection", "likelihood"} & set(methods))
     for seed, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac,
                                            val_run=val_run, memory_budget=memory_budget,
-                                           softmax_stats=shared):
-        kf = _fitted_kf(kf_fits, seed, val, window)
+                                           softmax_stats=shared, progress=progress):
+        kf = _fitted_kf(kf_fits, seed, val, window, progress)
         k = kf.ensemble_size_
         single = single_hit(test)
         fusers = []
@@ -216,8 +221,9 @@ def compare_splits(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.
     return pd.DataFrame(rows)
 
 
-def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
-            window=1, kf_fits=None, memory_budget=DEFAULT_MEMORY_BUDGET):
+@keyword_options
+def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
+            window=1, kf_fits=None, memory_budget=DEFAULT_MEMORY_BUDGET, progress=False):
     """The paper's comparison table: one row per method.
 
     Columns: method (label), k (ensemble size, mean over splits), accuracy and accuracy_se
@@ -230,8 +236,9 @@ def compare(run, methods=DEFAULT_METHODS, *, seeds=(0, 1, 2), val_frac=0.5, val_
     -------
     pandas.DataFrame indexed by method name, in the order of ``methods``.
     """
-    long = compare_splits(run, methods, seeds=seeds, val_frac=val_frac, val_run=val_run,
-                          window=window, kf_fits=kf_fits, memory_budget=memory_budget)
+    long = compare_splits(run, methods=methods, seeds=seeds, val_frac=val_frac,
+                          val_run=val_run, window=window, kf_fits=kf_fits,
+                          memory_budget=memory_budget, progress=progress)
     n = long["split"].nunique()
 
     def se(x):
@@ -275,7 +282,8 @@ def table_cells(table):
     return rows
 
 
-def format_table(table, fmt="text"):
+@keyword_options
+def format_table(table, *, fmt="text"):
     """The comparison table of `compare` as ``fmt``: "text" (aligned columns and a note),
     "markdown" or "html" (a ``<table>``, cells escaped)."""
     check_option("fmt", fmt, TABLE_FORMATS)
@@ -297,7 +305,8 @@ def format_table(table, fmt="text"):
 
 
 # ------------------------------------------------------------- ablation curves
-def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits=None):
+def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits=None,
+                        progress=False):
     """Test gain of KF(i) over the single network against its ensemble size k.
 
     KF(i) (at most i windows with eps > 0) is the prefix of KF(inf)'s plan up to its i-th
@@ -306,8 +315,8 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     `compare_splits`.
     """
     rows = []
-    for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
-        kf = _fitted_kf(kf_fits, s, val, window)
+    for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
+        kf = _fitted_kf(kf_fits, s, val, window, progress)
         accs = [np.mean(np.argmax(prob, axis=1) == test.labels)
                 for prob in kf.staged_predict_proba(test)]
         if test.is_distributed:  # lazy stages and single network, computed on the workers
@@ -323,16 +332,17 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     return pd.DataFrame(rows)
 
 
-def window_curve(run, windows=(0, 1, 2, 3, 4), *, seeds=(0, 1, 2), val_frac=0.5,
-                 kf_fits=None):
+@keyword_options
+def window_curve(run, *, windows=(0, 1, 2, 3, 4), seeds=(0, 1, 2), val_frac=0.5,
+                 kf_fits=None, progress=False):
     """Test gain of KF(inf) over the single network for each window size w (the window
     ablation). Returns a DataFrame with columns split, window, k, accuracy, gain.
     ``kf_fits``: as in `compare_splits`."""
     rows = []
-    for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac):
+    for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
         single = np.mean(single_hit(test))
         for w in windows:
-            kf = _fitted_kf(kf_fits, s, val, w)
+            kf = _fitted_kf(kf_fits, s, val, w, progress)
             acc = np.mean(kf.predict(test) == test.labels)
             rows.append({"split": s, "window": w, "k": kf.ensemble_size_,
                          "accuracy": 100 * acc, "gain": 100 * (acc - single)})

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from . import kernels
+from ._deprecation import keyword_options
 from ._progress import Progress
-from ._summary import HOLDS, check_kind, label_margins_of
+from ._summary import CHUNK_BYTES, HOLDS, check_kind, label_margins_of
 from ._validation import (
     KINDS,
     check_class_names,
@@ -37,30 +38,29 @@ from .errors import ForgetkitError, InputTypeError
 EAGER_CHECK_VALUES = 1 << 27
 #: How far from 1 the row sums of a "probs" run may be.
 PROBS_TOLERANCE = 1e-3
-#: Bytes of outputs read per chunk of the forgetting pass.
-CHUNK_BYTES = 1 << 27
 #: Smallest probability taken before a log (exp underflow can give 0), so logs stay finite.
 LOG_FLOOR = 1e-300
 #: Default memory budget, in bytes, for probabilities kept in memory (`Run.cache_probs`).
 DEFAULT_MEMORY_BUDGET = 2 << 30
 
 
-def split_indices(n_samples, frac=0.5, seed=0):
+@keyword_options(renamed={"frac": "val_frac"})
+def split_indices(n_samples, val_frac=0.5, *, seed=0):
     """Validation and test sample indices of the paper's split-half protocol.
 
     ``perm = numpy.random.default_rng(seed).permutation(n_samples)``; validation is
-    ``perm[:int(n_samples * frac)]`` (``perm[:N//2]`` for frac 0.5), test the rest.
+    ``perm[:int(n_samples * val_frac)]`` (``perm[:N//2]`` for 0.5), test the rest.
 
     Returns
     -------
     val, test : ndarray of int64
     """
-    if not 0.0 < frac < 1.0:
-        raise ForgetkitError(f"frac must lie strictly between 0 and 1; got {frac}")
+    if not 0.0 < val_frac < 1.0:
+        raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
     perm = np.random.default_rng(check_int("seed", seed, minimum=0)).permutation(n_samples)
-    n_val = int(n_samples * frac)
+    n_val = int(n_samples * val_frac)
     if n_val < 1 or n_val >= n_samples:
-        raise ForgetkitError(f"frac={frac} leaves an empty half of {n_samples} samples")
+        raise ForgetkitError(f"val_frac={val_frac} leaves an empty half of {n_samples} samples")
     return perm[:n_val], perm[n_val:]
 
 
@@ -460,7 +460,8 @@ class Run:
             self._epoch_probs(e, out[i])
         return out
 
-    def cache_probs(self, memory_budget=DEFAULT_MEMORY_BUDGET):
+    @keyword_options
+    def cache_probs(self, *, memory_budget=DEFAULT_MEMORY_BUDGET):
         """Compute the float64 probabilities of every epoch once and keep them on this run,
         if they take at most ``memory_budget`` bytes (methods that revisit every epoch, such
         as ensemble selection). Returns them (n_epochs, n_samples, n_classes), read-only,
@@ -492,7 +493,8 @@ class Run:
         self._predictions = None
         self._stats = self._stats_of = None
 
-    def softmax_stats(self, memory_budget=DEFAULT_MEMORY_BUDGET):
+    @keyword_options
+    def softmax_stats(self, *, memory_budget=DEFAULT_MEMORY_BUDGET):
         """One pass over the softmax of every epoch of a logits run, kept on the run and
         inherited by its sample subsets (`isel`), so that methods fitted on several
         subsets (the protocol's splits) share it: `SoftmaxStats` with each row's softmax
@@ -777,9 +779,10 @@ class Run:
             samples=None if samples is None else self.sample_positions(samples),
         )
 
-    def split(self, frac=0.5, seed=0):
+    @keyword_options(renamed={"frac": "val_frac"})
+    def split(self, val_frac=0.5, *, seed=0):
         """(validation, test) Runs of the paper's split-half protocol; see `split_indices`."""
-        val, test = split_indices(self.n_samples, frac, seed)
+        val, test = split_indices(self.n_samples, val_frac, seed=seed)
         return self.isel(samples=val), self.isel(samples=test)
 
     def replace(self, **changes):

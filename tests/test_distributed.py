@@ -261,7 +261,7 @@ def test_fusers_fit_on_dask_as_in_memory_or_refuse_by_name(client, real_small):
     assert got.checkpoints_ == ref.checkpoints_
     np.testing.assert_array_equal(got.weights_, ref.weights_)
     with pytest.raises(fk.ForgetkitError, match="ensemble selection needs a run held"):
-        fk.EnsembleSelection(3).fit(run)
+        fk.EnsembleSelection(max_checkpoints=3).fit(run)
 
 
 def test_compare_on_dask_equals_in_memory_without_ensemble_selection(client, real_run):

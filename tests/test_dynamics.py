@@ -319,7 +319,7 @@ def test_select_errors_name_the_argument():
 # --------------------------------------------------------------------------- plot
 def test_data_map_plot(train_run, tmp_path):
     dm = fk.data_map(train_run)
-    ax = plots.data_map(dm)
+    ax = plots.confidence_variability(dm)
     assert ax.get_xlabel() == "variability" and ax.get_ylabel() == "confidence"
     path = tmp_path / "dm.png"
     ax.figure.savefig(path)
@@ -327,7 +327,7 @@ def test_data_map_plot(train_run, tmp_path):
     img = plt.imread(path)
     assert img[..., :3].std() > 0.01
     fig, ax = plt.subplots()
-    assert plots.data_map(make_run(n_epochs=3, n_samples=40), ax=ax) is ax
+    assert plots.confidence_variability(make_run(n_epochs=3, n_samples=40), ax=ax) is ax
     plt.close(fig)
 
 

@@ -61,12 +61,12 @@ def test_compare_on_the_real_run(real_run):
     k = table.loc["kf", "k"]
     assert table.loc["horizontal", "k"] == k and table.loc["fixed_jumps", "k"] == k
     assert table.loc["single", "gain"] == 0
-    long = compare_splits(real_run, ["single", "kf"])
+    long = compare_splits(real_run, methods=["single", "kf"])
     single = long[long.method == "single"].accuracy
     assert table.loc["single", "accuracy_se"] == pytest.approx(np.std(single, ddof=1) / np.sqrt(3))
     text = format_table(table)
     assert "KF(inf)" in text and "±" in text
-    assert format_table(table, "markdown").startswith("| method | k |")
+    assert format_table(table, fmt="markdown").startswith("| method | k |")
 
 
 @pytest.mark.parametrize("source", ["real", "diffuse"])
@@ -90,11 +90,12 @@ def test_score_fusers_in_one_pass_equals_each_predict_proba(dtype, tmp_path):
     its own predict_proba, bit for bit (hit, NLL, ECE), ties included."""
     run = make_run(n_epochs=9, n_samples=400, n_classes=30, dtype=dtype, ties=True)
     fk.save(run, tmp_path / "r.npy")
-    val, test = fk.load(tmp_path / "r.npy").split(0.5, 0)
+    val, test = fk.load(tmp_path / "r.npy").split(0.5, seed=0)
     fusers = [KnowledgeFusion().fit(val), KnowledgeFusion(window=2, grid=None).fit(val),
-              CheckpointAverage("horizontal", 4).fit(val),
-              CheckpointAverage("fixed_jumps", 3).fit(val), CheckpointAverage("single").fit(val),
-              EarlyStopping().fit(val), EnsembleSelection(5).fit(val),
+              CheckpointAverage("horizontal", max_checkpoints=4).fit(val),
+              CheckpointAverage("fixed_jumps", max_checkpoints=3).fit(val),
+              CheckpointAverage("single").fit(val),
+              EarlyStopping().fit(val), EnsembleSelection(max_checkpoints=5).fit(val),
               LikelihoodFusion(max_checkpoints=4).fit(val)]
     assert max(sum(eps > 0 for _, eps in f.plan_) for f in fusers[:2]) >= 2
     for fuser, (hit, nll_, ece_) in zip(fusers, score_fusers(fusers, test), strict=True):
@@ -111,13 +112,13 @@ def test_score_fusers_in_one_pass_equals_each_predict_proba(dtype, tmp_path):
 
 def test_compare_with_a_validation_run():
     val, test = make_run(seed=0), make_run(seed=1)
-    table = compare(test, ["single", "kf"], val_run=val)
+    table = compare(test, methods=["single", "kf"], val_run=val)
     assert np.isnan(table.loc["kf", "accuracy_se"])
 
 
 def test_compare_rejects_unknown_methods(real_small):
     with pytest.raises(ValueError, match="method must be one of .*'kf'.*; got 'kff'"):
-        compare(real_small, ["kff"])
+        compare(real_small, methods=["kff"])
 
 
 def test_cli_fuse_apply_compare(tmp_path, capsys):

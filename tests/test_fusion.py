@@ -163,7 +163,7 @@ def test_budget_and_early_stop_match_reference(real_small):
 
 
 def test_with_windows_is_the_budgeted_fit_and_staged_stages_are_its_predictions(real_small):
-    val, test = real_small.split(0.5, 1)
+    val, test = real_small.split(0.5, seed=1)
     kf = KnowledgeFusion().fit(val)
     stages = [p.copy() for p in kf.staged_predict_proba(test)]
     n_used = sum(eps > 0 for _, eps in kf.plan_)
@@ -180,7 +180,7 @@ def test_with_windows_is_the_budgeted_fit_and_staged_stages_are_its_predictions(
 def test_kf_beats_single_network_on_the_real_run(real_run):
     gains = []
     for seed in (0, 1, 2):
-        val, test = real_run.split(0.5, seed)
+        val, test = real_run.split(0.5, seed=seed)
         kf = KnowledgeFusion().fit(val)
         gains.append(np.mean(kf.predict(test) == test.labels)
                      - np.mean(np.argmax(test.probs(-1), 1) == test.labels))
@@ -203,7 +203,7 @@ def test_continuous_grid_never_loses_to_the_101_grid(real_small):
 
 
 def test_plan_json_roundtrip_and_checkpoints_only_inference(real_run, tmp_path):
-    val, test = real_run.split(0.5, 0)
+    val, test = real_run.split(0.5, seed=0)
     kf = KnowledgeFusion().fit(val)
     kf.to_json(tmp_path / "plan.json")
     back = KnowledgeFusion.from_json(tmp_path / "plan.json")
@@ -427,7 +427,8 @@ def test_likelihood_fusion(real_small):
     pruned = LikelihoodFusion(max_checkpoints=3).fit(real_small)
     assert pruned.ensemble_size_ == 3 and len(pruned.weights_) == 3
     np.testing.assert_allclose(pruned.predict_proba(real_small).sum(1), 1, atol=1e-12)
-    assert CheckpointAverage("horizontal", 3).fit(real_small).checkpoints_ == [57, 58, 59]
+    horizontal = CheckpointAverage("horizontal", max_checkpoints=3).fit(real_small)
+    assert horizontal.checkpoints_ == [57, 58, 59]
 
 
 @pytest.mark.parametrize("grid", [np.arange(101) / 100, np.arange(11) / 10, np.arange(2) / 1,

@@ -53,7 +53,7 @@ def test_every_figure_from_the_real_run(real_run, table, tmp_path):
                     "test accuracy (%), mean ± standard error over splits", ""),
         "size": (plots.gain_vs_checkpoints(ensemble_size_curve(real_run, seeds=(0,))),
                  "checkpoints used (k)", "test gain over single network (pp)"),
-        "window": (plots.gain_vs_window(window_curve(real_run, (0, 1), seeds=(0,))),
+        "window": (plots.gain_vs_window(window_curve(real_run, windows=(0, 1), seeds=(0,))),
                    "window w (epochs averaged: 2w + 1)", "test gain over single network (pp)"),
     }
     for name, (ax, xlabel, ylabel) in cases.items():

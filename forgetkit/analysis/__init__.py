@@ -1,6 +1,12 @@
 """Analyses of a run's training dynamics: forgetting (paper section 3), data maps and AUM
-(``dynamics``), label issues (``label_issues``), pruning scores and coresets (``scores``)."""
+(``dynamics``), label issues (``label_issues``), pruning scores and coresets (``scores``).
 
+Each submodule is reachable under its own name (``forgetkit.analysis.label_issues`` is the
+module; the function is ``forgetkit.label_issues``, also
+``forgetkit.analysis.label_issues.label_issues``)."""
+
+from .._deprecation import callable_module
+from . import dynamics, forgetting, label_issues, scores
 from .dynamics import REGIONS, data_map, select, trajectory
 from .forgetting import (
     DoubleDescent,
@@ -15,7 +21,6 @@ from .forgetting import (
 )
 from .label_issues import (
     confident_joint,
-    label_issues,
     pred_probs,
     ranking_metrics,
     set_metrics,
@@ -23,7 +28,11 @@ from .label_issues import (
 from .scores import data_scores, select_coreset
 
 __all__ = ["DoubleDescent", "REGIONS", "accuracy", "confident_joint", "correctness", "data_map",
-           "double_descent", "forget_fraction", "label_issues", "learn_fraction", "pred_probs",
-           "predictions", "ranking_metrics", "sample_dynamics", "select", "set_metrics", "summary",
-           "trajectory"]
-__all__ += ["data_scores", "select_coreset"]
+           "double_descent", "dynamics", "forget_fraction", "forgetting", "label_issues",
+           "learn_fraction", "pred_probs", "predictions", "ranking_metrics", "sample_dynamics",
+           "select", "set_metrics", "summary", "trajectory"]
+__all__ += ["data_scores", "select_coreset", "scores"]
+
+# calling forgetkit.analysis.label_issues(run), the function this module was shadowed by,
+# still works with a FutureWarning
+callable_module(label_issues, label_issues.label_issues)

@@ -40,30 +40,37 @@ def _epoch_counts(run):
     return counts, int(np.count_nonzero(correct.any(axis=0) & ~final))
 
 
-def epoch_counts(run):
+def epoch_counts(run, *, progress=False):
     """Per-epoch counts (correct, forgotten, learned): int64 (3, n_epochs), and the number of
     samples ever correct but wrong at the final epoch; summed over the chunks of a run on a
     dask array. Each fraction below is one of these counts divided by n_samples (the same
-    bits as the mean of the boolean matrix)."""
+    bits as the mean of the boolean matrix). ``progress``: show the forgetting pass's
+    progress on a terminal (the pass is kept on the run; later calls do not read again)."""
+    _pass_with_progress(run, progress)
     return run.map_reduce(_epoch_counts)
 
 
-def accuracy(run):
+def _pass_with_progress(run, progress):
+    if progress and not run.is_distributed:
+        run.predictions(progress=True)  # the one pass, with progress; kept on the run
+
+
+def accuracy(run, *, progress=False):
     """Accuracy a_e at every epoch: float64 (n_epochs,)."""
-    return epoch_counts(run)[0][0] / run.n_samples
+    return epoch_counts(run, progress=progress)[0][0] / run.n_samples
 
 
-def forget_fraction(run):
+def forget_fraction(run, *, progress=False):
     """Forget fraction F_e: share of samples correct at e but wrong at the final epoch. (E,)"""
-    return epoch_counts(run)[0][1] / run.n_samples
+    return epoch_counts(run, progress=progress)[0][1] / run.n_samples
 
 
-def learn_fraction(run):
+def learn_fraction(run, *, progress=False):
     """Learn fraction L_e: share of samples wrong at e but correct at the final epoch. (E,)"""
-    return epoch_counts(run)[0][2] / run.n_samples
+    return epoch_counts(run, progress=progress)[0][2] / run.n_samples
 
 
-def sample_dynamics(run):
+def sample_dynamics(run, *, progress=False):
     """Per-sample learning/forgetting statistics.
 
     Returns
@@ -74,6 +81,7 @@ def sample_dynamics(run):
         next), forgotten (ever correct but wrong at the final epoch) and forget_epoch (the
         first stored epoch after the last correct one, for forgotten samples).
     """
+    _pass_with_progress(run, progress)
     return run.map_reduce(_sample_dynamics)
 
 
@@ -144,7 +152,7 @@ def _moving_average(x, width):
     return np.convolve(padded, np.ones(width) / width, mode="valid")[: len(x)]
 
 
-def double_descent(run, *, min_drop=0.01, smooth=None):
+def double_descent(run, *, min_drop=0.01, smooth=None, progress=False):
     """Find the first peak, the dip and the second ascent of the accuracy curve.
 
     On the accuracy curve smoothed by a centred moving average of ``smooth`` stored epochs
@@ -161,7 +169,8 @@ def double_descent(run, *, min_drop=0.01, smooth=None):
     """
     if min_drop <= 0:
         raise ForgetkitError(f"min_drop must be > 0; got {min_drop}")
-    return _double_descent(run, accuracy(run), min_drop=min_drop, smooth=smooth)
+    return _double_descent(run, accuracy(run, progress=progress), min_drop=min_drop,
+                           smooth=smooth)
 
 
 def _descent_counts(run, *, peak, dip):
@@ -209,9 +218,7 @@ def summary(run, *, progress=False):
     """The headline numbers of the forgetting analysis as a dict (what `forgetkit analyze`
     prints): final accuracy, max F_e and its epoch, share of samples ever forgotten, double
     descent phases."""
-    if not run.is_distributed:
-        run.predictions(progress=progress)  # the one pass, with progress; kept on the run
-    counts, ever_forgotten = epoch_counts(run)
+    counts, ever_forgotten = epoch_counts(run, progress=progress)
     acc, f = counts[0] / run.n_samples, counts[1] / run.n_samples
     e_max = int(np.argmax(f))
     return {

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
+from .._deprecation import renamed
 from .._progress import Progress
 from .._validation import check_int, check_labels, check_option
 from ..errors import ForgetkitError
@@ -235,11 +236,12 @@ def _full_scores(run, progress):
         return full_scores(run)
     t = trajectory(run, mean_probs=True, mean_log_probs=True, progress=progress)
     joint = confident_joint(run.labels, t.mean_probs)
-    score, suggested = scores(run.labels, t.mean_log_probs, np.log(noise_transition(joint)))
+    score, suggested = issue_scores(run.labels, t.mean_log_probs,
+                                    np.log(noise_transition(joint)))
     return joint, score, suggested, t.n_epochs
 
 
-def scores(labels, mean_log_probs, log_t):
+def issue_scores(labels, mean_log_probs, log_t):
     """(score float64, suggested int64), each (n_samples,), of samples of given ``labels``
     with trajectory-averaged log-probabilities ``mean_log_probs`` (n_samples, n_classes,
     overwritten) under the log noise transition ``log_t`` (n_classes, n_classes); row by
@@ -257,6 +259,9 @@ def scores(labels, mean_log_probs, log_t):
         log_w[rows, y] = -np.inf
         score[part] = logsumexp(log_w, axis=1) - own
     return score, suggested
+
+
+scores = renamed(issue_scores, "scores", where="forgetkit.analysis.label_issues")
 
 
 #: Classes a summary pass tracks per sample among those that were its largest other class.

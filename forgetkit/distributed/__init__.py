@@ -10,8 +10,8 @@ workers of the active ``dask.distributed`` Client (`knowledge`).
 
 Modules: ``chunks`` (the chunk Runs, `map_reduce`, per-sample dask results), ``shards``
 (loading NPY/Parquet shards, local or fsspec URLs), ``knowledge`` (the distributed Knowledge
-Fusion fit), ``label_issues`` (label issues' passes over the chunks), ``sweep`` (`sweep`:
-`compare` on many runs, one task per run).
+Fusion fit), ``label_issues`` (label issues' passes over the chunks), ``sweep`` (the module
+of `forgetkit.sweep`: `compare` on many runs, one task per run).
 
 dask and distributed are the optional extra ``forgetkit[dask]``; ``import forgetkit`` never
 imports this package.
@@ -26,8 +26,14 @@ except ImportError as err:
     raise ImportError(f"forgetkit.distributed needs dask and distributed ({err}): pip install "
                       "'forgetkit[dask]'") from err
 
+from .._deprecation import callable_module
+from . import sweep
 from .chunks import map_reduce
 from .shards import load_shards
-from .sweep import sweep
 
 __all__ = ["load_shards", "map_reduce", "sweep"]
+
+# forgetkit.distributed.sweep is the module (the function is forgetkit.sweep, also
+# forgetkit.distributed.sweep.sweep); calling the module, which the function used to shadow,
+# still works with a FutureWarning
+callable_module(sweep, sweep.sweep)

@@ -25,8 +25,8 @@ from ..analysis.label_issues import (
     calibrate,
     class_thresholds,
     confident_counts,
+    issue_scores,
     noise_transition,
-    scores,
 )
 from .chunks import combine, persist_chunks
 
@@ -49,7 +49,7 @@ def _counts(means, thresholds):
 
 def _scores(means, log_t):
     labels, _, log_probs = means
-    return scores(labels, log_probs.copy(), log_t)  # the kept means stay as they are
+    return issue_scores(labels, log_probs.copy(), log_t)  # the kept means stay as they are
 
 
 def full_scores(run):

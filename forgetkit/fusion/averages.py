@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._deprecation import keyword_options
 from .._validation import check_int, check_option
 from ..errors import ForgetkitError, PlanError
 from .base import Fuser, as_run, check_validation_run
@@ -112,10 +113,11 @@ def check_same_samples(runs):
 
 class CheckpointAverage(Fuser):
     """A fixed average of epochs as a fuser: ``select`` in "single", "horizontal",
-    "fixed_jumps", "uniform"; ``max_checkpoints`` (the ensemble budget k) is the number of
-    epochs horizontal and fixed jumps average."""
+    "fixed_jumps", "uniform"; ``max_checkpoints`` (the ensemble budget k, keyword-only) is
+    the number of epochs horizontal and fixed jumps average."""
 
-    def __init__(self, select="single", max_checkpoints=1):
+    @keyword_options
+    def __init__(self, select="single", *, max_checkpoints=1):
         self.select = select
         self.max_checkpoints = max_checkpoints
 

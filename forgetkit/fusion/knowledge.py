@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from .._deprecation import keyword_options
 from .._progress import Progress
 from .._validation import check_bool, check_int, check_option
 from ..errors import ForgetkitError
@@ -48,6 +49,11 @@ class KnowledgeFusion(Fuser):
     stop_when_no_gain : bool
         Stop at the first step whose best accuracy does not exceed the current one (that step
         is not added to the plan).
+    progress : bool, default False
+        Show the fit's progress (epochs explored / total) on a terminal. A constructor
+        option like every fuser option (``fit`` takes data only, scikit-learn's rule).
+
+    Every parameter is keyword-only.
 
     Attributes
     ----------
@@ -62,7 +68,8 @@ class KnowledgeFusion(Fuser):
     _state = ("plan", "val_accuracy", "initial_accuracy")
     _what = "Knowledge Fusion plan"
 
-    def __init__(self, window=1, grid=101, rule="best", max_windows=None,
+    @keyword_options
+    def __init__(self, *, window=1, grid=101, rule="best", max_windows=None,
                  max_checkpoints=None, stop_when_no_gain=False, progress=False):
         self.window = window
         self.grid = grid

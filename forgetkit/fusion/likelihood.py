@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 
 from .. import kernels
+from .._deprecation import keyword_options
 from .._validation import check_int, check_number
 from ..run import LOG_FLOOR
 from .base import Fuser, as_run, check_validation_run
@@ -47,7 +48,8 @@ class LikelihoodFusion(Fuser):
 
     _state = ("log_likelihood", "n_iter")
 
-    def __init__(self, max_checkpoints=None, max_iter=2000, tol=1e-10, min_weight=1e-6):
+    @keyword_options
+    def __init__(self, *, max_checkpoints=None, max_iter=2000, tol=1e-10, min_weight=1e-6):
         self.max_checkpoints = max_checkpoints
         self.max_iter = max_iter
         self.tol = tol

@@ -93,7 +93,7 @@ class Fields:
         return i
 
 
-def read_record(fields, classes):
+def read_fuser_record(fields, classes):
     """The fuser class named by the record and its checked constructor parameters."""
     name = fields.get("fuser")
     if not isinstance(name, str) or name not in classes:
@@ -127,7 +127,7 @@ def fuser_from_record(record, classes, where, what="fuser"):
                         f"versions 1 and {FORMAT_VERSION})", version)
     else:
         fields.fail("format", f"{FORMAT!r} (this is not a forgetkit {what})", fmt)
-    fuser = read_record(fields, classes)
+    fuser = read_fuser_record(fields, classes)
     epochs = fields.list(fields.get("epochs"), "epochs", nonempty=True)
     for i, e in enumerate(epochs):
         fields.integer(e, f"epochs[{i}]")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from .._deprecation import keyword_options
 from .._validation import check_int
 from ..errors import ForgetkitError
 from ..run import DEFAULT_MEMORY_BUDGET, epoch_parts, stored_order, stored_rows
@@ -34,7 +35,8 @@ class EnsembleSelection(Fuser):
 
     _state = ("selection",)
 
-    def __init__(self, max_checkpoints=5, memory_budget=DEFAULT_MEMORY_BUDGET):
+    @keyword_options
+    def __init__(self, *, max_checkpoints=5, memory_budget=DEFAULT_MEMORY_BUDGET):
         self.max_checkpoints = max_checkpoints
         self.memory_budget = memory_budget
 
@@ -47,7 +49,7 @@ class EnsembleSelection(Fuser):
             raise ForgetkitError("ensemble selection needs a run held in memory or on disk "
                                  "(each round reads its outputs); load the run from its "
                                  "files without chunks=, or run fk.sweep on a cluster")
-        cached = run.cache_probs(self.memory_budget)
+        cached = run.cache_probs(memory_budget=self.memory_budget)
         if cached is not None:
             scorer = _CachedScorer(run, cached)
         elif run.kind == "logits":

@@ -170,7 +170,7 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
         regions = dm["region"].value_counts()
         figs.append((
             "datamap", "Data map of the training run",
-            lambda ax: plots.data_map(dm, ax=ax),
+            lambda ax: plots.confidence_variability(dm, ax=ax),
             f"Each training sample's mean probability of its label over the "
             f"{dm.attrs['n_epochs']} epochs (confidence) against its spread (variability); "
             f"colour: share of epochs classified correctly. Ambiguous (the most variable "
@@ -228,7 +228,7 @@ def to_html(run, summary, table, kf, figures, *, source=""):
         "the other half, over several random halves (the paper's protocol); mean ± standard "
         "error. * marks a gain over the single network significant (McNemar, p &lt; 0.05) on "
         "every split.</p>",
-        evaluate.format_table(table, "html"),
+        evaluate.format_table(table, fmt="html"),
         "<h2>The fused plan</h2>",
         f"<p>Knowledge Fusion fitted on the first validation half: validation accuracy "
         f"{percent(kf.initial_accuracy_)} (final epoch) → "

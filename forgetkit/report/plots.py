@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .._deprecation import renamed
 from ..analysis import dynamics, forgetting
 from ..run import Run
 from ..theory.noise import large_loss_dominance
@@ -172,7 +173,7 @@ def per_class_forgetting(run, *, ax=None):
     return ax
 
 
-def data_map(dm_or_run, *, ax=None, gridsize=50):
+def confidence_variability(dm_or_run, *, ax=None, gridsize=50):
     """Dataset Cartography's data map: confidence against variability, one hexagon per cell
     of samples, coloured by the cell's mean correctness and shaded by its density (opaque
     where most samples lie), so it stays readable at millions of points. Dashed lines mark
@@ -214,3 +215,7 @@ def data_map(dm_or_run, *, ax=None, gridsize=50):
     ax.set_ylabel("confidence")
     ax.set_title(f"Data map: {len(dm):,} samples")
     return ax
+
+
+#: Deprecated: the figure's old name, which `forgetkit.data_map` (the table) also has.
+data_map = renamed(confidence_variability, "data_map", where="forgetkit.plots")

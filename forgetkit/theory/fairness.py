@@ -49,7 +49,7 @@ def compare_fairness(natural, transformed, *, seeds=(0, 1, 2), val_frac=0.5, win
         raise ForgetkitError("natural and transformed runs must hold the same samples and labels")
     rows = []
     for s in seeds:
-        val, test = split_indices(natural.n_samples, val_frac, s)
+        val, test = split_indices(natural.n_samples, val_frac, seed=s)
         kf = KnowledgeFusion(window=window).fit(natural.isel(samples=val))
         nat, tr = natural.isel(samples=test), transformed.isel(samples=test)
         preds = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .._deprecation import keyword_options
 from .._validation import check_int
 from ..analysis.forgetting import correctness
 from ..errors import ForgetkitError
@@ -44,7 +45,8 @@ def _product(mats):
     return out
 
 
-def simulate_deep_linear(X, Y, depth=3, width=100, lr=0.05, steps=2000, record_every=20,
+@keyword_options
+def simulate_deep_linear(X, Y, *, depth=3, width=100, lr=0.05, steps=2000, record_every=20,
                          seed=0, X_eval=None, y_eval=None, init_scale=1e-2):
     """Gradient descent on a deep linear network with the L2 objective; outputs over time.
 
@@ -125,7 +127,8 @@ def optimal_separator(X, Y):
     return sol.T
 
 
-def pca_path(X, Y, X_eval, y_eval, ks=None):
+@keyword_options
+def pca_path(X, Y, X_eval, y_eval, *, ks=None):
     """Outputs of W(k) = W_opt U_k U_k^T, W_opt projected on the first k principal components,
     for each k in ``ks`` (default 1..d): the order in which a deep linear network learns.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._deprecation import keyword_options
 from .._validation import check_int, check_labels
 from ..errors import ForgetkitError
 from ..run import LOG_FLOOR, Run
@@ -19,7 +20,8 @@ def _selected(n, p, seed):
     return chosen, rng
 
 
-def symmetric(labels, p, n_classes, seed=0):
+@keyword_options
+def symmetric(labels, p, n_classes, *, seed=0):
     """Symmetric noise: round(p*N) random samples switch to another class, uniformly.
 
     Returns
@@ -35,7 +37,8 @@ def symmetric(labels, p, n_classes, seed=0):
     return noisy, noisy != y
 
 
-def asymmetric(labels, p, mapping, seed=0):
+@keyword_options
+def asymmetric(labels, p, mapping, *, seed=0):
     """Asymmetric noise: round(p*N) random samples take ``mapping[label]``.
 
     ``mapping`` is an int array (n_classes,) (a deterministic class permutation such as
