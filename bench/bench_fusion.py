@@ -35,7 +35,7 @@ def numpy_kf(run, *, window=1, grid=101, max_steps=None, softmax="numpy"):
 
     softmax="numpy" is the straightforward implementation: numpy computes correctness and
     every softmax. softmax="forgetkit" takes both from forgetkit's kernels instead, leaving
-    only the grid search in numpy (the baseline before 2026-11-26, session 2).
+    only the grid search in numpy (the first baseline this benchmark had).
     """
     import forgetkit as fk
 
