@@ -271,7 +271,7 @@ def _cmd_report(args):
         mask = _noise_mask(train_run, args.train_run)
     paths = write_report(run, args.out, fmt=args.format, source=Path(args.run).name,
                          val_frac=args.val_frac, seeds=tuple(args.seeds), window=args.window,
-                         train_run=train_run, noise_mask=mask)
+                         train_run=train_run, noise_mask=mask, progress=not args.quiet)
     if not args.quiet:
         print(f"wrote {paths[0]}" if args.format == "html"
               else f"wrote {len(paths)} figures to {args.out}")

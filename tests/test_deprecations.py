@@ -134,7 +134,7 @@ LONG_CALLS = [fk.predictions, fk.correctness, fk.accuracy, fk.forget_fraction, f
               fk.sample_dynamics, fk.double_descent, fk.analysis.summary, fk.data_map,
               fk.analysis.trajectory, fk.label_issues, fk.summarize, fk.compare,
               fk.compare_splits, evaluate.protocol_splits, evaluate.ensemble_size_curve,
-              evaluate.window_curve, fk.Run.predictions, fk.Run.correctness]
+              evaluate.window_curve, fk.Run.predictions, fk.Run.correctness, fk.report.build]
 
 
 @pytest.mark.parametrize("fn", LONG_CALLS, ids=lambda f: f.__qualname__)

@@ -92,14 +92,16 @@ def _label_issue_html(section):
     ])
 
 
-def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise_mask=None):
+def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise_mask=None,
+          progress=False):
     """Compute everything the report shows. Returns (summary dict, comparison table,
     KnowledgeFusion fitted on the first split, list of Figure). With a ``train_run``, the
     summary also holds ``label_issues`` (`label_issue_section`) and the figures its data
-    map."""
-    summary = forgetting.summary(run)
+    map. ``progress``: the forgetting pass's and the KF fits' progress on a terminal."""
+    summary = forgetting.summary(run, progress=progress)
     fits = {}  # KF(inf) fitted once per (split, window), shared by the table and curves
-    table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window, kf_fits=fits)
+    table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window, kf_fits=fits,
+                             progress=progress)
     kf = fits[(seeds[0], window)]
     size = evaluate.ensemble_size_curve(run, seeds=seeds, val_frac=val_frac, window=window,
                                         kf_fits=fits)
