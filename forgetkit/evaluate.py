@@ -14,7 +14,7 @@ import pandas as pd
 from scipy.special import bdtr
 
 from . import kernels
-from ._deprecation import keyword_options
+from ._deprecation import keyword_options, renamed
 from ._validation import check_option
 from .errors import ForgetkitError
 from .fusion import (
@@ -70,12 +70,16 @@ def ece(probs, labels, *, n_bins=15):
     return _ece(probs.max(axis=1), probs.argmax(axis=1) == labels, n_bins)
 
 
-def scores(probs, labels):
+def prediction_metrics(probs, labels):
     """(hit (bool (N,)), NLL, ECE) of probabilities (N, C) from one parallel pass over them:
     the values of ``argmax == labels``, `nll` and `ece`."""
     pred, conf, at_label = kernels.row_top(probs, labels)
     hit = pred == labels
     return hit, _nll(at_label), _ece(conf, hit)
+
+
+#: Deprecated: "scores" are the data scores (`forgetkit.data_scores`) and label-issue scores.
+scores = renamed(prediction_metrics, "scores", where="forgetkit.evaluate")
 
 
 def _ece(conf, hit, n_bins=15):
@@ -90,7 +94,8 @@ def _ece(conf, hit, n_bins=15):
 
 
 def score_fusers(fusers, run):
-    """`scores` of each fitted fuser's ``predict_proba(run)``: a list of (hit, NLL, ECE).
+    """`prediction_metrics` of each fitted fuser's ``predict_proba(run)``: a list of (hit,
+    NLL, ECE).
 
     On logits read in place (a memory-mapped run or a sample subset of one, probabilities
     not held) every fuser's `Fuser.recipe` runs in one pass that computes each row's
@@ -99,7 +104,7 @@ def score_fusers(fusers, run):
     """
     logits = run.logits_in_place()
     if logits is None or not fusers:
-        return [scores(f.predict_proba(run), run.labels) for f in fusers]
+        return [prediction_metrics(f.predict_proba(run), run.labels) for f in fusers]
     pred, top, at_label, needed, bad = kernels.score_recipes(
         logits[0], logits[1], run.labels, [f.recipe(run) for f in fusers], order=logits[2])
     for e in needed[bad > 0]:

@@ -120,6 +120,10 @@ def test_renamed_functions():
     with pytest.warns(FutureWarning, match="issue_scores"):
         old = label_issues_module.scores(labels, logp.copy(), log_t)
     np.testing.assert_array_equal(old[0], new[0])
+    p = np.array([[0.9, 0.1], [0.3, 0.7]])
+    with pytest.warns(FutureWarning, match="prediction_metrics"):
+        old = evaluate.scores(p, labels)
+    assert old[1:] == evaluate.prediction_metrics(p, labels)[1:]
 
 
 def test_shadowed_modules_still_callable():

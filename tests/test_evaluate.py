@@ -14,8 +14,8 @@ from forgetkit.evaluate import (
     format_table,
     mcnemar,
     nll,
+    prediction_metrics,
     score_fusers,
-    scores,
 )
 from forgetkit.fusion import (
     CheckpointAverage,
@@ -99,7 +99,7 @@ def test_score_fusers_in_one_pass_equals_each_predict_proba(dtype, tmp_path):
               LikelihoodFusion(max_checkpoints=4).fit(val)]
     assert max(sum(eps > 0 for _, eps in f.plan_) for f in fusers[:2]) >= 2
     for fuser, (hit, nll_, ece_) in zip(fusers, score_fusers(fusers, test), strict=True):
-        ref_hit, ref_nll, ref_ece = scores(fuser.predict_proba(test), test.labels)
+        ref_hit, ref_nll, ref_ece = prediction_metrics(fuser.predict_proba(test), test.labels)
         np.testing.assert_array_equal(hit, ref_hit)
         assert (nll_, ece_) == (ref_nll, ref_ece)
     out = np.array(run.outputs)

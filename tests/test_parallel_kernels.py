@@ -7,7 +7,7 @@ import pytest
 
 import forgetkit as fk
 from forgetkit import kernels
-from forgetkit.evaluate import ece, nll, scores
+from forgetkit.evaluate import ece, nll, prediction_metrics
 from forgetkit.run import softmax
 
 from .conftest import make_run
@@ -60,7 +60,7 @@ def test_row_top_and_scores_equal_numpy():
     np.testing.assert_array_equal(pred, p.argmax(axis=1))
     np.testing.assert_array_equal(top, p.max(axis=1))
     np.testing.assert_array_equal(at_label, p[np.arange(2000), y])
-    hit, nll_, ece_ = scores(p, y)
+    hit, nll_, ece_ = prediction_metrics(p, y)
     np.testing.assert_array_equal(hit, p.argmax(axis=1) == y)
     assert (nll_, ece_) == (nll(p, y), ece(p, y))
 
