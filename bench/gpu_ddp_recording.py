@@ -176,7 +176,7 @@ def part_trainer(args, out, rank, world, dev):
         output_dir=str(out / "trainer"), num_train_epochs=2, per_device_train_batch_size=64,
         per_device_eval_batch_size=100, learning_rate=5e-4, report_to=[], save_strategy="no",
         logging_strategy="no", disable_tqdm=True, use_cpu=dev.type == "cpu")
-    callback = LogitRecorderCallback(out / "trainer.npy", dtype="float32", mode="w")
+    callback = LogitRecorderCallback(out / "trainer.npy", test, dtype="float32", mode="w")
     trainer = transformers.Trainer(model=model, args=targs, train_dataset=train,
                                    eval_dataset=test, callbacks=[callback])
     trainer.train()

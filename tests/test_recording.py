@@ -473,7 +473,7 @@ def test_huggingface_trainer_callback_records_the_eval_dataset(tmp_path):
         output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=16,
         per_device_eval_batch_size=10, learning_rate=1e-3, report_to=[], save_strategy="no",
         logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    callback = LogitRecorderCallback(tmp_path / "hf.npy", dtype="float32")
+    callback = LogitRecorderCallback(tmp_path / "hf.npy", test, dtype="float32")
     transformers.Trainer(model=model, args=args, train_dataset=train, eval_dataset=test,
                          callbacks=[callback]).train()
     run = fk.load(tmp_path / "hf.npy")
@@ -516,7 +516,7 @@ TRAINER_DDP = textwrap.dedent("""
         output_dir=f"{tmp}/out", num_train_epochs=2, per_device_train_batch_size=16,
         per_device_eval_batch_size=8, report_to=[], save_strategy="no",
         logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    callback = LogitRecorderCallback(f"{tmp}/trainer.npy", dtype="float32")
+    callback = LogitRecorderCallback(f"{tmp}/trainer.npy", test, dtype="float32")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(64, seed=1),
                                    eval_dataset=test, callbacks=[callback])
     trainer.train()

@@ -3,6 +3,7 @@ label checks, resuming by sample id."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,64 @@ import pandas as pd
 from ..errors import ForgetkitError
 from ..io import RunWriter, SummaryWriter, load
 from ..io.background import BackgroundWriter
+
+
+@dataclass(frozen=True)
+class RecorderOptions:
+    """The options every recorder takes (torch, JAX, Keras, the Hugging Face callback, and
+    the replays), as keyword arguments.
+
+    Parameters
+    ----------
+    dtype : "float16" (default), "float32" or "float64", the stored precision.
+    summary : bool, default False
+        Store the summary of each sample's logits (`forgetkit.summarize`: label logit,
+        largest other logit and its class, log-sum-exp; 16 bytes per sample), computed
+        from the logits rounded to ``dtype`` (on the model's device where it can).
+    sample_ids : array-like, optional
+        The id of each dataset index (of each position, for data other than a DataLoader
+        over a map-style dataset), stored as the run's sample ids. By default the run's
+        samples are the dataset indices (stored as ids only when they are not 0..N-1).
+    max_pending : int, default 2
+        Epochs that may wait for the background writer before `record` waits.
+    kind : {"logits", "probs"}, default "logits".
+    format : {"npy", "parquet"}, optional (default: from the path's suffix).
+    layout : {"list", "binary"}, Parquet only.
+    meta : dict, optional, stored as the run's metadata.
+    class_names : list of str, optional.
+    mode : {"a", "w", "x"}, default "a"
+        "a" appends to an existing run at the path (a resumed training), as long as it
+        holds the same samples (matched by sample id) and classes; "w" starts over; "x"
+        refuses an existing run.
+    durable : bool, default True
+        Flush every epoch to disk (fsync) before the writer thread takes the next one, so
+        that a recorded epoch survives a crash or power loss; False leaves that to the
+        operating system (an epoch may then be lost on power failure, never corrupted).
+
+    The run is written by `forgetkit.RunWriter` (`forgetkit.SummaryWriter` with
+    ``summary=True``) on a background thread.
+    """
+
+    dtype: object = "float16"
+    summary: bool = False
+    sample_ids: object = None
+    max_pending: int = 2
+    kind: str = "logits"
+    format: object = None
+    layout: str = "list"
+    meta: object = None
+    class_names: object = None
+    mode: str = "a"
+    durable: bool = True
+
+    @classmethod
+    def of(cls, options):
+        """The options in the dict ``options`` (a TypeError names an unknown one)."""
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown recorder option {unknown[0]!r}; the options are "
+                            f"{[f.name for f in fields(cls)]}")
+        return cls(**options)
 
 
 class RecorderBase:
@@ -23,33 +82,35 @@ class RecorderBase:
     so a run recorded with one world size continues with another.
     """
 
-    def __init__(self, path, *, dtype, kind, format, layout, meta, class_names, mode,
-                 summary=False, sample_ids=None, max_pending=2, durable=True):
+    def __init__(self, path, **options):
+        self.options = o = RecorderOptions.of(options)
         self.path = Path(path)
-        self.dtype = np.dtype(dtype)
-        self.summary = bool(summary)
+        self.dtype = np.dtype(o.dtype)
+        self.summary = bool(o.summary)
         if self.summary:
-            if kind != "logits":
-                raise ForgetkitError(f"summary=True records logits; got kind={kind!r}")
-            if self.path.suffix.lower() != ".npy" or format not in (None, "npy"):
+            if o.kind != "logits":
+                raise ForgetkitError(f"summary=True records logits; got kind={o.kind!r}")
+            if self.path.suffix.lower() != ".npy" or o.format not in (None, "npy"):
                 raise ForgetkitError(f"summary=True writes a .npy summary; got path "
-                                     f"{str(self.path)!r} and format={format!r}")
-        self.sample_ids = None if sample_ids is None else np.asarray(sample_ids)
-        self.max_pending = max_pending
-        self.durable = bool(durable)
-        self._writer_options = dict(kind=kind, dtype=self.dtype, format=format, layout=layout,
-                                    meta=meta, class_names=class_names, mode=mode)
+                                     f"{str(self.path)!r} and format={o.format!r}")
+        self.sample_ids = None if o.sample_ids is None else np.asarray(o.sample_ids)
+        self.max_pending = o.max_pending
+        self.durable = bool(o.durable)
+        self._writer_options = dict(kind=o.kind, dtype=self.dtype, format=o.format,
+                                    layout=o.layout, meta=o.meta, class_names=o.class_names,
+                                    mode=o.mode)
         self._writer = None  # a BackgroundWriter, on the process that writes
         self._labels = None
         self._order = None  # rows of a recorded epoch in the order of a resumed run
         self._last_epoch = None
 
-    def _commit(self, epoch, values, labels, n_classes, *, ids=None):
+    def _commit(self, epoch, values, labels, n_classes, *, ids=None, meta=None):
         """Queue epoch ``epoch`` for writing after the checks that need no values.
 
         ``values``: outputs (N, C) in the stored dtype, or (summary=True) N summary records,
         or a callable returning either (run on the writer thread: a device-to-host copy);
-        ``labels`` (N,) and ``ids`` (N,), the dataset index of each row (None: positions).
+        ``labels`` (N,) and ``ids`` (N,), the dataset index of each row (None: positions);
+        ``meta``: the run's metadata from this epoch on (written with it), or None.
         """
         epoch = int(epoch)
         labels = np.asarray(labels).astype(np.int64).reshape(-1)
@@ -73,7 +134,7 @@ class RecorderBase:
         order = self._order
         if order is not None:
             values = _reordered(values, order)
-        self._writer.submit(epoch, values)
+        self._writer.submit(epoch, values, meta=meta)
 
     def _open(self, labels, n_classes, ids):
         """Open the writer for rows with these labels and dataset indices."""

@@ -3,11 +3,11 @@
     from forgetkit.exporters.huggingface import LogitRecorderCallback
 
     trainer = Trainer(model, args, train_dataset=train, eval_dataset=test,
-                      callbacks=[LogitRecorderCallback("run.npy")])
+                      callbacks=[LogitRecorderCallback("run.npy", test)])
     trainer.train()
 
-The callback evaluates the model on ``dataset`` (default: the Trainer's eval dataset) in
-batches made by the Trainer's data collator, with the columns the Trainer would keep, through
+The callback evaluates the model on ``dataset`` in batches made by the Trainer's data
+collator, with the columns the Trainer would keep, through
 `forgetkit.exporters.torch.LogitRecorder` (dict batches; ``labels`` left out of the model's
 keyword arguments; ``ModelOutput.logits`` taken). Under a multi-GPU Trainer (torchrun,
 accelerate) each process evaluates its shard and the main process writes every sample once.
@@ -16,33 +16,14 @@ accelerate) each process evaluates its shard and the main process writes every s
 from __future__ import annotations
 
 import inspect
-import sys
 
 from torch.utils.data import DataLoader
-from transformers import Trainer, TrainerCallback, default_data_collator
+from transformers import TrainerCallback, default_data_collator
 
 from ..errors import ForgetkitError
 from .torch import LogitRecorder
 
 __all__ = ["LogitRecorderCallback"]
-
-#: How many calling frames are searched for the Trainer that runs the callback.
-MAX_FRAMES = 16
-
-
-def calling_trainer():
-    """The `transformers.Trainer` whose training loop called the current callback event, or
-    None. (A TrainerCallback receives the model and dataloaders but not the Trainer, whose
-    eval dataset and data collator the callback needs.)"""
-    frame = sys._getframe(1)
-    for _ in range(MAX_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, Trainer):
-            return owner
-        frame = frame.f_back
-    return None
 
 
 def kept_columns(model, args, label_key):
@@ -73,11 +54,14 @@ class LogitRecorderCallback(TrainerCallback):
     path : str or Path
         ``.npy`` or ``.parquet`` run file (``.npy`` with ``summary=True``).
     dataset : torch Dataset or datasets.Dataset of dict samples, optional
-        Default: the Trainer's ``eval_dataset``.
+        The samples to record on (e.g. the Trainer's ``eval_dataset``). Default: the
+        dataset of the Trainer's evaluation DataLoader, which a callback is given only after
+        an evaluation ran; so pass it.
     batch_size : int, optional
         Default: the Trainer's evaluation batch size.
     collate_fn : callable, optional
-        Default: the Trainer's data collator.
+        Default: the Trainer's data collator (the ``collate_fn`` of the training DataLoader
+        the Trainer passes to its callbacks).
     **options
         Passed to `forgetkit.exporters.torch.LogitRecorder` (``dtype``, ``summary``,
         ``label_key``, ``sample_ids``, ``meta``, ``mode``, ``durable``...).
@@ -97,19 +81,18 @@ class LogitRecorderCallback(TrainerCallback):
         self.recorder = None
         self.accuracy_ = []
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        trainer = calling_trainer()
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None,
+                       eval_dataloader=None, **kwargs):
+        # everything comes from the callback's arguments: the Trainer itself is not one
         dataset = self.dataset
         if dataset is None:
-            dataset = None if trainer is None else trainer.eval_dataset
+            dataset = getattr(eval_dataloader, "dataset", None)
             if dataset is None:
-                raise ForgetkitError("LogitRecorderCallback records on dataset=..., or on the "
-                                     "Trainer's eval_dataset; the Trainer has none")
-            if isinstance(dataset, dict):
-                raise ForgetkitError(f"the Trainer has several eval datasets "
-                                     f"({sorted(dataset)}); pass dataset=... to choose one")
-        collate = self.collate_fn or (trainer.data_collator if trainer is not None
-                                      else default_data_collator)
+                raise ForgetkitError("LogitRecorderCallback needs dataset=... (e.g. the "
+                                     "Trainer's eval_dataset): a TrainerCallback is not given "
+                                     "the Trainer's eval dataset before an evaluation")
+        collate = self.collate_fn or getattr(train_dataloader, "collate_fn", None) \
+            or default_data_collator
         keep = kept_columns(model, args, self.options.get("label_key", "labels"))
         if keep is not None:
             names = getattr(dataset, "column_names", None)  # a datasets.Dataset

@@ -33,16 +33,13 @@ class LogitRecorder(RecorderBase):
         iterator; the same samples in the same order every epoch. Inputs may be sharded
         over several devices (``jax.sharding``): outputs are gathered with their sharding.
     apply_fn : callable (params, inputs) -> (batch, n_classes) logits.
-    dtype : "float16" (default), "float32" or "float64", the stored precision.
     jit : bool, default True: wrap ``apply_fn`` (and the cast) in ``jax.jit``.
-    summary : bool, default False
-        Store the summary of each sample's logits (see `forgetkit.summarize`), computed on
-        the device from the logits rounded to ``dtype`` (float64: on the host).
-    sample_ids : array-like, optional, the id of each position, stored as the run's ids.
-    max_pending : int, default 2, epochs that may wait for the background writer.
-    durable : bool, default True, fsync every epoch (as `forgetkit.exporters.torch.
-        LogitRecorder`); False leaves flushing to the operating system.
-    kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
+    **options
+        The recorder options (`forgetkit.exporters._common.RecorderOptions`): ``dtype``
+        ("float16" default, the stored precision), ``summary`` (computed on the device from
+        the logits rounded to ``dtype``; float64: on the host), ``sample_ids`` (the id of
+        each position), ``max_pending``, ``durable``, and ``kind``, ``format``, ``layout``,
+        ``meta``, ``class_names``, ``mode`` for `forgetkit.RunWriter`.
 
     Outputs stay on the device(s) until the epoch is done; the device-to-host copy (one
     ``jax.device_get``) and the disk write run on a background thread. Accuracy and the
@@ -50,12 +47,8 @@ class LogitRecorder(RecorderBase):
     (multi-host) are refused: record on each process's addressable data instead.
     """
 
-    def __init__(self, path, batches, apply_fn, *, dtype="float16", jit=True, summary=False,
-                 sample_ids=None, max_pending=2, kind="logits", format=None, layout="list",
-                 meta=None, class_names=None, mode="a", durable=True):
-        super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
-                         meta=meta, class_names=class_names, mode=mode, summary=summary,
-                         sample_ids=sample_ids, max_pending=max_pending, durable=durable)
+    def __init__(self, path, batches, apply_fn, *, jit=True, **options):
+        super().__init__(path, **options)
         self.batches = batches
         store = jnp.dtype(self.dtype.name)
         self._device_summary = self.summary and self.dtype != np.float64

@@ -76,10 +76,12 @@ class LogitRecorderCallback(keras.callbacks.Callback):
         ``keras.utils.PyDataset``, a torch DataLoader), or a callable returning a fresh
         iterator. ``y``: class labels, or one-hot rows.
     batch_size : int, default 1024, for an (x, y) pair.
-    dtype, summary, sample_ids, max_pending, kind, format, layout, meta, class_names, mode,
-    durable
-        As for `forgetkit.exporters.torch.LogitRecorder`. ``kind="probs"`` for a model
-        whose last layer is a softmax.
+    **options
+        The recorder options (`forgetkit.exporters._common.RecorderOptions`: ``dtype``,
+        ``summary``, ``sample_ids``, ``max_pending``, ``kind``, ``format``, ``layout``,
+        ``meta``, ``class_names``, ``mode``, ``durable``), as for
+        `forgetkit.exporters.torch.LogitRecorder`. ``kind="probs"`` for a model whose last
+        layer is a softmax.
 
     Attributes
     ----------
@@ -87,15 +89,9 @@ class LogitRecorderCallback(keras.callbacks.Callback):
     accuracy_ : list of float, the recorded accuracy of each epoch
     """
 
-    def __init__(self, path, data, *, batch_size=1024, dtype="float16", summary=False,
-                 sample_ids=None, max_pending=2, kind="logits", format=None, layout="list",
-                 meta=None, class_names=None, mode="a", durable=True):
+    def __init__(self, path, data, *, batch_size=1024, **options):
         super().__init__()
-        self.recorder = KerasRecorder(path, data, batch_size=batch_size, dtype=dtype,
-                                      summary=summary, sample_ids=sample_ids,
-                                      max_pending=max_pending, kind=kind, format=format,
-                                      layout=layout, meta=meta, class_names=class_names,
-                                      mode=mode, durable=durable)
+        self.recorder = KerasRecorder(path, data, batch_size=batch_size, **options)
         self.accuracy_ = []
 
     def on_epoch_end(self, epoch, logs=None):

@@ -126,7 +126,6 @@ class LogitRecorder(RecorderBase):
     data : DataLoader or iterable of batches, or an (inputs, labels) pair of tensors
         Batches are (inputs, labels, ...) tuples or dicts holding the labels under
         ``label_key``. Must yield the same samples in the same order every epoch.
-    dtype : "float16" (default) or "float32"/"float64": the stored precision.
     output_fn : callable, optional
         Maps the model's output to the (batch, n_classes) logits tensor (default: the tensor,
         the first element of a tuple, ``out["logits"]`` or ``out.logits``).
@@ -135,36 +134,22 @@ class LogitRecorder(RecorderBase):
     label_key : str, default "labels"
         The labels' key in dict batches; the other entries are passed to the model as
         keyword arguments.
-    sample_ids : array-like, optional
-        The id of each dataset index (of each position, for data other than a DataLoader over
-        a map-style dataset), stored as the run's sample ids. By default the run's samples
-        are the dataset indices (stored as ids only when they are not 0..N-1).
-    summary : bool, default False
-        Store the summary of each sample's logits (`forgetkit.summarize`: label logit,
-        largest other logit and its class, log-sum-exp; 16 bytes per sample), computed on
-        the model's device from the logits rounded to ``dtype``.
     group : torch.distributed ProcessGroup, optional
         The group to gather over (default: the world, when a process group is initialised).
-    max_pending : int, default 2
-        Epochs that may wait for the background writer before `record` waits.
-    durable : bool, default True
-        Flush every epoch to disk (fsync) before the writer thread takes the next one, so
-        that a recorded epoch survives a crash or power loss; False leaves that to the
-        operating system (an epoch may then be lost on power failure, never corrupted).
-        Passed to `forgetkit.RunWriter` / `forgetkit.SummaryWriter`.
-    kind, format, layout, meta, class_names, mode : passed to `forgetkit.RunWriter`.
+    **options
+        The recorder options (`forgetkit.exporters._common.RecorderOptions`): ``dtype``
+        ("float16" default, the stored precision), ``summary`` (store the summary of each
+        sample's logits, computed on the model's device), ``sample_ids``, ``max_pending``,
+        ``durable``, and ``kind``, ``format``, ``layout``, ``meta``, ``class_names``,
+        ``mode`` for `forgetkit.RunWriter`.
 
     `record` evaluates on the training thread; the device-to-host copy and the disk write
     run on a background thread (an error there is raised by the next `record` or `close`).
     """
 
-    def __init__(self, path, data, *, dtype="float16", output_fn=None, batch_size=1024,
-                 label_key="labels", sample_ids=None, summary=False, group=None,
-                 max_pending=2, kind="logits", format=None, layout="list", meta=None,
-                 class_names=None, mode="a", durable=True):
-        super().__init__(path, dtype=dtype, kind=kind, format=format, layout=layout,
-                         meta=meta, class_names=class_names, mode=mode, summary=summary,
-                         sample_ids=sample_ids, max_pending=max_pending, durable=durable)
+    def __init__(self, path, data, *, output_fn=None, batch_size=1024, label_key="labels",
+                 group=None, **options):
+        super().__init__(path, **options)
         if (isinstance(data, (tuple, list)) and len(data) == 2
                 and all(isinstance(t, torch.Tensor) for t in data)):
             inputs, labels = data

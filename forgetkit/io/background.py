@@ -54,9 +54,9 @@ class BackgroundWriter:
     def closed(self):
         return self._closed
 
-    def submit(self, epoch, values):
+    def submit(self, epoch, values, *, meta=None):
         """Queue epoch number ``epoch``: an (n_samples, ...) array, or a callable returning
-        one."""
+        one; ``meta``, if given, is the run's metadata from this epoch on (stored with it)."""
         self.raise_error()
         if self._closed:
             raise ForgetkitError("this BackgroundWriter is closed")
@@ -64,7 +64,7 @@ class BackgroundWriter:
             self._thread = threading.Thread(target=self._work, name="forgetkit-writer")
             self._thread.start()
             _ACTIVE.add(self)
-        self._queue.put((int(epoch), values))
+        self._queue.put((int(epoch), values, meta))
 
     def flush(self):
         """Wait until every queued epoch is written; raise a pending error."""
@@ -102,7 +102,7 @@ class BackgroundWriter:
         self._closed = True
         try:
             if self._thread is not None:
-                self._queue.put((None, _STOP))
+                self._queue.put((None, _STOP, None))
                 self._thread.join()
                 _ACTIVE.discard(self)
         finally:
@@ -113,7 +113,7 @@ class BackgroundWriter:
         main = threading.main_thread()
         while True:
             try:
-                epoch, values = self._queue.get(timeout=POLL_SECONDS)
+                epoch, values, meta = self._queue.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 if not main.is_alive():
                     return  # the program ended without close(): everything queued is written
@@ -126,7 +126,11 @@ class BackgroundWriter:
                         self._error[2].append(epoch)
                         continue
                 try:
-                    self.writer.append(epoch, values() if callable(values) else values)
+                    values = values() if callable(values) else values
+                    if meta is None:
+                        self.writer.append(epoch, values)
+                    else:
+                        self.writer.append(epoch, values, meta=meta)
                 except BaseException as err:  # reported to the training thread
                     with self._lock:
                         self._error = (err, epoch, [])

@@ -20,6 +20,7 @@ import numpy as np
 from .._progress import Progress
 from .._summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
 from .._validation import (
+    check_meta,
     check_option,
 )
 from ..errors import CorruptFileError, ForgetkitError
@@ -219,13 +220,15 @@ class SummaryWriter(LockedWriter):
             self._file.flush()
             write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable)
 
-    def append(self, epoch, values, *, replace=False):
+    def append(self, epoch, values, *, replace=False, meta=None):
         """Store epoch number ``epoch``: logits (n_samples, n_classes), summarised here, or
         its summary records (n_samples,) of `SUMMARY_DTYPE`. Epoch numbers must increase;
-        ``replace=True`` drops a stored epoch number and the later ones first."""
+        ``replace=True`` drops a stored epoch number and the later ones first. ``meta`` (a
+        dict), if given, replaces the run's metadata, written with this epoch's record."""
         if self._closed:
             raise ForgetkitError("this SummaryWriter is closed")
         epoch = int(epoch)
+        meta = None if meta is None else check_meta(meta)
         values = np.asarray(values)
         if values.dtype == SUMMARY_DTYPE and values.shape == (self.n_samples,):
             records = values
@@ -253,9 +256,14 @@ class SummaryWriter(LockedWriter):
         f.write(memoryview(np.ascontiguousarray(records).reshape(-1).view(np.uint8)))
         self._flush()  # the records are on disk before the header counts them
         self.epochs.append(epoch)
+        before = self._use_meta(meta)
         # stale temporaries were removed at open; the run's lock keeps other writers away
-        write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable,
-                          clean=False)
+        try:
+            write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable,
+                              clean=False)
+        except BaseException:
+            self.meta, self._encoder = before
+            raise
         f.seek(0)
         f.write(summary_header(len(self.epochs), self.n_samples))
         self._flush()  # the epoch counted on disk before append returns

@@ -63,6 +63,14 @@ class LockedWriter:
             exists = False
         return exists
 
+    def _use_meta(self, meta):
+        """Make ``meta`` (checked, or None: keep) the metadata of the next record written;
+        returns what to restore if that write fails."""
+        before = (self.meta, self._encoder)
+        if meta is not None:
+            self.meta, self._encoder = meta, None  # the record is encoded again
+        return before
+
     @property
     def n_epochs(self):
         return len(self.epochs)
@@ -140,16 +148,19 @@ class RunWriter(LockedWriter):
         self._store.open(self._record(), resume=exists)
 
     # ------------------------------------------------------------- public API
-    def append(self, epoch, outputs, *, replace=False):
+    def append(self, epoch, outputs, *, replace=False, meta=None):
         """Store the outputs (n_samples, n_classes) of epoch number ``epoch``.
 
         Epoch numbers must increase. With ``replace=True`` an epoch number already stored
         (a training resumed from an earlier checkpoint) drops it and every later one first.
         Non-finite outputs are refused with the epoch number; earlier epochs stay intact.
+        ``meta`` (a dict), if given, replaces the run's metadata, written together with this
+        epoch (a replay's per-checkpoint record).
         """
         if self._closed:
             raise ForgetkitError("this RunWriter is closed")
         epoch = int(epoch)
+        meta = None if meta is None else check_meta(meta)
         values = np.asarray(outputs)
         if values.shape != (self.n_samples, self.n_classes):
             raise ForgetkitError(
@@ -171,10 +182,12 @@ class RunWriter(LockedWriter):
             self._truncate(int(np.searchsorted(self.epochs, epoch)))
         position = len(self.epochs)
         self.epochs.append(epoch)
+        before = self._use_meta(meta)
         try:
             self._store.append(np.ascontiguousarray(values), position, self._record())
         except BaseException:
             self.epochs.pop()
+            self.meta, self._encoder = before
             raise
 
     def close(self):
