@@ -1,5 +1,5 @@
 """Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|sweep|distill|report ...``
-(and ``scores|coreset``).
+(and ``scores|coreset``, ``replay``).
 
 A thin layer: parse, refuse an output that is an input, load, one library call, write.
 Errors the user's input causes (`forgetkit.ForgetkitError`, and OSError such as a missing or
@@ -277,6 +277,164 @@ def _cmd_report(args):
               else f"wrote {len(paths)} figures to {args.out}")
 
 
+def _factory(spec, option):
+    """What the callable ``MODULE:CALLABLE`` (a module name importable from the current
+    folder, or a ``.py`` file) returns when called with no arguments."""
+    import importlib
+    import importlib.util
+    import os
+
+    module, _, name = spec.rpartition(":")
+    if not module or not name:
+        raise ForgetkitError(f"{option} must be MODULE:CALLABLE; got {spec!r}")
+    try:
+        if module.endswith(".py"):
+            where = importlib.util.spec_from_file_location(Path(module).stem, module)
+            if where is None:
+                raise ImportError(f"not a Python file: {module}")
+            mod = importlib.util.module_from_spec(where)
+            where.loader.exec_module(mod)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            mod = importlib.import_module(module)
+    except Exception as err:
+        raise ForgetkitError(f"{option} {spec!r}: cannot import {module!r}: "
+                             f"{type(err).__name__}: {err}") from None
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise ForgetkitError(f"{option} {spec!r}: {module!r} has no callable {name!r}")
+    try:
+        return fn()
+    except Exception as err:
+        raise ForgetkitError(f"{option} {spec!r} raised {type(err).__name__}: {err}") from None
+
+
+def _replay_data(spec, *, trainer):
+    """The --data of a replay: a MODULE:CALLABLE, arrays in a .npz (inputs and labels, or
+    named model inputs and labels), or (a Trainer's checkpoints) a datasets folder."""
+    path = Path(spec)
+    if path.suffix == ".npz" and path.is_file():
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in f.files}
+        labels = next((k for k in ("labels", "label", "y") if k in arrays), None)
+        if labels is None:
+            raise ForgetkitError(f"--data {spec!r} must hold the labels as 'labels' (or "
+                                 f"'y'); it holds {sorted(arrays)}")
+        if labels != "labels":
+            arrays["labels"] = arrays.pop(labels)
+        rest = [k for k in arrays if k != "labels"]
+        if len(rest) == 1 and not trainer:
+            return arrays[rest[0]], arrays["labels"]
+        return arrays
+    if path.is_dir():
+        try:
+            from datasets import load_from_disk
+        except ImportError:
+            raise ForgetkitError(f"--data {spec!r} is a folder: reading a dataset saved by "
+                                 "save_to_disk needs: pip install datasets") from None
+        return load_from_disk(str(path))
+    if ":" in spec and not path.exists():
+        return _factory(spec, "--data")
+    raise ForgetkitError(f"--data must be MODULE:CALLABLE, an .npz file or a datasets "
+                         f"folder; got {spec!r}")
+
+
+def _cmd_replay(args):
+    import warnings
+
+    if args.out in args.checkpoints:
+        raise ForgetkitError(f"--out {args.out!r} is one of the checkpoints")
+    devices = None
+    if args.devices:
+        try:
+            devices = [int(d) for d in args.devices.split(",")]
+        except ValueError:
+            raise ForgetkitError(f"--devices must list CUDA device numbers such as 0,1; got "
+                                 f"{args.devices!r}") from None
+    epochs = None
+    if args.epochs:
+        try:
+            epochs = [int(e) for e in args.epochs.split(",")]
+        except ValueError:
+            raise ForgetkitError(f"--epochs must be integers separated by commas; got "
+                                 f"{args.epochs!r}") from None
+    options = dict(epochs=epochs, device=args.device, devices=devices,
+                   batch_size=args.batch_size, on_duplicate=args.on_duplicate,
+                   autocast=args.autocast, progress=not args.quiet, dtype=args.dtype,
+                   mode=args.mode)
+    trainer = args.model is None
+    try:
+        if trainer:
+            if len(args.checkpoints) != 1 or not Path(args.checkpoints[0]).is_dir():
+                raise ForgetkitError("--model MODULE:CALLABLE is needed for checkpoint files "
+                                     "(without it, CHECKPOINT is a Trainer's output folder)")
+            from .exporters.huggingface import replay
+        else:
+            from .exporters.torch import replay
+    except ImportError as err:
+        raise ForgetkitError(f"replay needs {err.name or 'a framework'}: pip install "
+                             f"forgetkit[{'huggingface' if trainer else 'torch'}]") from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if trainer:
+                model_class = None
+                if args.model_class:
+                    import transformers
+
+                    model_class = getattr(transformers, args.model_class, None)
+                    if model_class is None:
+                        raise ForgetkitError(f"--model-class: transformers has no "
+                                             f"{args.model_class!r}")
+                data = _replay_data(args.data, trainer=True)
+                run = replay(args.checkpoints[0], data, args.out, model_class=model_class,
+                             **options)
+            else:
+                model = _factory(args.model, "--model")
+                data = _replay_data(args.data, trainer=False)
+                run = replay(model, args.checkpoints, data, args.out,
+                             trust_pickle=args.trust_pickle, **options)
+        finally:
+            for w in caught:
+                print(f"forgetkit replay: warning: {' '.join(str(w.message).split())}",
+                      file=sys.stderr)
+    if not args.quiet:
+        n = len(run.meta.get("replay", {}).get("checkpoints", []))
+        print(f"wrote {args.out}: {run.n_epochs} epochs from {n} checkpoints")
+
+
+def _add_replay_command(sub):
+    p = sub.add_parser("replay", help="evaluate saved checkpoints on a dataset into a run")
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                   help="checkpoint files, folders or glob patterns (state dicts: .pt, .pth, "
+                        ".bin, .ckpt, .safetensors), or one Trainer output folder "
+                        "(checkpoint-N folders) without --model")
+    p.add_argument("--model", metavar="MODULE:CALLABLE",
+                   help="returns the model (an instance of the architecture)")
+    p.add_argument("--data", required=True, metavar="MODULE:CALLABLE|ARRAYS.npz|DATASET",
+                   help="returns the data; or arrays (inputs and labels, or model inputs by "
+                        "name and labels); or a folder saved by datasets' save_to_disk")
+    p.add_argument("--out", required=True, metavar="RUN", help="run file (.npy, .parquet)")
+    p.add_argument("--device", help="e.g. cuda, cuda:1, cpu (default: where the model is)")
+    p.add_argument("--devices", metavar="0,1", help="several GPUs: whole checkpoints each")
+    p.add_argument("--dtype", choices=("float16", "float32", "float64"), default="float16",
+                   help="stored precision of the outputs")
+    p.add_argument("--autocast", choices=("bfloat16", "float16"),
+                   help="evaluate under torch.autocast (default: the model's precision)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", metavar="E,E,...", help="epoch numbers, one per checkpoint")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="load with weights_only=False (only for files you trust)")
+    p.add_argument("--on-duplicate", choices=("warn", "skip", "error"), default="warn")
+    p.add_argument("--model-class", help="transformers class for a Trainer folder (default: "
+                                         "the checkpoint config's architecture)")
+    p.add_argument("--mode", choices=("a", "w"), default="a",
+                   help="a: continue a replay into RUN (default); w: replace RUN")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_replay)
+
+
 def _add_fusion_commands(sub):
     p = sub.add_parser("fuse", help="fit a Knowledge Fusion plan on validation data")
     p.add_argument("run")
@@ -389,6 +547,7 @@ def build_parser():
 
     _add_score_commands(sub)
     _add_fusion_commands(sub)
+    _add_replay_command(sub)
     return parser
 
 

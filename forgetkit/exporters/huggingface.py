@@ -15,15 +15,31 @@ accelerate) each process evaluates its shard and the main process writes every s
 
 from __future__ import annotations
 
+import glob
 import inspect
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from transformers import TrainerCallback, default_data_collator
 
-from ..errors import ForgetkitError
+from ..errors import CorruptFileError, ForgetkitError
+from ._checkpoints import ReplayLog, content_hash, existing_run, hash_pool, ordered
+from ._torch_replay import (
+    _Device,
+    _Item,
+    as_device,
+    autocast_dtype,
+    batches_of,
+    drive,
+    flat_bytes,
+    place,
+)
 from .torch import LogitRecorder
 
-__all__ = ["LogitRecorderCallback"]
+__all__ = ["LogitRecorderCallback", "replay"]
 
 
 def kept_columns(model, args, label_key):
@@ -112,3 +128,176 @@ class LogitRecorderCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.recorder is not None:
             self.recorder.close()
+
+
+# ------------------------------------------------------------------- replay
+_CHECKPOINT_DIR = re.compile(r"checkpoint-\d+")
+
+
+def checkpoint_dirs(source):
+    """The checkpoint folders of ``source``: a Trainer output directory (its
+    ``checkpoint-N`` folders), one saved model folder (holding ``config.json``), a glob
+    pattern, or a list of those."""
+    items = [source] if isinstance(source, (str, Path)) else list(source)
+    if not items:
+        raise ForgetkitError("no checkpoint folder given")
+    dirs = []
+    for item in items:
+        text = str(item)
+        if any(c in text for c in "*?[") and not Path(text).exists():
+            matched = sorted(glob.glob(text))
+            if not matched:
+                raise ForgetkitError(f"no checkpoint folder matches {text!r}")
+            dirs += checkpoint_dirs(matched)
+            continue
+        folder = Path(text)
+        if (folder / "config.json").is_file():
+            dirs.append(str(folder))
+        elif folder.is_dir():
+            found = sorted(str(p) for p in folder.iterdir()
+                           if p.is_dir() and _CHECKPOINT_DIR.fullmatch(p.name))
+            if not found:
+                raise ForgetkitError(f"{text!r} holds no checkpoint-N folder (a Trainer's "
+                                     "output_dir) and no saved model (config.json)")
+            dirs += found
+        else:
+            raise ForgetkitError(f"checkpoint folder {text!r} does not exist")
+    return dirs
+
+
+def trainer_step(folder):
+    """(epoch number, step) a Trainer checkpoint folder records: its ``global_step`` (in
+    ``trainer_state.json``) for both, or (None, None)."""
+    try:
+        with open(Path(folder) / "trainer_state.json") as f:
+            step = json.load(f).get("global_step")
+    except (OSError, ValueError):
+        return None, None
+    return (step, step) if isinstance(step, int) and not isinstance(step, bool) \
+        else (None, None)
+
+
+def model_class_of(folder):
+    """The transformers class named first in a checkpoint's ``config.json``
+    ``architectures``."""
+    import transformers
+
+    try:
+        with open(Path(folder) / "config.json") as f:
+            names = json.load(f).get("architectures") or []
+    except (OSError, ValueError) as err:
+        raise ForgetkitError(f"cannot read {str(Path(folder) / 'config.json')!r}: {err}") \
+            from None
+    cls = getattr(transformers, names[0], None) if names else None
+    if cls is None:
+        raise ForgetkitError(f"the config of {str(folder)!r} names no transformers model "
+                             f"class ({names}); pass model_class=...")
+    return cls
+
+
+class _Pretrained(_Device):
+    """A device whose model is each checkpoint loaded with ``from_pretrained``."""
+
+    def __init__(self, model_class, device, batches, pool):
+        self.model_class, self.device, self.batches, self.pool = \
+            model_class, device, batches, pool
+        self.model = None
+        self.cuda, self.graphable = device.type == "cuda", False
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="forgetkit-replay-read")
+
+    def read(self, position, checkpoint):
+        try:
+            model = self.model_class.from_pretrained(checkpoint.file, local_files_only=True)
+        except Exception as err:
+            message = " ".join(str(err).split())[:300]
+            raise CorruptFileError(f"cannot load checkpoint {checkpoint.file!r} with "
+                                   f"{self.model_class.__name__}.from_pretrained: "
+                                   f"{message}") from None
+        state = model.state_dict()
+        digest = content_hash([(k, str(t.dtype), tuple(t.shape), flat_bytes(t))
+                               for k, t in sorted(state.items())], pool=self.pool)
+        return _Item(position, checkpoint, digest, model.to(self.device).eval())
+
+    def load(self, item):
+        self.model, item.tensors = item.tensors, None
+
+
+class _Rows(Dataset):
+    """Dict samples of a dict of equally long arrays."""
+
+    def __init__(self, columns):
+        self.columns = columns
+
+    def __len__(self):
+        return len(next(iter(self.columns.values())))
+
+    def __getitem__(self, i):
+        return {k: v[i] for k, v in self.columns.items()}
+
+
+def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, epochs=None,
+           device=None, devices=None, batch_size=256, collate_fn=None, label_key="labels",
+           on_duplicate="warn", autocast=None, progress=True, **recorder_options):
+    """Evaluate every checkpoint a `transformers.Trainer` saved on ``dataset`` and write the
+    run that `LogitRecorderCallback` would have written while it trained.
+
+    Parameters
+    ----------
+    output_dir_or_checkpoint_dirs : str, Path or list
+        A Trainer's ``output_dir`` (every ``checkpoint-N`` folder in it is replayed, in step
+        order), checkpoint folders, or a glob pattern. Each is loaded with
+        ``model_class.from_pretrained(folder)`` from the local folder.
+    dataset : Dataset or datasets.Dataset of dict samples, or a dict of arrays
+        Batched by ``collate_fn`` with the columns the model's forward takes.
+    path : str or Path, the run (``.npy`` or ``.parquet``).
+    model_class : transformers model class, optional
+        Default: the class named in the checkpoint's ``config.json`` (``architectures``).
+    epochs : list of int, optional
+        Epoch numbers in the order given. Default: each checkpoint's global step (its
+        ``trainer_state.json``), else the number in its folder name.
+    device, devices : where to evaluate (default: the CPU); several devices take whole
+        checkpoints each.
+    batch_size : int, default 256
+    collate_fn : callable, optional
+        Default: padding with the checkpoint's tokenizer when it saved one (what the
+        Trainer does with a tokenizer), else `transformers.default_data_collator`.
+    label_key, on_duplicate, autocast, progress, **recorder_options
+        As for `forgetkit.exporters.torch.replay`.
+
+    Returns
+    -------
+    Run, with ``meta["replay"]["checkpoints"]`` (folder, step and content hash per epoch).
+    """
+    import transformers
+
+    dirs = checkpoint_dirs(output_dir_or_checkpoint_dirs)
+    order = ordered(dirs, epochs=epochs, own=None if epochs is not None else trainer_step)
+    model_class = model_class or model_class_of(order[0].file)
+    if isinstance(dataset, dict):
+        dataset = _Rows(dataset)
+    keep = set(inspect.signature(model_class.forward).parameters) | \
+        {"label", "label_ids", label_key}
+    collate = collate_fn
+    if collate is None:
+        collate = default_data_collator
+        if (Path(order[0].file) / "tokenizer_config.json").is_file():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(order[0].file,
+                                                                   local_files_only=True)
+            collate = transformers.DataCollatorWithPadding(tokenizer)
+    names = getattr(dataset, "column_names", None)  # a datasets.Dataset
+    if names is not None:
+        dataset = dataset.remove_columns([c for c in names if c not in keep])
+    else:
+        collate = without_unused(collate, keep)
+    batches = batches_of(DataLoader(dataset, batch_size=batch_size, collate_fn=collate),
+                         batch_size=batch_size, label_key=label_key)
+    targets = [as_device(d) for d in devices] if devices is not None \
+        else [as_device(device or "cpu")]
+    log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
+                    recorder_options.get("meta"), on_duplicate, path)
+    recorder = LogitRecorder(path, batches, batch_size=batch_size, label_key=label_key,
+                             **recorder_options)
+    with hash_pool() as pool:
+        devs = [_Pretrained(model_class, t, place(batches, t), pool) for t in targets]
+        return drive(order, devs, recorder, log, autocast=autocast_dtype(autocast),
+                     progress=progress)

@@ -12,10 +12,15 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from ..errors import ForgetkitError
+from .._progress import Progress
+from ..errors import CorruptFileError, ForgetkitError
+from ._checkpoints import ReplayLog, checkpoint_files, content_hash, existing_run, ordered
 from ._common import RecorderBase, check_class_counts
 
-__all__ = ["LogitRecorderCallback"]
+__all__ = ["LogitRecorderCallback", "replay"]
+
+#: File suffixes read as Keras checkpoints (a folder given as ``checkpoints``).
+SUFFIXES = (".keras", ".weights.h5", ".h5")
 
 
 def as_labels(y):
@@ -33,8 +38,9 @@ class KerasRecorder(RecorderBase):
         self.data = data
         self.batch_size = batch_size
 
-    def record(self, model, epoch):
-        """Store ``model``'s outputs on the data as epoch ``epoch``; return its accuracy."""
+    def record(self, model, epoch, *, meta=None):
+        """Store ``model``'s outputs on the data as epoch ``epoch`` (with the run's metadata
+        ``meta`` if given); return its accuracy."""
         if isinstance(self.data, tuple) and len(self.data) == 2:
             x, y = self.data
             outputs = [model.predict(x, batch_size=self.batch_size, verbose=0)]
@@ -59,7 +65,7 @@ class KerasRecorder(RecorderBase):
         if not np.isfinite(values).all():
             raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
                                  f"{self.dtype}); not stored")
-        self._commit(epoch, values, labels, values.shape[1])  # summarised on the writer
+        self._commit(epoch, values, labels, values.shape[1], meta=meta)  # summarised there
         return float(np.mean(np.argmax(values, axis=1) == labels))
 
 
@@ -99,3 +105,67 @@ class LogitRecorderCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.recorder.close()
+
+
+def weights_hash(model):
+    """The SHA-256 content hash of a Keras model's weights (in the model's order)."""
+    items = []
+    for i, w in enumerate(model.get_weights()):
+        w = np.ascontiguousarray(w)
+        items.append((str(i), w.dtype.name, w.shape, w.reshape(-1).view(np.uint8)))
+    return content_hash(items)
+
+
+def replay(model, checkpoints, data, path, *, epochs=None, batch_size=1024,
+           on_duplicate="warn", progress=True, **options):
+    """Evaluate every saved checkpoint of a Keras 3 training on ``data`` and write the run
+    that `LogitRecorderCallback` would have written while it trained.
+
+    Parameters
+    ----------
+    model : keras.Model
+        The trained architecture; each checkpoint's weights are loaded into it in turn
+        (``model.load_weights``, which reads ``.keras`` and ``.weights.h5`` files).
+    checkpoints : str, Path or list
+        A glob pattern, a folder or a list of files (``ModelCheckpoint``'s, e.g.
+        ``"ckpt/model_{epoch:02d}.weights.h5"``).
+    data, batch_size : as for `LogitRecorderCallback`.
+    path : str or Path, the run (``.npy`` or ``.parquet``).
+    epochs : list of int, optional
+        Epoch numbers in the order given. Default: the last integer of each file name (which
+        Keras's ``{epoch}`` counts from 1; the callback records from 0).
+    on_duplicate, progress, **options
+        As for `forgetkit.exporters.torch.replay`; ``options`` are the recorder options.
+
+    Returns
+    -------
+    Run, with ``meta["replay"]["checkpoints"]`` (file and content hash per epoch).
+    """
+    from ..io import load
+
+    files = checkpoint_files(checkpoints, suffixes=SUFFIXES)
+    order = ordered(files, epochs=epochs)
+    log = ReplayLog(existing_run(path, options.get("mode", "a")), options.get("meta"),
+                    on_duplicate, path)
+    recorder = KerasRecorder(path, data, batch_size=batch_size, **options)
+    bar = Progress(len(order), f"replay into {path}", enabled=progress, unit="checkpoints")
+    written = 0
+    with recorder:
+        for p, checkpoint in enumerate(order):
+            try:
+                model.load_weights(checkpoint.file)
+            except Exception as err:
+                message = " ".join(str(err).split())[:300]
+                raise CorruptFileError(f"cannot load checkpoint {checkpoint.file!r} into the "
+                                       f"model (truncated, or another architecture?): "
+                                       f"{message}") from None
+            digest = weights_hash(model)
+            if p < len(log.stored):
+                log.check_stored(p, checkpoint, digest)
+            elif log.admit(checkpoint, digest):
+                recorder.record(model, checkpoint.epoch, meta=log.meta_with(checkpoint, digest))
+                written += 1
+            bar.update()
+    if written == 0 and not log.stored:
+        raise ForgetkitError(f"no checkpoint was replayed into {str(path)!r}")
+    return load(path)

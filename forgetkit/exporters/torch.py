@@ -28,7 +28,7 @@ from ..errors import ForgetkitError, InputTypeError
 from . import _torch_distributed as ddp
 from ._common import RecorderBase, check_class_counts
 
-__all__ = ["LogitRecorder"]
+__all__ = ["LogitRecorder", "replay"]
 
 
 def default_output(out):
@@ -192,22 +192,35 @@ class LogitRecorder(RecorderBase):
             if restore is not None:
                 restore()
         if ctx is None:
-            if local["error"] is not None:
-                raise local["error"]
-            if not local["finite"]:
-                raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
-                                     f"{self.dtype}); not stored")
+            local = self._checked(local, epoch)
             return self._store(epoch, None, local["labels"], local["values"], local["classes"])
         return ddp.gather_epoch(ctx, epoch, local, shard, partial(self._store, epoch))
+
+    def evaluate(self, model, epoch, batches):
+        """This process's outputs of ``model`` (in eval mode) on ``batches`` for epoch number
+        ``epoch``, checked, without storing them: the dict of `_evaluate`. Used by the
+        replays, which store them with `_store` in epoch order."""
+        return self._checked(self._evaluate(model, epoch, ((None, b) for b in batches),
+                                            catch=False), epoch)
+
+    def _checked(self, local, epoch):
+        if local["error"] is not None:
+            raise local["error"]
+        if not local["finite"]:
+            raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
+                                 f"{self.dtype}); not stored")
+        return local
 
     def _batch_length(self, batch):
         return len(torch.as_tensor(split_batch(batch, self.label_key)[2]).reshape(-1))
 
-    def _evaluate(self, model, epoch, batches, *, catch):
+    def _evaluate(self, model, epoch, batches, *, catch, sync=True):
         """This process's outputs: dict of ``values`` (n, C) in the stored dtype (summary
         rows (n, 4) with a device summary), ``labels`` (n,) and ``ids`` (n,) tensors on the
-        model's device, ``classes``, ``finite`` and ``error`` (with ``catch``, an error of
-        the evaluation, to be raised on every rank)."""
+        model's device, ``classes``, ``finite`` (a bool; with ``sync=False`` a boolean
+        tensor on the device, so that nothing waits for the device: a CUDA graph capture)
+        and ``error`` (with ``catch``, an error of the evaluation, to be raised on every
+        rank)."""
         device = next(model.parameters(), torch.empty(0)).device
         chunks, labels, ids, shapes = [], [], [], []
         finite = torch.ones((), dtype=torch.bool, device=device)
@@ -233,21 +246,27 @@ class LogitRecorder(RecorderBase):
                 raise
             return {"error": err, "values": None, "labels": None, "ids": np.empty(0, np.int64),
                     "classes": None, "finite": True}
-        return {"error": None, "finite": bool(finite),
+        return {"error": None, "finite": bool(finite) if sync else finite,
                 "values": torch.cat(chunks) if chunks else None,
                 "labels": torch.cat(labels) if labels else torch.empty(0, dtype=torch.int64),
                 "ids": np.concatenate(ids) if ids else np.empty(0, np.int64),
                 "classes": shapes[0][-1] if shapes else None}
 
-    def _store(self, epoch, ids, labels, values, n_classes):
+    def _store(self, epoch, ids, labels, values, n_classes, *, meta=None):
         """Queue the epoch's rows (``values`` on the device, ``labels``, dataset indices
-        ``ids`` or None for positions) for writing; return its accuracy."""
+        ``ids`` or None for positions) for writing, with the run's metadata ``meta`` if
+        given; return its accuracy."""
+        accuracy, host, labels = self._prepare(labels, values)
+        self._commit(epoch, host, labels, n_classes, ids=ids, meta=meta)
+        return accuracy
+
+    def _prepare(self, labels, values):
+        """(accuracy, a callable returning ``values`` on the host, whose copy has started,
+        labels as numpy) of an epoch's outputs on the device (what `_commit` takes)."""
         summary = self._device_summary
         labels = torch.as_tensor(labels)
         accuracy = correct_count(values, labels.to(values.device), summary) / len(values)
-        self._commit(epoch, host_copy(values, summary), labels.cpu().numpy(), n_classes,
-                     ids=ids)
-        return accuracy
+        return accuracy, host_copy(values, summary), labels.cpu().numpy()
 
     def lightning_callback(self, *, every_n_epochs=1):
         """A PyTorch Lightning callback recording at the end of every training epoch (and
@@ -272,3 +291,6 @@ class LogitRecorder(RecorderBase):
                 recorder.close()
 
         return _LogitRecorderCallback()
+
+
+from ._torch_replay import replay  # noqa: E402  (it builds on LogitRecorder)

@@ -1,0 +1,206 @@
+"""Framework-free part of the replays: which checkpoint files, in which order and with which
+epoch numbers, their content hashes, and the replay's record in the run's metadata (what
+lets a replay resume, and notice checkpoints whose weights are identical).
+
+Epoch numbers (DESIGN.md, "Replay"): given, else the checkpoint's own (Lightning's epoch, a
+Trainer's global step), else the last integer of the file name; checkpoints are replayed in
+the order of their epoch numbers. The run's ``meta["replay"]["checkpoints"]`` lists, per
+stored epoch, ``{"epoch", "file", "step", "sha256"}``, written with the epoch.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import re
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._validation import check_option
+from ..errors import ForgetkitError
+
+#: The choices of ``on_duplicate``.
+ON_DUPLICATE = ("warn", "skip", "error")
+
+#: The key of the replay's record in the run's metadata.
+META_KEY = "replay"
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint to replay: its file (or folder), epoch number and training step."""
+
+    file: str
+    epoch: int
+    step: int | None = None
+
+
+def checkpoint_files(checkpoints, *, suffixes=None):
+    """The checkpoint paths of ``checkpoints``: a glob pattern, a file, or a list of those
+    (a folder: its files ending in one of ``suffixes``); a pattern that matches nothing is an
+    error naming it."""
+    items = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    if not items:
+        raise ForgetkitError("checkpoints is empty: pass a glob pattern or a list of files")
+    files = []
+    for item in items:
+        text = str(item)
+        if _GLOB.search(text) and not Path(text).exists():
+            matched = sorted(glob.glob(text))
+            if not matched:
+                raise ForgetkitError(f"no checkpoint matches {text!r}")
+            files += matched
+        elif Path(text).is_dir() and suffixes is not None:
+            found = sorted(str(p) for p in Path(text).iterdir()
+                           if p.is_file() and p.name.endswith(tuple(suffixes)))
+            if not found:
+                raise ForgetkitError(f"the folder {text!r} holds no checkpoint "
+                                     f"({', '.join(suffixes)})")
+            files += found
+        elif not Path(text).exists():
+            raise ForgetkitError(f"checkpoint {text!r} does not exist")
+        else:
+            files.append(text)
+    return files
+
+
+_SUFFIXES = re.compile(r"(\.(pt|pth|bin|ckpt|tar|safetensors|keras|weights|h5))+$")
+
+
+def last_integer(name):
+    """The last integer in a file name (without its checkpoint suffixes), or None."""
+    numbers = re.findall(r"\d+", _SUFFIXES.sub("", Path(name).name))
+    return int(numbers[-1]) if numbers else None
+
+
+def ordered(files, *, epochs=None, own=None):
+    """The `Checkpoint` list of ``files`` sorted by epoch number.
+
+    ``epochs``: the epoch numbers given (one per file); else ``own(file) -> (epoch, step)``
+    (either None where the checkpoint does not say), else the last integer of the name.
+    """
+    if epochs is not None:
+        epochs = [int(e) for e in epochs]
+        if len(epochs) != len(files):
+            raise ForgetkitError(f"epochs has {len(epochs)} numbers for {len(files)} "
+                                 "checkpoints")
+    out = []
+    for i, f in enumerate(files):
+        epoch, step = own(f) if own is not None else (None, None)
+        if epochs is not None:
+            epoch = epochs[i]
+        elif epoch is None:
+            epoch = last_integer(f)
+            if epoch is None:
+                raise ForgetkitError(f"cannot tell the epoch of checkpoint {f!r}: its name "
+                                     "holds no number and the file none of its own (pass "
+                                     "epochs=...)")
+        out.append(Checkpoint(f, int(epoch), None if step is None else int(step)))
+    out.sort(key=lambda c: c.epoch)
+    for a, b in zip(out, out[1:], strict=False):
+        if a.epoch == b.epoch:
+            raise ForgetkitError(f"checkpoints {a.file!r} and {b.file!r} both have epoch "
+                                 f"number {a.epoch} (pass epochs=...)")
+    return out
+
+
+def content_hash(items, *, pool=None):
+    """The SHA-256 hex digest of named arrays: ``items`` is a list of (name, dtype name,
+    shape, buffer) in a fixed order; each buffer is hashed on ``pool`` (hashlib releases
+    the GIL), then the names, dtypes, shapes and digests together."""
+    def digest(buf):
+        return hashlib.sha256(buf).digest()
+
+    buffers = [it[3] for it in items]
+    digests = list(pool.map(digest, buffers)) if pool is not None else map(digest, buffers)
+    h = hashlib.sha256()
+    for (name, dtype, shape, _), d in zip(items, digests, strict=False):
+        h.update(f"{name}\0{dtype}\0{tuple(shape)}\0".encode())
+        h.update(d)
+    return h.hexdigest()
+
+
+def hash_pool():
+    """A small thread pool for `content_hash`."""
+    return ThreadPoolExecutor(8, thread_name_prefix="forgetkit-hash")
+
+
+class ReplayLog:
+    """The replay's record in a run: the checkpoints already stored (from an existing run at
+    ``path``), what to skip, and the metadata to write with each new epoch.
+
+    Parameters
+    ----------
+    existing : Run or None, the run already at the output path (mode "a").
+    meta : dict or None, the user's metadata.
+    on_duplicate : {"warn", "skip", "error"}
+    """
+
+    def __init__(self, existing, meta, on_duplicate, path):
+        check_option("on_duplicate", on_duplicate, ON_DUPLICATE)
+        self.on_duplicate = on_duplicate
+        self.path = str(path)
+        self.stored = []
+        if existing is not None and existing.n_epochs:
+            record = (existing.meta or {}).get(META_KEY) or {}
+            stored = record.get("checkpoints") if isinstance(record, dict) else None
+            if not isinstance(stored, list) or len(stored) != existing.n_epochs:
+                raise ForgetkitError(
+                    f"the run at {self.path!r} holds {existing.n_epochs} epochs that were not "
+                    "replayed from checkpoints; mode='w' replaces it")
+            self.stored = list(stored)
+        self.user_meta = {k: v for k, v in (meta or {}).items() if k != META_KEY}
+        self.entries = list(self.stored)
+        self.seen = {e["sha256"]: e["file"] for e in self.stored}
+
+    def check_stored(self, position, checkpoint, digest):
+        """Raise unless the checkpoint at ``position`` (< len(stored)) is the stored one."""
+        entry = self.stored[position]
+        if entry["sha256"] != digest:
+            raise ForgetkitError(
+                f"the run at {self.path!r} holds epochs of other checkpoints: its epoch "
+                f"{entry['epoch']} came from {entry['file']!r}, whose weights differ from "
+                f"{checkpoint.file!r} (checkpoint {position + 1} here); mode='w' replaces it")
+
+    def admit(self, checkpoint, digest):
+        """Whether to store ``checkpoint`` with weights hash ``digest``: a duplicate of an
+        earlier checkpoint is warned about (both files named) and kept, skipped, or refused,
+        as ``on_duplicate`` says."""
+        first = self.seen.get(digest)
+        if first is not None:
+            what = (f"checkpoint {checkpoint.file!r} has the same weights as {first!r}")
+            if self.on_duplicate == "error":
+                raise ForgetkitError(f"{what} (on_duplicate='error')")
+            if self.on_duplicate == "skip":
+                return False
+            warnings.warn(f"{what}; replayed anyway (on_duplicate='skip' leaves such "
+                          "checkpoints out)", stacklevel=4)
+        else:
+            self.seen[digest] = checkpoint.file
+        return True
+
+    def meta_with(self, checkpoint, digest):
+        """The run's metadata once ``checkpoint`` is stored (to write with its epoch)."""
+        self.entries.append({"epoch": checkpoint.epoch, "file": str(checkpoint.file),
+                             "step": checkpoint.step, "sha256": digest})
+        return {**self.user_meta, META_KEY: {"checkpoints": list(self.entries)}}
+
+
+def existing_run(path, mode):
+    """The run at ``path`` that a replay in ``mode`` continues, or None."""
+    from ..io import load
+
+    if mode != "a":
+        return None
+    try:
+        return load(path)
+    except FileNotFoundError:
+        return None
+    except ForgetkitError:
+        if not Path(path).exists():
+            return None
+        raise

@@ -1,0 +1,628 @@
+"""Replay saved PyTorch checkpoints into a run: `forgetkit.exporters.torch.replay`.
+
+The pipeline (DESIGN.md, "Replay"): the evaluation data is read once and moved to each
+device once (kept resident when it fits in half the free memory, else kept in pinned host
+memory and copied batch by batch); each device has one model instance that receives every
+checkpoint's weights in place; a reader thread per device reads, checks and hashes the next
+checkpoints and copies them to the device on a side stream while the current one is
+evaluated. With several devices each evaluates whole checkpoints (checkpoint i on device
+i mod n); the main thread stores them in epoch order through `LogitRecorder` (whose
+background thread copies the outputs to the host and writes them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import pickle
+import threading
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
+
+from .._progress import Progress
+from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from ._checkpoints import (
+    Checkpoint,
+    ReplayLog,
+    checkpoint_files,
+    content_hash,
+    existing_run,
+    hash_pool,
+    ordered,
+)
+from .torch import LogitRecorder, split_batch
+
+#: File suffixes read as PyTorch checkpoints (a folder given as ``checkpoints``).
+SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
+
+#: Keys under which a checkpoint dict may hold the model's state dict.
+STATE_KEYS = ("state_dict", "model_state_dict", "model")
+
+#: Checkpoints read ahead per device.
+READ_AHEAD = 2
+
+
+def _int_or_none(value):
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
+        else None
+
+
+def _is_state(obj):
+    return isinstance(obj, Mapping) and bool(obj) and \
+        all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def read_checkpoint(file, *, trust_pickle=False, mmap=False):
+    """``(state dict, own epoch, own step)`` of a checkpoint file: a state dict in a
+    ``.pt/.pth/.bin/.ckpt`` file (or a dict holding one under ``state_dict``,
+    ``model_state_dict`` or ``model``, with Lightning's ``epoch`` and ``global_step``), or a
+    ``.safetensors`` file. Loads with ``weights_only=True`` unless ``trust_pickle``: a file
+    that needs other objects is refused and nothing in it runs."""
+    file = str(file)
+    if file.endswith(".safetensors"):
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ForgetkitError("reading .safetensors checkpoints needs the safetensors "
+                                 "package: pip install safetensors") from None
+        try:
+            return load_file(file), None, None
+        except Exception as err:
+            raise CorruptFileError(f"cannot read checkpoint {file!r}: {err}") from None
+    try:
+        obj = torch.load(file, map_location="cpu", weights_only=not trust_pickle, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        if not trust_pickle and "weights_only" in str(err):
+            first = str(err).split("Unsupported global:")[-1].split("\n")[0].strip() \
+                if "Unsupported global:" in str(err) else "an object other than tensors"
+            raise ForgetkitError(
+                f"checkpoint {file!r} needs arbitrary code to load ({first}); it was not "
+                "loaded. Pass trust_pickle=True (--trust-pickle) only if you trust the file"
+            ) from None
+        raise CorruptFileError(f"cannot read checkpoint {file!r}: {err}") from None
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except FileNotFoundError:
+        raise
+    except Exception as err:
+        message = " ".join(str(err).split())[:300] or type(err).__name__
+        raise CorruptFileError(f"cannot read checkpoint {file!r} (truncated or not a "
+                               f"PyTorch checkpoint?): {message}") from None
+    if _is_state(obj):
+        return dict(obj), None, None
+    if isinstance(obj, Mapping):
+        for key in STATE_KEYS:
+            if _is_state(obj.get(key)):
+                step = obj.get("global_step", obj.get("step"))
+                return dict(obj[key]), _int_or_none(obj.get("epoch")), _int_or_none(step)
+    if isinstance(obj, torch.nn.Module):  # a whole pickled model (trust_pickle=True)
+        return obj.state_dict(), None, None
+    what = f"a dict with keys {sorted(map(str, obj))[:8]}" if isinstance(obj, Mapping) \
+        else f"a {type(obj).__name__}"
+    raise ForgetkitError(f"checkpoint {file!r} holds no state dict of tensors ({what}; "
+                         f"expected one, or a dict holding one under {list(STATE_KEYS)})")
+
+
+def own_epoch(file, *, trust_pickle=False):
+    """(epoch, step) that a checkpoint file records itself (Lightning's), or (None, None).
+    Reads only the pickle (the tensors are memory-mapped, not read)."""
+    if str(file).endswith(".safetensors"):
+        return None, None
+    try:
+        obj = torch.load(str(file), map_location="cpu", weights_only=not trust_pickle,
+                         mmap=True)
+    except Exception:  # read again (and reported) in order when it is replayed
+        return None, None
+    if isinstance(obj, Mapping) and not _is_state(obj):
+        return _int_or_none(obj.get("epoch")), \
+            _int_or_none(obj.get("global_step", obj.get("step")))
+    return None, None
+
+
+def _prefixes(keys):
+    """Dotted prefixes (``a.``, ``a.b.``) of ``keys``, shortest first."""
+    found = set()
+    for k in keys:
+        parts = k.split(".")
+        for depth in (1, 2):
+            if len(parts) > depth:
+                found.add(".".join(parts[:depth]) + ".")
+    return sorted(found, key=lambda p: (p.count("."), p))
+
+
+def fit_keys(state, model_keys, file):
+    """``state`` with its keys made the model's: as they are, less a prefix (Lightning's
+    module attribute such as ``model.``, DDP's ``module.``, torch.compile's ``_orig_mod.``;
+    keys outside the prefix are then left out), or with the model's own prefix added.
+    Keys that do not fit raise an error naming the first missing and unexpected ones."""
+    want = set(model_keys)
+    if set(state) == want:
+        return state
+    for prefix in _prefixes(state):
+        inner = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if set(inner) == want:
+            return inner
+    for prefix in _prefixes(model_keys):
+        if all(k.startswith(prefix) for k in model_keys) and \
+                {prefix + k for k in state} == want:
+            return {prefix + k: v for k, v in state.items()}
+    missing = [k for k in model_keys if k not in state]
+    unexpected = [k for k in state if k not in want]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing keys (first {missing[0]!r})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected keys (first {unexpected[0]!r})")
+    raise ForgetkitError(f"checkpoint {file!r} does not fit the model: {', '.join(parts)}")
+
+
+def flat_bytes(t):
+    return t.detach().reshape(-1).contiguous().view(torch.uint8).numpy()
+
+
+@dataclass
+class _Item:
+    """A checkpoint read, checked, hashed and (on a GPU) copied to its device."""
+
+    position: int
+    checkpoint: Checkpoint
+    digest: str
+    tensors: list  # in the model's key order, on the device once staged
+    event: object = None  # CUDA event: the copy to the device is done
+
+
+class _Device:
+    """One device's model instance, data and reader thread."""
+
+    def __init__(self, model, device, batches, *, keys, trust_pickle, pool, cuda_graph=False):
+        self.device = device
+        self.model = model
+        self.keys = keys
+        state = model.state_dict(keep_vars=True)
+        self.targets = [state[k] for k in keys]
+        self.batches = batches
+        self.trust_pickle = trust_pickle
+        self.pool = pool
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="forgetkit-replay-read")
+        # a graph replays fixed memory: the batches must be resident on the device
+        self.graphable = bool(cuda_graph) and self.cuda and _resident(batches, device)
+
+    def evaluate_graphable(self, recorder, epoch):
+        """The recorder's evaluation with nothing waiting for the device."""
+        return recorder._evaluate(self.model, epoch, ((None, b) for b in self.batches),
+                                  catch=False, sync=False)
+
+    def read(self, position, checkpoint):
+        """Read, fit, check and hash a checkpoint; on a GPU start its copy to the device."""
+        state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle)
+        state = fit_keys(state, self.keys, checkpoint.file)
+        tensors = [state[k] for k in self.keys]
+        for k, t, target in zip(self.keys, tensors, self.targets, strict=False):
+            if t.shape != target.shape:
+                raise ForgetkitError(
+                    f"checkpoint {checkpoint.file!r} does not fit the model: {k!r} has shape "
+                    f"{tuple(t.shape)} there and {tuple(target.shape)} in the model (a "
+                    "checkpoint of another architecture?)")
+        digest = content_hash([(k, str(state[k].dtype), tuple(state[k].shape),
+                                flat_bytes(state[k])) for k in sorted(state)], pool=self.pool)
+        item = _Item(position, checkpoint, digest, tensors)
+        if self.cuda:
+            with torch.cuda.stream(self.stream):
+                item.tensors = [t.to(self.device, non_blocking=True) for t in tensors]
+                item.event = torch.cuda.Event()
+                item.event.record(self.stream)
+        return item
+
+    def load(self, item):
+        """Copy the item's weights into the model (in place, on the compute stream)."""
+        if item.event is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(item.event)
+        with torch.no_grad():
+            try:
+                torch._foreach_copy_(self.targets, item.tensors)
+            except (AttributeError, RuntimeError, TypeError):
+                for target, t in zip(self.targets, item.tensors, strict=False):
+                    target.copy_(t)
+        if item.event is not None:
+            for t in item.tensors:
+                t.record_stream(stream)  # allocated on the side stream, read on this one
+        item.tensors = None
+
+
+def _as_tensor(x):
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+
+
+def _is_array(x):
+    return isinstance(x, (torch.Tensor, np.ndarray))
+
+
+def batches_of(data, *, batch_size, label_key):
+    """The evaluation batches of ``data`` as a list, read once: an (inputs, labels) pair of
+    arrays or tensors, a dict of arrays (the labels under ``label_key``), a map-style
+    Dataset, a DataLoader (not shuffling), or an iterable of batches."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(map(_is_array, data)):
+        inputs, labels = map(_as_tensor, data)
+        if len(inputs) != len(labels):
+            raise ForgetkitError(f"inputs ({len(inputs)}) and labels ({len(labels)}) differ "
+                                 "in length")
+        return [(inputs[i:i + batch_size], labels[i:i + batch_size])
+                for i in range(0, len(inputs), batch_size)]
+    if isinstance(data, Mapping) and data and all(map(_is_array, data.values())):
+        if label_key not in data:
+            raise ForgetkitError(f"a dict of arrays must hold the labels under label_key="
+                                 f"{label_key!r}; got keys {sorted(data)}")
+        columns = {k: _as_tensor(v) for k, v in data.items()}
+        n = len(columns[label_key])
+        return [{k: v[i:i + batch_size] for k, v in columns.items()}
+                for i in range(0, n, batch_size)]
+    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
+        data = DataLoader(data, batch_size=batch_size, shuffle=False)
+    if isinstance(data, DataLoader) and isinstance(data.sampler, RandomSampler):
+        raise ForgetkitError("the DataLoader shuffles (shuffle=True); a replay needs the same "
+                             "samples in the same order for every checkpoint")
+    try:
+        batches = list(data)
+    except TypeError:
+        raise InputTypeError(f"data must be (inputs, labels) arrays, a dict of arrays, a "
+                             f"Dataset, a DataLoader or an iterable of batches; got "
+                             f"{type(data).__name__}") from None
+    if not batches:
+        raise ForgetkitError("data yielded no batch")
+    for b in batches:
+        split_batch(b, label_key)  # the batch shape is checked before any checkpoint is read
+    return [_map_tensors(b, _as_tensor_or_keep) for b in batches]
+
+
+def _as_tensor_or_keep(v):
+    return torch.as_tensor(v) if isinstance(v, np.ndarray) else v
+
+
+def _map_tensors(batch, fn):
+    if isinstance(batch, Mapping):
+        return {k: fn(v) for k, v in batch.items()}
+    return tuple(fn(v) for v in batch)
+
+
+def _resident(batches, device):
+    for b in batches:
+        for v in (b.values() if isinstance(b, Mapping) else b):
+            if isinstance(v, torch.Tensor) and v.device != device:
+                return False
+    return True
+
+
+def _nbytes(batches):
+    total = 0
+    for b in batches:
+        for v in (b.values() if isinstance(b, Mapping) else b):
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+    return total
+
+
+def place(batches, device):
+    """The batches on ``device`` (resident) when they fit in half its free memory, else in
+    pinned host memory (copied to the device batch by batch, asynchronously)."""
+    def tensor_op(op):
+        return lambda v: op(v) if isinstance(v, torch.Tensor) else v
+
+    if device.type != "cuda":
+        return [_map_tensors(b, tensor_op(lambda t: t.to(device))) for b in batches]
+    free, _ = torch.cuda.mem_get_info(device)
+    if _nbytes(batches) <= free // 2:
+        return [_map_tensors(b, tensor_op(lambda t: t.to(device))) for b in batches]
+    return [_map_tensors(b, tensor_op(lambda t: t.pin_memory())) for b in batches]
+
+
+def as_device(d):
+    """A torch.device (an int: that CUDA device; "cuda": the current one, by index)."""
+    d = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _devices(device, devices, model):
+    if devices is not None:
+        if device is not None:
+            raise ForgetkitError("pass device=... or devices=..., not both")
+        out = [as_device(d) for d in devices]
+        if not out:
+            raise ForgetkitError("devices is empty")
+        return out
+    if device is not None:
+        return [as_device(device)]
+    return [next(model.parameters(), torch.empty(0)).device]
+
+
+class _Results:
+    """Per-position results of the device workers, taken in order by the main thread;
+    a worker waits while ``limit`` of its results are not yet taken."""
+
+    def __init__(self, n_devices, limit=2):
+        self._items = {}
+        self._cond = threading.Condition()
+        self._open = [0] * n_devices
+        self._limit = limit
+        self.stop = False
+
+    def reserve(self, d):
+        with self._cond:
+            self._cond.wait_for(lambda: self.stop or self._open[d] < self._limit)
+            self._open[d] += 1
+            return not self.stop
+
+    def put(self, position, d, result):
+        with self._cond:
+            self._items[position] = (d, result)
+            self._cond.notify_all()
+
+    def take(self, position):
+        with self._cond:
+            self._cond.wait_for(lambda: position in self._items)
+            d, result = self._items.pop(position)
+            self._open[d] -= 1
+            self._cond.notify_all()
+            return result
+
+    def close(self):
+        with self._cond:
+            self.stop = True
+            self._cond.notify_all()
+
+
+class _Graph:
+    """One device's evaluation captured as a CUDA graph: the model instance receives every
+    checkpoint's weights in place, so that replaying the graph evaluates the new weights
+    with no kernel launched from Python (an eager pass over small batches is bound by its
+    launches, not by the GPU)."""
+
+    def __init__(self, dev, recorder, epoch, autocast):
+        torch.cuda.synchronize(dev.device)
+        side = torch.cuda.Stream(dev.device)
+        side.wait_stream(torch.cuda.current_stream(dev.device))
+        with torch.cuda.stream(side), _autocast(dev, autocast):  # warm-up on the stream
+            dev.evaluate_graphable(recorder, epoch)
+        torch.cuda.current_stream(dev.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=side, capture_error_mode="thread_local"), \
+                _autocast(dev, autocast):
+            self.static = dev.evaluate_graphable(recorder, epoch)
+
+    def evaluate(self):
+        """The outputs of the weights now in the model (copies of the graph's)."""
+        self.graph.replay()
+        s = self.static
+        return {"error": None, "values": s["values"].clone(), "labels": s["labels"].clone(),
+                "ids": s["ids"], "classes": s["classes"], "finite": bool(s["finite"])}
+
+
+def _autocast(dev, autocast):
+    if not autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(dev.device.type, dtype=autocast, cache_enabled=False)
+
+
+def _work(dev, d, positions, checkpoints, n_stored, recorder, results, autocast):
+    """Device ``d``'s loop: read ahead, load, evaluate; each result (or error) is put at
+    its position."""
+    pending = deque()
+    nxt = 0
+    graph = None  # a _Graph once captured; False where it cannot be
+
+    def top_up():
+        nonlocal nxt
+        while len(pending) < READ_AHEAD and nxt < len(positions):
+            p = positions[nxt]
+            pending.append(dev.reader.submit(dev.read, p, checkpoints[p]))
+            nxt += 1
+
+    cuda = torch.cuda.device(dev.device) if dev.cuda else contextlib.nullcontext()
+    with cuda:
+        top_up()
+        for p in positions:
+            if not results.reserve(d):
+                break
+            try:
+                item = pending.popleft().result()
+                top_up()
+                local = None
+                if p >= n_stored:
+                    epoch = item.checkpoint.epoch
+                    dev.load(item)
+                    if graph:
+                        local = graph.evaluate()
+                    else:
+                        with _autocast(dev, autocast):
+                            local = recorder.evaluate(dev.model, epoch, dev.batches)
+                        if graph is None and dev.graphable:
+                            graph = _capture(dev, recorder, epoch, autocast)
+                    # accuracy and the copy to the host start here, in this device's order
+                    local = (*recorder._prepare(local["labels"], local["values"]),
+                             local["classes"])
+                results.put(p, d, (item, local))
+            except BaseException as err:
+                results.put(p, d, err)
+                break
+    for f in pending:
+        f.cancel()
+
+
+def _capture(dev, recorder, epoch, autocast):
+    """A _Graph of the device's evaluation, or False (with a warning) where the model
+    cannot be captured; the eager evaluation then goes on."""
+    try:
+        return _Graph(dev, recorder, epoch, autocast)
+    except Exception as err:
+        torch.cuda.synchronize(dev.device)
+        warnings.warn(f"the evaluation on {dev.device} could not be captured as a CUDA graph "
+                      f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); it runs "
+                      "eagerly (cuda_graph=False says so without trying)", stacklevel=2)
+        return False
+
+
+def autocast_dtype(autocast):
+    if autocast is None or isinstance(autocast, torch.dtype):
+        return autocast
+    value = getattr(torch, str(autocast), None)
+    if not isinstance(value, torch.dtype):
+        raise ForgetkitError(f"autocast must be a torch dtype such as 'bfloat16' or "
+                             f"'float16'; got {autocast!r}")
+    return value
+
+
+def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=None,
+           batch_size=256, trust_pickle=False, on_duplicate="warn", output_fn=None,
+           label_key="labels", autocast=None, cuda_graph=True, progress=True,
+           **recorder_options):
+    """Evaluate every saved checkpoint of a training on ``data`` and write the run that
+    `LogitRecorder` would have written while it trained.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        An instance of the trained architecture; it receives each checkpoint's weights in
+        turn (and keeps the last one's) and is evaluated in eval mode, at its own precision.
+    checkpoints : str, Path or list
+        A glob pattern (``"ckpts/*.pt"``), a folder, or a list of files: state dicts in
+        ``.pt/.pth/.bin/.ckpt`` files (also a dict holding one under ``state_dict``,
+        ``model_state_dict`` or ``model``, as Lightning's checkpoints do; a prefix such as
+        Lightning's ``model.`` is matched to the model's keys) or ``.safetensors``.
+    data : what `LogitRecorder` takes
+        (inputs, labels) arrays or tensors (batched by ``batch_size``), a dict of arrays, a
+        Dataset, a DataLoader (not shuffling) or an iterable of batches; read once.
+    path : str or Path
+        The run to write (``.npy`` or ``.parquet``).
+    epochs : list of int, optional
+        The epoch number of each checkpoint (in the order given). Default: the
+        checkpoint's own (Lightning's ``epoch``), else the last integer of its file name.
+        Checkpoints are replayed in the order of their epoch numbers.
+    device : str or torch.device, optional
+        Where to evaluate (default: where ``model`` is).
+    devices : list of int or str, optional
+        Several devices: whole checkpoints per device (a model copy on each), written in
+        epoch order.
+    batch_size : int, default 256
+        For data given as arrays or a Dataset.
+    trust_pickle : bool, default False
+        Load with ``weights_only=False``. Without it a checkpoint that needs other objects
+        than tensors and plain containers is refused, and nothing in it runs.
+    on_duplicate : {"warn", "skip", "error"}
+        A checkpoint whose weights equal an earlier one's (same content hash): a warning
+        naming both files (kept), left out, or an error.
+    output_fn, label_key : as for `LogitRecorder`.
+    autocast : torch dtype or its name, optional
+        Evaluate under ``torch.autocast`` with this dtype (default: none, the model's own
+        precision, as the recorder evaluated it).
+    cuda_graph : bool, default True
+        On a GPU with the data resident, capture the evaluation (every batch) as one CUDA
+        graph at the first checkpoint and replay it for the others (the weights are copied
+        into the captured model in place): no Python launches per batch. A model that
+        cannot be captured is evaluated eagerly, with a warning.
+    progress : bool, default True
+        Checkpoints done / total on a terminal.
+    **recorder_options
+        `forgetkit.exporters._common.RecorderOptions` (``dtype``, ``summary``, ``meta``,
+        ``mode``...). With ``mode="a"`` (default) a replay into an existing run continues
+        after the checkpoints it holds (matched by content hash); a run whose epochs came
+        from other checkpoints is refused (``mode="w"`` replaces it).
+
+    Returns
+    -------
+    Run
+        The run at ``path``. Its ``meta["replay"]["checkpoints"]`` holds, per epoch, the
+        checkpoint's file, step and SHA-256 content hash.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise InputTypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    autocast = autocast_dtype(autocast)
+    files = checkpoint_files(checkpoints, suffixes=SUFFIXES)
+    pool = hash_pool()
+    try:
+        own = None
+        if epochs is None:  # the files' own epoch numbers, read (pickles only) in parallel
+            found = dict(zip(files, pool.map(partial(own_epoch, trust_pickle=trust_pickle),
+                                             files), strict=False))
+            own = found.__getitem__
+        order = ordered(files, epochs=epochs, own=own)
+        return _replay(model, order, data, path, pool, device=device, devices=devices,
+                       batch_size=batch_size, trust_pickle=trust_pickle,
+                       on_duplicate=on_duplicate, output_fn=output_fn, label_key=label_key,
+                       autocast=autocast, cuda_graph=cuda_graph, progress=progress,
+                       **recorder_options)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _replay(model, order, data, path, pool, *, device, devices, batch_size, trust_pickle,
+            on_duplicate, output_fn, label_key, autocast, cuda_graph, progress,
+            **recorder_options):
+    log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
+                    recorder_options.get("meta"), on_duplicate, path)
+    targets = _devices(device, devices, model)
+    batches = batches_of(data, batch_size=batch_size, label_key=label_key)
+    keys = list(model.state_dict())
+    replicas = [model.to(targets[0])] + [copy.deepcopy(model).to(t) for t in targets[1:]]
+    for m in replicas:
+        m.eval()
+    recorder = LogitRecorder(path, batches, output_fn=output_fn, batch_size=batch_size,
+                             label_key=label_key, **recorder_options)
+    devs = [_Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle, pool=pool,
+                    cuda_graph=cuda_graph) for m, t in zip(replicas, targets, strict=False)]
+    return drive(order, devs, recorder, log, autocast=autocast, progress=progress)
+
+
+def drive(order, devs, recorder, log, *, autocast=None, progress=True):
+    """Replay the checkpoints ``order`` on the devices ``devs`` (a worker thread each:
+    checkpoint i on device i mod n), storing them through ``recorder`` in epoch order as
+    ``log`` says (checked against the stored ones, duplicates handled); returns the run."""
+    from ..io import load
+
+    n_stored = min(len(log.stored), len(order))
+    path = recorder.path
+    bar = Progress(len(order), f"replay into {path}", enabled=progress, unit="checkpoints")
+    results = _Results(len(devs))
+    workers = [threading.Thread(target=_work, name=f"forgetkit-replay-{d}", daemon=True,
+                                args=(dev, d, list(range(d, len(order), len(devs))), order,
+                                      n_stored, recorder, results, autocast))
+               for d, dev in enumerate(devs)]
+    written = 0
+    try:
+        for w in workers:
+            w.start()
+        with recorder:
+            for p, checkpoint in enumerate(order):
+                result = results.take(p)
+                if isinstance(result, BaseException):
+                    raise result
+                item, local = result
+                if p < n_stored:
+                    log.check_stored(p, checkpoint, item.digest)
+                elif log.admit(checkpoint, item.digest):
+                    _, host, labels, n_classes = local
+                    recorder._commit(checkpoint.epoch, host, labels, n_classes,
+                                     meta=log.meta_with(checkpoint, item.digest))
+                    written += 1
+                bar.update()
+    finally:
+        results.close()
+        for w in workers:
+            w.join()
+        for dev in devs:
+            dev.reader.shutdown(wait=True, cancel_futures=True)
+    if written == 0 and not log.stored:
+        raise ForgetkitError(f"no checkpoint was replayed into {str(path)!r} (every one was "
+                             "a duplicate left out)")
+    return load(path)

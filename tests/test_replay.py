@@ -1,0 +1,417 @@
+"""Replays: saved checkpoints evaluated into a run (forgetkit.exporters.*.replay, the CLI).
+
+Each framework's test trains a tiny model a few epochs with its recorder and its own
+checkpointing, then replays the saved checkpoints: the run must equal the recorded one bit
+for bit (on the CPU)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import forgetkit as fk
+from forgetkit.cli import main as cli_main
+
+from .conftest import ROOT, import_real_part
+
+torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
+from torch import nn  # noqa: E402
+
+from forgetkit.exporters.torch import LogitRecorder, replay  # noqa: E402
+
+
+def small_net():
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def data(n=90, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def train_and_save(tmp_path, epochs=(8, 9, 10), name="model_{}.pt", save=None):
+    """Train small_net, record every epoch with LogitRecorder and save a checkpoint."""
+    torch.manual_seed(0)
+    net = small_net()
+    x, y = data(200, seed=0)
+    test = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=32)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    files = []
+    with LogitRecorder(tmp_path / "recorded.npy", test, dtype="float32") as rec:
+        for e in epochs:
+            net.train()
+            for i in range(0, 200, 50):
+                opt.zero_grad()
+                nn.functional.cross_entropy(net(x[i:i + 50]), y[i:i + 50]).backward()
+                opt.step()
+            rec.record(net, e)
+            f = tmp_path / name.format(e)
+            (save or torch.save)(net.state_dict(), f)
+            files.append(f)
+    return test, files
+
+
+def assert_same_run(run, recorded):
+    assert np.array_equal(np.asarray(run.outputs), np.asarray(recorded.outputs))
+    assert np.array_equal(run.labels, recorded.labels)
+    assert run.epochs.tolist() == recorded.epochs.tolist()
+
+
+def test_replay_of_saved_state_dicts_is_the_recorded_run(tmp_path):
+    test, files = train_and_save(tmp_path)
+    # model_10 sorts before model_8 by name: the epochs come from the numbers
+    run = replay(small_net(), str(tmp_path / "model_*.pt"), test, tmp_path / "replayed.npy",
+                 dtype="float32")
+    recorded = fk.load(tmp_path / "recorded.npy")
+    assert_same_run(run, recorded)
+    entries = run.meta["replay"]["checkpoints"]
+    assert [e["epoch"] for e in entries] == [8, 9, 10]
+    assert [e["file"] for e in entries] == [str(f) for f in files]
+    assert len({e["sha256"] for e in entries}) == 3 and entries[0]["step"] is None
+    # several devices (here three CPU replicas) take whole checkpoints, written in order
+    multi = replay(small_net(), files, test, tmp_path / "multi.npy", dtype="float32",
+                   devices=["cpu", "cpu", "cpu"])
+    assert_same_run(multi, recorded)
+
+
+def test_checkpoint_containers_prefixes_and_safetensors(tmp_path):
+    test, files = train_and_save(tmp_path, epochs=(0, 1))
+    states = [torch.load(f, weights_only=True) for f in files]
+    # a training script's dict (with its own epoch), DDP's "module." prefix, safetensors
+    torch.save({"model_state_dict": states[0], "epoch": 0, "optimizer": {}},
+               tmp_path / "a.pth")
+    torch.save({"state_dict": {f"module.{k}": v for k, v in states[1].items()}, "epoch": 1},
+               tmp_path / "b.pth")
+    run = replay(small_net(), [tmp_path / "b.pth", tmp_path / "a.pth"], test,
+                 tmp_path / "dicts.npy", dtype="float32")
+    assert_same_run(run, fk.load(tmp_path / "recorded.npy"))
+    safetensors = pytest.importorskip("safetensors.torch")
+    safetensors.save_file(states[1], str(tmp_path / "w_1.safetensors"))
+    one = replay(small_net(), str(tmp_path / "w_1.safetensors"), test, tmp_path / "st.npy",
+                 dtype="float32")
+    assert np.array_equal(np.asarray(one.outputs[0]), np.asarray(run.outputs[1]))
+    # the same weights in another container have the same content hash
+    assert one.meta["replay"]["checkpoints"][0]["sha256"] == \
+        run.meta["replay"]["checkpoints"][1]["sha256"]
+
+
+def test_a_replay_resumes_after_the_checkpoints_it_holds(tmp_path):
+    test, files = train_and_save(tmp_path)
+    out = tmp_path / "run.npy"
+    replay(small_net(), files[:2], test, out, dtype="float32")
+    net = small_net()
+    calls = []
+    net.register_forward_hook(lambda *a: calls.append(1))
+    run = replay(net, files, test, out, dtype="float32")
+    assert len(calls) == len(test)  # one checkpoint evaluated: the third
+    assert_same_run(run, fk.load(tmp_path / "recorded.npy"))
+    # a run of other checkpoints is refused; mode="w" replaces it
+    with pytest.raises(fk.ForgetkitError, match="other checkpoints.*mode='w'"):
+        replay(small_net(), files[1:], test, out, dtype="float32")
+    assert fk.load(out).n_epochs == 3
+    assert replay(small_net(), files[1:], test, out, dtype="float32", mode="w").n_epochs == 2
+    # a run the recorder wrote (no checkpoints) is not appended to
+    with pytest.raises(fk.ForgetkitError, match="not replayed from checkpoints"):
+        replay(small_net(), files, test, tmp_path / "recorded.npy", dtype="float32")
+
+
+def test_duplicate_weights_warn_skip_or_error(tmp_path):
+    test, files = train_and_save(tmp_path, epochs=(1, 2))
+    copy = tmp_path / "model_3.pt"
+    copy.write_bytes(files[1].read_bytes())
+    with pytest.warns(UserWarning, match="model_3.pt.*same weights as.*model_2.pt"):
+        run = replay(small_net(), files + [copy], test, tmp_path / "warn.npy")
+    assert run.epochs.tolist() == [1, 2, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = replay(small_net(), files + [copy], test, tmp_path / "skip.npy",
+                     on_duplicate="skip")
+    assert run.epochs.tolist() == [1, 2]
+    with pytest.raises(fk.ForgetkitError, match="model_3.pt.*same weights.*model_2.pt"):
+        replay(small_net(), files + [copy], test, tmp_path / "err.npy", on_duplicate="error")
+    assert fk.load(tmp_path / "err.npy").epochs.tolist() == [1, 2]  # written before it
+    with pytest.raises(ValueError, match="on_duplicate must be one of"):
+        replay(small_net(), files, test, tmp_path / "x.npy", on_duplicate="keep")
+
+
+class WritesAFile:
+    """A pickle that would create ``path`` when loaded."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path):
+    test, files = train_and_save(tmp_path, epochs=(0,))
+    marker = tmp_path / "pwned"
+    state = torch.load(files[0], weights_only=True)
+    torch.save({"state_dict": state, "payload": WritesAFile(marker)}, tmp_path / "evil_0.pt")
+    with pytest.raises(fk.ForgetkitError, match="evil_0.pt.*arbitrary code.*trust_pickle"):
+        replay(small_net(), str(tmp_path / "evil_*.pt"), test, tmp_path / "run.npy")
+    assert not marker.exists()
+    # trusted: loaded with weights_only=False (the payload runs: that is what it refused)
+    run = replay(small_net(), str(tmp_path / "evil_*.pt"), test, tmp_path / "run.npy",
+                 trust_pickle=True)
+    assert marker.exists() and run.n_epochs == 1
+
+
+def test_a_truncated_checkpoint_names_the_file_and_keeps_earlier_epochs(tmp_path):
+    test, files = train_and_save(tmp_path)
+    data_ = files[1].read_bytes()
+    files[1].write_bytes(data_[: len(data_) // 2])
+    with pytest.raises(fk.ForgetkitError, match="model_9.pt"):
+        replay(small_net(), files, test, tmp_path / "run.npy", dtype="float32")
+    kept = fk.load(tmp_path / "run.npy")
+    assert kept.epochs.tolist() == [8]
+    assert np.array_equal(np.asarray(kept.outputs[0]),
+                          np.asarray(fk.load(tmp_path / "recorded.npy").outputs[0]))
+
+
+def test_checkpoints_that_do_not_fit_the_model(tmp_path):
+    test, files = train_and_save(tmp_path, epochs=(0,))
+    other_names = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    with pytest.raises(fk.ForgetkitError,
+                       match=r"does not fit the model: .*missing keys \(first '2.weight'\).*"
+                             r"unexpected keys \(first '1.weight'\)"):
+        replay(other_names, files, test, tmp_path / "a.npy")
+    wider = nn.Sequential(nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
+    with pytest.raises(fk.ForgetkitError, match=r"'0.weight' has shape \(16, 6\) there and "
+                                                r"\(32, 6\) in the model"):
+        replay(wider, files, test, tmp_path / "b.npy")
+    with pytest.raises(fk.ForgetkitError, match="no checkpoint matches"):
+        replay(small_net(), str(tmp_path / "nothing_*.pt"), test, tmp_path / "c.npy")
+    with pytest.raises(fk.ForgetkitError, match="cannot tell the epoch"):
+        replay(small_net(), [_renamed(files[0], tmp_path / "final.pt")], test,
+               tmp_path / "d.npy")
+    with pytest.raises(fk.ForgetkitError, match="shuffle"):
+        loader = torch.utils.data.DataLoader(test.dataset, batch_size=32, shuffle=True)
+        replay(small_net(), files, loader, tmp_path / "e.npy")
+    assert not any((tmp_path / f"{c}.npy").exists() for c in "abcde")
+
+
+def _renamed(src, dst):
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
+def test_recorder_options_are_one_keyword_set(tmp_path):
+    from forgetkit.exporters._common import RecorderOptions
+
+    with pytest.raises(TypeError, match="unknown recorder option 'dtyp'"):
+        LogitRecorder(tmp_path / "r.npy", data(), dtyp="float32")
+    rec = LogitRecorder(tmp_path / "r.npy", data(), dtype="float32", durable=False)
+    assert rec.options == RecorderOptions(dtype="float32", durable=False)
+
+
+# ------------------------------------------------------------------------- CLI
+MODEL_MODULE = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def make_model():
+        return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+    def make_data():
+        g = torch.Generator().manual_seed(1)
+        return torch.randn(90, 6, generator=g), torch.randint(0, 3, (90,), generator=g)
+
+    def broken_data():
+        raise RuntimeError("no such dataset")
+""")
+
+
+def test_cli_replay(tmp_path, capsys, monkeypatch):
+    test, files = train_and_save(tmp_path)
+    (tmp_path / "mymodels.py").write_text(MODEL_MODULE)
+    monkeypatch.chdir(tmp_path)
+    x, y = data()
+    np.savez(tmp_path / "test.npz", inputs=x.numpy(), labels=y.numpy())
+    args = ["replay", "model_*.pt", "--model", "mymodels:make_model", "--dtype", "float32",
+            "--batch-size", "32"]
+    assert cli_main(args + ["--data", "test.npz", "--out", "a.npy"]) == 0
+    assert "wrote a.npy: 3 epochs from 3 checkpoints" in capsys.readouterr().out
+    recorded = fk.load(tmp_path / "recorded.npy")
+    assert_same_run(fk.load(tmp_path / "a.npy"), recorded)
+    assert cli_main(args + ["--data", "mymodels.py:make_data", "--out", "b.npy",
+                            "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
+    assert_same_run(fk.load(tmp_path / "b.npy"), recorded)
+    # bad input: one line each, exit 1
+    for extra, message in (
+            (["--data", "mymodels:broken_data", "--out", "c.npy"],
+             "--data 'mymodels:broken_data' raised RuntimeError: no such dataset"),
+            (["--data", "nomodule:f", "--out", "c.npy"], "cannot import 'nomodule'"),
+            (["--data", "test.npz", "--out", "c.npy", "--devices", "x"], "--devices")):
+        assert cli_main(args + extra) == 1
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    files[2].write_bytes(files[2].read_bytes()[:100])
+    assert cli_main(args + ["--data", "test.npz", "--out", "d.npy"]) == 1
+    err = capsys.readouterr().err
+    assert "model_10.pt" in err and len(err.strip().splitlines()) == 1
+    assert fk.load(tmp_path / "d.npy").epochs.tolist() == [8, 9]
+    assert cli_main(["replay", "none_*.pt", "--model", "mymodels:make_model",
+                     "--data", "test.npz", "--out", "e.npy"]) == 1
+    assert "no checkpoint matches 'none_*.pt'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- PyTorch Lightning
+def test_lightning_model_checkpoints_replay_to_the_recorded_run(tmp_path):
+    L = import_real_part("lightning", "PyTorch Lightning (pip install forgetkit[lightning])")
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = small_net()
+
+        def forward(self, x):
+            return self.model(x)
+
+        def training_step(self, batch, i):
+            return nn.functional.cross_entropy(self.model(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data(128, seed=0)),
+                                        batch_size=32)
+    test = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=32)
+    recorder = LogitRecorder(tmp_path / "recorded.npy", test, dtype="float32")
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)
+    trainer = L.Trainer(max_epochs=3, callbacks=[recorder.lightning_callback(), checkpoints],
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu")
+    trainer.fit(Module(), train)
+    # the inner network (keys without Lightning's "model." prefix) or the module itself
+    run = replay(small_net(), str(tmp_path / "ckpt" / "*.ckpt"), test, tmp_path / "inner.npy",
+                 dtype="float32")
+    recorded = fk.load(tmp_path / "recorded.npy")
+    assert_same_run(run, recorded)  # epochs from the checkpoints: 0, 1, 2
+    assert [e["step"] for e in run.meta["replay"]["checkpoints"]] == [4, 8, 12]
+    whole = replay(Module(), str(tmp_path / "ckpt"), test, tmp_path / "module.npy",
+                   dtype="float32")
+    assert_same_run(whole, recorded)
+
+
+# ---------------------------------------------------------- Hugging Face Trainer
+class TokenDataset(torch.utils.data.Dataset):
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(2, 40, (n, 8), generator=g)
+        self.labels = self.ids[:, 0] % 3
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from forgetkit.exporters.huggingface import LogitRecorderCallback
+    from forgetkit.exporters.huggingface import replay as hf_replay
+
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=16, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    train, test = TokenDataset(64, seed=1), TokenDataset(37, seed=2)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=16,
+        per_device_eval_batch_size=10, learning_rate=1e-3, report_to=[], save_strategy="epoch",
+        logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    callback = LogitRecorderCallback(tmp_path / "recorded.npy", test, dtype="float32")
+    transformers.Trainer(model=model, args=args, train_dataset=train, eval_dataset=test,
+                         callbacks=[callback]).train()
+    run = hf_replay(tmp_path / "out", test, tmp_path / "replayed.npy", batch_size=10,
+                    dtype="float32")
+    recorded = fk.load(tmp_path / "recorded.npy")
+    assert np.array_equal(np.asarray(run.outputs), np.asarray(recorded.outputs))
+    assert np.array_equal(run.labels, recorded.labels)
+    assert run.epochs.tolist() == [4, 8]  # the Trainer's global steps
+    assert [os.path.basename(e["file"]) for e in run.meta["replay"]["checkpoints"]] == \
+        ["checkpoint-4", "checkpoint-8"]
+    # the CLI: a Trainer output directory and arrays
+    np.savez(tmp_path / "test.npz", input_ids=test.ids.numpy(), labels=test.labels.numpy())
+    assert cli_main(["replay", str(tmp_path / "out"), "--data", str(tmp_path / "test.npz"),
+                     "--out", str(tmp_path / "cli.npy"), "--batch-size", "10",
+                     "--dtype", "float32", "--quiet"]) == 0
+    assert np.array_equal(np.asarray(fk.load(tmp_path / "cli.npy").outputs),
+                          np.asarray(recorded.outputs))
+
+
+def test_trainer_callback_takes_what_it_needs_from_its_arguments(tmp_path):
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from forgetkit.exporters.huggingface import LogitRecorderCallback
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[],
+                                          use_cpu=True)
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=16, num_labels=3)
+    model = transformers.BertForSequenceClassification(config)
+    callback = LogitRecorderCallback(tmp_path / "run.npy")
+    with pytest.raises(fk.ForgetkitError, match="needs dataset="):
+        callback.on_train_begin(args, None, None, model=model, train_dataloader=None,
+                                eval_dataloader=None)
+    test = TokenDataset(12, seed=2)
+    evaluation = torch.utils.data.DataLoader(test, batch_size=4)
+    callback.on_train_begin(args, None, None, model=model, train_dataloader=None,
+                            eval_dataloader=evaluation)
+    assert callback.recorder.data.dataset is test
+
+
+# ------------------------------------------------------------------------ Keras 3
+def test_keras_model_checkpoints_replay_to_the_recorded_run(tmp_path):
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    keras = import_real_part("keras", "Keras 3 (pip install forgetkit[keras])")
+    from forgetkit.exporters.keras import LogitRecorderCallback
+    from forgetkit.exporters.keras import replay as keras_replay
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 120)
+
+    def build():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(3)])
+        model.compile(optimizer="sgd",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    keras.utils.set_random_seed(0)
+    model = build()
+    recorder = LogitRecorderCallback(tmp_path / "recorded.npy", (x, y), dtype="float32")
+    weights = keras.callbacks.ModelCheckpoint(str(tmp_path / "w_{epoch:02d}.weights.h5"),
+                                              save_weights_only=True)
+    whole = keras.callbacks.ModelCheckpoint(str(tmp_path / "m_{epoch:02d}.keras"))
+    model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[recorder, weights, whole])
+    recorded = fk.load(tmp_path / "recorded.npy")
+    for pattern in ("w_*.weights.h5", "m_*.keras"):
+        run = keras_replay(build(), str(tmp_path / pattern), (x, y),
+                           tmp_path / f"{pattern[0]}.npy", epochs=[0, 1, 2], dtype="float32")
+        assert_same_run(run, recorded)
+    # epochs from the file names (Keras counts them from 1)
+    run = keras_replay(build(), str(tmp_path / "w_*.weights.h5"), (x, y), tmp_path / "n.npy")
+    assert run.epochs.tolist() == [1, 2, 3]
+
+
+def test_replay_needs_no_framework_at_import():
+    code = ("import sys, forgetkit, forgetkit.cli; "
+            "print(sorted(m for m in ('torch', 'keras', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert json.loads(out.stdout.replace("'", '"')) == []
