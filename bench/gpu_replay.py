@@ -13,6 +13,8 @@ the same process, each ``--reps`` times (the best is reported):
   ``load_state_dict`` and a DataLoader pass over the CPU images, outputs gathered on the
   host (run once);
 - ``replay_2gpu``: the replay on ``devices=[0, 1]`` (when two GPUs are there);
+- ``read_hash``: reading, checking and hashing the files as the replay's reader does, one
+  after another, and both replays with ``durable=False`` (no fsync per stored epoch);
 - ``forward_graph``: the forward passes of ``forward`` replayed as one captured CUDA graph
   (what the replay does on a GPU), and the replay with ``cuda_graph=False`` (once).
 
@@ -90,6 +92,28 @@ def read_all(files):
         torch.load(f, map_location="cpu", weights_only=True)
 
 
+def read_and_hash(files):
+    """What the replay's reader does before the copy to the GPU, one file after another."""
+    from forgetkit.exporters._checkpoints import hash_pool
+    from forgetkit.exporters._torch_replay import _Device
+
+    class Reader(_Device):
+        def __init__(self, keys, pool):
+            self.keys, self.pool, self.trust_pickle = keys, pool, False
+            self.targets = [_Shape(s) for s in shapes]
+
+    class _Shape:
+        def __init__(self, shape):
+            self.shape = shape
+
+    state = torch.load(files[0], map_location="cpu", weights_only=True)
+    keys, shapes = list(state), [t.shape for t in state.values()]
+    with hash_pool() as pool:
+        reader = Reader(keys, pool)
+        for f in files:
+            reader.digest(type("C", (), {"file": f})())
+
+
 def forward_all(model, xs, n, batch_size):
     model.eval()
     with torch.inference_mode():
@@ -142,6 +166,8 @@ def main(argv=None):
     p.add_argument("--test-subset", type=int, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--skip-naive", action="store_true")
+    p.add_argument("--skip-eager", action="store_true",
+                   help="leave out the replay without CUDA graph and the graph forward")
     args = p.parse_args(argv)
 
     out = Path(args.out)
@@ -166,14 +192,16 @@ def main(argv=None):
         model = ResNet18(width=args.width).to(dev)
         xs = x.to(dev)
         forward_all(model, xs, 1, args.batch_size)  # warm-up: cuDNN, allocator
-        times = {k: [] for k in ("read", "forward", "forward_graph", "replay_1gpu",
-                                 "replay_2gpu")}
+        times = {k: [] for k in ("read", "read_hash", "forward", "forward_graph",
+                                 "replay_1gpu", "replay_1gpu_nodurable", "replay_2gpu",
+                                 "replay_2gpu_nodurable")}
         runs = {}
         two = dev.type == "cuda" and torch.cuda.device_count() >= 2
-        replay_graph = graph_forward(model, xs, args.batch_size) if dev.type == "cuda" \
-            else None
+        replay_graph = graph_forward(model, xs, args.batch_size) \
+            if dev.type == "cuda" and not args.skip_eager else None
         for rep in range(args.reps):
             times["read"].append(timed(lambda: read_all(files))[0])
+            times["read_hash"].append(timed(lambda: read_and_hash(files))[0])
             times["forward"].append(
                 timed(lambda: forward_all(model, xs, len(files), args.batch_size))[0])
             if replay_graph is not None:
@@ -183,13 +211,22 @@ def main(argv=None):
                 ResNet18(width=args.width).to(dev), files, (x, y), out / "replay1.npy",
                 device=dev, batch_size=args.batch_size, mode="w", progress=False))
             times["replay_1gpu"].append(t)
+            times["replay_1gpu_nodurable"].append(timed(lambda: replay(
+                ResNet18(width=args.width).to(dev), files, (x, y), out / "replay1n.npy",
+                device=dev, batch_size=args.batch_size, mode="w", progress=False,
+                durable=False))[0])
             if two:
                 t, runs["2"] = timed(lambda: replay(
                     ResNet18(width=args.width), files, (x, y), out / "replay2.npy",
                     devices=[0, 1], batch_size=args.batch_size, mode="w", progress=False))
                 times["replay_2gpu"].append(t)
+                times["replay_2gpu_nodurable"].append(timed(lambda: replay(
+                    ResNet18(width=args.width), files, (x, y), out / "replay2n.npy",
+                    devices=[0, 1], batch_size=args.batch_size, mode="w", progress=False,
+                    durable=False))[0])
             print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()
                                             if v), flush=True)
+            (out / "gpu_replay.json").write_text(json.dumps(dict(result, times_s=times)))
         best = {k: min(v) for k, v in times.items() if v}
         result["times_s"] = times
         result["best_s"] = best
@@ -197,7 +234,7 @@ def main(argv=None):
         result["floor_s"] = floor
         result["replay_1gpu_over_floor"] = best["replay_1gpu"] / floor
         result["replay_1gpu_over_read"] = best["replay_1gpu"] / best["read"]
-        if dev.type == "cuda":  # the replay without its CUDA graph, once
+        if dev.type == "cuda" and not args.skip_eager:  # without the CUDA graph, once
             t, eager = timed(lambda: replay(
                 ResNet18(width=args.width).to(dev), files, (x, y), out / "replay_eager.npy",
                 device=dev, batch_size=args.batch_size, mode="w", progress=False,
@@ -218,6 +255,8 @@ def main(argv=None):
                 np.max(np.abs(stored - outs.astype(np.float16).astype(np.float32))))
         if two:
             result["speedup_2gpu"] = best["replay_1gpu"] / best["replay_2gpu"]
+            result["speedup_2gpu_nodurable"] = \
+                best["replay_1gpu_nodurable"] / best["replay_2gpu_nodurable"]
             result["two_gpu_run_equals_one_gpu_run"] = bool(np.array_equal(
                 np.asarray(runs["1"].outputs), np.asarray(runs["2"].outputs)))
         one = runs["1"]

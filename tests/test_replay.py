@@ -132,6 +132,17 @@ def test_duplicate_weights_warn_skip_or_error(tmp_path):
         run = replay(small_net(), files + [copy], test, tmp_path / "skip.npy",
                      on_duplicate="skip")
     assert run.epochs.tolist() == [1, 2]
+    # resuming a run with a duplicate left out between its checkpoints reads past it
+    later = tmp_path / "model_4.pt"
+    torch.save({k: v + 1 if v.is_floating_point() else v
+                for k, v in torch.load(files[1], weights_only=True).items()}, later)
+    run = replay(small_net(), files + [copy, later], test, tmp_path / "skip.npy",
+                 on_duplicate="skip")
+    assert run.epochs.tolist() == [1, 2, 4]
+    net = small_net()
+    net.register_forward_hook(lambda *a: pytest.fail("a stored checkpoint was evaluated"))
+    assert replay(net, files + [copy, later], test, tmp_path / "skip.npy",
+                  on_duplicate="skip").epochs.tolist() == [1, 2, 4]
     with pytest.raises(fk.ForgetkitError, match="model_3.pt.*same weights.*model_2.pt"):
         replay(small_net(), files + [copy], test, tmp_path / "err.npy", on_duplicate="error")
     assert fk.load(tmp_path / "err.npy").epochs.tolist() == [1, 2]  # written before it
@@ -200,6 +211,20 @@ def test_checkpoints_that_do_not_fit_the_model(tmp_path):
 def _renamed(src, dst):
     dst.write_bytes(src.read_bytes())
     return dst
+
+
+def test_checkpoint_tensors_packed_into_one_buffer_come_back_as_views():
+    from forgetkit.exporters._torch_replay import pack, unpack
+
+    tensors = [torch.arange(5, dtype=torch.float32), torch.tensor(7),  # 0-d int64
+               torch.zeros((0, 3)), torch.tensor([True, False]),
+               torch.randn(3, 2, dtype=torch.float64), torch.ones(3, dtype=torch.float16)]
+    buffer, layout = pack(tensors)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == sum(
+        t.numel() * t.element_size() for t in tensors)
+    back = unpack(buffer.clone(), layout)
+    for t, b in zip(tensors, back, strict=True):
+        assert b.dtype == t.dtype and b.shape == t.shape and torch.equal(b, t)
 
 
 def test_recorder_options_are_one_keyword_set(tmp_path):
@@ -349,6 +374,15 @@ def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
                      "--out", str(tmp_path / "cli.npy"), "--batch-size", "10",
                      "--dtype", "float32", "--quiet"]) == 0
     assert np.array_equal(np.asarray(fk.load(tmp_path / "cli.npy").outputs),
+                          np.asarray(recorded.outputs))
+    # ... and a folder saved by datasets' save_to_disk
+    datasets = import_real_part("datasets", "datasets (pip install forgetkit[huggingface])")
+    datasets.Dataset.from_dict({"input_ids": test.ids.numpy(), "labels": test.labels.numpy(),
+                                "text": ["unused"] * len(test)}).save_to_disk(tmp_path / "ds")
+    assert cli_main(["replay", str(tmp_path / "out"), "--data", str(tmp_path / "ds"),
+                     "--out", str(tmp_path / "ds.npy"), "--batch-size", "10",
+                     "--dtype", "float32", "--quiet"]) == 0
+    assert np.array_equal(np.asarray(fk.load(tmp_path / "ds.npy").outputs),
                           np.asarray(recorded.outputs))
 
 

@@ -9,5 +9,11 @@ callback; torch.distributed: each rank evaluates its shard, rank 0 writes),
 ``[huggingface]``, ``[keras]`` or ``[jax]``.
 
 Every recorder can store the full outputs or their summary (``summary=True``, see
-`forgetkit.summarize`), and writes on a background thread (`forgetkit.io.background`).
+`forgetkit.summarize`), and writes on a background thread (`forgetkit.io.background`); they
+share one set of options (`forgetkit.exporters._common.RecorderOptions`).
+
+A finished training that recorded nothing is replayed from its saved checkpoints:
+``forgetkit.exporters.torch.replay`` (state dicts, Lightning checkpoints, safetensors),
+``forgetkit.exporters.huggingface.replay`` (a Trainer's ``checkpoint-N`` folders) and
+``forgetkit.exporters.keras.replay`` write the run the recorder would have written.
 """

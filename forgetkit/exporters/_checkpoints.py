@@ -124,6 +124,21 @@ def content_hash(items, *, pool=None):
     return h.hexdigest()
 
 
+def lazy_map(pool, fn, items, ahead=4):
+    """``fn`` over ``items`` in order, computed at most ``ahead`` items ahead on ``pool``
+    (in this thread without one), so that a consumer that stops early reads no further."""
+    if pool is None:
+        yield from map(fn, items)
+        return
+    items = list(items)
+    pending = [pool.submit(fn, x) for x in items[:ahead]]
+    for i in range(len(items)):
+        if i + ahead < len(items):
+            pending.append(pool.submit(fn, items[i + ahead]))
+        yield pending[i].result()
+        pending[i] = None
+
+
 def hash_pool():
     """A small thread pool for `content_hash`."""
     return ThreadPoolExecutor(8, thread_name_prefix="forgetkit-hash")
@@ -157,14 +172,27 @@ class ReplayLog:
         self.entries = list(self.stored)
         self.seen = {e["sha256"]: e["file"] for e in self.stored}
 
-    def check_stored(self, position, checkpoint, digest):
-        """Raise unless the checkpoint at ``position`` (< len(stored)) is the stored one."""
-        entry = self.stored[position]
-        if entry["sha256"] != digest:
-            raise ForgetkitError(
-                f"the run at {self.path!r} holds epochs of other checkpoints: its epoch "
-                f"{entry['epoch']} came from {entry['file']!r}, whose weights differ from "
-                f"{checkpoint.file!r} (checkpoint {position + 1} here); mode='w' replaces it")
+    def resume(self, order, digest_of, *, pool=None):
+        """How many of the checkpoints ``order`` the run already holds: they must begin with
+        the stored ones (matched by content hash, ``digest_of(checkpoint)``; duplicates a
+        replay with ``on_duplicate="skip"`` left out may lie between them), else the run is
+        refused. Reads only as far as the stored checkpoints go (a few ahead on ``pool``)."""
+        if not self.stored:
+            return 0
+        k = 0
+        digests = lazy_map(pool, digest_of, order)
+        for p, (checkpoint, digest) in enumerate(zip(order, digests, strict=False)):
+            if digest == self.stored[k]["sha256"]:
+                k += 1
+            elif not (digest in self.seen and self.on_duplicate == "skip"):
+                entry = self.stored[k]
+                raise ForgetkitError(
+                    f"the run at {self.path!r} holds epochs of other checkpoints: its epoch "
+                    f"{entry['epoch']} came from {entry['file']!r}, whose weights differ "
+                    f"from {checkpoint.file!r} (checkpoint {p + 1} here); mode='w' replaces it")
+            if k == len(self.stored):
+                return p + 1
+        return len(order)
 
     def admit(self, checkpoint, digest):
         """Whether to store ``checkpoint`` with weights hash ``digest``: a duplicate of an

@@ -38,7 +38,6 @@ from ._checkpoints import (
     hash_pool,
     ordered,
 )
-from .torch import LogitRecorder, split_batch
 
 #: File suffixes read as PyTorch checkpoints (a folder given as ``checkpoints``).
 SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
@@ -46,8 +45,9 @@ SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
 #: Keys under which a checkpoint dict may hold the model's state dict.
 STATE_KEYS = ("state_dict", "model_state_dict", "model")
 
-#: Checkpoints read ahead per device.
-READ_AHEAD = 2
+#: Checkpoints read ahead per device, and the threads reading them.
+READ_AHEAD = 3
+READERS = 2
 
 
 def _int_or_none(value):
@@ -164,8 +164,35 @@ def fit_keys(state, model_keys, file):
     raise ForgetkitError(f"checkpoint {file!r} does not fit the model: {', '.join(parts)}")
 
 
+def _bytes(t):
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
 def flat_bytes(t):
-    return t.detach().reshape(-1).contiguous().view(torch.uint8).numpy()
+    """The bytes of a tensor as a numpy uint8 array (any dtype)."""
+    return _bytes(t).numpy()
+
+
+def pack(tensors, *, pin=False):
+    """``(buffer, layout)``: the tensors' bytes in one uint8 buffer (pinned with ``pin``),
+    the widest dtypes first so that every tensor's view of it is aligned; `unpack` gives
+    the tensors back as views."""
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
+    layout, offset = [None] * len(tensors), 0
+    for i in order:
+        t = tensors[i]
+        n = t.numel() * t.element_size()
+        layout[i] = (offset, n, t.dtype, tuple(t.shape))
+        offset += n
+    buffer = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
+    for t, (o, n, _, _) in zip(tensors, layout, strict=True):
+        buffer[o:o + n].copy_(_bytes(t))
+    return buffer, layout
+
+
+def unpack(buffer, layout):
+    """The tensors packed by `pack`, as views of ``buffer`` (wherever it now is)."""
+    return [buffer[o:o + n].view(dtype).reshape(shape) for o, n, dtype, shape in layout]
 
 
 @dataclass
@@ -177,6 +204,7 @@ class _Item:
     digest: str
     tensors: list  # in the model's key order, on the device once staged
     event: object = None  # CUDA event: the copy to the device is done
+    flat: object = None  # the device buffer the staged tensors are views of
 
 
 class _Device:
@@ -193,7 +221,7 @@ class _Device:
         self.pool = pool
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.reader = ThreadPoolExecutor(1, thread_name_prefix="forgetkit-replay-read")
+        self.reader = ThreadPoolExecutor(READERS, thread_name_prefix="forgetkit-replay-read")
         # a graph replays fixed memory: the batches must be resident on the device
         self.graphable = bool(cuda_graph) and self.cuda and _resident(batches, device)
 
@@ -203,7 +231,25 @@ class _Device:
                                   catch=False, sync=False)
 
     def read(self, position, checkpoint):
-        """Read, fit, check and hash a checkpoint; on a GPU start its copy to the device."""
+        """Read, fit, check and hash a checkpoint; on a GPU start its copy to the device (all
+        its tensors packed into one pinned buffer: one copy at full speed)."""
+        tensors, digest = self.weights(checkpoint)
+        item = _Item(position, checkpoint, digest, tensors)
+        if self.cuda:
+            host, layout = pack(tensors, pin=True)
+            with torch.cuda.stream(self.stream):
+                item.flat = host.to(self.device, non_blocking=True)
+                item.event = torch.cuda.Event()
+                item.event.record(self.stream)
+            item.tensors = unpack(item.flat, layout)
+        return item
+
+    def digest(self, checkpoint):
+        """The content hash of a checkpoint's weights."""
+        return self.weights(checkpoint)[1]
+
+    def weights(self, checkpoint):
+        """(tensors in the model's key order, content hash) of a checkpoint, checked."""
         state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle)
         state = fit_keys(state, self.keys, checkpoint.file)
         tensors = [state[k] for k in self.keys]
@@ -215,13 +261,7 @@ class _Device:
                     "checkpoint of another architecture?)")
         digest = content_hash([(k, str(state[k].dtype), tuple(state[k].shape),
                                 flat_bytes(state[k])) for k in sorted(state)], pool=self.pool)
-        item = _Item(position, checkpoint, digest, tensors)
-        if self.cuda:
-            with torch.cuda.stream(self.stream):
-                item.tensors = [t.to(self.device, non_blocking=True) for t in tensors]
-                item.event = torch.cuda.Event()
-                item.event.record(self.stream)
-        return item
+        return tensors, digest
 
     def load(self, item):
         """Copy the item's weights into the model (in place, on the compute stream)."""
@@ -235,9 +275,8 @@ class _Device:
                 for target, t in zip(self.targets, item.tensors, strict=False):
                     target.copy_(t)
         if item.event is not None:
-            for t in item.tensors:
-                t.record_stream(stream)  # allocated on the side stream, read on this one
-        item.tensors = None
+            item.flat.record_stream(stream)  # allocated on the side stream, read on this one
+        item.tensors = item.flat = None
 
 
 def _as_tensor(x):
@@ -280,6 +319,8 @@ def batches_of(data, *, batch_size, label_key):
                              f"{type(data).__name__}") from None
     if not batches:
         raise ForgetkitError("data yielded no batch")
+    from .torch import split_batch  # (torch.py imports this module at its end)
+
     for b in batches:
         split_batch(b, label_key)  # the batch shape is checked before any checkpoint is read
     return [_map_tensors(b, _as_tensor_or_keep) for b in batches]
@@ -415,7 +456,7 @@ def _autocast(dev, autocast):
     return torch.autocast(dev.device.type, dtype=autocast, cache_enabled=False)
 
 
-def _work(dev, d, positions, checkpoints, n_stored, recorder, results, autocast):
+def _work(dev, d, positions, checkpoints, recorder, results, autocast):
     """Device ``d``'s loop: read ahead, load, evaluate; each result (or error) is put at
     its position."""
     pending = deque()
@@ -438,20 +479,18 @@ def _work(dev, d, positions, checkpoints, n_stored, recorder, results, autocast)
             try:
                 item = pending.popleft().result()
                 top_up()
-                local = None
-                if p >= n_stored:
-                    epoch = item.checkpoint.epoch
-                    dev.load(item)
-                    if graph:
-                        local = graph.evaluate()
-                    else:
-                        with _autocast(dev, autocast):
-                            local = recorder.evaluate(dev.model, epoch, dev.batches)
-                        if graph is None and dev.graphable:
-                            graph = _capture(dev, recorder, epoch, autocast)
-                    # accuracy and the copy to the host start here, in this device's order
-                    local = (*recorder._prepare(local["labels"], local["values"]),
-                             local["classes"])
+                epoch = item.checkpoint.epoch
+                dev.load(item)
+                if graph:
+                    local = graph.evaluate()
+                else:
+                    with _autocast(dev, autocast):
+                        local = recorder.evaluate(dev.model, epoch, dev.batches)
+                    if graph is None and dev.graphable:
+                        graph = _capture(dev, recorder, epoch, autocast)
+                # accuracy and the copy to the host start here, in this device's order
+                local = (*recorder._prepare(local["labels"], local["values"]),
+                         local["classes"])
                 results.put(p, d, (item, local))
             except BaseException as err:
                 results.put(p, d, err)
@@ -569,6 +608,9 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
 def _replay(model, order, data, path, pool, *, device, devices, batch_size, trust_pickle,
             on_duplicate, output_fn, label_key, autocast, cuda_graph, progress,
             **recorder_options):
+    from .torch import LogitRecorder
+
+    recorder_options.setdefault("max_pending", 4)  # epochs of small outputs may queue
     log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
                     recorder_options.get("meta"), on_duplicate, path)
     targets = _devices(device, devices, model)
@@ -581,7 +623,9 @@ def _replay(model, order, data, path, pool, *, device, devices, batch_size, trus
                              label_key=label_key, **recorder_options)
     devs = [_Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle, pool=pool,
                     cuda_graph=cuda_graph) for m, t in zip(replicas, targets, strict=False)]
-    return drive(order, devs, recorder, log, autocast=autocast, progress=progress)
+    with ThreadPoolExecutor(2, thread_name_prefix="forgetkit-replay-resume") as ahead:
+        start = log.resume(order, devs[0].digest, pool=ahead)
+    return drive(order[start:], devs, recorder, log, autocast=autocast, progress=progress)
 
 
 def drive(order, devs, recorder, log, *, autocast=None, progress=True):
@@ -590,13 +634,12 @@ def drive(order, devs, recorder, log, *, autocast=None, progress=True):
     ``log`` says (checked against the stored ones, duplicates handled); returns the run."""
     from ..io import load
 
-    n_stored = min(len(log.stored), len(order))
     path = recorder.path
     bar = Progress(len(order), f"replay into {path}", enabled=progress, unit="checkpoints")
     results = _Results(len(devs))
     workers = [threading.Thread(target=_work, name=f"forgetkit-replay-{d}", daemon=True,
                                 args=(dev, d, list(range(d, len(order), len(devs))), order,
-                                      n_stored, recorder, results, autocast))
+                                      recorder, results, autocast))
                for d, dev in enumerate(devs)]
     written = 0
     try:
@@ -608,9 +651,7 @@ def drive(order, devs, recorder, log, *, autocast=None, progress=True):
                 if isinstance(result, BaseException):
                     raise result
                 item, local = result
-                if p < n_stored:
-                    log.check_stored(p, checkpoint, item.digest)
-                elif log.admit(checkpoint, item.digest):
+                if log.admit(checkpoint, item.digest):
                     _, host, labels, n_classes = local
                     recorder._commit(checkpoint.epoch, host, labels, n_classes,
                                      meta=log.meta_with(checkpoint, item.digest))

@@ -11,6 +11,8 @@ collator, with the columns the Trainer would keep, through
 `forgetkit.exporters.torch.LogitRecorder` (dict batches; ``labels`` left out of the model's
 keyword arguments; ``ModelOutput.logits`` taken). Under a multi-GPU Trainer (torchrun,
 accelerate) each process evaluates its shard and the main process writes every sample once.
+
+`replay` writes the same run afterwards from the ``checkpoint-N`` folders a Trainer saved.
 """
 
 from __future__ import annotations
@@ -299,5 +301,6 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
                              **recorder_options)
     with hash_pool() as pool:
         devs = [_Pretrained(model_class, t, place(batches, t), pool) for t in targets]
-        return drive(order, devs, recorder, log, autocast=autocast_dtype(autocast),
+        start = log.resume(order, lambda c: devs[0].read(0, c).digest)
+        return drive(order[start:], devs, recorder, log, autocast=autocast_dtype(autocast),
                      progress=progress)

@@ -150,19 +150,23 @@ def replay(model, checkpoints, data, path, *, epochs=None, batch_size=1024,
     recorder = KerasRecorder(path, data, batch_size=batch_size, **options)
     bar = Progress(len(order), f"replay into {path}", enabled=progress, unit="checkpoints")
     written = 0
+
+    def load_weights(checkpoint):
+        try:
+            model.load_weights(checkpoint.file)
+        except Exception as err:
+            message = " ".join(str(err).split())[:300]
+            raise CorruptFileError(f"cannot load checkpoint {checkpoint.file!r} into the "
+                                   f"model (truncated, or another architecture?): "
+                                   f"{message}") from None
+        return weights_hash(model)
+
+    start = log.resume(order, load_weights)
+    bar.update(start)
     with recorder:
-        for p, checkpoint in enumerate(order):
-            try:
-                model.load_weights(checkpoint.file)
-            except Exception as err:
-                message = " ".join(str(err).split())[:300]
-                raise CorruptFileError(f"cannot load checkpoint {checkpoint.file!r} into the "
-                                       f"model (truncated, or another architecture?): "
-                                       f"{message}") from None
-            digest = weights_hash(model)
-            if p < len(log.stored):
-                log.check_stored(p, checkpoint, digest)
-            elif log.admit(checkpoint, digest):
+        for checkpoint in order[start:]:
+            digest = load_weights(checkpoint)
+            if log.admit(checkpoint, digest):
                 recorder.record(model, checkpoint.epoch, meta=log.meta_with(checkpoint, digest))
                 written += 1
             bar.update()
