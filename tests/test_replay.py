@@ -186,6 +186,16 @@ def test_a_truncated_checkpoint_names_the_file_and_keeps_earlier_epochs(tmp_path
                           np.asarray(fk.load(tmp_path / "recorded.npy").outputs[0]))
 
 
+def test_nan_weights_are_refused_with_their_epoch_and_earlier_epochs_kept(tmp_path):
+    test, files = train_and_save(tmp_path, epochs=(1, 2, 3))
+    state = torch.load(files[1], weights_only=True)
+    state["3.bias"][:] = float("nan")
+    torch.save(state, files[1])
+    with pytest.raises(fk.ForgetkitError, match="epoch 2 contain NaN or inf"):
+        replay(small_net(), files, test, tmp_path / "run.npy", dtype="float32")
+    assert fk.load(tmp_path / "run.npy").epochs.tolist() == [1]
+
+
 def test_checkpoints_that_do_not_fit_the_model(tmp_path):
     test, files = train_and_save(tmp_path, epochs=(0,))
     other_names = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import pickle
 import threading
 import warnings
+import zipfile
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -111,17 +113,53 @@ def read_checkpoint(file, *, trust_pickle=False, mmap=False):
                          f"expected one, or a dict holding one under {list(STATE_KEYS)})")
 
 
+class _Opaque:
+    """What `own_epoch` makes of every object of a pickle: nothing is imported or run."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+    def append(self, value):
+        pass
+
+    def extend(self, values):
+        pass
+
+
+class _Dict(dict):
+    """An ``OrderedDict`` of a peeked pickle (which may carry attributes)."""
+
+
+class _Peek(pickle.Unpickler):
+    """Reads a checkpoint's pickle for its plain values only: every global is `_Opaque`
+    (``OrderedDict`` a dict), every tensor None."""
+
+    def find_class(self, module, name):
+        return _Dict if (module, name) == ("collections", "OrderedDict") else _Opaque
+
+    def persistent_load(self, pid):
+        return None
+
+
 def own_epoch(file, *, trust_pickle=False):
-    """(epoch, step) that a checkpoint file records itself (Lightning's), or (None, None).
-    Reads only the pickle (the tensors are memory-mapped, not read)."""
+    """(epoch, step) that a checkpoint file records itself (Lightning's ``epoch`` and
+    ``global_step``), or (None, None). Reads only the pickle inside the file's zip archive,
+    with every object and tensor left out (nothing in it runs, whatever ``trust_pickle``)."""
     if str(file).endswith(".safetensors"):
         return None, None
     try:
-        obj = torch.load(str(file), map_location="cpu", weights_only=not trust_pickle,
-                         mmap=True)
-    except Exception:  # read again (and reported) in order when it is replayed
+        with zipfile.ZipFile(str(file)) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            obj = _Peek(io.BytesIO(archive.read(name))).load()
+    except Exception:  # not a zip checkpoint: read again (and reported) when replayed
         return None, None
-    if isinstance(obj, Mapping) and not _is_state(obj):
+    if isinstance(obj, dict):  # (a bare state dict's values are all _Opaque)
         return _int_or_none(obj.get("epoch")), \
             _int_or_none(obj.get("global_step", obj.get("step")))
     return None, None
@@ -226,7 +264,8 @@ class _Device:
         self.graphable = bool(cuda_graph) and self.cuda and _resident(batches, device)
 
     def evaluate_graphable(self, recorder, epoch):
-        """The recorder's evaluation with nothing waiting for the device."""
+        """The recorder's evaluation with nothing waiting for the device (its ``finite``
+        a device tensor)."""
         return recorder._evaluate(self.model, epoch, ((None, b) for b in self.batches),
                                   catch=False, sync=False)
 
@@ -443,11 +482,10 @@ class _Graph:
             self.static = dev.evaluate_graphable(recorder, epoch)
 
     def evaluate(self):
-        """The outputs of the weights now in the model (copies of the graph's)."""
+        """The outputs of the weights now in the model (a copy of the graph's), queued on
+        the device: nothing waits for it."""
         self.graph.replay()
-        s = self.static
-        return {"error": None, "values": s["values"].clone(), "labels": s["labels"].clone(),
-                "ids": s["ids"], "classes": s["classes"], "finite": bool(s["finite"])}
+        return dict(self.static, values=self.static["values"].clone())
 
 
 def _autocast(dev, autocast):
@@ -462,6 +500,7 @@ def _work(dev, d, positions, checkpoints, recorder, results, autocast):
     pending = deque()
     nxt = 0
     graph = None  # a _Graph once captured; False where it cannot be
+    labels = None  # the same for every checkpoint (the recorder checks that they are)
 
     def top_up():
         nonlocal nxt
@@ -485,13 +524,15 @@ def _work(dev, d, positions, checkpoints, recorder, results, autocast):
                     local = graph.evaluate()
                 else:
                     with _autocast(dev, autocast):
-                        local = recorder.evaluate(dev.model, epoch, dev.batches)
+                        local = dev.evaluate_graphable(recorder, epoch)
                     if graph is None and dev.graphable:
                         graph = _capture(dev, recorder, epoch, autocast)
-                # accuracy and the copy to the host start here, in this device's order
-                local = (*recorder._prepare(local["labels"], local["values"]),
-                         local["classes"])
-                results.put(p, d, (item, local))
+                if labels is None:
+                    labels = local["labels"].cpu().numpy()
+                # the copy to the host starts here, in this device's order; nothing waits
+                # for the device (NaN or inf outputs are refused by the run's writer)
+                host = recorder.host_copy(local["values"])
+                results.put(p, d, (item, (host, labels, local["classes"])))
             except BaseException as err:
                 results.put(p, d, err)
                 break
@@ -652,7 +693,7 @@ def drive(order, devs, recorder, log, *, autocast=None, progress=True):
                     raise result
                 item, local = result
                 if log.admit(checkpoint, item.digest):
-                    _, host, labels, n_classes = local
+                    host, labels, n_classes = local
                     recorder._commit(checkpoint.epoch, host, labels, n_classes,
                                      meta=log.meta_with(checkpoint, item.digest))
                     written += 1

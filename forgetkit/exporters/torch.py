@@ -196,13 +196,6 @@ class LogitRecorder(RecorderBase):
             return self._store(epoch, None, local["labels"], local["values"], local["classes"])
         return ddp.gather_epoch(ctx, epoch, local, shard, partial(self._store, epoch))
 
-    def evaluate(self, model, epoch, batches):
-        """This process's outputs of ``model`` (in eval mode) on ``batches`` for epoch number
-        ``epoch``, checked, without storing them: the dict of `_evaluate`. Used by the
-        replays, which store them with `_store` in epoch order."""
-        return self._checked(self._evaluate(model, epoch, ((None, b) for b in batches),
-                                            catch=False), epoch)
-
     def _checked(self, local, epoch):
         if local["error"] is not None:
             raise local["error"]
@@ -256,17 +249,17 @@ class LogitRecorder(RecorderBase):
         """Queue the epoch's rows (``values`` on the device, ``labels``, dataset indices
         ``ids`` or None for positions) for writing, with the run's metadata ``meta`` if
         given; return its accuracy."""
-        accuracy, host, labels = self._prepare(labels, values)
-        self._commit(epoch, host, labels, n_classes, ids=ids, meta=meta)
-        return accuracy
-
-    def _prepare(self, labels, values):
-        """(accuracy, a callable returning ``values`` on the host, whose copy has started,
-        labels as numpy) of an epoch's outputs on the device (what `_commit` takes)."""
         summary = self._device_summary
         labels = torch.as_tensor(labels)
         accuracy = correct_count(values, labels.to(values.device), summary) / len(values)
-        return accuracy, host_copy(values, summary), labels.cpu().numpy()
+        self._commit(epoch, self.host_copy(values), labels.cpu().numpy(), n_classes,
+                     ids=ids, meta=meta)
+        return accuracy
+
+    def host_copy(self, values):
+        """`host_copy` of an epoch's outputs (or summary rows) on the device: the callable
+        that `_commit` takes, its copy started."""
+        return host_copy(values, self._device_summary)
 
     def lightning_callback(self, *, every_n_epochs=1):
         """A PyTorch Lightning callback recording at the end of every training epoch (and
