@@ -340,25 +340,23 @@ def _replay_data(spec, *, trainer):
                          f"folder; got {spec!r}")
 
 
+def _int_list(text, option, what):
+    """The integers of a comma-separated option (None when not given)."""
+    if not text:
+        return None
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ForgetkitError(f"{option} must list {what}; got {text!r}") from None
+
+
 def _cmd_replay(args):
     import warnings
 
     if args.out in args.checkpoints:
         raise ForgetkitError(f"--out {args.out!r} is one of the checkpoints")
-    devices = None
-    if args.devices:
-        try:
-            devices = [int(d) for d in args.devices.split(",")]
-        except ValueError:
-            raise ForgetkitError(f"--devices must list CUDA device numbers such as 0,1; got "
-                                 f"{args.devices!r}") from None
-    epochs = None
-    if args.epochs:
-        try:
-            epochs = [int(e) for e in args.epochs.split(",")]
-        except ValueError:
-            raise ForgetkitError(f"--epochs must be integers separated by commas; got "
-                                 f"{args.epochs!r}") from None
+    devices = _int_list(args.devices, "--devices", "CUDA device numbers such as 0,1")
+    epochs = _int_list(args.epochs, "--epochs", "epoch numbers such as 1,2,3")
     options = dict(epochs=epochs, device=args.device, devices=devices,
                    batch_size=args.batch_size, on_duplicate=args.on_duplicate,
                    autocast=args.autocast, progress=not args.quiet, dtype=args.dtype,

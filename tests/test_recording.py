@@ -458,16 +458,21 @@ class TokenDataset(torch.utils.data.Dataset):
                 "labels": self.labels[i], "unused_column": 7}
 
 
+def tiny_bert(transformers, seed=0):
+    """A one-layer BERT classifier of 3 classes over a 40-token vocabulary."""
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=16, num_labels=3)
+    torch.manual_seed(seed)
+    return transformers.BertForSequenceClassification(config)
+
+
 def test_huggingface_trainer_callback_records_the_eval_dataset(tmp_path):
     transformers = import_real_part("transformers", "transformers (pip install "
                                     "forgetkit[huggingface])")
     from forgetkit.exporters.huggingface import LogitRecorderCallback
 
-    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=16, num_labels=3)
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(config)
+    model = tiny_bert(transformers)
     train, test = TokenDataset(64, seed=1), TokenDataset(37, seed=2)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=16,

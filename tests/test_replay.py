@@ -18,6 +18,7 @@ import forgetkit as fk
 from forgetkit.cli import main as cli_main
 
 from .conftest import ROOT, import_real_part
+from .test_recording import TokenDataset, tiny_bert
 
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 from torch import nn  # noqa: E402
@@ -338,30 +339,13 @@ def test_lightning_model_checkpoints_replay_to_the_recorded_run(tmp_path):
 
 
 # ---------------------------------------------------------- Hugging Face Trainer
-class TokenDataset(torch.utils.data.Dataset):
-    def __init__(self, n, seed):
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(2, 40, (n, 8), generator=g)
-        self.labels = self.ids[:, 0] % 3
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.labels[i]}
-
-
 def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
     transformers = import_real_part("transformers", "transformers (pip install "
                                     "forgetkit[huggingface])")
     from forgetkit.exporters.huggingface import LogitRecorderCallback
     from forgetkit.exporters.huggingface import replay as hf_replay
 
-    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=16, num_labels=3)
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(config)
+    model = tiny_bert(transformers)
     train, test = TokenDataset(64, seed=1), TokenDataset(37, seed=2)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=16,
@@ -379,7 +363,8 @@ def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
     assert [os.path.basename(e["file"]) for e in run.meta["replay"]["checkpoints"]] == \
         ["checkpoint-4", "checkpoint-8"]
     # the CLI: a Trainer output directory and arrays
-    np.savez(tmp_path / "test.npz", input_ids=test.ids.numpy(), labels=test.labels.numpy())
+    np.savez(tmp_path / "test.npz", input_ids=test.ids.numpy(),
+             attention_mask=test.mask.numpy(), labels=test.labels.numpy())
     assert cli_main(["replay", str(tmp_path / "out"), "--data", str(tmp_path / "test.npz"),
                      "--out", str(tmp_path / "cli.npy"), "--batch-size", "10",
                      "--dtype", "float32", "--quiet"]) == 0
@@ -388,6 +373,7 @@ def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
     # ... and a folder saved by datasets' save_to_disk
     datasets = import_real_part("datasets", "datasets (pip install forgetkit[huggingface])")
     datasets.Dataset.from_dict({"input_ids": test.ids.numpy(), "labels": test.labels.numpy(),
+                                "attention_mask": test.mask.numpy(),
                                 "text": ["unused"] * len(test)}).save_to_disk(tmp_path / "ds")
     assert cli_main(["replay", str(tmp_path / "out"), "--data", str(tmp_path / "ds"),
                      "--out", str(tmp_path / "ds.npy"), "--batch-size", "10",
@@ -403,10 +389,7 @@ def test_trainer_callback_takes_what_it_needs_from_its_arguments(tmp_path):
 
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[],
                                           use_cpu=True)
-    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=16, num_labels=3)
-    model = transformers.BertForSequenceClassification(config)
+    model = tiny_bert(transformers)
     callback = LogitRecorderCallback(tmp_path / "run.npy")
     with pytest.raises(fk.ForgetkitError, match="needs dataset="):
         callback.on_train_begin(args, None, None, model=model, train_dataloader=None,
