@@ -467,20 +467,28 @@ def tiny_bert(transformers, seed=0):
     return transformers.BertForSequenceClassification(config)
 
 
-def test_huggingface_trainer_callback_records_the_eval_dataset(tmp_path):
-    transformers = import_real_part("transformers", "transformers (pip install "
-                                    "forgetkit[huggingface])")
+def train_recording(transformers, out, path, *, save_strategy="no"):
+    """tiny_bert trained 2 epochs by a Trainer (output_dir ``out``) whose
+    LogitRecorderCallback records its eval set (37 samples, batches of 10) to ``path``;
+    returns (model, eval set, callback)."""
     from forgetkit.exporters.huggingface import LogitRecorderCallback
 
     model = tiny_bert(transformers)
     train, test = TokenDataset(64, seed=1), TokenDataset(37, seed=2)
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=16,
-        per_device_eval_batch_size=10, learning_rate=1e-3, report_to=[], save_strategy="no",
-        logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    callback = LogitRecorderCallback(tmp_path / "hf.npy", test, dtype="float32")
+        output_dir=str(out), num_train_epochs=2, per_device_train_batch_size=16,
+        per_device_eval_batch_size=10, learning_rate=1e-3, report_to=[],
+        save_strategy=save_strategy, logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    callback = LogitRecorderCallback(path, test, dtype="float32")
     transformers.Trainer(model=model, args=args, train_dataset=train, eval_dataset=test,
                          callbacks=[callback]).train()
+    return model, test, callback
+
+
+def test_huggingface_trainer_callback_records_the_eval_dataset(tmp_path):
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    model, test, callback = train_recording(transformers, tmp_path / "out", tmp_path / "hf.npy")
     run = fk.load(tmp_path / "hf.npy")
     assert run.shape == (2, 37, 3) and run.epochs.tolist() == [0, 1]
     assert np.array_equal(run.labels, test.labels.numpy())

@@ -18,7 +18,7 @@ import forgetkit as fk
 from forgetkit.cli import main as cli_main
 
 from .conftest import ROOT, import_real_part
-from .test_recording import TokenDataset, tiny_bert
+from .test_recording import TokenDataset, tiny_bert, train_recording
 
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 from torch import nn  # noqa: E402
@@ -342,18 +342,10 @@ def test_lightning_model_checkpoints_replay_to_the_recorded_run(tmp_path):
 def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
     transformers = import_real_part("transformers", "transformers (pip install "
                                     "forgetkit[huggingface])")
-    from forgetkit.exporters.huggingface import LogitRecorderCallback
     from forgetkit.exporters.huggingface import replay as hf_replay
 
-    model = tiny_bert(transformers)
-    train, test = TokenDataset(64, seed=1), TokenDataset(37, seed=2)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=16,
-        per_device_eval_batch_size=10, learning_rate=1e-3, report_to=[], save_strategy="epoch",
-        logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    callback = LogitRecorderCallback(tmp_path / "recorded.npy", test, dtype="float32")
-    transformers.Trainer(model=model, args=args, train_dataset=train, eval_dataset=test,
-                         callbacks=[callback]).train()
+    _, test, _ = train_recording(transformers, tmp_path / "out", tmp_path / "recorded.npy",
+                                 save_strategy="epoch")
     run = hf_replay(tmp_path / "out", test, tmp_path / "replayed.npy", batch_size=10,
                     dtype="float32")
     recorded = fk.load(tmp_path / "recorded.npy")
