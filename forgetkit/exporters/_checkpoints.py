@@ -39,22 +39,33 @@ class Checkpoint:
     step: int | None = None
 
 
-def checkpoint_files(checkpoints, *, suffixes=None):
-    """The checkpoint paths of ``checkpoints``: a glob pattern, a file, or a list of those
-    (a folder: its files ending in one of ``suffixes``); a pattern that matches nothing is an
-    error naming it."""
-    items = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+def paths_of(source, what):
+    """The paths of ``source`` (a path, a glob pattern, or a list of those) with the
+    patterns expanded; nothing given, or a pattern that matches nothing, is an error naming
+    ``what``."""
+    items = [source] if isinstance(source, (str, Path)) else list(source)
     if not items:
-        raise ForgetkitError("checkpoints is empty: pass a glob pattern or a list of files")
-    files = []
+        raise ForgetkitError(f"no {what} given: pass a glob pattern or a list of paths")
+    paths = []
     for item in items:
         text = str(item)
         if _GLOB.search(text) and not Path(text).exists():
             matched = sorted(glob.glob(text))
             if not matched:
-                raise ForgetkitError(f"no checkpoint matches {text!r}")
-            files += matched
-        elif Path(text).is_dir() and suffixes is not None:
+                raise ForgetkitError(f"no {what} matches {text!r}")
+            paths += matched
+        else:
+            paths.append(text)
+    return paths
+
+
+def checkpoint_files(checkpoints, *, suffixes=None):
+    """The checkpoint paths of ``checkpoints``: a glob pattern, a file, or a list of those
+    (a folder: its files ending in one of ``suffixes``); a pattern that matches nothing is an
+    error naming it."""
+    files = []
+    for text in paths_of(checkpoints, "checkpoint"):
+        if Path(text).is_dir() and suffixes is not None:
             found = sorted(str(p) for p in Path(text).iterdir()
                            if p.is_file() and p.name.endswith(tuple(suffixes)))
             if not found:

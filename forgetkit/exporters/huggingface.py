@@ -17,7 +17,6 @@ accelerate) each process evaluates its shard and the main process writes every s
 
 from __future__ import annotations
 
-import glob
 import inspect
 import json
 import re
@@ -28,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import TrainerCallback, default_data_collator
 
 from ..errors import CorruptFileError, ForgetkitError
-from ._checkpoints import ReplayLog, content_hash, existing_run, hash_pool, ordered
+from ._checkpoints import ReplayLog, content_hash, existing_run, hash_pool, ordered, paths_of
 from ._torch_replay import (
     _Device,
     _Item,
@@ -140,18 +139,8 @@ def checkpoint_dirs(source):
     """The checkpoint folders of ``source``: a Trainer output directory (its
     ``checkpoint-N`` folders), one saved model folder (holding ``config.json``), a glob
     pattern, or a list of those."""
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    if not items:
-        raise ForgetkitError("no checkpoint folder given")
     dirs = []
-    for item in items:
-        text = str(item)
-        if any(c in text for c in "*?[") and not Path(text).exists():
-            matched = sorted(glob.glob(text))
-            if not matched:
-                raise ForgetkitError(f"no checkpoint folder matches {text!r}")
-            dirs += checkpoint_dirs(matched)
-            continue
+    for text in paths_of(source, "checkpoint folder"):
         folder = Path(text)
         if (folder / "config.json").is_file():
             dirs.append(str(folder))
