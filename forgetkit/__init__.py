@@ -54,7 +54,7 @@ from .fusion import (
 )
 from .fusion.distill import soft_targets, write_soft_targets
 from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize
-from .report import plots, write_report
+from .report import explore, plots, write_report
 from .run import Run, split_indices
 from .theory import fairness, linear, noise
 
@@ -88,6 +88,7 @@ __all__ = [
     "Fuser",
     "average_runs",
     "write_report",
+    "explore",
     "compare",
     "compare_splits",
     "fixed_jumps",

@@ -264,6 +264,8 @@ def _noise_mask(train_run, path):
 
 def _cmd_report(args):
     refuse_overwrite({"-o": args.out}, [args.run, args.train_run])
+    if args.train_inputs and not args.train_run:
+        raise ForgetkitError("--train-inputs needs --train-run")
     run = load(args.run)
     train_run, mask = None, None
     if args.train_run:
@@ -271,7 +273,9 @@ def _cmd_report(args):
         mask = _noise_mask(train_run, args.train_run)
     paths = write_report(run, args.out, fmt=args.format, source=Path(args.run).name,
                          val_frac=args.val_frac, seeds=tuple(args.seeds), window=args.window,
-                         train_run=train_run, noise_mask=mask, progress=not args.quiet)
+                         train_run=train_run, noise_mask=mask, progress=not args.quiet,
+                         inputs=args.inputs, train_inputs=args.train_inputs,
+                         class_names=args.class_names)
     if not args.quiet:
         print(f"wrote {paths[0]}" if args.format == "html"
               else f"wrote {len(paths)} figures to {args.out}")
@@ -502,6 +506,14 @@ def _add_fusion_commands(sub):
     p.add_argument("--train-run", metavar="RUN",
                    help="training-set run: adds its data map and label issues, and with "
                         "meta['noise_mask'] (indices of noisy labels) the label-noise figure")
+    p.add_argument("--inputs", metavar="INPUTS",
+                   help="the samples behind RUN's rows, shown by the sample explorer: images "
+                        "(.npy/.npz, (N, H, W) or (N, H, W, 3)) or texts (.txt one per line, "
+                        ".parquet/.csv column, FILE:COLUMN); row i is sample id i")
+    p.add_argument("--train-inputs", metavar="INPUTS", help="the same for --train-run")
+    p.add_argument("--class-names", metavar="NAMES",
+                   help="comma-separated class names, or a file with one per line "
+                        "(default: the run's own)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_report)
 

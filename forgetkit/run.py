@@ -821,3 +821,9 @@ class Run:
         # were not all read yet and stay checked per read
         return self.replace(outputs=outputs, labels=labels, validate=self.checked_per_read,
                             **changes)
+
+    def _repr_html_(self):
+        """Jupyter's view of a run: shape, kind, epochs, final accuracy."""
+        from .report.readable import run_html
+
+        return run_html(self)

@@ -18,10 +18,12 @@ from .._validation import check_option
 from ..analysis import forgetting
 from ..analysis.dynamics import data_map
 from ..analysis.label_issues import label_issues, ranking_metrics, set_metrics
+from ..errors import ForgetkitError
 from ..evaluate import percent
 from ..io.atomic import atomic_write
 from ..io.guard import refuse_overwrite
-from . import plots
+from . import explorer, plots
+from .readable import meta_rows
 
 
 @dataclass
@@ -190,14 +192,25 @@ line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bott
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;
 text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
 figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#444;font-size:.95em}
-.numbers td:first-child{font-weight:600}"""
+.numbers td:first-child{font-weight:600}details.meta td{text-align:left}
+details.meta summary{cursor:pointer;color:#444}"""
 
 
-def to_html(run, summary, table, kf, figures, *, source=""):
-    """The report as one HTML string (figures inline, no external resources)."""
+def _meta_html(meta):
+    """The run's metadata as a readable two-column table (folded: it is context)."""
+    if not meta:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                   for k, v in meta_rows(meta))
+    return (f"<details class='meta'><summary>Run metadata ({len(meta)} fields)</summary>"
+            f"<table data-testid='run-metadata'>{rows}</table></details>")
+
+
+def to_html(run, summary, table, kf, figures, *, source="", samples=None):
+    """The report as one HTML string (figures inline, no external resources). ``samples``:
+    the sample explorer's fragment (`forgetkit.report.explorer.fragment`), shown after the
+    summary."""
     dd = summary["double_descent"]
-    meta = ", ".join(f"{k}: {v}" for k, v in run.meta.items()
-                     if isinstance(v, (str, int, float)) and len(str(v)) < 80)
     numbers = [
         ("final accuracy", percent(summary["final_accuracy"])),
         ("best accuracy", f"{percent(summary['best_accuracy'])} at epoch {summary['best_epoch']}"),
@@ -221,11 +234,13 @@ def to_html(run, summary, table, kf, figures, *, source=""):
         f"<h1>Forgetting and Knowledge Fusion: {html.escape(source)}</h1>",
         f"<p>{run.n_epochs} stored epochs (numbers {run.epochs[0]}..{run.epochs[-1]}), "
         f"{run.n_samples} test samples, {run.n_classes} classes, {run.kind} stored as "
-        f"{run.outputs.dtype}. {html.escape(meta)}</p>",
+        f"{run.outputs.dtype}.</p>",
+        _meta_html(run.meta),
         "<h2>Summary</h2><table class='numbers'>",
         "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
                 for k, v in numbers),
         "</table>",
+        samples or "",
         "<h2>Comparison</h2><p>Every method is fitted on half of the test set and scored on "
         "the other half, over several random halves (the paper's protocol); mean ± standard "
         "error. * marks a gain over the single network significant (McNemar, p &lt; 0.05) on "
@@ -254,16 +269,33 @@ def to_html(run, summary, table, kf, figures, *, source=""):
     return "".join(parts)
 
 
-def write_report(run, out, *, fmt="html", source="", **options):
-    """Write the report: ``fmt="html"`` one self-contained file at ``out``; ``fmt="png"``
-    one PNG per figure in the folder ``out``. Options go to `build`. Returns the paths.
-    Refuses, before any work, an ``out`` that is a file the runs were loaded from."""
+def write_report(run, out, *, fmt="html", source="", inputs=None, train_inputs=None,
+                 class_names=None, **options):
+    """Write the report: ``fmt="html"`` one self-contained file at ``out``, with the sample
+    explorer; ``fmt="png"`` one PNG per figure in the folder ``out``. Returns the paths.
+
+    ``inputs`` / ``train_inputs``: the samples behind the rows of ``run`` / ``train_run``
+    (images or texts, `forgetkit.report.inputs.load_inputs`; row i is sample id i, or row i
+    when the run has no ids), shown by the explorer (HTML only). ``class_names``: a
+    sequence, a comma-separated string or a file of one name per line (default: the run's
+    own). Other options go to `build`. Refuses, before any work, an ``out`` that is a file
+    the runs or inputs were loaded from, and inputs or class names that do not fit the runs.
+    """
 
     check_option("fmt", fmt, ("html", "png"))
     out = Path(out)
     train_run = options.get("train_run")
+    files = [x for x in (inputs, train_inputs, class_names) if isinstance(x, (str, Path))]
     refuse_overwrite({"the report": out},
-                     [run.source, None if train_run is None else train_run.source])
+                     [run.source, None if train_run is None else train_run.source] + files)
+    if fmt == "png" and (inputs is not None or train_inputs is not None):
+        raise ForgetkitError("inputs are shown by the HTML report's sample explorer; "
+                             "fmt='png' writes the figures only")
+    run, train_run, inputs, train_inputs = explorer.prepare(
+        run, train_run=train_run, inputs=inputs, train_inputs=train_inputs,
+        class_names=class_names)
+    if "train_run" in options:
+        options["train_run"] = train_run
     summary, table, kf, figures = build(run, **options)
     if fmt == "png":
         out.mkdir(parents=True, exist_ok=True)
@@ -275,6 +307,8 @@ def write_report(run, out, *, fmt="html", source="", **options):
             paths.append(path)
         return paths
     with atomic_write(out) as tmp:
-        tmp.write_text(to_html(run, summary, table, kf, figures, source=source),
-                       encoding="utf-8")
+        samples = explorer.fragment(run, train_run=train_run, inputs=inputs,
+                                    train_inputs=train_inputs)
+        tmp.write_text(to_html(run, summary, table, kf, figures, source=source,
+                               samples=samples), encoding="utf-8")
     return [out]
