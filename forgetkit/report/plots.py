@@ -196,7 +196,8 @@ def confidence_variability(dm_or_run, *, ax=None, gridsize=50):
                       reduce_C_function=np.mean, **kw)
     cmap, norm = mpl.colormaps["RdYlBu"], mpl.colors.Normalize(0.0, 1.0)
     colors = cmap(norm(cells.get_array()))
-    colors[:, 3] = 0.2 + 0.8 * np.log1p(n) / np.log1p(n.max())
+    # clipped: the densest cell's share can round to just above 1, which matplotlib refuses
+    colors[:, 3] = np.clip(0.2 + 0.8 * np.log1p(n) / np.log1p(n.max()), 0.0, 1.0)
     cells.set_array(None)
     cells.set_facecolor(colors)
     cells.set_edgecolor("none")
