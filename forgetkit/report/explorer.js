@@ -35,6 +35,9 @@
     return await new Response(stream).arrayBuffer();
   }
 
+  async function blob(run) {
+    return inflate(await bytesOf(document.getElementById("fk-blob-" + run).textContent.trim()));
+  }
   function view_(buf, spec) { return new TYPES[spec[2]](buf, spec[0], spec[1]); }
 
   function setupRun(name, rec, buf) {
@@ -379,6 +382,7 @@
     var m = /^#(test|train)-(.+)$/.exec(decodeURIComponent(location.hash));
     if (!m) return;
     var R = RUNS[m[1]], note = root.querySelector(".fk-note");
+    if (!R && D.runs[m[1]]) return;  // still loading: opened once it is
     var i = R ? R.find(m[2]) : -1;
     if (i < 0) { note.textContent = "No " + m[1] + " sample with id " + m[2] + " in this report."; note.hidden = false; return; }
     note.hidden = true;
@@ -402,9 +406,10 @@
     root.appendChild(intro);
     var note = el("p", {"class": "fk-note", role: "status"}); note.hidden = true; root.appendChild(note);
     var ctl = el("div", {"class": "fk-controls"}), tabs = el("div", {"class": "fk-tabs", role: "tablist"});
-    Object.keys(RUNS).forEach(function (r) {
+    Object.keys(D.runs).forEach(function (r) {
       var b = el("button", {type: "button", role: "tab", "data-run": r, "aria-selected": String(r === view)},
-        (r === "test" ? "test run" : "training run") + " (" + RUNS[r].n + ")");
+        (r === "test" ? "test run" : "training run") + " (" + D.runs[r].n + ")");
+      b.disabled = !RUNS[r];
       b.addEventListener("click", function () {
         view = r;
         tabs.querySelectorAll("button").forEach(function (x) { x.setAttribute("aria-selected", String(x === b)); });
@@ -452,12 +457,23 @@
 
   async function main() {
     try {
+      var T = api.t = {start: performance.now()};
       D = JSON.parse(document.getElementById("fk-data").textContent);
       CLASSES = D.classes;
-      var buf = await inflate(await bytesOf(document.getElementById("fk-blob").textContent.trim()));
-      for (var r in D.runs) RUNS[r] = setupRun(r, D.runs[r], buf);
+      RUNS.test = setupRun("test", D.runs.test, await blob("test"));
+      T.test = performance.now();
       build();
+      T.build = performance.now();
       fromHash();
+      T.card = performance.now();
+      if (D.runs.train) {
+        if (document.readyState === "loading")
+          await new Promise(function (ok) { document.addEventListener("DOMContentLoaded", ok); });
+        RUNS.train = setupRun("train", D.runs.train, await blob("train"));
+        root.querySelector(".fk-tabs button[data-run=train]").disabled = false;
+        if (/^#train-/.test(location.hash)) fromHash();
+      }
+      T.train = performance.now();
       api.ready = true;
       root.setAttribute("data-ready", "true");
     } catch (err) {

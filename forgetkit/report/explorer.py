@@ -211,19 +211,21 @@ def _clip(text):
 
 
 def payload(run, *, train_run=None, inputs=None, train_inputs=None):
-    """The explorer's JSON record and encoded blob (str, str) for runs already `prepare`d."""
+    """The explorer's JSON record and each run's encoded blob ({"test": str, "train": str})
+    for runs already `prepare`d."""
     names = plots.class_names(run)
     n_images = sum(r.n_samples for r, i in ((run, inputs), (train_run, train_inputs))
                    if r is not None and i is not None and i.kind == "images")
     shape = next((i.data.shape[1:] for i in (inputs, train_inputs)
                   if i is not None and i.kind == "images"), (1, 1))
     side = thumb_side(n_images, shape)
-    blob = _Blob()
-    runs = {"test": _run_record(run, inputs, blob, role="test", side=side)}
-    if train_run is not None:
-        runs["train"] = _run_record(train_run, train_inputs, blob, role="train", side=side)
-    record = {"classes": names, "runs": runs}
-    return record, blob.encoded()
+    runs, blobs = {}, {}
+    for role, r, given in (("test", run, inputs), ("train", train_run, train_inputs)):
+        if r is not None:
+            blob = _Blob()
+            runs[role] = _run_record(r, given, blob, role=role, side=side)
+            blobs[role] = blob.encoded()
+    return {"classes": names, "runs": runs}, blobs
 
 
 def _script_json(obj):
@@ -240,14 +242,19 @@ def _asset(name):
 def fragment(run, *, train_run=None, inputs=None, train_inputs=None):
     """The explorer as an HTML fragment (a section, its style and its inline script) for runs
     and inputs already `prepare`d."""
-    record, blob = payload(run, train_run=train_run, inputs=inputs, train_inputs=train_inputs)
+    record, blobs = payload(run, train_run=train_run, inputs=inputs,
+                            train_inputs=train_inputs)
+    # the script comes right after the test run's data: it shows the test run (and opens a
+    # #test-N card) while the browser still parses the larger training run's data
     return "".join([
         f"<style>{_asset('explorer.css')}</style>",
         "<section id='fk-explorer' class='fk-explorer'><h2>Samples</h2>",
         "<p class='fk-loading'>Loading the samples…</p></section>",
         f"<script type='application/json' id='fk-data'>{_script_json(record)}</script>",
-        f"<script type='text/plain' id='fk-blob'>{blob}</script>",
+        f"<script type='text/plain' id='fk-blob-test'>{blobs['test']}</script>",
         f"<script>{_asset('explorer.js')}</script>",
+        "".join(f"<script type='text/plain' id='fk-blob-{role}'>{b}</script>"
+                for role, b in blobs.items() if role != "test"),
     ])
 
 

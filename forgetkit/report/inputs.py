@@ -139,7 +139,7 @@ def input_rows(run, inputs, *, name="inputs"):
     the ids are not integers or the inputs have fewer rows than the largest id needs."""
     if run.sample_ids is None:
         rows = np.arange(run.n_samples, dtype=np.int64)
-        what = f"the run's {run.n_samples} samples (it has no sample ids: row i is sample i)"
+        what = f"the run has {run.n_samples} samples and no sample ids (row i is sample i)"
     else:
         ids = np.asarray(run.sample_ids)
         if not np.issubdtype(ids.dtype, np.integer):
@@ -148,11 +148,11 @@ def input_rows(run, inputs, *, name="inputs"):
         if ids.size and ids.min() < 0:
             raise ForgetkitError(f"{name}: the run has a negative sample id ({ids.min()})")
         rows = ids.astype(np.int64)
-        what = f"the run's largest sample id, {int(rows.max()) if rows.size else -1}"
+        what = f"the run's largest sample id is {int(rows.max()) if rows.size else -1}"
     need = int(rows.max()) + 1 if rows.size else 0
     if len(inputs) < need:
-        raise ForgetkitError(f"{inputs.source} has {len(inputs)} rows; {what} needs at least "
-                             f"{need}")
+        raise ForgetkitError(f"{inputs.source} has {len(inputs)} rows; {what}, so it needs "
+                             f"at least {need}")
     return rows
 
 
