@@ -277,16 +277,21 @@
   function row(tb, k, v) {
     var tr = el("tr"); tr.appendChild(el("td", null, k)); tr.appendChild(el("td", null, v)); tb.appendChild(tr);
   }
-  function runsText(R, i) {
-    var parts = [], E = R.E, tp = R.c.traj_pred, s = 0;
+  function predictedRuns(R, i) {  // "epochs 0–3: Shirt; 4–39: T-shirt/top", with swatches
+    var p = el("p", {"class": "fk-runs", "data-testid": "predicted-classes"}, "Predicted: ");
+    var E = R.E, tp = R.c.traj_pred, s = 0, first = true;
     for (var e = 1; e <= E; e++) {
       if (e === E || tp[i * E + e] !== tp[i * E + s]) {
-        var a = R.rec.traj_epochs[s], b = R.rec.traj_epochs[e - 1];
-        parts.push((a === b ? "epoch " + a : "epochs " + a + "–" + b) + ": " + cname(tp[i * E + s]));
-        s = e;
+        var a = R.rec.traj_epochs[s], b = R.rec.traj_epochs[e - 1], c = tp[i * E + s];
+        var sw = el("i", {"class": "fk-sw"}); sw.style.background = classColor(c);
+        if (!first) p.appendChild(document.createTextNode("; "));
+        p.appendChild(document.createTextNode((a === b ? "epoch " + a : "epochs " + a + "–" + b) + " "));
+        p.appendChild(sw);
+        p.appendChild(document.createTextNode(cname(c)));
+        s = e; first = false;
       }
     }
-    return parts.join("; ");
+    return p;
   }
   function drawTraj(cv, R, i) {
     var dpr = window.devicePixelRatio || 1, w = cv.clientWidth || 360, h = cv.clientHeight || 190;
@@ -346,7 +351,7 @@
     card.appendChild(tb);
     var traj = el("canvas", {"class": "fk-traj", "data-testid": "trajectory"});
     card.appendChild(traj);
-    card.appendChild(el("p", {"class": "fk-runs", "data-testid": "predicted-classes"}, "Predicted: " + runsText(R, i)));
+    card.appendChild(predictedRuns(R, i));
     if (R.E < R.rec.epochs.length) card.appendChild(el("p", {"class": "fk-empty"}, "Trajectory: " + R.E + " of the " + R.rec.epochs.length + " epochs (every " + Math.round(R.rec.epochs.length / R.E) + "th)."));
     if (from) {
       var nav = el("nav"), prev = el("button", {type: "button"}, "← previous"), next = el("button", {type: "button"}, "next →");
@@ -457,7 +462,7 @@
 
   async function main() {
     try {
-      var T = api.t = {start: performance.now()};
+      var T = api.timings = {start: performance.now()};
       D = JSON.parse(document.getElementById("fk-data").textContent);
       CLASSES = D.classes;
       RUNS.test = setupRun("test", D.runs.test, await blob("test"));
