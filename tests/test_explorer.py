@@ -336,3 +336,26 @@ def test_filters_select_the_gallery_items(open_page, page_file):
     ids = page.eval_on_selector_all("[data-testid=gallery-item][data-run=test]",
                                     "els => els.map(e => +e.dataset.sampleId)")
     assert all(regions.loc[i] == "easy-to-learn" and test.labels[i - 100] == 2 for i in ids)
+
+
+def test_a_box_dragged_on_the_data_map_filters_the_galleries(open_page, page_file):
+    _, test, _ = page_file
+    page = open_page()
+    points = np.array(page.evaluate(
+        f"Array.from({{length: {test.n_samples}}}, (_, i) => fkExplorer.toScreen('test', i))"))
+    box = page.locator("[data-testid=data-map]").bounding_box()
+    cut = float(np.median(points[:, 0]))
+    page.mouse.move(box["x"] + 2, box["y"] + 2)
+    page.mouse.down()
+    page.mouse.move(cut, box["y"] + box["height"] / 2, steps=4)
+    page.mouse.move(cut, box["y"] + box["height"] - 2, steps=4)
+    page.mouse.up()
+    assert page.locator("[data-testid=sample-card]").is_hidden()  # a drag is not a click
+    ids = page.eval_on_selector_all("[data-testid=gallery-item][data-run=test]",
+                                    "els => els.map(e => +e.dataset.sampleId)")
+    inside = {int(test.sample_ids[i]) for i in np.flatnonzero(points[:, 0] <= cut + 0.5)}
+    assert ids and set(ids) <= inside
+    page.click("[data-testid=clear-box]")
+    after = page.eval_on_selector_all("[data-testid=gallery-item][data-run=test]",
+                                      "els => els.map(e => +e.dataset.sampleId)")
+    assert len(after) > len(ids)

@@ -4,7 +4,7 @@
   "use strict";
   var root = document.getElementById("fk-explorer");
   var api = window.fkExplorer = {ready: false, error: null, firstCardMs: null};
-  var D, RUNS = {}, CLASSES, view = "test", filt = {cls: -1, region: -1};
+  var D, RUNS = {}, CLASSES, view = "test", filt = {cls: -1, region: -1, box: null};
   var card, cardState = null, mapCanvas, tip, galleryBox, pos = null;
   var REGIONS = ["easy-to-learn", "ambiguous", "hard-to-learn"];
   var TYPES = {uint8: Uint8Array, uint16: Uint16Array, int32: Int32Array, float32: Float32Array};
@@ -62,9 +62,13 @@
   }
 
   function passes(R, i) {
+    var b = filt.box;
     return (filt.cls < 0 || R.c.label[i] === filt.cls) &&
-      (filt.region < 0 || R.c.region[i] === filt.region);
+      (filt.region < 0 || R.c.region[i] === filt.region) &&
+      (!b || b.run !== R.name || (R.c.variability[i] >= b.v0 && R.c.variability[i] <= b.v1 &&
+        R.c.confidence[i] >= b.c0 && R.c.confidence[i] <= b.c1));
   }
+  function filtered() { return filt.cls >= 0 || filt.region >= 0 || (filt.box && filt.box.run === view); }
 
   // ------------------------------------------------------------------ images
   function thumbCanvas(R, i) {
@@ -198,11 +202,42 @@
       });
     }
   }
+  // a box dragged on the map selects the samples inside it (in data coordinates)
+  var drag = null, dragged = false;
+  function toData(x, y) {
+    var p = pos, m = p.m;
+    return [Math.max(0, (x - m.l) / (p.w - m.l - m.r) * p.vmax), 1 - (y - m.t) / (p.h - m.t - m.b)];
+  }
+  function local(ev) { var r = mapCanvas.getBoundingClientRect(); return [ev.clientX - r.left, ev.clientY - r.top]; }
+  function onDown(ev) { if (ev.button === 0) { drag = local(ev); dragged = false; } }
+  function onDragMove(ev) {
+    if (!drag) return false;
+    var q = local(ev);
+    if (!dragged && Math.abs(q[0] - drag[0]) + Math.abs(q[1] - drag[1]) < 6) return false;
+    dragged = true; tip.hidden = true;
+    drawMap();
+    var ctx = mapCanvas.getContext("2d");
+    ctx.strokeStyle = "#000"; ctx.setLineDash([4, 3]);
+    ctx.strokeRect(drag[0], drag[1], q[0] - drag[0], q[1] - drag[1]); ctx.setLineDash([]);
+    return true;
+  }
+  function onUp(ev) {
+    if (!drag) return;
+    if (dragged) {
+      var a = toData(drag[0], drag[1]), b = toData.apply(null, local(ev));
+      filt.box = {run: view, v0: Math.min(a[0], b[0]), v1: Math.max(a[0], b[0]),
+        c0: Math.min(a[1], b[1]), c1: Math.max(a[1], b[1])};
+      root.querySelector(".fk-clearbox").hidden = false;
+      refresh();
+    }
+    drag = null;
+  }
   function mapPoint(ev) {
     var r = mapCanvas.getBoundingClientRect();
     return nearest(ev.clientX - r.left, ev.clientY - r.top);
   }
   function onHover(ev) {
+    if (onDragMove(ev)) return;
     var i = mapPoint(ev), R = RUNS[view];
     if (i < 0) { tip.hidden = true; mapCanvas.style.cursor = "crosshair"; return; }
     mapCanvas.style.cursor = "pointer";
@@ -232,7 +267,7 @@
     galleryBox.textContent = "";
     R.rec.galleries.forEach(function (g) {
       var items = g.items.filter(function (i) { return passes(R, i); });
-      var h = el("h3", null, g.title + " — " + items.length + (filt.cls >= 0 || filt.region >= 0 ? " match the filters" : "") +
+      var h = el("h3", null, g.title + " — " + items.length + (filtered() ? " match the filters" : "") +
         " (of " + g.total + (g.total > g.items.length ? ", the first " + g.items.length + " kept" : "") + ")");
       galleryBox.appendChild(h);
       var box = el("div", {"class": "fk-gallery", role: "list", "data-gallery": g.key, "aria-label": g.title});
@@ -426,6 +461,10 @@
     ctl.appendChild(select("class", ["all classes"].concat(CLASSES), function (v) { filt.cls = v; refresh(); }, "class-filter"));
     ctl.appendChild(select("data-map region", ["all regions"].concat(REGIONS), function (v) { filt.region = v; refresh(); }, "region-filter"));
     ctl.appendChild(select("colour", ["share of epochs right", "given class"], function (v) { colourMode = v === 0 ? "class" : "correctness"; drawMap(); }, "colour-mode"));
+    var clear = el("button", {type: "button", "class": "fk-clearbox", "data-testid": "clear-box"}, "clear the box");
+    clear.hidden = true;
+    clear.addEventListener("click", function () { filt.box = null; clear.hidden = true; refresh(); });
+    ctl.appendChild(clear);
     root.appendChild(ctl);
     var map = el("div", {"class": "fk-map"});
     mapCanvas = el("canvas", {"data-testid": "data-map", "aria-label": "data map: confidence against variability; click a point to open its sample"});
@@ -434,13 +473,19 @@
     root.appendChild(el("div", {"class": "fk-legend"}));
     root.appendChild(el("p", {"class": "fk-maphelp"}, "Data map (Dataset Cartography): each sample's mean probability of its " +
       "label over the epochs against its spread. Easy-to-learn samples sit top left, ambiguous ones to the right, " +
-      "hard-to-learn ones (often mislabelled) bottom left. Filtered-out samples are grey."));
+      "hard-to-learn ones (often mislabelled) bottom left. Drag a box on the map to keep only the samples inside it; " +
+      "filtered-out samples are grey."));
     galleryBox = el("div", {"class": "fk-galleries"}); root.appendChild(galleryBox);
     card = el("aside", {"class": "fk-card", "data-testid": "sample-card", "aria-label": "sample card"});
     card.hidden = true; root.appendChild(card);
     mapCanvas.addEventListener("mousemove", onHover);
     mapCanvas.addEventListener("mouseleave", function () { tip.hidden = true; });
-    mapCanvas.addEventListener("click", function (ev) { var i = mapPoint(ev); if (i >= 0) openCard(view, i, null); });
+    mapCanvas.addEventListener("mousedown", onDown);
+    window.addEventListener("mouseup", onUp);
+    mapCanvas.addEventListener("click", function (ev) {
+      if (dragged) { dragged = false; return; }
+      var i = mapPoint(ev); if (i >= 0) openCard(view, i, null);
+    });
     galleryBox.addEventListener("keydown", onGalleryKey);
     document.addEventListener("keydown", function (ev) {
       if (card.hidden) return;
