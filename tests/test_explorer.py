@@ -359,3 +359,19 @@ def test_a_box_dragged_on_the_data_map_filters_the_galleries(open_page, page_fil
     after = page.eval_on_selector_all("[data-testid=gallery-item][data-run=test]",
                                       "els => els.map(e => +e.dataset.sampleId)")
     assert len(after) > len(ids)
+
+
+def test_explore_runs_inline_in_a_notebook_frame(browser):
+    run = make_run(n_samples=60).replace(class_names=NAMES)
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_content("<h1>a notebook cell</h1>" + fk.explore(run, inputs=texts(60))._repr_html_())
+    frame = page.frames[1]  # the iframe's srcdoc: its own sandboxed document
+    frame.wait_for_selector("#fk-explorer[data-ready=true]", timeout=20_000)
+    item = frame.locator("[data-testid=gallery-item]").first
+    want = item.get_attribute("data-sample-id")
+    item.click()
+    assert frame.get_attribute("[data-testid=sample-card]", "data-sample-id") == want
+    assert errors == []
+    page.close()

@@ -3,7 +3,7 @@
 (function () {
   "use strict";
   var root = document.getElementById("fk-explorer");
-  var api = window.fkExplorer = {ready: false, error: null, firstCardMs: null};
+  var api = window.fkExplorer = {ready: false, error: null, firstCardMs: null, firstCardPaintMs: null};
   var D, RUNS = {}, CLASSES, view = "test", filt = {cls: -1, region: -1, box: null};
   var card, cardState = null, mapCanvas, tip, galleryBox, pos = null;
   var REGIONS = ["easy-to-learn", "ambiguous", "hard-to-learn"];
@@ -399,11 +399,15 @@
     card.hidden = false;
     drawTraj(traj, R, i);
     var hash = "#" + run + "-" + R.id(i);
-    if (location.hash !== hash) history.replaceState(null, "", hash);
+    if (location.hash !== hash) setHash(hash);
     root.querySelectorAll(".fk-item[aria-current]").forEach(function (b) { b.removeAttribute("aria-current"); });
     var sel = root.querySelector(".fk-item[data-run='" + run + "'][data-sample-id='" + CSS.escape(String(R.id(i))) + "']");
     if (sel) sel.setAttribute("aria-current", "true");
-    if (api.firstCardMs === null) api.firstCardMs = performance.now();
+    if (api.firstCardMs === null) {
+      api.firstCardMs = performance.now();
+      // the frame that shows it: rAF runs before that paint, the timeout once it is done
+      requestAnimationFrame(function () { setTimeout(function () { api.firstCardPaintMs = performance.now(); }, 0); });
+    }
     if (run === view) drawMap();
   }
   function step(d) {
@@ -415,8 +419,11 @@
   }
   function closeCard() {
     card.hidden = true; cardState = null;
-    history.replaceState(null, "", location.pathname + location.search);
+    setHash("");
     drawMap();
+  }
+  function setHash(hash) {  // a link to the open card; not where the page cannot (a sandbox)
+    try { history.replaceState(null, "", hash || location.pathname + location.search); } catch (e) { /* ignored */ }
   }
   function fromHash() {
     var m = /^#(test|train)-(.+)$/.exec(decodeURIComponent(location.hash));
