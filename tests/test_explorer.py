@@ -223,7 +223,13 @@ def browser():
 def page_file(tmp_path_factory):
     test, train = small_runs()
     path = tmp_path_factory.mktemp("explorer") / "explorer.html"
-    fk.explore(test, train_run=train, inputs=images(400), train_inputs=texts(200)).save(path)
+    piece, explorer.BLOB_PIECE = explorer.BLOB_PIECE, 4096  # each run's data in many pieces
+    try:
+        page = fk.explore(test, train_run=train, inputs=images(400), train_inputs=texts(200))
+    finally:
+        explorer.BLOB_PIECE = piece
+    assert page.html.count("class='fk-blob-test'") > 2
+    page.save(path)
     return path, test, train
 
 

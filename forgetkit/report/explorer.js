@@ -36,7 +36,8 @@
   }
 
   async function blob(run) {
-    return inflate(await bytesOf(document.getElementById("fk-blob-" + run).textContent.trim()));
+    var parts = document.querySelectorAll("script.fk-blob-" + run);
+    return inflate(await bytesOf(Array.prototype.map.call(parts, function (e) { return e.textContent; }).join("")));
   }
   function view_(buf, spec) { return new TYPES[spec[2]](buf, spec[0], spec[1]); }
 

@@ -251,11 +251,21 @@ def fragment(run, *, train_run=None, inputs=None, train_inputs=None):
         "<section id='fk-explorer' class='fk-explorer'><h2>Samples</h2>",
         "<p class='fk-loading'>Loading the samples…</p></section>",
         f"<script type='application/json' id='fk-data'>{_script_json(record)}</script>",
-        f"<script type='text/plain' id='fk-blob-test'>{blobs['test']}</script>",
+        _blob_elements("test", blobs["test"]),
         f"<script>{_asset('explorer.js')}</script>",
-        "".join(f"<script type='text/plain' id='fk-blob-{role}'>{b}</script>"
-                for role, b in blobs.items() if role != "test"),
+        "".join(_blob_elements(role, b) for role, b in blobs.items() if role != "test"),
     ])
+
+
+#: Base64 characters per element of a run's data (a multiple of 4): the browser parses the
+#: page between elements, so it can paint and answer while the rest of the data arrives.
+BLOB_PIECE = 1 << 20
+
+
+def _blob_elements(role, text):
+    return "".join(f"<script type='text/plain' class='fk-blob-{role}'>"
+                   f"{text[i:i + BLOB_PIECE]}</script>"
+                   for i in range(0, max(len(text), 1), BLOB_PIECE))
 
 
 def page(run, *, train_run=None, inputs=None, train_inputs=None, title="forgetkit samples"):
