@@ -381,3 +381,30 @@ def test_explore_runs_inline_in_a_notebook_frame(browser):
     assert frame.get_attribute("[data-testid=sample-card]", "data-sample-id") == want
     assert errors == []
     page.close()
+
+
+def test_small_thumbnails_keep_sharp_images_for_the_gallery_heads(monkeypatch, browser,
+                                                                   tmp_path):
+    monkeypatch.setattr(explorer, "THUMB_BUDGET", 16 * 300)  # 4 x 4 thumbnails
+    test, _ = small_runs()
+    imgs = images(400)
+    test, _, inputs, _ = explorer.prepare(test, inputs=imgs)
+    record, blobs = explorer.payload(test, inputs=inputs)
+    t = record["runs"]["test"]
+    assert t["thumb"] == [4, 3, 1] and t["sharp"]["shape"] == [12, 10, 1]
+    heads = [i for g in t["galleries"] for i in g["items"][:explorer.SHARP_PER_GALLERY]]
+    assert t["sharp"]["index"] == list(dict.fromkeys(heads))
+    sharp = decoded(t["sharp"]["data"], blobs["test"], None).reshape(-1, 12, 10)
+    np.testing.assert_array_equal(sharp, imgs[100 + np.array(t["sharp"]["index"])])
+    # in the page, a gallery item's card shows its sharp image
+    path = tmp_path / "e.html"
+    fk.explore(test, inputs=imgs).save(path)
+    page = browser.new_page()
+    page.goto(path.as_uri())
+    page.wait_for_selector("#fk-explorer[data-ready=true]")
+    item = page.locator("[data-testid=gallery-item]").first
+    sid = int(item.get_attribute("data-sample-id"))
+    item.click()
+    card_of(page)
+    assert image_pixels(page) == [10, 12, int(imgs[sid].sum())]
+    page.close()

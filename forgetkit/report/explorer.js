@@ -46,6 +46,10 @@
     for (var k in rec.cols) R.c[k] = view_(buf, rec.cols[k]);
     R.E = rec.traj_epochs.length;
     if (rec.thumbs) { R.thumbs = view_(buf, rec.thumbs); R.th = rec.thumb; }
+    if (rec.sharp) {  // larger images for the cards of the galleries' first items
+      R.sharp = view_(buf, rec.sharp.data); R.sharpShape = rec.sharp.shape; R.sharpOf = new Map();
+      rec.sharp.index.forEach(function (i, k) { R.sharpOf.set(i, k); });
+    }
     R.id = function (i) { return rec.ids ? rec.ids[i] : i; };
     R.find = function (id) {
       if (!rec.ids) {
@@ -72,11 +76,13 @@
   function filtered() { return filt.cls >= 0 || filt.region >= 0 || (filt.box && filt.box.run === view); }
 
   // ------------------------------------------------------------------ images
-  function thumbCanvas(R, i) {
-    var th = R.th[0], tw = R.th[1], ch = R.th[2], cv = el("canvas");
+  function thumbCanvas(R, i, big) {
+    var src = R.thumbs, shape = R.th;
+    if (big && R.sharpOf && R.sharpOf.has(i)) { src = R.sharp; shape = R.sharpShape; i = R.sharpOf.get(i); }
+    var th = shape[0], tw = shape[1], ch = shape[2], cv = el("canvas");
     cv.width = tw; cv.height = th;
     var ctx = cv.getContext("2d"), img = ctx.createImageData(tw, th), px = th * tw;
-    var src = R.thumbs, base = i * px * ch, d = img.data;
+    var base = i * px * ch, d = img.data;
     for (var p = 0; p < px; p++) {
       var o = p * 4;
       if (ch === 1) { d[o] = d[o + 1] = d[o + 2] = src[base + p]; }
@@ -88,7 +94,7 @@
   }
   function sampleView(R, i, big) {
     if (R.rec.kind === "images") {
-      var cv = thumbCanvas(R, i);
+      var cv = thumbCanvas(R, i, big);
       if (big) { cv.className = "fk-img"; cv.setAttribute("data-testid", "sample-image"); }
       return cv;
     }

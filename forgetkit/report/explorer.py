@@ -30,6 +30,11 @@ from .inputs import input_rows, load_inputs, parse_class_names
 THUMB_BUDGET = 14_000_000
 #: Largest thumbnail side (pixels).
 MAX_THUMB = 48
+#: Side of the larger images a card shows when thumbnails are smaller (pixels).
+CARD_SIDE = 96
+#: Raw bytes of larger images per run, for the first SHARP_PER_GALLERY items of each gallery.
+SHARP_BUDGET = 2_000_000
+SHARP_PER_GALLERY = 240
 #: Values per trajectory (samples x epochs) kept per run; more epochs are strided.
 TRAJ_BUDGET = 6_000_000
 #: Gallery items stored per gallery (the page shows them a page at a time).
@@ -181,14 +186,6 @@ def _run_record(run, inputs, blob, *, role, side):
     record = {"role": role, "n": n, "epochs": [int(x) for x in run.epochs],
               "traj_epochs": [int(run.epochs[i]) for i in kept], "ids": ids, "cols": cols,
               "kind": None}
-    if inputs is not None:
-        rows = input_rows(run, inputs)
-        if inputs.kind == "images":
-            small = thumbnails(inputs.data[rows], side)
-            record.update(kind="images", thumb=list(small.shape[1:]),
-                          thumbs=blob.add(small))
-        else:
-            record.update(kind="texts", texts=[_clip(inputs.data[r]) for r in rows])
     gal = []
     order = np.lexsort((np.arange(n), -last_right))  # latest forgotten first
     gal.append({"key": "forgotten", "title": "Forgotten: right at some epoch, wrong at the end",
@@ -203,7 +200,36 @@ def _run_record(run, inputs, blob, *, role, side):
     gal.append({"key": "never", "title": "Never learned: wrong at every epoch",
                 "items": [int(i) for i in never[:GALLERY_MAX]], "total": int(never.size)})
     record["galleries"] = gal
+    if inputs is not None:
+        rows = input_rows(run, inputs)
+        if inputs.kind == "images":
+            small = thumbnails(inputs.data[rows], side)
+            record.update(kind="images", thumb=list(small.shape[1:]),
+                          thumbs=blob.add(small))
+            record["sharp"] = _sharp_images(inputs.data, rows, gal, small.shape[1:3])
+            if record["sharp"] is not None:
+                record["sharp"]["data"] = blob.add(record["sharp"].pop("images"))
+        else:
+            record.update(kind="texts", texts=[_clip(inputs.data[r]) for r in rows])
     return record
+
+
+def _sharp_images(images, rows, galleries, thumb_shape):
+    """Larger images (up to CARD_SIDE) for the cards of the galleries' first items, when the
+    thumbnails are smaller than that: {"index": sample positions, "shape", "images"}, or
+    None."""
+    shape = images.shape[1:]
+    side = min(CARD_SIDE, max(shape[0], shape[1]))
+    if max(thumb_shape) >= side:
+        return None
+    per_image = side * side * (shape[2] if len(shape) == 3 else 1)
+    count = max(0, SHARP_BUDGET // per_image)
+    heads = [i for g in galleries for i in g["items"][:SHARP_PER_GALLERY]]
+    index = list(dict.fromkeys(heads))[:count]  # in gallery order, without repeats
+    if not index:
+        return None
+    big = thumbnails(images[rows[np.asarray(index)]], side)
+    return {"index": index, "shape": list(big.shape[1:]), "images": big}
 
 
 def _clip(text):
