@@ -295,7 +295,7 @@
   function item(R, key, items, k) {
     var i = items[k], b = el("button", {"class": "fk-item", type: "button", role: "listitem",
       "data-testid": "gallery-item", "data-run": R.name, "data-sample-id": String(R.id(i))});
-    var v = sampleView(R, i, false);
+    var v = R.rec.kind === "images" ? thumbCanvas(R, i, true) : sampleView(R, i, false);
     if (v) b.appendChild(v);
     b.appendChild(el("span", null, "#" + R.id(i) + " " + caption(R, key, i)));
     b.addEventListener("click", function () { openCard(R.name, i, {items: items, k: k, key: key}); });
