@@ -408,3 +408,10 @@ def test_small_thumbnails_keep_sharp_images_for_the_gallery_heads(monkeypatch, b
     card_of(page)
     assert image_pixels(page) == [10, 12, int(imgs[sid].sum())]
     page.close()
+
+
+def test_inputs_need_the_html_report(tmp_path):
+    run = make_run(n_samples=40)
+    with pytest.raises(fk.ForgetkitError, match="HTML report's sample explorer"):
+        fk.write_report(run, tmp_path / "figs", fmt="png", inputs=texts(40))
+    assert not (tmp_path / "figs").exists()
