@@ -211,11 +211,10 @@ def flat_bytes(t):
     return _bytes(t).numpy()
 
 
-def pack(tensors, *, pin=False, into=None):
+def pack(tensors, *, pin=False):
     """``(buffer, layout)``: the tensors' bytes in one uint8 buffer (pinned with ``pin``),
     the widest dtypes first so that every tensor's view of it is aligned; `unpack` gives
-    the tensors back as views. ``into``, a uint8 buffer large enough, is used (its first
-    bytes) instead of a new one."""
+    the tensors back as views."""
     order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
     layout, offset = [None] * len(tensors), 0
     for i in order:
@@ -223,10 +222,7 @@ def pack(tensors, *, pin=False, into=None):
         n = t.numel() * t.element_size()
         layout[i] = (offset, n, t.dtype, tuple(t.shape))
         offset += n
-    if into is not None and into.numel() >= offset:
-        buffer = into[:offset]
-    else:
-        buffer = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
+    buffer = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
     for t, (o, n, _, _) in zip(tensors, layout, strict=True):
         buffer[o:o + n].copy_(_bytes(t))
     return buffer, layout
@@ -264,11 +260,6 @@ class _Device:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.reader = ThreadPoolExecutor(READERS, thread_name_prefix="forgetkit-replay-read")
-        # pinned host buffers reused from checkpoint to checkpoint, each with the event of
-        # the copy that last read it: allocating pinned memory takes ~40 ms and a driver
-        # lock, and freeing it waits for the whole device
-        self.staging = []
-        self.staging_lock = threading.Lock()
         # a graph replays fixed memory: the batches must be resident on the device
         self.graphable = bool(cuda_graph) and self.cuda and _resident(batches, device)
 
@@ -284,18 +275,11 @@ class _Device:
         tensors, digest = self.weights(checkpoint)
         item = _Item(position, checkpoint, digest, tensors)
         if self.cuda:
-            with self.staging_lock:
-                spare, copied = self.staging.pop() if self.staging else (None, None)
-            if copied is not None:
-                copied.synchronize()  # the copy that read it last is done
-            host, layout = pack(tensors, pin=True, into=spare)
+            host, layout = pack(tensors, pin=True)
             with torch.cuda.stream(self.stream):
                 item.flat = host.to(self.device, non_blocking=True)
                 item.event = torch.cuda.Event()
                 item.event.record(self.stream)
-            base = spare if spare is not None and host.data_ptr() == spare.data_ptr() else host
-            with self.staging_lock:
-                self.staging.append((base, item.event))
             item.tensors = unpack(item.flat, layout)
         return item
 
@@ -486,17 +470,12 @@ class _Graph:
     launches, not by the GPU)."""
 
     def __init__(self, dev, recorder, epoch, autocast):
+        torch.cuda.synchronize(dev.device)
         side = torch.cuda.Stream(dev.device)
         side.wait_stream(torch.cuda.current_stream(dev.device))
-        # the warm-up on the capture's stream evaluates the weights now in the model: its
-        # outputs are this checkpoint's (``first``), so no pass is spent on warming up
-        with torch.cuda.stream(side), _autocast(dev, autocast):
-            self.first = dev.evaluate_graphable(recorder, epoch)
-        current = torch.cuda.current_stream(dev.device)
-        current.wait_stream(side)
-        for value in self.first.values():  # made on the side stream, read on this one
-            if isinstance(value, torch.Tensor) and value.is_cuda:
-                value.record_stream(current)
+        with torch.cuda.stream(side), _autocast(dev, autocast):  # warm-up on the stream
+            dev.evaluate_graphable(recorder, epoch)
+        torch.cuda.current_stream(dev.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, stream=side, capture_error_mode="thread_local"), \
                 _autocast(dev, autocast):
@@ -541,16 +520,13 @@ def _work(dev, d, positions, checkpoints, recorder, results, autocast):
                 top_up()
                 epoch = item.checkpoint.epoch
                 dev.load(item)
-                if graph is None and dev.graphable:
-                    graph = _capture(dev, recorder, epoch, autocast)
-                    local = graph.first if graph else None
-                elif graph:
+                if graph:
                     local = graph.evaluate()
                 else:
-                    local = None
-                if local is None:
                     with _autocast(dev, autocast):
                         local = dev.evaluate_graphable(recorder, epoch)
+                    if graph is None and dev.graphable:
+                        graph = _capture(dev, recorder, epoch, autocast)
                 if labels is None:
                     labels = local["labels"].cpu().numpy()
                 # the copy to the host starts here, in this device's order; nothing waits
