@@ -98,13 +98,17 @@ def _warm():
     kernels the first process would otherwise time the compilation): the suite's tasks on a
     tiny memory-mapped run, with the probability cache off as on L."""
     import forgetkit as fk
+    from forgetkit.kernels import forced
     from forgetkit.run import DEFAULT_MEMORY_BUDGET
 
     path = write_synthetic_npy(DATA / "warm.npy", 6, 300, 20, seed=1, noise=0.1)
-    for budget in (DEFAULT_MEMORY_BUDGET, 0):
-        run = fk.load(path)
-        fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,), memory_budget=budget)
-        _forgetting(path)
+    for build in ("serial", "parallel"):  # a tiny run alone would take the serial build
+        with forced(build):
+            for budget in (DEFAULT_MEMORY_BUDGET, 0):
+                run = fk.load(path)
+                fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,),
+                           memory_budget=budget)
+                _forgetting(path)
 
 
 TASKS = {"forgetting": _forgetting, "forgetting_numpy": _forgetting_numpy, "kf": _kf,

@@ -13,6 +13,14 @@ from forgetkit.run import softmax
 from .conftest import make_run
 
 
+@pytest.fixture(autouse=True, params=["serial", "parallel"])
+def build(request):
+    """Every test runs on each build of the kernels (``kernels.forced``): calls below
+    ``kernels.jit.PARALLEL_WORK`` take the serial one, large ones the parallel one."""
+    with kernels.forced(request.param):
+        yield request.param
+
+
 def f16_with_specials(shape, seed):
     """float16 values with many ties, some inf and nan."""
     rng = np.random.default_rng(seed)

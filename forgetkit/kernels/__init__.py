@@ -10,11 +10,15 @@
   maps, AUM, label issues);
 - ``floats``: float16-bit and float64-key helpers shared by the others;
 - ``schedule``: the block counter from which the threads of the kernels that take
-  ``n_blocks`` (and the EM pass) claim their blocks.
+  ``n_blocks`` (and the EM pass) claim their blocks;
+- ``jit``: each kernel's two builds (parallel for large calls, serial for small ones: they
+  compile 3-4x faster), which one a call runs, and the compile notice;
+- ``warmup``: compiles every kernel into numba's cache (``forgetkit warmup``).
 
 The functions below are the one layer the rest of the package calls: they pass float16 data
 as its raw int16 bits (numba has no float16 arithmetic), hand the float16 exp table to the
-softmax kernels and choose the number of thread blocks. The kernels themselves take plain
+softmax kernels, choose the number of thread blocks and, from the work of the call, the
+kernel's build (``jit.choose``). The kernels themselves take plain
 contiguous arrays and do not validate their inputs.
 """
 
@@ -30,6 +34,7 @@ from . import mixture as _mixture
 from . import recipes as _recipes
 from . import selection as _selection
 from . import softmax as _softmax
+from .jit import KERNELS, call, compile_notice, forced  # noqa: F401
 from .softmax import f16_exp_table
 
 #: Row blocks per thread of the block-parallel kernels (each block keeps its own counts,
@@ -49,13 +54,22 @@ def stored(values):
     return values.view(np.int16) if values.dtype == np.float16 else values
 
 
+def source(values):
+    """`stored` as a read-only view, for data the kernels only read: a memory-mapped run
+    and one held in memory then share one compiled specialization (numba types read-only
+    arrays apart)."""
+    view = values.view(np.int16) if values.dtype == np.float16 else values.view()
+    view.flags.writeable = False
+    return view
+
+
 def argmax_rows(values, out):
     """out[r] = first argmax of values[r] (rows, C) C-contiguous; -1 for a row holding inf
     or nan. out: int32 (rows,)."""
     if values.dtype == np.float16:
-        _argmax.argmax_f16(values.view(np.int16), out)
+        call(_argmax.argmax_f16, values.size, source(values), out)
     else:
-        _argmax.argmax_float(values, out)
+        call(_argmax.argmax_float, values.size, source(values), out)
     return out
 
 
@@ -78,9 +92,10 @@ def argmax_rows_at(values, src, out, order=None):
         block = np.ascontiguousarray(values[:, src]).reshape(-1, values.shape[2])
         argmax_rows(block, out.reshape(-1))
     elif values.dtype == np.float16:
-        _argmax.argmax_f16_at(values.view(np.int16), src, order, out)
+        call(_argmax.argmax_f16_at, out.size * values.shape[2], source(values), src, order, out)
     else:
-        _argmax.argmax_float_at(values, src, order, out)
+        call(_argmax.argmax_float_at, out.size * values.shape[2], source(values), src, order,
+             out)
     return out
 
 
@@ -89,15 +104,15 @@ def row_top(p, labels):
     in one parallel pass."""
     n = p.shape[0]
     pred, top, at_label = np.empty(n, dtype=np.int64), np.empty(n), np.empty(n)
-    _argmax.row_top(np.ascontiguousarray(p), np.asarray(labels, dtype=np.int64), pred, top,
-                    at_label)
+    call(_argmax.row_top, p.size, np.ascontiguousarray(p), np.asarray(labels, dtype=np.int64),
+         pred, top, at_label)
     return pred, top, at_label
 
 
 def softmax_rows(values, out):
     """out = row-wise float64 softmax of values (rows, C); returns the number of rows that
     hold inf or nan."""
-    return _softmax.softmax_rows(stored(values), f16_exp_table(), out)
+    return call(_softmax.softmax_rows, values.size, source(values), f16_exp_table(), out)
 
 
 def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False, order=None):
@@ -108,15 +123,17 @@ def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False, o
     w = np.empty(0) if weights is None else np.asarray(weights, dtype=np.float64)
     rows = np.asarray(rows, dtype=np.int64)
     order = read_order(rows) if order is None else order
-    return _softmax.combine_softmax(stored(values), np.asarray(epochs, dtype=np.int64), w,
-                                    rows, order, f16_exp_table(), out,
-                                    bool(accumulate and weights is not None), n_blocks())
+    epochs = np.asarray(epochs, dtype=np.int64)
+    return call(_softmax.combine_softmax, out.size * epochs.size, source(values), epochs, w,
+                rows, order, f16_exp_table(), out, bool(accumulate and weights is not None),
+                n_blocks())
 
 
 def label_probs(values, rows, labels, out):
     """out[i] = softmax(values[rows[i]])[labels[i]] for values (M, C); returns the number of
     rows holding inf or nan."""
-    return _softmax.label_probs(stored(values), rows, labels, f16_exp_table(), out, n_blocks())
+    return call(_softmax.label_probs, len(rows) * values.shape[1], source(values), rows,
+                labels, f16_exp_table(), out, n_blocks())
 
 
 def softmax_stats(values, src, labels, shift, inv, pred, label_prob, class_max=None):
@@ -125,9 +142,9 @@ def softmax_stats(values, src, labels, shift, inv, pred, label_prob, class_max=N
     class's largest probability raised into ``class_max`` (R, C) if given; see
     ``softmax.softmax_stats``. Returns the number of rows holding inf or nan per epoch."""
     keep = np.empty((0, 0)) if class_max is None else class_max
-    return _softmax.softmax_stats(stored(values), np.asarray(src, dtype=np.int64), labels,
-                                  f16_exp_table(), shift, inv, pred, label_prob, keep,
-                                  n_blocks())
+    return call(_softmax.softmax_stats, shift.size * values.shape[2], source(values),
+                np.asarray(src, dtype=np.int64), labels, f16_exp_table(), shift, inv, pred,
+                label_prob, keep, n_blocks())
 
 
 def take_samples(stats, idx):
@@ -140,8 +157,9 @@ def take_samples(stats, idx):
            np.empty((n_epochs, n), dtype=pred.dtype), np.empty((n_epochs, n)),
            None if class_max is None else np.empty((n, class_max.shape[1])))
     none = np.empty((0, 0))
-    _softmax.take_samples(shift, inv, pred, label_prob, none if class_max is None else class_max,
-                          idx, *out[:4], none if class_max is None else out[4])
+    call(_softmax.take_samples, 4 * out[0].size + (0 if out[4] is None else out[4].size),
+         shift, inv, pred, label_prob, none if class_max is None else class_max, idx,
+         *out[:4], none if class_max is None else out[4])
     return out
 
 
@@ -153,14 +171,15 @@ def label_margins(values, labels, p, margin, correct, *, softmax=True, total=Non
     given; ``softmax``: the values are logits. See ``dynamics.label_margins``. Returns the
     number of rows holding inf or nan."""
     none = np.empty((0, 0))
-    return _dynamics.label_margins(stored(values), labels, f16_exp_table(), softmax, p, margin,
-                                   correct, none if total is None else total,
-                                   none if total_log is None else total_log, n_blocks())
+    return call(_dynamics.label_margins, values.size, source(values), labels,
+                f16_exp_table(), softmax, p, margin, correct,
+                none if total is None else total, none if total_log is None else total_log,
+                n_blocks())
 
 
 def mean_first_axis(stack, out):
     """out = mean of float64 stack (k, rows, C) over its first axis, summed in order."""
-    _softmax.mean_first_axis(stack, out)
+    call(_softmax.mean_first_axis, stack.size, stack, out)
     return out
 
 
@@ -170,14 +189,15 @@ def label_leads(p, labels):
     n = len(labels)
     lead, magnitude = np.empty(n), np.empty(n)
     top, correct = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
-    _eps.label_leads(p, labels, lead, magnitude, top, correct)
+    call(_eps.label_leads, p.size, p, labels, lead, magnitude, top, correct)
     return (lead, magnitude, top), correct
 
 
 def grid_correct_counts(a, b, labels, leads, grid, rel_band):
     """Correct counts of eps*a + (1-eps)*b for every eps of ``grid``; ``leads``: the first
     value of ``label_leads(b, labels)``. int64 (G,)."""
-    return _eps.grid_correct_counts(a, b, labels, *leads, grid, rel_band, n_blocks())
+    return call(_eps.grid_correct_counts, a.size, a, b, labels, *leads, grid, rel_band,
+                n_blocks())
 
 
 def window_grid_counts(values, epochs, src, b, labels, leads, grid, rel_band, order=None):
@@ -186,10 +206,10 @@ def window_grid_counts(values, epochs, src, b, labels, leads, grid, rel_band, or
     `read_order`). Returns (counts int64 (G,), number of (epoch, row) pairs holding inf or
     nan)."""
     src = np.asarray(src, dtype=np.int64)
-    counts, bad = _eps.window_grid_counts(
-        stored(values), np.asarray(epochs, dtype=np.int64), src,
-        read_order(src) if order is None else order, f16_exp_table(), b, labels, *leads, grid,
-        rel_band, n_blocks())
+    epochs = np.asarray(epochs, dtype=np.int64)
+    counts, bad = call(_eps.window_grid_counts, b.size * epochs.size, source(values), epochs,
+                       src, read_order(src) if order is None else order, f16_exp_table(), b,
+                       labels, *leads, grid, rel_band, n_blocks())
     return counts, int(bad)
 
 
@@ -198,33 +218,48 @@ def mix_window_into(values, epochs, src, b, eps, labels, leads, correct, order=N
     stored (see `window_grid_counts`). Returns the number of (epoch, row) pairs holding inf
     or nan (b is then undefined)."""
     src = np.asarray(src, dtype=np.int64)
-    return int(_eps.mix_window_into(stored(values), np.asarray(epochs, dtype=np.int64), src,
-                                    read_order(src) if order is None else order,
-                                    f16_exp_table(), b, eps, labels, *leads, correct,
-                                    n_blocks()))
+    epochs = np.asarray(epochs, dtype=np.int64)
+    return int(call(_eps.mix_window_into, b.size * epochs.size, source(values), epochs, src,
+                    read_order(src) if order is None else order, f16_exp_table(), b, eps,
+                    labels, *leads, correct, n_blocks()))
 
 
 def mix(a, b, eps):
     """b <- eps*a + (1-eps)*b in place (float64 (N, C))."""
-    _eps.mix(a, b, eps)
+    call(_eps.mix, a.size, a, b, eps)
 
 
 def mix_into(a, b, eps, labels, leads, correct):
     """``mix``, then ``label_leads`` of the new b into ``leads`` and ``correct``."""
-    _eps.mix_into(a, b, eps, labels, *leads, correct)
+    call(_eps.mix_into, a.size, a, b, eps, labels, *leads, correct)
 
 
-win_intervals = _eps.win_intervals
-mixture_correct_count = _argmax.mixture_correct_count
-sum_correct_count_rows = _argmax.sum_correct_count_rows
-add_into = _selection.add_into
+def win_intervals(a, b, labels):
+    """Per sample, the interval of eps where eps*a + (1-eps)*b ranks the label first; see
+    ``eps_search.win_intervals``."""
+    return call(_eps.win_intervals, a.size, a, b, labels)
+
+
+def mixture_correct_count(a, b, labels, eps):
+    """Number of samples that eps*a + (1-eps)*b classifies correctly (float64 (N, C))."""
+    return call(_argmax.mixture_correct_count, a.size, a, b, labels, eps)
+
+
+def sum_correct_count_rows(s, p, labels, rows):
+    """Number of ``rows`` whose argmax of s[r] + p[r] is labels[r] (float64 (N, C))."""
+    return call(_argmax.sum_correct_count_rows, len(rows) * s.shape[1], s, p, labels, rows)
+
+
+def add_into(total, p):
+    """total += p (float64 (N, C)), numpy's arithmetic."""
+    call(_selection.add_into, total.size, total, p)
 
 
 def class_max(probs):
     """The largest value of each class of each row over every epoch of float64 probs
     (E, N, C): (N, C)."""
     out = np.empty(probs.shape[1:])
-    _selection.class_max(probs, out)
+    call(_selection.class_max, probs.size, probs, out)
     return out
 
 
@@ -232,8 +267,8 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand):
     """Per epoch of float64 probs (E, N, C): the ``rows`` of total whose argmax of total +
     probs[e] is the label, comparing each row's candidate classes only; see
     ``selection.selection_cached_counts``. int64 (E,)."""
-    return _selection.selection_cached_counts(probs, total, rows, labels, cand_ptr, cand,
-                                              n_blocks())
+    return call(_selection.selection_cached_counts, probs.shape[0] * len(rows) * total.shape[1],
+                probs, total, rows, labels, cand_ptr, cand, n_blocks())
 
 
 def live_rows(total, labels, bound, slack, order=None):
@@ -242,8 +277,8 @@ def live_rows(total, labels, bound, slack, order=None):
     (rows int64 (R,) in the order of ``order`` (default ascending), cand_ptr (R+1,), cand),
     and the number of the other rows that stay right; see ``selection.live_rows``."""
     order = np.arange(total.shape[0]) if order is None else np.asarray(order, dtype=np.int64)
-    rows, ptr, cand, n_right = _selection.live_rows(total, labels, bound, slack, order,
-                                                    n_blocks())
+    rows, ptr, cand, n_right = call(_selection.live_rows, order.size * total.shape[1], total,
+                                    labels, bound, slack, order, n_blocks())
     return rows, ptr, cand, int(n_right)
 
 
@@ -256,10 +291,11 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
     inv where known (inv > 0), else nan. Returns (rows, cand_ptr, cand, number
     right for every vector, number of rows holding inf or nan); see
     ``selection.add_softmax_live_rows``."""
-    rows, ptr, cand, n_right, n_bad = _selection.add_softmax_live_rows(
-        stored(values), np.asarray(picks, dtype=np.int64), np.asarray(src, dtype=np.int64),
-        total, labels, bound, slack, np.asarray(order, dtype=np.int64), *state, shift, inv,
-        f16_exp_table(), n_blocks())
+    order = np.asarray(order, dtype=np.int64)
+    rows, ptr, cand, n_right, n_bad = call(
+        _selection.add_softmax_live_rows, order.size * total.shape[1], source(values),
+        np.asarray(picks, dtype=np.int64), np.asarray(src, dtype=np.int64), total, labels,
+        bound, slack, order, *state, shift, inv, f16_exp_table(), n_blocks())
     return rows, ptr, cand, int(n_right), int(n_bad)
 
 
@@ -269,24 +305,25 @@ def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, 
     is the label, raising ``class_max_out`` (N, C) to the probabilities of rows scored whole;
     see ``selection.selection_correct_counts``. Returns (counts, bad) (E,)."""
     keep = np.empty((0, 0)) if class_max_out is None else class_max_out
-    return _selection.selection_correct_counts(stored(values), src, total, rows, labels,
-                                               f16_exp_table(), shift, inv, top, keep, ptr,
-                                               cand, n_blocks())
+    return call(_selection.selection_correct_counts, values.shape[0] * len(rows) * total.shape[1],
+                source(values), src, total, rows, labels, f16_exp_table(), shift, inv, top,
+                keep, ptr, cand, n_blocks())
 
 
 def entry_needs(rows, ptr, cand, offset, size, cls):
     """need (R,) of the live rows of a round: 0 where a row's gathered entry holds its
     candidates, else the size of its new entry; see ``selection.entry_needs``."""
     need = np.empty(rows.shape[0], np.int64)
-    _selection.entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks())
+    call(_selection.entry_needs, rows.size + cand.size, rows, ptr, cand, offset, size, cls,
+         need, n_blocks())
     return need
 
 
 def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values, at,
                  n_epochs):
     """Move the kept gathered entries to new buffers; see ``selection.move_entries``."""
-    _selection.move_entries(rows, need, offset, size, cls, stored(values), new_offset,
-                            new_cls, stored(new_values), at, n_epochs, n_blocks())
+    call(_selection.move_entries, rows.size + new_values.size, rows, need, offset, size, cls,
+         source(values), new_offset, new_cls, stored(new_values), at, n_epochs, n_blocks())
 
 
 def fill_entries(values, src, rows, ptr, cand, need, at, old, offset, size, cls, out):
@@ -294,18 +331,18 @@ def fill_entries(values, src, rows, ptr, cand, need, at, old, offset, size, cls,
     the previous entries ``old`` = (offset, size, cls, values) hold; see
     ``selection.fill_entries``."""
     old_offset, old_size, old_cls, old_values = old
-    _selection.fill_entries(stored(values), src, rows, ptr, cand, need, at, old_offset,
-                            old_size, old_cls, stored(old_values), offset, size, cls,
-                            stored(out), n_blocks())
+    call(_selection.fill_entries, rows.size + out.size, source(values), src, rows, ptr, cand,
+         need, at, old_offset, old_size, old_cls, source(old_values), offset, size, cls,
+         stored(out), n_blocks())
 
 
 def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, shift, inv,
                               ptr, cand):
     """Per epoch: the ``rows`` of total whose argmax of total + softmax is the label, from
     their candidates' gathered values; see ``selection.selection_gathered_counts``."""
-    return _selection.selection_gathered_counts(stored(gathered), cls, offset, size, total,
-                                                rows, labels, f16_exp_table(), shift, inv,
-                                                ptr, cand, shift.shape[0], n_blocks())
+    return call(_selection.selection_gathered_counts, shift.shape[0] * (rows.size + cand.size),
+                source(gathered), cls, offset, size, total, rows, labels, f16_exp_table(),
+                shift, inv, ptr, cand, shift.shape[0], n_blocks())
 
 
 MEAN, WEIGHTED, MIX = _recipes.MEAN, _recipes.WEIGHTED, _recipes.MIX
@@ -335,13 +372,12 @@ def score_recipes(values, src, labels, recipes, order=None):
     n, m = len(src), len(recipes)
     pred, top, at_label = np.empty((m, n), np.int64), np.empty((m, n)), np.empty((m, n))
     src = np.asarray(src, dtype=np.int64)
-    bad = _recipes.score_recipes(stored(values), src,
-                                 read_order(src) if order is None else order,
-                                 np.asarray(labels, dtype=np.int64), f16_exp_table(), needed,
-                                 np.array(method_ptr, np.int64), np.array(kinds, np.int64),
-                                 np.array(step_ptr, np.int64), np.array(slots, np.int64),
-                                 np.array(step_values, np.float64), pred, top, at_label,
-                                 n_blocks())
+    bad = call(_recipes.score_recipes, n * needed.size * values.shape[2], source(values), src,
+               read_order(src) if order is None else order, np.asarray(labels, dtype=np.int64),
+               f16_exp_table(), needed, np.array(method_ptr, np.int64),
+               np.array(kinds, np.int64), np.array(step_ptr, np.int64),
+               np.array(slots, np.int64), np.array(step_values, np.float64), pred, top,
+               at_label, n_blocks())
     return pred, top, at_label, needed, bad
 
 
@@ -350,5 +386,5 @@ def em_pass(q, w):
     mixture weights w (k,) over components q (N, k) > 0, C-contiguous, from one parallel
     pass; the same bits for any number of threads (``mixture.em_pass``)."""
     grad = np.empty(q.shape[1])
-    total = _mixture.em_pass(q, np.ascontiguousarray(w, dtype=np.float64), grad)
+    total = call(_mixture.em_pass, q.size, q, np.ascontiguousarray(w, dtype=np.float64), grad)
     return total / q.shape[0], grad

@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit, prange
 
 from .floats import F16_EXP_MASK, f16_key
+from .jit import kernel
 
 
 @njit(inline="always")
@@ -30,7 +31,7 @@ def _argmax_pair_f16(row0, row1):
             np.int32(-1) if magnitude1 >= F16_EXP_MASK else i1)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def argmax_f16(bits, out):
     """Row-wise argmax of float16 values given as int16 bits.
 
@@ -67,7 +68,7 @@ def argmax_f16(bits, out):
             out[r] = -1
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def argmax_float(values, out):
     """Row-wise argmax of float32/float64 values (rows, C) into int32 ``out``; -1 if not finite."""
     rows, n_classes = values.shape
@@ -102,7 +103,7 @@ def first_argmax_mix(a, b, wa, wb):
     return best
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def mixture_correct_count(a, b, labels, eps):
     """Number of samples that eps*a + (1-eps)*b classifies correctly. a, b: float64 (N, C)."""
     count = 0
@@ -112,7 +113,7 @@ def mixture_correct_count(a, b, labels, eps):
     return count
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def sum_correct_count_rows(s, p, labels, rows):
     """Number of ``rows`` whose argmax of s[r] + p[r] is labels[r]. s, p: float64 (N, C)."""
     count = 0
@@ -124,7 +125,7 @@ def sum_correct_count_rows(s, p, labels, rows):
     return count
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def argmax_f16_at(bits, src, order, out):
     """out[e, i] = first argmax of the float16 row bits[e, src[i]] (int16 bits, at most
     0xFFFF classes), read in place (a sample subset of a memmap is not gathered first); -1
@@ -142,7 +143,7 @@ def argmax_f16_at(bits, src, order, out):
         out[e, i0], out[e, i1] = _argmax_pair_f16(bits[e, src[i0]], bits[e, src[i1]])
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def argmax_float_at(values, src, order, out):
     """``argmax_f16_at`` for float32/float64 values (E, M, C)."""
     n_epochs, n_rows = out.shape
@@ -162,7 +163,7 @@ def argmax_float_at(values, src, order, out):
         out[e, i] = best if finite else -1
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def row_top(p, labels, pred, top, at_label):
     """Per row of finite p (N, C): pred = first argmax (numpy's rule), top = the max and
     at_label = p[label] (what accuracy, NLL and ECE need, in one parallel pass)."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, types
 from numba.extending import overload
 
 from .floats import F16_EXP_MASK, to_f64
+from .jit import kernel
 from .schedule import claim, new_counter
 from .softmax import exp_row
 
@@ -30,7 +31,7 @@ def _finite_impl(value):
     return lambda value: np.isfinite(value)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def label_margins(values, labels, table, softmax, p, margin, correct, total, total_log,
                   n_blocks):
     """Per row r of one epoch's stored outputs ``values`` (N, C) (float16 as int16 bits),

@@ -11,7 +11,8 @@ from numba import njit, prange
 
 from .argmax import first_argmax_mix
 from .floats import LOW63, float_of_key64, key64
-from .schedule import claim, new_counter
+from .jit import kernel
+from .schedule import claim, column_sums, cumulative, new_counter, store
 from .softmax import combine_scratch, window_mean_row
 
 
@@ -45,7 +46,7 @@ def _first_at_least(grid, x):
     return i
 
 
-@njit
+@njit(cache=True)
 def _lead(row, y):
     """(row[y] - max of row[c != y], that max, max |row|) for a row (C,) of finite float64
     values, C >= 2. Class y is masked with integer ops (a select on c != y would not
@@ -61,7 +62,7 @@ def _lead(row, y):
     return row[y] - other, other, np.int64(magnitude).view(np.float64)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def label_leads(p, labels, lead, magnitude, top, correct):
     """Per row n of p (N, C) finite float64: lead[n] = p[n, y] - max of p[n, c != y],
     magnitude[n] = max |p[n]|, top[n] = the first class c != y holding that max when the
@@ -71,7 +72,7 @@ def label_leads(p, labels, lead, magnitude, top, correct):
         _label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
 
 
-@njit(inline="always")
+@njit(cache=True)
 def _label_lead_into(row, y, n, lead, magnitude, top, correct):
     lead[n], other, magnitude[n] = _lead(row, y)
     top[n] = -1
@@ -84,7 +85,7 @@ def _label_lead_into(row, y, n, lead, magnitude, top, correct):
         correct[n] = lead[n] == 0.0 and top[n] > y
 
 
-@njit
+@njit(cache=True)
 def _win_bounds(a, b, y, band):
     """Where eps*a + (1-eps)*b ranks class y first, for rows a, b (C,) of finite values.
 
@@ -119,7 +120,7 @@ def _win_bounds(a, b, y, band):
             empty > 0)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band, n_blocks):
     """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.
 
@@ -149,13 +150,12 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
             for n in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
                 _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
                           rel_band, local)
-            diff[blk] = local
+            store(diff[blk], local)
             blk = claim(counter)
-    total = diff.sum(axis=0)
-    return np.cumsum(total[:n_grid])
+    return cumulative(column_sums(diff)[:n_grid])
 
 
-@njit(inline="always")
+@njit(cache=True)
 def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
     """One sample of ``grid_correct_counts``: adds to the difference array diff (G+1,) the
     grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first."""
@@ -190,7 +190,7 @@ def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
             diff[g + 1] -= 1
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_magnitude,
                        b_top, grid, rel_band, n_blocks):
     """``grid_correct_counts`` of a = the mean softmax of the stored outputs values[epochs]
@@ -219,14 +219,13 @@ def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_m
                     continue
                 _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
                           rel_band, local)
-            diff[blk] = local
+            store(diff[blk], local)
             bad[blk] = n_bad
             blk = claim(counter)
-    total = diff.sum(axis=0)
-    return np.cumsum(total[:n_grid]), bad.sum()
+    return cumulative(column_sums(diff)[:n_grid]), bad.sum()
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, magnitude, top,
                     correct, n_blocks):
     """``mix_into`` of a = the mean softmax of values[epochs] at rows src (as
@@ -251,7 +250,7 @@ def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, mag
     return bad.sum()
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def win_intervals(a, b, labels):
     """Per sample, the interval of eps in [0, 1] where eps*a + (1-eps)*b ranks the label first.
 
@@ -310,14 +309,14 @@ def _mix_row(a, b, eps):
         b[c] = eps * a[c] + one_minus * b[c]
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def mix(a, b, eps):
     """b <- eps*a + (1-eps)*b in place (numpy's arithmetic). a, b: float64 (N, C)."""
     for n in prange(a.shape[0]):
         _mix_row(a[n], b[n], eps)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def mix_into(a, b, eps, labels, lead, magnitude, top, correct):
     """b <- eps*a + (1-eps)*b in place (numpy's arithmetic), then ``label_leads`` of b into
     lead, magnitude, top and correct. a, b: float64 (N, C); labels: int64 (N,)."""

@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .schedule import claim, new_counter
+from .jit import kernel
+from .schedule import claim, new_counter, store
 
 #: Rows per block of the EM pass: sums are taken per block, then over the blocks in order,
 #: so the result does not depend on the number of threads.
 EM_BLOCK = 128
 
 
-@njit(fastmath={"reassoc"})
+@njit(fastmath={"reassoc"}, cache=True)
 def _dot(a, b):
     """a @ b for rows (k,), in vector lanes (not in index order)."""
     s = 0.0
@@ -22,7 +23,7 @@ def _dot(a, b):
     return s
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def em_pass(q, w, grad):
     """For mixture weights w (k,) of components q (N, k) > 0: grad = sum_n q[n] / (q[n] @ w)
     (k,); returns sum_n log(q[n] @ w). Each sum is taken over blocks of EM_BLOCK rows, then
@@ -44,7 +45,7 @@ def em_pass(q, w, grad):
                 inv = 1.0 / s
                 for j in range(k):
                     g[j] += q[r, j] * inv
-            parts[b] = g
+            store(parts[b], g)
             logs[b] = total
             b = claim(counter)
     grad[:] = 0.0

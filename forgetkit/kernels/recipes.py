@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .schedule import claim, new_counter
+from .jit import kernel
+from .schedule import claim, column_sums, new_counter, store
 from .softmax import exp_row
 
 MEAN, WEIGHTED, MIX = 0, 1, 2
@@ -26,7 +27,7 @@ MEAN, WEIGHTED, MIX = 0, 1, 2
 @njit(inline="always")
 def _mean_into(buf, slots, acc):
     """acc = mean of buf[slots] (k, C), added in order then divided."""
-    acc[:] = buf[slots[0]]
+    store(acc, buf[slots[0]])
     for j in range(1, slots.shape[0]):
         row = buf[slots[j]]
         for c in range(acc.shape[0]):
@@ -36,7 +37,7 @@ def _mean_into(buf, slots, acc):
         acc[c] = acc[c] / k
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def score_recipes(values, src, order, labels, table, needed, method_ptr, step_kind, step_ptr,
                   step_slot, step_value, pred, top, at_label, n_blocks):
     """Per row i of stored outputs values[e, src[i]] (E, M, C) (float16 as int16 bits) and
@@ -101,4 +102,4 @@ def score_recipes(values, src, order, labels, table, needed, method_ptr, step_ki
                     top[m, i] = total[best]
                     at_label[m, i] = total[labels[i]]
             blk = claim(counter)
-    return bad.sum(axis=0)
+    return column_sums(bad)

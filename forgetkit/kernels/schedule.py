@@ -71,3 +71,34 @@ def claim(counter):
 def _claim_compiled(counter):
     return lambda counter: _fetch_increment(counter)
 
+
+
+# Merging and copying as plain loops: numba's ``sum(axis=...)`` and array-to-array slice
+# assignment (which compiles the text of its shape-mismatch error) each take seconds to
+# compile, and every kernel merged its blocks so. Compiled once per process, shared.
+@njit(cache=True)
+def column_sums(parts):
+    """parts.sum(axis=0) of integer (B, K): the blocks' rows added in block order."""
+    out = np.zeros(parts.shape[1], dtype=parts.dtype)
+    for b in range(parts.shape[0]):
+        for j in range(parts.shape[1]):
+            out[j] += parts[b, j]
+    return out
+
+
+@njit(cache=True)
+def cumulative(x):
+    """np.cumsum of integer x (K,)."""
+    out = np.empty(x.shape[0], dtype=x.dtype)
+    s = 0
+    for j in range(x.shape[0]):
+        s += x[j]
+        out[j] = s
+    return out
+
+
+@njit(cache=True)
+def store(dst, src):
+    """dst[:] = src for 1-D arrays of one length."""
+    for j in range(dst.shape[0]):
+        dst[j] = src[j]

@@ -9,7 +9,8 @@ import numpy as np
 from numba import njit, prange
 
 from .floats import to_f64
-from .schedule import claim, new_counter
+from .jit import kernel
+from .schedule import claim, column_sums, cumulative, new_counter, store
 from .softmax import exp_row, exp_shifted, is_table_row
 
 
@@ -55,7 +56,7 @@ def _live_candidates(total, bound, slack, rows, n_cand, n_blocks):
     """(ptr, cand) of the candidate classes of rows (R,) with n_cand (R,) of them each."""
     n = rows.shape[0]
     ptr = np.zeros(n + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(n_cand)
+    store(ptr[1:], cumulative(n_cand))
     cand = np.empty(ptr[-1], dtype=np.int64)
     n_blocks = max(1, min(n_blocks, n))
     counter = new_counter()
@@ -75,7 +76,7 @@ def _live_candidates(total, bound, slack, rows, n_cand, n_blocks):
     return ptr, cand
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def live_rows(total, labels, bound, slack, order, n_blocks):
     """The rows of a selection round that need scoring, and their candidate classes.
 
@@ -150,7 +151,7 @@ def _add_table_probs(t, x, table, scale):
     return np.int64(top).view(np.float64)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, due, added,
                           right, shift, inv, table, n_blocks):
     """The next round of ensemble selection on stored outputs: total[r] += the softmax of
@@ -227,7 +228,7 @@ def _first_argmax_nonnegative(t, e, scale):
     return -1
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def selection_correct_counts(values, src, total, rows, labels, table, shift, inv, top,
                              class_max, cand_ptr, cand, n_blocks):
     """Per epoch e: the rows r = rows[i] whose argmax of total[r] + softmax(values[e, src[i]])
@@ -297,9 +298,9 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
                                                                       inv[e, r])]
                     if best == labels[r]:
                         local[e] += 1
-            counts[blk] = local
+            store(counts[blk], local)
             blk = claim(counter)
-    return counts.sum(axis=0), bad.sum(axis=0)
+    return column_sums(counts), column_sums(bad)
 
 
 @njit(inline="always")
@@ -314,7 +315,7 @@ def _holds(cls, a, n, old_cls, oa, on):
     return True
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks):
     """For the live rows of a round (rows, their candidates cand[ptr[i]:ptr[i+1]]): need[i]
     = 0 if row r = rows[i] has an entry (cls[offset[r]:offset[r] + size[r]], offset -1:
@@ -335,7 +336,7 @@ def entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks):
             blk = claim(counter)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values,
                  at, n_epochs, n_blocks):
     """Copy the kept entries (need[i] == 0, offset[r] >= 0) of rows r = rows[i] from (cls,
@@ -352,14 +353,14 @@ def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new
                 if need[i] != 0 or offset[r] < 0:
                     continue
                 o, n, a = offset[r], size[r], at[i]
-                new_cls[a: a + n] = cls[o: o + n]
-                new_values[n_epochs * a: n_epochs * (a + n)] = \
-                    values[n_epochs * o: n_epochs * (o + n)]
+                store(new_cls[a: a + n], cls[o: o + n])
+                store(new_values[n_epochs * a: n_epochs * (a + n)],
+                      values[n_epochs * o: n_epochs * (o + n)])
                 new_offset[r] = a
             blk = claim(counter)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, old_cls,
                  old_values, offset, size, cls, out, n_blocks):
     """Write the new entries (need[i] > 0, from `entry_needs`) of rows r = rows[i] at
@@ -405,7 +406,7 @@ def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, o
             blk = claim(counter)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, table, shift,
                               inv, ptr, cand, n_epochs, n_blocks):
     """``selection_correct_counts`` of rows whose shift and inv are known at every epoch,
@@ -451,24 +452,24 @@ def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, 
                     best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
                     if best == labels[r]:
                         local[e] += 1
-            counts[blk] = local
+            store(counts[blk], local)
             blk = claim(counter)
-    return counts.sum(axis=0)
+    return column_sums(counts)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def class_max(probs, out):
     """out[r, c] = the largest probs[e, r, c] over every epoch of probs (E, N, C)."""
     for r in prange(probs.shape[1]):
         o = out[r]
-        o[:] = probs[0, r]
+        store(o, probs[0, r])
         for e in range(1, probs.shape[0]):
             p = probs[e, r]
             for c in range(probs.shape[2]):
                 o[c] = max(o[c], p[c])
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def add_into(total, p):
     """total += p (float64 (N, C)), numpy's arithmetic, rows in parallel."""
     for r in prange(total.shape[0]):
@@ -489,7 +490,7 @@ def _first_argmax_sum(t, p):
     return -1
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks):
     """Per epoch e: the rows r = rows[i] whose first argmax of total[r] + probs[e, r] is
     labels[r], for float64 probabilities (E, N, C) held in memory.
@@ -531,6 +532,6 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
                                 best_v = v
                     if best == y:
                         local[e] += 1
-            counts[blk] = local
+            store(counts[blk], local)
             blk = claim(counter)
-    return counts.sum(axis=0)
+    return column_sums(counts)

@@ -15,7 +15,8 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .floats import F16_EXP_MASK, f16_bits_of_key, f16_key, f16_to_f64, is_f16, to_f64
-from .schedule import claim, new_counter
+from .jit import kernel
+from .schedule import claim, column_sums, new_counter
 
 # exp(x) for -708 <= x <= 0 in straight-line arithmetic that vectorises (numba has no
 # vectorised exp on this platform): x = k*ln2 + r with |r| <= ln2/2 (Cody-Waite), a degree-13
@@ -88,14 +89,14 @@ def _row_range_impl(row):
     return impl
 
 
-@njit(fastmath={"contract"})
+@njit(fastmath={"contract"}, cache=True)
 def exp_shifted(row, m, out):
     """out[c] = exp(x[c] - m) for a row of stored values with every x[c] - m >= EXP_MIN."""
     for c in range(row.shape[0]):
         out[c] = _exp_nonpositive(to_f64(row[c]) - m)
 
 
-@njit(fastmath={"reassoc"})
+@njit(fastmath={"reassoc"}, cache=True)
 def _sum(x):
     """Sum of x (C,), in vector lanes (not the order of numpy's pairwise sum)."""
     s = 0.0
@@ -149,7 +150,7 @@ def is_table_row(row, m):
     return is_f16(row) and m == 0.0
 
 
-@njit(inline="always")
+@njit(cache=True)
 def exp_row(row, out, table):
     """out = exp(x - m) of one row of stored values (C,), unnormalised; table: the
     ``f16_exp_table()``.
@@ -175,7 +176,7 @@ def exp_row(row, out, table):
     return status, hi, 1.0 / _sum(out)
 
 
-@njit(inline="always")
+@njit(cache=True)
 def _softmax_row(row, out, table):
     """out = softmax of one row of stored values (C,) in float64; returns ``exp_row``'s
     (status, m, inv)."""
@@ -185,7 +186,7 @@ def _softmax_row(row, out, table):
     return status, m, inv
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def softmax_rows(values, table, out):
     """Row-wise softmax of ``values`` (rows, C), float16 given as int16 bits or float32/64,
     into float64 ``out``: out[c] * inv as ``exp_row`` gives them (table: the
@@ -197,7 +198,7 @@ def softmax_rows(values, table, out):
     return n_bad
 
 
-@njit(inline="always")
+@njit(cache=True)
 def _exp_rows(values, epochs, row, table, tmp, inv):
     """tmp[j] = exp of the row values[epochs[j], row] and inv[j] its 1/sum, as ``exp_row``
     gives them, for up to 3 epochs. float16 rows read the table for all epochs in one loop,
@@ -223,7 +224,7 @@ def _exp_rows(values, epochs, row, table, tmp, inv):
     return n_bad
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def combine_softmax(values, epochs, weights, src, order, table, out, accumulate, n_blocks):
     """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
     as ``softmax_rows`` computes it, added in the order of ``epochs``:
@@ -263,7 +264,7 @@ def combine_scratch(n_classes):
     return np.empty((3, n_classes)), np.empty(3), np.ones(3)
 
 
-@njit(inline="always")
+@njit(cache=True)
 def window_mean_row(values, epochs, row, table, scratch, out):
     """out (C,) = the mean softmax of values[epochs, row] as `combine_softmax` makes it;
     scratch from `combine_scratch`. Returns the number of epochs whose row holds inf or
@@ -272,7 +273,7 @@ def window_mean_row(values, epochs, row, table, scratch, out):
     return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, False)
 
 
-@njit(inline="always")
+@njit(cache=True)
 def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumulate):
     """One row of ``combine_softmax``: total (C,) = the softmaxes of values[e, row] for e in
     epochs combined (mean if ``weights`` is empty, else weighted, added to total when
@@ -286,7 +287,8 @@ def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumul
         m = min(3, k - g)
         n_bad += _exp_rows(values, epochs[g: g + m], row, table, tmp, inv)
         if not mean:
-            w[:m] = weights[g: g + m]
+            for j in range(m):
+                w[j] = weights[g + j]
         p0, p1, p2 = tmp[0], tmp[1], tmp[2]
         i0, i1, i2 = inv[0], inv[1], inv[2]
         w0, w1, w2 = w[0], w[1], w[2]
@@ -302,7 +304,7 @@ def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumul
     return n_bad
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def label_probs(values, src, labels, table, out, n_blocks):
     """out[i] = softmax(values[src[i]])[labels[i]], as ``softmax_rows`` computes it, without
     storing the rows. values: (M, C) stored outputs (float16 as int16 bits); table: the
@@ -323,7 +325,7 @@ def label_probs(values, src, labels, table, out, n_blocks):
     return bad.sum()
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def mean_first_axis(stack, out):
     """out = mean of stack (k, rows, C) over its first axis: summed in order, then divided
     by k (the arithmetic of ``total = s[0].copy(); total += s[1] ...; total /= k``)."""
@@ -336,7 +338,7 @@ def mean_first_axis(stack, out):
             out[r, c] = s / k
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, class_max,
                   n_blocks):
     """Per epoch e and row i of stored outputs values[e, src[i]] (E, M, C) (float16 as int16
@@ -384,10 +386,10 @@ def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, clas
                             break
                     label_prob[e, i] = tmp[labels[i]]
             blk = claim(counter)
-    return bad.sum(axis=0)
+    return column_sums(bad)
 
 
-@njit(parallel=True, cache=True)
+@kernel
 def take_samples(shift, inv, pred, label_prob, class_max, idx, out_shift, out_inv, out_pred,
                  out_label_prob, out_class_max):
     """The ``softmax_stats`` of samples idx (R,): out_x[:, i] = x[:, idx[i]] for the (E, N)
@@ -401,4 +403,5 @@ def take_samples(shift, inv, pred, label_prob, class_max, idx, out_shift, out_in
             out_pred[e, i] = pred[e, n]
             out_label_prob[e, i] = label_prob[e, n]
         if keep_max:
-            out_class_max[i] = class_max[n]
+            for c in range(class_max.shape[1]):
+                out_class_max[i, c] = class_max[n, c]

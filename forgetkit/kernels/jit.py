@@ -1,0 +1,158 @@
+"""How the kernels are compiled, which build a call runs, and the compile notice.
+
+Compiling is what a first run pays: numba compiles each kernel for each set of argument
+types on its first call and keeps the result in its on-disk cache. A ``parallel=True``
+build compiles 3-4x slower than the same function compiled serially (numba turns each
+prange loop into a gufunc compiled on its own). So every kernel (``@kernel``) has two
+builds, each compiled lazily and cached:
+
+- the parallel one (the module's name: what large runs use, and what the tests of the
+  kernels call directly);
+- a serial one (``.serial``: the same function, prange read as range) for calls whose
+  work is too small for threads to pay.
+
+`choose` picks the build of a call from its work (about the number of stored values or
+float64 entries it reads): below ``PARALLEL_WORK`` serial; from ``COMPILE_WORK`` on
+parallel; in between parallel only where that build is already compiled for these
+argument types (in this process or in numba's cache, e.g. by ``forgetkit warmup``), so
+that a mid-sized run does not pay a parallel compile to save milliseconds. Both builds give
+the same bits (the block-parallel kernels merge their blocks' sums in block order; tested).
+
+`compile_notice` turns the pause of a first run into one line on a terminal, and
+`warmup` (``forgetkit warmup``, ``python -m forgetkit.kernels``) compiles both builds of
+every kernel into the cache, for images and CI.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from contextlib import contextmanager
+
+import numba
+from numba import njit
+from numba.core import event
+
+#: Calls reading fewer values than this run the serial build (a serial pass over 2**18
+#: float16 values takes about 1 ms).
+PARALLEL_WORK = 1 << 18
+#: Calls reading at least this many values run the parallel build even where it must be
+#: compiled first (about 4 s of compiling per kernel saves more than that in a few calls).
+COMPILE_WORK = 1 << 24
+
+#: Every kernel's parallel build, in definition order (``warmup`` and the tests use it).
+KERNELS = []
+
+
+def kernel(fn):
+    """Decorator: ``fn`` compiled with ``parallel=True`` and ``cache=True``, its serial
+    twin (own cache files) as the ``.serial`` attribute."""
+    parallel = njit(parallel=True, cache=True)(fn)
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    twin.__qualname__ = f"{fn.__qualname__}_serial"  # numba's cache files follow it
+    twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
+    parallel.serial = njit(cache=True)(twin)
+    KERNELS.append(parallel)
+    return parallel
+
+
+def _compiled(dispatcher, args):
+    """Whether ``dispatcher`` holds, or its on-disk cache has, a build for these arguments."""
+    try:
+        sig = tuple(dispatcher.typeof_pyval(a) for a in args)
+        if sig in dispatcher.overloads:
+            return True
+        cache = dispatcher._cache
+        key = cache._index_key(sig, dispatcher.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # private numba API, or no compiler (NUMBA_DISABLE_JIT): decide so
+        return False
+
+
+#: "serial" or "parallel": every call runs that build (`forced`); None: `choose` decides.
+_FORCED = None
+
+
+@contextmanager
+def forced(build):
+    """Within the block every kernel call runs ``build`` ("serial" or "parallel"; None:
+    chosen by work): for the tests, which compare the builds, and for `warmup`."""
+    global _FORCED
+    if build not in ("serial", "parallel", None):
+        raise ValueError(f"build must be 'serial', 'parallel' or None; got {build!r}")
+    before, _FORCED = _FORCED, build
+    try:
+        yield
+    finally:
+        _FORCED = before
+
+
+def choose(parallel, work, args):
+    """The build of kernel ``parallel`` to run on ``args`` for a call reading ``work``
+    values (see the module's docstring)."""
+    if _FORCED is not None:
+        return parallel if _FORCED == "parallel" else parallel.serial
+    if work < PARALLEL_WORK or numba.get_num_threads() < 2:
+        return parallel.serial
+    if work >= COMPILE_WORK or _compiled(parallel, args):
+        return parallel
+    return parallel.serial
+
+
+def call(parallel, work, *args):
+    """``choose(parallel, work, args)(*args)``."""
+    return choose(parallel, work, args)(*args)
+
+
+# ------------------------------------------------------------------ compile notice
+def _is_ours(dispatcher):
+    func = getattr(dispatcher, "py_func", None)
+    return getattr(func, "__module__", "").startswith(__package__)
+
+
+class _Notice(event.Listener):
+    """numba:compile listener (cache misses only): announces the first compilation of a
+    forgetkit kernel and adds up the seconds spent compiling them."""
+
+    def __init__(self, stream):
+        self.stream, self.depth, self.seconds, self.started = stream, 0, 0.0, None
+
+    def on_start(self, event):
+        if self.depth == 0 and _is_ours(event.data["dispatcher"]):
+            if self.started is None:
+                self.stream.write("compiling forgetkit's kernels, once per installation ...")
+                self.stream.flush()
+            self.started = time.perf_counter()
+        self.depth += 1
+
+    def on_end(self, event):
+        self.depth -= 1
+        if self.depth == 0 and self.started is not None and _is_ours(event.data["dispatcher"]):
+            self.seconds += time.perf_counter() - self.started
+
+    def close(self):
+        if self.started is not None:
+            self.stream.write(f"\rcompiling forgetkit's kernels, once per installation: "
+                              f"{self.seconds:.1f} s\n")
+            self.stream.flush()
+
+
+@contextmanager
+def compile_notice(*, enabled=True, stream=None):
+    """While active, the first compilation of a forgetkit kernel writes "compiling
+    forgetkit's kernels, once per installation ..." to ``stream`` (default stderr), and the
+    exit completes it with the seconds spent compiling. Silent unless ``enabled`` and the
+    stream is a terminal, and when nothing compiles (a warm cache)."""
+    stream = stream or sys.stderr
+    if not (enabled and hasattr(stream, "isatty") and stream.isatty()):
+        yield
+        return
+    notice = _Notice(stream)
+    event.register("numba:compile", notice)
+    try:
+        yield
+    finally:
+        event.unregister("numba:compile", notice)
+        notice.close()
