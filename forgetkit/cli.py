@@ -1,5 +1,5 @@
 """Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|sweep|distill|report ...``
-(and ``scores|coreset``, ``replay``).
+(and ``scores|coreset``, ``replay``, ``warmup``).
 
 A thin layer: parse, refuse an output that is an input, load, one library call, write.
 Errors the user's input causes (`forgetkit.ForgetkitError`, and OSError such as a missing or
@@ -28,6 +28,7 @@ from .io import atomic_write, convert, load
 from .io.atomic import write_json_atomic
 from .io.guard import refuse_overwrite
 from .io.record import load_labels_file
+from .kernels import compile_notice
 from .report import plots, write_report
 from .run import split_indices
 
@@ -437,6 +438,14 @@ def _add_replay_command(sub):
     p.set_defaults(func=_cmd_replay)
 
 
+def _cmd_warmup(args):
+    from .kernels.warmup import warmup
+
+    seconds = warmup(quiet=args.quiet)
+    if not args.quiet:
+        print(f"forgetkit's kernels are compiled into numba's cache ({seconds:.1f} s)")
+
+
 def _add_fusion_commands(sub):
     p = sub.add_parser("fuse", help="fit a Knowledge Fusion plan on validation data")
     p.add_argument("run")
@@ -558,6 +567,10 @@ def build_parser():
     _add_score_commands(sub)
     _add_fusion_commands(sub)
     _add_replay_command(sub)
+
+    p = sub.add_parser("warmup", help="compile every kernel into numba's cache (images, CI)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_warmup)
     return parser
 
 
@@ -597,7 +610,9 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        with compile_notice(enabled=not getattr(args, "quiet", False)
+                            and args.func is not _cmd_warmup):
+            args.func(args)
     except BrokenPipeError:
         sys.stdout = None  # output piped into e.g. `head`: not an error
         return 0

@@ -1,0 +1,96 @@
+"""Compile every kernel into numba's on-disk cache ahead of use (``forgetkit warmup``,
+``python -m forgetkit.kernels``): for container images and CI, so that no later process
+pays the compilation.
+
+The kernels are compiled for the argument types forgetkit passes them by running the
+library's passes on tiny runs (float16, float32 and float64 outputs, in memory and memory
+mapped, the probability cache on and off), once with the serial builds and once with the
+parallel ones (`jit.forced`).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from . import jit
+
+
+def _runs(folder, dtypes):
+    """Tiny runs of each stored dtype, each in memory and memory-mapped from .npy."""
+    import forgetkit as fk
+
+    rng = np.random.default_rng(0)
+    n_epochs, n_samples, n_classes = 6, 240, 7
+    labels = rng.integers(0, n_classes, n_samples)
+    out = rng.normal(size=(n_epochs, n_samples, n_classes))
+    out[:, np.arange(n_samples), labels] += np.linspace(0, 3, n_epochs)[:, None]
+    for dtype in dtypes:
+        run = fk.Run(out.astype(dtype), labels)
+        path = Path(folder) / f"{np.dtype(dtype).name}.npy"
+        fk.save(run, path)
+        yield run
+        yield fk.load(path)
+
+
+def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
+    """The library's passes on tiny runs of ``dtypes`` (files written to ``folder``):
+    forgetting, training dynamics, label issues, every fuser's fit and prediction through
+    `compare` (the probability cache on and off), the exact eps search and the EM pass.
+    Returns their results, a list of arrays and tables."""
+    import forgetkit as fk
+    from forgetkit.run import DEFAULT_MEMORY_BUDGET
+
+    from . import em_pass
+
+    results = []
+    for run in _runs(folder, dtypes):
+        results += [fk.forget_fraction(run), fk.learn_fraction(run),
+                    fk.sample_dynamics(run), fk.data_map(run), fk.label_issues(run)]
+        for budget in (DEFAULT_MEMORY_BUDGET, 0):
+            results.append(fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,),
+                                      memory_budget=budget))
+        results.append(fk.KnowledgeFusion(grid=None).fit(run).predict_proba(run))
+    q = np.random.default_rng(1).random((300, 4)) + 0.1
+    results.append(em_pass(q, np.full(4, 0.25)))
+    return results
+
+
+def missing():
+    """The kernel builds not compiled in this process: [(name, "serial" | "parallel")]."""
+    out = []
+    for k in jit.KERNELS:
+        for build, d in (("parallel", k), ("serial", k.serial)):
+            if not getattr(d, "overloads", None):
+                out.append((f"{k.py_func.__module__}.{k.__name__}", build))
+    return out
+
+
+def warmup(*, builds=("serial", "parallel"), stream=None, quiet=False):
+    """Compile ``builds`` of every kernel into numba's cache (kernels already cached are
+    loaded, not compiled again). Writes a line per build to ``stream`` (stderr) unless
+    ``quiet``. Returns the seconds taken."""
+    stream = stream or sys.stderr
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="forgetkit-warmup-") as folder, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for build in builds:
+            t = time.perf_counter()
+            if not quiet:
+                stream.write(f"compiling forgetkit's kernels ({build}) ...")
+                stream.flush()
+            with jit.forced(build):
+                workload(folder)
+            if not quiet:
+                stream.write(f" {time.perf_counter() - t:.1f} s\n")
+    left = [(name, b) for name, b in missing() if b in builds]
+    if left and not quiet:
+        stream.write("not compiled (no pass of the workload reaches them): "
+                     + ", ".join(f"{name} ({b})" for name, b in left) + "\n")
+    return time.perf_counter() - start

@@ -1,0 +1,128 @@
+"""The kernels' two builds (serial for small calls, parallel for large ones), which build a
+call runs, the compile notice and ``forgetkit warmup``."""
+
+import io
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from numba import njit
+
+from forgetkit import cli, kernels
+from forgetkit.kernels import jit, warmup
+
+
+def _assert_same(a, b):
+    if isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b)
+    elif isinstance(a, tuple):
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+def test_serial_and_parallel_builds_give_the_same_bits(tmp_path):
+    """The warmup's passes (forgetting, dynamics, label issues, compare with every fuser and
+    the probability cache on and off, the exact eps search, the EM pass) on float16 runs in
+    memory and memory-mapped give the same bits on either build, and reach every kernel's
+    both builds but the float32/64 argmax ones."""
+    (tmp_path / "s").mkdir(), (tmp_path / "p").mkdir()
+    with jit.forced("serial"):
+        serial = warmup.workload(tmp_path / "s", dtypes=(np.float16,))
+    with jit.forced("parallel"):
+        parallel = warmup.workload(tmp_path / "p", dtypes=(np.float16,))
+    assert len(serial) == len(parallel) > 10
+    for a, b in zip(serial, parallel, strict=True):
+        _assert_same(a, b)
+    left = {name.rsplit(".", 1)[1] for name, _ in warmup.missing()}
+    assert left <= {"argmax_float", "argmax_float_at"}
+
+
+def test_choose_runs_small_calls_serially_and_large_ones_in_parallel(monkeypatch):
+    import numba
+
+    k = kernels._argmax.argmax_f16
+    args = (np.zeros((2, 3), np.int16), np.empty(2, np.int32))
+    assert jit.choose(k, jit.PARALLEL_WORK - 1, args) is k.serial
+    assert jit.choose(k, jit.COMPILE_WORK, args) is k
+    # in between: parallel where that build is already compiled, else serial
+    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: False)
+    assert jit.choose(k, jit.PARALLEL_WORK, args) is k.serial
+    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: True)
+    assert jit.choose(k, jit.PARALLEL_WORK, args) is k
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        assert jit.choose(k, jit.COMPILE_WORK, args) is k.serial  # one thread: serial
+    finally:
+        numba.set_num_threads(threads)
+    with jit.forced("parallel"):
+        assert jit.choose(k, 0, args) is k
+    with jit.forced("serial"):
+        assert jit.choose(k, jit.COMPILE_WORK, args) is k.serial
+    with pytest.raises(ValueError, match="build must be 'serial', 'parallel' or None; got 'gpu'"):
+        with jit.forced("gpu"):
+            pass
+
+
+def test_compiled_sees_builds_in_this_process_and_in_the_cache():
+    bits = np.zeros((4, 3), np.int16)
+    kernels.argmax_rows(bits.view(np.float16), np.empty(4, np.int32))  # compiles or loads
+    k = kernels._argmax.argmax_f16
+    assert jit._compiled(k.serial, (kernels.source(bits.view(np.float16)),
+                                    np.empty(4, np.int32)))
+    assert not jit._compiled(k.serial, (np.zeros((4, 3, 2), np.int16), np.empty(4, np.int32)))
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _fresh_forgetkit_function():
+    """A function numba has never compiled (no cache), counted as one of forgetkit's."""
+    def probe(x):
+        return x * 2 + 1
+
+    probe.__module__ = "forgetkit.kernels.probe"
+    return njit(probe)
+
+
+def test_compile_notice_says_once_how_long_compiling_took():
+    stream = _Terminal()
+    with kernels.compile_notice(stream=stream):
+        _fresh_forgetkit_function()(1)
+        _fresh_forgetkit_function()(2.0)
+    text = stream.getvalue()
+    assert text.startswith("compiling forgetkit's kernels, once per installation ...")
+    assert re.search(r"\rcompiling forgetkit's kernels, once per installation: \d+\.\d s\n$",
+                     text)
+    assert text.count("\n") == 1
+
+
+@pytest.mark.parametrize("case", ["not a terminal", "disabled", "nothing compiled",
+                                  "not forgetkit's"])
+def test_compile_notice_is_silent(case):
+    stream = io.StringIO() if case == "not a terminal" else _Terminal()
+    f = _fresh_forgetkit_function()
+    if case == "nothing compiled":
+        f(1)
+    if case == "not forgetkit's":
+        f = njit(lambda x: x + 3)
+    with kernels.compile_notice(stream=stream, enabled=case != "disabled"):
+        f(1)
+    assert stream.getvalue() == ""
+
+
+def test_cli_warmup_compiles_the_workload_and_reports(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(warmup, "workload", lambda folder: calls.append(jit._FORCED))
+    assert cli.main(["warmup"]) == 0
+    assert calls == ["serial", "parallel"]
+    out, err = capsys.readouterr()
+    assert re.search(r"forgetkit's kernels are compiled into numba's cache \(\d+\.\d s\)", out)
+    assert "compiling forgetkit's kernels (serial) ..." in err
+    assert cli.main(["warmup", "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
