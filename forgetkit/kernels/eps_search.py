@@ -72,7 +72,7 @@ def label_leads(p, labels, lead, magnitude, top, correct):
         _label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _label_lead_into(row, y, n, lead, magnitude, top, correct):
     lead[n], other, magnitude[n] = _lead(row, y)
     top[n] = -1
@@ -155,7 +155,7 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     return cumulative(column_sums(diff)[:n_grid])
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
     """One sample of ``grid_correct_counts``: adds to the difference array diff (G+1,) the
     grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first."""

@@ -150,7 +150,7 @@ def is_table_row(row, m):
     return is_f16(row) and m == 0.0
 
 
-@njit(cache=True)
+@njit(inline="always")
 def exp_row(row, out, table):
     """out = exp(x - m) of one row of stored values (C,), unnormalised; table: the
     ``f16_exp_table()``.
@@ -176,7 +176,7 @@ def exp_row(row, out, table):
     return status, hi, 1.0 / _sum(out)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _softmax_row(row, out, table):
     """out = softmax of one row of stored values (C,) in float64; returns ``exp_row``'s
     (status, m, inv)."""
@@ -198,7 +198,7 @@ def softmax_rows(values, table, out):
     return n_bad
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _exp_rows(values, epochs, row, table, tmp, inv):
     """tmp[j] = exp of the row values[epochs[j], row] and inv[j] its 1/sum, as ``exp_row``
     gives them, for up to 3 epochs. float16 rows read the table for all epochs in one loop,
@@ -264,7 +264,7 @@ def combine_scratch(n_classes):
     return np.empty((3, n_classes)), np.empty(3), np.ones(3)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def window_mean_row(values, epochs, row, table, scratch, out):
     """out (C,) = the mean softmax of values[epochs, row] as `combine_softmax` makes it;
     scratch from `combine_scratch`. Returns the number of epochs whose row holds inf or
@@ -273,7 +273,7 @@ def window_mean_row(values, epochs, row, table, scratch, out):
     return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, False)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumulate):
     """One row of ``combine_softmax``: total (C,) = the softmaxes of values[e, row] for e in
     epochs combined (mean if ``weights`` is empty, else weighted, added to total when
