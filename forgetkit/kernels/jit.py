@@ -58,15 +58,21 @@ def kernel(fn):
     return parallel
 
 
+#: (dispatcher, argument types) -> whether numba's on-disk cache had a build, looked up once
+_IN_CACHE = {}
+
+
 def _compiled(dispatcher, args):
     """Whether ``dispatcher`` holds, or its on-disk cache has, a build for these arguments."""
     try:
         sig = tuple(dispatcher.typeof_pyval(a) for a in args)
         if sig in dispatcher.overloads:
             return True
-        cache = dispatcher._cache
-        key = cache._index_key(sig, dispatcher.targetctx.codegen())
-        return key in cache._cache_file._load_index()
+        if (dispatcher, sig) not in _IN_CACHE:
+            cache = dispatcher._cache
+            key = cache._index_key(sig, dispatcher.targetctx.codegen())
+            _IN_CACHE[dispatcher, sig] = key in cache._cache_file._load_index()
+        return _IN_CACHE[dispatcher, sig]
     except Exception:  # private numba API, or no compiler (NUMBA_DISABLE_JIT): decide so
         return False
 

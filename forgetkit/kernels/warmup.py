@@ -26,10 +26,11 @@ def _runs(folder, dtypes):
     import forgetkit as fk
 
     rng = np.random.default_rng(0)
-    n_epochs, n_samples, n_classes = 6, 240, 7
+    n_epochs, n_samples, n_classes = 6, 300, 20
     labels = rng.integers(0, n_classes, n_samples)
     out = rng.normal(size=(n_epochs, n_samples, n_classes))
     out[:, np.arange(n_samples), labels] += np.linspace(0, 3, n_epochs)[:, None]
+    out[2, 5, 1] = 700.0  # beyond float16's exp table: that row takes the shifted exp
     for dtype in dtypes:
         run = fk.Run(out.astype(dtype), labels)
         path = Path(folder) / f"{np.dtype(dtype).name}.npy"
@@ -41,23 +42,29 @@ def _runs(folder, dtypes):
 def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
     """The library's passes on tiny runs of ``dtypes`` (files written to ``folder``):
     forgetting, training dynamics, label issues, every fuser's fit and prediction through
-    `compare` (the probability cache on and off), the exact eps search and the EM pass.
-    Returns their results, a list of arrays and tables."""
+    `compare` (probabilities held; softmax statistics and gathered values; streamed), the
+    exact eps search, a sample subset read in place and the EM pass. Returns their results,
+    a list of arrays and tables."""
     import forgetkit as fk
     from forgetkit.run import DEFAULT_MEMORY_BUDGET
 
-    from . import em_pass
+    from . import em_pass, sum_correct_count_rows
 
     results = []
     for run in _runs(folder, dtypes):
         results += [fk.forget_fraction(run), fk.learn_fraction(run),
                     fk.sample_dynamics(run), fk.data_map(run), fk.label_issues(run)]
-        for budget in (DEFAULT_MEMORY_BUDGET, 0):
+        subset = run.isel(samples=np.arange(0, run.n_samples, 2))
+        results += [subset.predictions(), subset.label_probs()]
+        for budget in (DEFAULT_MEMORY_BUDGET, 100_000, 0):
             results.append(fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,),
                                       memory_budget=budget))
         results.append(fk.KnowledgeFusion(grid=None).fit(run).predict_proba(run))
-    q = np.random.default_rng(1).random((300, 4)) + 0.1
+    rng = np.random.default_rng(1)
+    q = rng.random((300, 4)) + 0.1
     results.append(em_pass(q, np.full(4, 0.25)))
+    total, p = rng.random((300, 5)), rng.random((300, 5))
+    results.append(sum_correct_count_rows(total, p, rng.integers(0, 5, 300), np.arange(300)))
     return results
 
 
