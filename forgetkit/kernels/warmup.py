@@ -48,7 +48,7 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
     import forgetkit as fk
     from forgetkit.run import DEFAULT_MEMORY_BUDGET
 
-    from . import em_pass, sum_correct_count_rows
+    from . import argmax_rows_at, em_pass, sum_correct_count_rows
 
     results = []
     for run in _runs(folder, dtypes):
@@ -60,6 +60,9 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
             results.append(fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,),
                                       memory_budget=budget))
         results.append(fk.KnowledgeFusion(grid=None).fit(run).predict_proba(run))
+        src = np.arange(0, run.n_samples, 2)  # the forgetting pass on rows read in place
+        results.append(argmax_rows_at(np.asarray(run.outputs), src,
+                                      np.empty((run.n_epochs, src.size), np.int32)))
     rng = np.random.default_rng(1)
     q = rng.random((300, 4)) + 0.1
     results.append(em_pass(q, np.full(4, 0.25)))
