@@ -128,7 +128,8 @@ class _Notice(event.Listener):
     def on_start(self, event):
         if self.depth == 0 and _is_ours(event.data["dispatcher"]):
             if self.started is None:
-                self.stream.write("compiling forgetkit's kernels, once per installation ...")
+                # a line of its own: progress lines (\r) may follow while it compiles
+                self.stream.write("compiling forgetkit's kernels, once per installation ...\n")
                 self.stream.flush()
             self.started = time.perf_counter()
         self.depth += 1
@@ -140,7 +141,7 @@ class _Notice(event.Listener):
 
     def close(self):
         if self.started is not None:
-            self.stream.write(f"\rcompiling forgetkit's kernels, once per installation: "
+            self.stream.write(f"compiling forgetkit's kernels, once per installation: "
                               f"{self.seconds:.1f} s\n")
             self.stream.flush()
 
@@ -149,7 +150,7 @@ class _Notice(event.Listener):
 def compile_notice(*, enabled=True, stream=None):
     """While active, the first compilation of a forgetkit kernel writes "compiling
     forgetkit's kernels, once per installation ..." to ``stream`` (default stderr), and the
-    exit completes it with the seconds spent compiling. Silent unless ``enabled`` and the
+    exit a second line with the seconds spent compiling. Silent unless ``enabled`` and the
     stream is a terminal, and when nothing compiles (a warm cache)."""
     stream = stream or sys.stderr
     if not (enabled and hasattr(stream, "isatty") and stream.isatty()):
