@@ -53,7 +53,7 @@ from .fusion import (
     uniform,
 )
 from .fusion.distill import soft_targets, write_soft_targets
-from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize
+from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize, verify
 from .report import explore, plots, write_report
 from .run import Run, split_indices
 from .theory import fairness, linear, noise
@@ -115,6 +115,7 @@ __all__ = [
     "sample_dynamics",
     "save",
     "summarize",
+    "verify",
     "SummaryWriter",
     "select",
     "select_coreset",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 
@@ -47,6 +48,19 @@ def check_number(name, value, *, minimum=None, maximum=None):
         lo = "-inf" if minimum is None else minimum
         hi = "inf" if maximum is None else maximum
         raise ForgetkitError(f"{name} must be a finite number in [{lo}, {hi}]; got {value}")
+    return value
+
+
+def check_run(name, value):
+    """Return ``value`` if it is a `forgetkit.Run`, else raise InputTypeError (a path names
+    `forgetkit.load`)."""
+    from .run import Run  # run.py imports this module
+
+    if not isinstance(value, Run):
+        hint = " (load a file with forgetkit.load)" if isinstance(value, (str, os.PathLike)) \
+            else ""
+        raise InputTypeError(f"{name} must be a forgetkit.Run; got {type(value).__name__} "
+                             f"{value!r}"[:200] + hint)
     return value
 
 

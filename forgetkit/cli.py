@@ -81,6 +81,30 @@ def _cmd_convert(args):
         print(f"wrote {out}")
 
 
+def _cmd_verify(args):
+    """Exit status 0 when every epoch of every run holds, 1 naming each bad one."""
+    from .io import verify
+
+    status = 0
+    for path in args.runs:
+        try:
+            result = verify(path)
+        except ForgetkitError as err:
+            print(f"{path}: bad: {' '.join(str(err).split())}", file=sys.stderr)
+            status = 1
+            continue
+        if not result["verifiable"]:
+            print(f"{path}: cannot be verified: it was written without checksums")
+        elif result["bad"]:
+            status = 1
+            for epoch in result["bad"]:
+                print(f"{path}: bad: epoch {epoch} does not match its checksum",
+                      file=sys.stderr)
+        elif not args.quiet:
+            print(f"{path}: ok ({result['epochs']} epochs)")
+    return status
+
+
 def _cmd_datamap(args):
     refuse_overwrite({"--plot": args.plot, "--out": args.out}, [args.run, args.labels])
     if bool(args.select) != bool(args.out):
@@ -550,6 +574,11 @@ def build_parser():
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_convert)
 
+    p = sub.add_parser("verify", help="check every stored epoch of runs against their checksums")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--quiet", action="store_true", help="print only runs that fail")
+    p.set_defaults(func=_cmd_verify)
+
     p = sub.add_parser("datamap", help="data map (confidence, variability) of a training run")
     p.add_argument("run")
     p.add_argument("--labels", help="labels (.npy or text) for a bare .npy run")
@@ -612,7 +641,7 @@ def main(argv=None):
     try:
         with compile_notice(enabled=not getattr(args, "quiet", False)
                             and args.func is not _cmd_warmup):
-            args.func(args)
+            status = args.func(args)
     except BrokenPipeError:
         sys.stdout = None  # output piped into e.g. `head`: not an error
         return 0
@@ -628,7 +657,7 @@ def main(argv=None):
         print(f"forgetkit {args.command}: internal error: the traceback above is a bug in "
               "forgetkit, not a problem with your input; please report it", file=sys.stderr)
         return EXIT_BUG
-    return 0
+    return status if isinstance(status, int) and not isinstance(status, bool) else 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pandas as pd
 
 from .. import kernels
 from .._progress import Progress
-from .._validation import check_int, check_option
+from .._validation import check_int, check_number, check_option, check_run
 from ..errors import ForgetkitError
 
 #: Data-map regions, in the order of the categorical ``region`` column.
@@ -208,6 +208,7 @@ def data_map(run, *, burn_out=None, progress=False):
         ``attrs["thresholds"]`` holds the region thresholds (``variability``,
         ``confidence``), ``attrs["n_epochs"]`` the epochs used.
     """
+    check_run("run", run)
     n_epochs = check_burn_out(burn_out, run.n_epochs)
     if run.kind == "probs":
         warnings.warn("the run holds probabilities: aum (defined on logits) is NaN",
@@ -268,6 +269,10 @@ def select(run_or_datamap, *, region, frac=None):
     """
     region = REGION_ALIASES.get(region, region)
     check_option("region", region, REGIONS + tuple(REGION_ALIASES))
+    if frac is not None:
+        frac = check_number("frac", frac, minimum=0.0, maximum=1.0)
+    if not isinstance(run_or_datamap, pd.DataFrame):
+        check_run("run_or_datamap", run_or_datamap)
     dm = run_or_datamap if isinstance(run_or_datamap, pd.DataFrame) else data_map(run_or_datamap)
     column, descending = _ORDER[region]
     needed = {column} | ({"region"} if frac is None else set())

@@ -190,7 +190,7 @@ def _open_shard(fs, path, name):
                          f"{suffix or 'no'} suffix")
 
 
-def load_shards(source, *, chunks=None, labels=None, kind=None):
+def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
     """A Run on a dask array of the shards at ``source``, concatenated along samples.
 
     Parameters

@@ -33,23 +33,25 @@ from pathlib import Path
 from .._validation import check_option
 from ..errors import ForgetkitError, InputTypeError, MissingFileError
 from ..run import Run
-from .atomic import atomic_write, write_json_atomic
+from .atomic import atomic_write
 from .background import wait_for_writes
 from .cartography import load_cartography
 from .guard import refuse_overwrite
 from .lock import RunLock
 from .npy import load_npy, write_npy
 from .npz import load_npz, write_npz
+from .pair import commit_pair
 from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
-from .record import format_of, load_labels_file, record_of, sidecar_path
+from .record import format_of, load_labels_file, record_of, with_checksums
 from .summary import SummaryWriter, is_summary, load_summary, summarize
+from .verify import verify_run
 from .writer import RunWriter
 
 __all__ = ["RunWriter", "SummaryWriter", "atomic_write", "convert", "load", "load_cartography",
-           "save", "summarize"]
+           "save", "summarize", "verify"]
 
 
-def load(path, labels=None, *, kind=None, chunks=None):
+def load(path, labels=None, *, kind=None, chunks=None, verify=True):
     """Load a run from ``path`` (.npz, .npy, .parquet or a Dataset Cartography folder).
 
     A glob pattern (``"run/shard-*.npy"``), an fsspec URL (``"s3://..."``) or ``chunks``
@@ -65,6 +67,11 @@ def load(path, labels=None, *, kind=None, chunks=None):
         Overrides the stored kind (a bare .npy is taken as logits by default).
     chunks : int, optional
         Samples per chunk of a run loaded as a dask array.
+    verify : bool, default True
+        Check the stored checksums (`forgetkit.io.integrity`): labels and epoch numbers when
+        loaded, each epoch's values on its first full read (a memory-mapped .npy or summary:
+        every epoch when loaded, once per process while the file is unchanged; Parquet: each
+        epoch as it is read). A mismatch is a CorruptFileError naming the file and the epoch.
 
     Returns
     -------
@@ -73,7 +80,7 @@ def load(path, labels=None, *, kind=None, chunks=None):
     if chunks is not None or any(mark in str(path) for mark in ("*", "?", "[", "://")):
         from ..distributed.shards import load_shards
 
-        return load_shards(path, chunks=chunks, labels=labels, kind=kind)
+        return load_shards(path, chunks=chunks, labels=labels, kind=kind, verify=verify)
     path = Path(path)
     fmt = format_of(path)
     if fmt == "parquet" and not path.exists() and staging_path(path).is_dir():
@@ -84,9 +91,11 @@ def load(path, labels=None, *, kind=None, chunks=None):
         labels = load_labels_file(labels)
     wait_for_writes(path)  # epochs this process recorded to path and still writes
     if fmt == "npy" and kind in (None, "summary") and is_summary(path):
-        return load_summary(path, labels=labels)
-    loader = {"npz": load_npz, "npy": load_npy, "parquet": load_parquet,
-              "cartography": load_cartography}[fmt]
+        return load_summary(path, labels=labels, verify=verify)
+    if fmt in ("npy", "parquet"):
+        loader = load_npy if fmt == "npy" else load_parquet
+        return loader(path, labels=labels, kind=kind, verify=bool(verify))
+    loader = {"npz": load_npz, "cartography": load_cartography}[fmt]
     return loader(path, labels=labels, kind=kind)
 
 
@@ -113,14 +122,17 @@ def save(run, path, *, layout="list", compress=True):
         summarize(run, path)
         return path
     epochs = ((int(run.epochs[e]), run.epoch_values(e)) for e in range(run.n_epochs))
-    with RunLock(path), atomic_write(path) as tmp:
-        if fmt == "npz":
-            write_npz(tmp, run, compress=compress)
-        elif fmt == "npy":
-            write_npy(tmp, epochs, run.outputs.dtype, run.shape)
-            write_json_atomic(sidecar_path(path), record_of(run))
-        else:
-            write_parquet(tmp, epochs, run.n_classes, run.outputs.dtype, layout, record_of(run))
+    with RunLock(path):
+        if fmt == "npy":  # the tensor and its sidecar, committed as one
+            commit_pair(path, lambda tmp: write_npy(tmp, epochs, run.outputs.dtype, run.shape),
+                        lambda crcs: with_checksums(record_of(run), crcs))
+            return path
+        with atomic_write(path) as tmp:
+            if fmt == "npz":
+                write_npz(tmp, run, compress=compress)
+            else:
+                write_parquet(tmp, epochs, run.n_classes, run.outputs.dtype, layout,
+                              record_of(run))
     return path
 
 
@@ -131,3 +143,18 @@ def convert(src, dst, *, labels=None, layout="list"):
     label_file = labels if isinstance(labels, (str, os.PathLike)) else None
     refuse_overwrite({"destination": dst}, [src, label_file])
     return save(load(src, labels=labels), dst, layout=layout)
+
+
+def verify(path):
+    """Check every stored epoch of the run at ``path`` against its checksums.
+
+    Returns
+    -------
+    dict
+        ``{"path", "verifiable", "epochs", "bad"}``: whether the run carries checksums (False
+        for runs written before they existed, and formats without them: Dataset Cartography
+        folders; an NPZ's members are checked by the zip's CRC-32), how many epochs were
+        checked, and the epoch numbers that do not match (empty when every epoch holds).
+        A file that cannot be read at all raises ForgetkitError.
+    """
+    return verify_run(path)

@@ -17,7 +17,8 @@ def companions(path):
     suffix = path.suffix.lower()
     files = [path]
     if suffix == ".npy":
-        files.append(sidecar_path(path))
+        sidecar = sidecar_path(path)
+        files += [sidecar, sidecar.with_name(sidecar.name + ".next")]  # and the pending one
     elif suffix == ".parquet":
         files.append(staging_path(path))
     return files

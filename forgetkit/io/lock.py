@@ -8,13 +8,15 @@ the lock file a killed writer left behind is simply taken over by the next write
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
-from ..errors import RunLockedError
+from ..errors import ForgetkitError, RunLockedError
 from .atomic import HOST, naming
 
 LOCK_SUFFIX = ".lock"
@@ -52,10 +54,18 @@ class RunLock:
 
     def _acquire(self):
         while True:
-            try:
-                fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:  # never through a symbolic link, never anything but a regular file
+                fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                             | getattr(os, "O_NONBLOCK", 0), 0o666)
             except OSError as err:  # e.g. a folder the user cannot write to: name the run
+                if err.errno == errno.ELOOP or os.path.islink(self.file):
+                    raise ForgetkitError(self._not_regular("a symbolic link")) from None
+                if os.path.exists(self.file) and not os.path.isfile(self.file):
+                    raise ForgetkitError(self._not_regular("not a regular file")) from None
                 raise naming(err, self.path) from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device, a folder...
+                os.close(fd)
+                raise ForgetkitError(self._not_regular("not a regular file"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -84,6 +94,10 @@ class RunLock:
                                  "since": time.time()}).encode())
         handle.flush()
         return handle
+
+    def _not_regular(self, what):
+        return (f"the lock file {str(self.file)!r} of {str(self.path)!r} is {what}: refused, "
+                "nothing was written. Remove it (forgetkit creates it as a regular file)")
 
     def __enter__(self):
         return self

@@ -7,9 +7,19 @@ import os
 
 import numpy as np
 
-from ..errors import CorruptFileError, ForgetkitError
+from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from .atomic import write_json_atomic
-from .record import SIDECAR_SUFFIX, corrupt, make_run, read_record, sidecar_path
+from .integrity import KEY as CRC_KEY
+from .integrity import check_fields, crc_array, stored_checksums, verify_epochs
+from .pair import commit_pair, open_pair, pending_path
+from .record import (
+    SIDECAR_SUFFIX,
+    corrupt,
+    make_run,
+    needs_checksums,
+    read_record,
+    sidecar_path,
+)
 
 NPY_MAGIC = b"\x93NUMPY"
 #: Room for the NPY header, so that it can be rewritten in place as epochs are appended.
@@ -25,22 +35,69 @@ def npy_header(dtype, shape):
         + b" " * pad + b"\n"
 
 
-def _open_memmap(path):
+def open_memmap(path):
+    """The NPY file at ``path`` memory-mapped read-only; header and data are read through
+    one file handle, so both come from the same file even if it is replaced meanwhile."""
     with open(path, "rb") as f:
         head = f.read(len(NPY_MAGIC))
-    if head != NPY_MAGIC:
-        raise CorruptFileError(f"{str(path)!r} is not an NPY file: it starts with {head!r}")
+        if head != NPY_MAGIC:
+            raise CorruptFileError(f"{str(path)!r} is not an NPY file: it starts with {head!r}")
+        try:
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(f)
+            if fortran or dtype.hasobject:
+                raise ValueError("a Fortran-order or object array")
+            offset = f.tell()
+            needed = offset + int(np.prod(shape, dtype=object)) * dtype.itemsize
+            size = os.fstat(f.fileno()).st_size
+            if size < needed:
+                raise ValueError(f"the file holds {size} bytes; its header needs {needed}")
+            if int(np.prod(shape, dtype=object)) == 0:
+                return np.empty(shape, dtype=dtype)
+            return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+        except CorruptFileError:
+            raise
+        except Exception as err:
+            raise corrupt(path, err) from None
+
+
+def _read_sidecar(file):
+    """The record in the sidecar ``file``, or None if there is none (or no longer)."""
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as err:
-        raise corrupt(path, err) from None
+        return read_record(file, "sidecar")
+    except MissingFileError:
+        return None
 
 
-def load_npy(path, *, labels=None, kind=None):
-    outputs = _open_memmap(path)
-    sidecar = sidecar_path(path)
-    record = read_record(sidecar, "sidecar") if sidecar.exists() else {}
+def verify_tensor(path, tensor, record, n_epochs=None):
+    """Verify the labels, epoch numbers and the first ``n_epochs`` (default all) epochs of
+    the memory-mapped ``tensor`` against the checksums in ``record``; returns whether the
+    record has checksums (False: written before checksums existed)."""
+    sums = stored_checksums(record, f"the sidecar of {str(path)!r}")
+    if sums is None:
+        if needs_checksums(record):
+            raise CorruptFileError(f"the sidecar of {str(path)!r} lacks its checksums "
+                                   f"(field {CRC_KEY!r})")
+        return False
+    n = len(tensor) if n_epochs is None else n_epochs
+    check_fields(record, sums, path)
+    if len(sums["outputs"]) < n:
+        raise CorruptFileError(f"the sidecar of {str(path)!r} has checksums of "
+                               f"{len(sums['outputs'])} epochs; the file holds {n}")
+    verify_epochs(path, tensor[:n], record.get("epochs") or list(range(n)),
+                  sums["outputs"][:n])
+    return True
+
+
+def load_npy(path, *, labels=None, kind=None, verify=True):
+    outputs, record, _ = open_pair(path, open_memmap, _read_sidecar)
+    record = record or {}
     check_sidecar_claims(path, outputs, record)
+    if verify and record:
+        verify_tensor(path, outputs, record)
     return make_run(outputs, record, labels, kind, source=path)
 
 
@@ -57,11 +114,16 @@ def check_sidecar_claims(path, outputs, record):
 
 
 def write_npy(path, epochs, dtype, shape):
-    """Write (epoch number, outputs (N, C)) pairs to ``path`` as one NPY tensor."""
+    """Write (epoch number, outputs (N, C)) pairs to ``path`` as one NPY tensor; returns
+    the epochs' checksums."""
+    crcs = []
     with open(path, "wb") as f:
         f.write(npy_header(dtype, shape))
         for _, values in epochs:
-            f.write(values.tobytes())
+            values = np.ascontiguousarray(values, dtype=dtype)
+            crcs.append(crc_array(values))
+            f.write(_buffer(values))
+    return crcs
 
 
 def _buffer(values):
@@ -72,7 +134,8 @@ def _buffer(values):
 
 class NpyAppender:
     """The NPY side of `RunWriter`: epochs are written after the last one, then the sidecar
-    and the header are updated, so the file always loads as the epochs completed."""
+    and the header are updated, so the file always loads as the epochs completed. Replacing
+    epochs rewrites the file and its sidecar as one (`forgetkit.io.pair.commit_pair`)."""
 
     def __init__(self, path, dtype, n_samples, n_classes, *, durable=True):
         self.path, self.dtype = path, dtype
@@ -81,27 +144,36 @@ class NpyAppender:
         self.sidecar = sidecar_path(path)
 
     def existing(self):
-        """The record of the run at ``path`` and its stored epochs (resume)."""
-        if not self.sidecar.exists():
+        """(record, stored epoch numbers, their checksums) of the run at ``path`` (resume);
+        a run written before checksums existed is checksummed here."""
+        if not self.sidecar.exists() and not pending_path(self.path).exists():
             raise ForgetkitError(f"{str(self.path)!r} exists but has no {SIDECAR_SUFFIX} "
                                  "sidecar: it was not written by forgetkit; use mode='w'")
-        record = read_record(self.sidecar, "sidecar")
-        existing = _open_memmap(self.path)
+        existing, record, _ = open_pair(self.path, open_memmap, _read_sidecar)
+        record = record or {}
         check_sidecar_claims(self.path, existing, record)
         if record.get("epochs") is None:
             raise CorruptFileError(f"the sidecar {str(self.sidecar)!r} lacks the field 'epochs'")
         if existing.dtype != self.dtype:
             raise ForgetkitError(f"the existing run at {str(self.path)!r} stores "
                                  f"{existing.dtype}; this writer has dtype={self.dtype}")
-        return record, list(record["epochs"][: existing.shape[0]])
+        n = existing.shape[0]
+        if verify_tensor(self.path, existing, record):
+            crcs = list(record[CRC_KEY]["outputs"][:n])
+        else:
+            crcs = [crc_array(existing[e]) for e in range(n)]
+        return record, list(record["epochs"][:n]), crcs
 
     def open(self, record, resume):
         if resume:
             self._file = open(self.path, "r+b")
+            # the record may name epochs the header does not count (a kill between them)
+            write_json_atomic(self.sidecar, record, durable=self.durable)
         else:
             self._file = open(self.path, "wb")
             self._write_header(0)
             write_json_atomic(self.sidecar, record, durable=self.durable)
+        pending_path(self.path).unlink(missing_ok=True)
 
     def append(self, values, position, record):
         # data, then the sidecar naming the epoch, then the header counting it: each on disk
@@ -115,9 +187,23 @@ class NpyAppender:
         write_json_atomic(self.sidecar, record, durable=self.durable, clean=False)
         self._write_header(position + 1)
 
-    def truncate(self, keep, record):
-        write_json_atomic(self.sidecar, record, durable=self.durable, clean=False)
-        self._write_header(keep)
+    def rewrite(self, keep, values, record):
+        """Replace the epochs from position ``keep`` on by ``values`` (one epoch): a new
+        file and sidecar, committed as one."""
+        old = open_memmap(self.path)
+
+        def write_tensor(tmp):
+            with open(tmp, "wb") as f:
+                f.write(npy_header(self.dtype, (keep + 1, self.n_samples, self.n_classes)))
+                for e in range(keep):
+                    f.write(_buffer(old[e]))
+                f.write(_buffer(values))
+
+        self._file.close()
+        try:
+            commit_pair(self.path, write_tensor, lambda _: record)
+        finally:
+            self._file = open(self.path, "r+b")
 
     def close(self):
         self._file.close()

@@ -17,7 +17,15 @@ import pyarrow.parquet as pq
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..run import LazyOutputs
 from .atomic import atomic_write, fsync_path, remove, write_json_atomic
-from .record import check_record, corrupt, make_run, parse_record, read_record
+from .integrity import KEY, check_fields, checksums, crc_array, crc_ints, mismatch, stored_checksums
+from .record import (
+    check_record,
+    corrupt,
+    make_run,
+    needs_checksums,
+    parse_record,
+    read_record,
+)
 
 PARQUET_KEY = b"forgetkit"
 COLUMNS = ("epoch", "sample", "outputs")
@@ -26,7 +34,11 @@ PARTIAL_SUFFIX = ".partial"
 LAYOUTS = ("list", "binary")
 #: Logits neither compress nor repeat: dictionary pages and min/max statistics only cost
 #: time (they halve the float16 list decode speed).
-PARQUET_WRITE_OPTIONS = dict(compression="none", use_dictionary=False, write_statistics=False)
+#: Every data page carries a CRC (Parquet's page checksums), verified when read.
+PARQUET_WRITE_OPTIONS = dict(compression="none", use_dictionary=False, write_statistics=False,
+                             write_page_checksum=True)
+#: The file metadata key of the epochs' checksums (known only once every epoch is written).
+CRC_METADATA_KEY = b"forgetkit.crc32c"
 
 
 def staging_path(path):
@@ -35,12 +47,20 @@ def staging_path(path):
 
 
 def write_parquet(path, epochs, n_classes, dtype, layout, record):
-    """Write (epoch number, outputs (N, C)) pairs as one row group per epoch."""
+    """Write (epoch number, outputs (N, C)) pairs as one row group per epoch, and the
+    checksums of the epochs (`forgetkit.io.integrity`) under CRC_METADATA_KEY."""
     schema = parquet_schema(n_classes, dtype, layout, record)
+    numbers, crcs = [], []
     with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
         for epoch, values in epochs:
-            writer.write_table(epoch_table(epoch, values.astype(dtype, copy=False), layout),
-                               row_group_size=len(values))
+            values = np.ascontiguousarray(values, dtype=dtype)
+            numbers.append(int(epoch))
+            crcs.append(crc_array(values))
+            writer.write_table(epoch_table(epoch, values, layout), row_group_size=len(values))
+        sums = checksums(record["labels"], numbers, crcs) if record.get("labels") is not None \
+            else {"outputs": crcs, "labels": 0, "epochs": crc_ints(numbers)}
+        writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
+    return crcs
 
 
 def parquet_schema(n_classes, dtype, layout, record):
@@ -48,7 +68,8 @@ def parquet_schema(n_classes, dtype, layout, record):
         outputs = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), n_classes)
     else:
         outputs = pa.binary(n_classes * np.dtype(dtype).itemsize)
-    rec = dict(record, layout=layout, dtype=np.dtype(dtype).name)
+    rec = {k: v for k, v in record.items() if k != KEY}  # checksums: CRC_METADATA_KEY
+    rec.update(layout=layout, dtype=np.dtype(dtype).name)
     return pa.schema(
         [("epoch", pa.int64()), ("sample", pa.int64()), ("outputs", outputs)],
         metadata={PARQUET_KEY: json.dumps(rec).encode()},
@@ -111,11 +132,14 @@ def _column_to_numpy(column, n_classes, dtype, where):
 
 
 class _ParquetSource:
-    """The epochs of a Parquet run: row groups of a closed file plus staged epoch files."""
+    """The epochs of a Parquet run: row groups of a closed file plus staged epoch files.
+    ``crcs`` are the epochs' checksums (None entries: not known), verified as each epoch is
+    read unless ``verify`` is False."""
 
-    def __init__(self, record, parts, base_epochs):
+    def __init__(self, record, parts, base_epochs, crcs, verify=True):
         self.record = record
         self.parts = parts  # per epoch: (ParquetFile, row group index)
+        self.crcs, self.verify = crcs, verify
         self.epochs = [int(e) for e in record["epochs"]]
         self.base_epochs = base_epochs
         self.dtype = np.dtype(record.get("dtype", "float32"))
@@ -128,7 +152,8 @@ class _ParquetSource:
         try:
             table = pf.file.read_row_group(rg, columns=["epoch", "sample", "outputs"])
         except Exception as err:
-            raise corrupt(pf.path, err) from None
+            raise CorruptFileError(f"cannot read {where} (index {i}): the file is truncated or "
+                                   f"corrupt ({err})") from None
         if table.num_rows != self.n_samples:
             raise ForgetkitError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
         values = _column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)
@@ -138,7 +163,10 @@ class _ParquetSource:
             if not np.array_equal(sample[order], np.arange(self.n_samples)):
                 raise ForgetkitError(f"{where}: column 'sample' is not a permutation of 0..N-1")
             values = values[order]
-        return values.astype(self.dtype, copy=False)
+        values = np.ascontiguousarray(values, dtype=self.dtype)
+        if self.verify and self.crcs[i] is not None and crc_array(values) != self.crcs[i]:
+            raise mismatch(pf.path, self.epochs[i], i)
+        return values
 
 
 def _int_column(table, name, where):
@@ -152,10 +180,10 @@ def _int_column(table, name, where):
 class _OpenParquet:
     """An open Parquet file of a run, its columns checked."""
 
-    def __init__(self, path):
+    def __init__(self, path, verify=True):
         self.path = str(path)
         try:
-            self.file = pq.ParquetFile(path)
+            self.file = pq.ParquetFile(path, page_checksum_verification=bool(verify))
             schema = self.file.schema_arrow
         except Exception as err:
             raise corrupt(path, err) from None
@@ -176,6 +204,14 @@ class _OpenParquet:
             return {}
         where = f"the forgetkit metadata of {self.path!r}"
         return check_record(parse_record(md[PARQUET_KEY], where), where)
+
+    def checksums(self, where):
+        """The checksums stored under CRC_METADATA_KEY (None if absent: an older file, or
+        one another tool wrote)."""
+        md = self.file.metadata.metadata or {}
+        if CRC_METADATA_KEY not in md:
+            return None
+        return stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where)
 
     def row_group_epoch(self, rg):
         """The epoch number of row group ``rg`` (all its rows must hold the same one)."""
@@ -229,20 +265,38 @@ class _OpenParquet:
         return None if len(first) == 0 or not first[0].is_valid else len(first[0])
 
 
-def open_parquet_run(path, staging):
+def open_parquet_run(path, staging, *, verify=True):
     """Collect the epochs of ``path`` (closed file) and ``staging`` (unfinished writer)."""
-    record, parts, base_epochs = None, [], []
+    record, parts, base_epochs, crcs = None, [], [], []
     path = Path(path)
     if path.exists():
-        pf = _OpenParquet(path)
+        pf = _OpenParquet(path, verify)
+        where = f"the forgetkit metadata of {str(path)!r}"
         base_epochs = [pf.row_group_epoch(rg) for rg in range(pf.file.metadata.num_row_groups)]
         parts = [(pf, rg) for rg in range(len(base_epochs))]
-        record = {**_infer_parquet_record(pf), **pf.record(), "epochs": list(base_epochs)}
-        _require_sizes(record, f"the forgetkit metadata of {str(path)!r}")
+        stored = pf.record()
+        record = {**_infer_parquet_record(pf), **stored, "epochs": list(base_epochs)}
+        _require_sizes(record, where)
         pf.check_claims(record)
+        sums = pf.checksums(where)
+        if sums is None and needs_checksums(stored):
+            raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
+        if sums is not None:
+            if len(sums["outputs"]) != len(base_epochs):
+                raise CorruptFileError(f"{where}: {len(sums['outputs'])} checksums for "
+                                       f"{len(base_epochs)} epochs")
+            if verify:
+                check_fields({"epochs": base_epochs, "labels": stored.get("labels")}, sums,
+                             path)
+        crcs = list(sums["outputs"]) if sums is not None else [None] * len(base_epochs)
     if staging.is_dir() and (staging / "run.json").exists():
         staged = read_record(staging / "run.json", "staging record")
         _require_sizes(staged, f"the staging record {str(staging / 'run.json')!r}")
+        sums = stored_checksums(staged, f"the staging record {str(staging / 'run.json')!r}")
+        if sums is not None and verify:
+            check_fields(staged, sums, staging / "run.json")
+        staged_crcs = dict(zip(staged["epochs"], sums["outputs"], strict=False)) \
+            if sums is not None else {}
         if record is None:
             record = dict(staged, epochs=[])
         for e in staged["epochs"]:
@@ -251,16 +305,18 @@ def open_parquet_run(path, staging):
             f = staging / f"epoch-{e:09d}.parquet"
             if not f.exists():
                 break
-            staged_file = _OpenParquet(f)
+            staged_file = _OpenParquet(f, verify)
             staged_file.check_claims(record)
             parts.append((staged_file, 0))
             record["epochs"].append(e)
+            crcs.append(staged_crcs.get(e))
     if record is None:
         raise MissingFileError(f"no such run: {str(path)!r}")
     if np.any(np.diff(record["epochs"]) <= 0):
         raise CorruptFileError(f"epochs of {str(path)!r} are not strictly increasing: "
                                f"{record['epochs']}")
-    return _ParquetSource(record, parts, base_epochs)
+    record.pop(KEY, None)
+    return _ParquetSource(record, parts, base_epochs, crcs, verify)
 
 
 def _require_sizes(record, where):
@@ -301,8 +357,8 @@ class ParquetOutputs(LazyOutputs):
         return self._source.read_epoch(e)
 
 
-def load_parquet(path, *, labels=None, kind=None):
-    source = open_parquet_run(path, staging_path(path))
+def load_parquet(path, *, labels=None, kind=None, verify=True):
+    source = open_parquet_run(path, staging_path(path), verify=verify)
     if not source.epochs:
         raise ForgetkitError(f"{str(path)!r} is an empty run: no completed epoch")
     return make_run(ParquetOutputs(source), source.record, labels, kind, source=path)
@@ -322,7 +378,9 @@ class ParquetAppender:
     def existing(self):
         base = open_parquet_run(self.path, self.staging)
         self.base_epochs = list(base.base_epochs)
-        return base.record, list(base.epochs)
+        crcs = [c if c is not None else crc_array(base.read_epoch(i))
+                for i, c in enumerate(base.crcs)]
+        return base.record, list(base.epochs), crcs
 
     def open(self, record, resume):
         if not self.staging.is_dir():

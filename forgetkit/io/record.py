@@ -12,6 +12,8 @@ import numpy as np
 from .._validation import KINDS
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..run import Run
+from .integrity import KEY as CRC_KEY
+from .integrity import checksums, crc_ints
 
 SIDECAR_SUFFIX = ".forgetkit.json"
 FORMATS = ("npz", "npy", "parquet", "cartography")
@@ -42,12 +44,25 @@ def jsonable(values):
     return [v.item() if isinstance(v, np.generic) else v for v in np.asarray(values).tolist()]
 
 
+#: The record version of runs that carry checksums (`forgetkit.io.integrity`); version 1
+#: records (written before checksums existed) load unverified.
+RECORD_VERSION = 2
+
+
+def needs_checksums(record):
+    """Whether ``record`` says it was written with checksums (version >= RECORD_VERSION), so
+    that their absence means a corrupt record."""
+    version = record.get("version")
+    return isinstance(version, int) and not isinstance(version, bool) \
+        and version >= RECORD_VERSION
+
+
 def run_record(*, kind, dtype, n_samples, n_classes, epochs, labels, sample_ids=None,
                class_names=None, meta=None):
-    """The JSON metadata record of a run."""
+    """The JSON metadata record of a run (without checksums: `with_checksums` adds them)."""
     return {
         "format": "forgetkit-run",
-        "version": 1,
+        "version": RECORD_VERSION,
         "kind": kind,
         "dtype": np.dtype(dtype).name,
         "n_samples": int(n_samples),
@@ -67,23 +82,32 @@ class EncodedRecord(dict):
     __slots__ = ("json_text",)
 
 
+def with_checksums(record, epoch_crcs):
+    """``record`` with the checksums (`forgetkit.io.integrity.checksums`) of its labels,
+    epoch numbers and the stored epochs' values ``epoch_crcs``."""
+    return dict(record, **{CRC_KEY: checksums(record["labels"], record["epochs"], epoch_crcs)})
+
+
 def record_encoder(record):
-    """A function ``epochs -> EncodedRecord``: ``record`` with those epoch numbers, its JSON
-    text joined from the encodings of the other fields, made once here. A writer's labels,
-    ids, class names and metadata do not change between epochs: encoding them once keeps
-    the per-epoch sidecar write off the GIL-holding JSON encoder (and the list of labels off
-    the heap)."""
+    """A function ``(epochs, epoch_crcs) -> EncodedRecord``: ``record`` with those epoch
+    numbers and checksums of the stored epochs (`with_checksums`), its JSON text joined from
+    the encodings of the other fields, made once here. A writer's labels, ids, class names
+    and metadata do not change between epochs: encoding them once keeps the per-epoch
+    sidecar write off the GIL-holding JSON encoder (and the list of labels off the heap)."""
     keys = list(record)
     at = keys.index("epochs")
     head = json.dumps({k: record[k] for k in keys[:at]})[1:-1]
     tail = json.dumps({k: record[k] for k in keys[at + 1:]})[1:-1]
     fixed = dict(record)
+    labels_crc = crc_ints(record["labels"])
 
-    def encoded(epochs):
+    def encoded(epochs, epoch_crcs):
         epochs = [int(e) for e in epochs]
         out = EncodedRecord(fixed)
         out["epochs"] = epochs
-        body = f'"epochs": {json.dumps(epochs)}'
+        out[CRC_KEY] = {"outputs": [int(c) for c in epoch_crcs], "labels": labels_crc,
+                        "epochs": crc_ints(epochs)}
+        body = f'"epochs": {json.dumps(epochs)}, "{CRC_KEY}": {json.dumps(out[CRC_KEY])}'
         out.json_text = "{" + ", ".join(p for p in (head, body, tail) if p) + "}"
         return out
 

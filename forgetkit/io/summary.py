@@ -25,10 +25,21 @@ from .._validation import (
 )
 from ..errors import CorruptFileError, ForgetkitError
 from ..run import Run
-from .atomic import atomic_write, write_json_atomic
+from .atomic import write_json_atomic
 from .guard import refuse_overwrite
+from .integrity import KEY as CRC_KEY
+from .integrity import crc_array
 from .lock import RunLock
-from .record import check_record, jsonable, record_encoder, sidecar_path
+from .npy import open_memmap, verify_tensor
+from .pair import commit_pair, open_pair
+from .record import (
+    RECORD_VERSION,
+    check_record,
+    jsonable,
+    record_encoder,
+    sidecar_path,
+    with_checksums,
+)
 from .writer import LockedWriter, check_run_fields
 
 FORMAT = "forgetkit-summary"
@@ -41,7 +52,7 @@ def summary_record(*, n_samples, n_classes, epochs, labels, sample_ids=None,
     """The sidecar record of a summary run."""
     return {
         "format": FORMAT,
-        "version": 1,
+        "version": RECORD_VERSION,
         "kind": "summary",
         "fields": [name for name in SUMMARY_DTYPE.names],
         "n_samples": int(n_samples),
@@ -81,9 +92,31 @@ def is_summary(path):
     return read_summary_record(path) is not None
 
 
-def load_summary(path, *, labels=None):
-    """A summary run (kind "summary") from ``path``, memory-mapped."""
-    record = read_summary_record(path)
+def _read_summary_sidecar(file):
+    """The summary record in the sidecar ``file`` (None if absent or not a summary's)."""
+    try:
+        record = json.loads(file.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CorruptFileError(f"the sidecar {str(file)!r} is not valid JSON") from None
+    return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+
+
+def _open_records(path):
+    try:
+        return open_memmap(path)
+    except ForgetkitError as err:
+        raise ForgetkitError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
+                             f"({err})") from None
+
+
+def load_summary(path, *, labels=None, verify=True):
+    """A summary run (kind "summary") from ``path``, memory-mapped; ``verify`` checks the
+    stored checksums (`forgetkit.load`)."""
+    if read_summary_record(path) is None:
+        raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
+    records, record, _ = open_pair(path, _open_records, _read_summary_sidecar)
     if record is None:
         raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
     where = f"the sidecar {str(sidecar_path(path))!r}"
@@ -91,11 +124,6 @@ def load_summary(path, *, labels=None):
     for name in ("n_samples", "n_classes", "epochs", "labels"):
         if record.get(name) is None and not (name == "labels" and labels is not None):
             raise CorruptFileError(f"{where} lacks the field {name!r}")
-    try:
-        records = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as err:
-        raise ForgetkitError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
-                             f"({err})") from None
     if records.dtype != SUMMARY_DTYPE or records.ndim != 2 \
             or records.shape[1] != record["n_samples"]:
         raise ForgetkitError(f"{str(path)!r} must hold summary records of shape (epochs, "
@@ -105,9 +133,15 @@ def load_summary(path, *, labels=None):
     if records.shape[0] == 0 or len(epochs) != records.shape[0]:
         raise ForgetkitError(f"{str(path)!r} holds {records.shape[0]} epochs and its sidecar "
                              f"names {len(record['epochs'])}; a summary needs at least one epoch")
+    if verify:
+        verify_tensor(path, records, record)
     for field in ("label", "other", "lse"):
         if not np.isfinite(records[field]).all():
             raise ForgetkitError(f"{str(path)!r}: field {field!r} holds NaN or inf")
+    other = records["other_class"]
+    if other.size and (int(other.min()) < 0 or int(other.max()) >= record["n_classes"]):
+        raise CorruptFileError(f"{str(path)!r}: field 'other_class' holds classes outside "
+                               f"[0, {record['n_classes']}): the file is corrupt")
     try:
         return Run(SummaryOutputs(records, record["n_classes"]),
                    record["labels"] if labels is None else labels, kind="summary",
@@ -159,14 +193,19 @@ def summarize(run, path=None, *, progress=False):
     if path.suffix.lower() != ".npy":
         raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got {str(path)!r}")
     refuse_overwrite({"the summary": path}, [run.source])
-    with RunLock(path), atomic_write(path) as tmp:
+
+    def write_tensor(tmp):
         with open(tmp, "wb") as f:
             f.write(summary_header(*records.shape))
             f.write(records.tobytes())
-        write_json_atomic(sidecar_path(path), summary_record(
-            n_samples=run.n_samples, n_classes=run.n_classes, epochs=run.epochs,
-            labels=run.labels, sample_ids=run.sample_ids, class_names=run.class_names,
-            meta=run.meta))
+        return [crc_array(records[e]) for e in range(len(records))]
+
+    record = summary_record(
+        n_samples=run.n_samples, n_classes=run.n_classes, epochs=run.epochs,
+        labels=run.labels, sample_ids=run.sample_ids, class_names=run.class_names,
+        meta=run.meta)
+    with RunLock(path):  # the records and the sidecar, committed as one
+        commit_pair(path, write_tensor, lambda crcs: with_checksums(record, crcs))
     return load_summary(path)
 
 
@@ -204,6 +243,7 @@ class SummaryWriter(LockedWriter):
          self.meta) = check_run_fields(n_samples, n_classes, labels, sample_ids, class_names,
                                        meta)
         self.epochs = []
+        self.crcs = []  # the stored epochs' checksums (`forgetkit.io.integrity`)
         self._closed = False
         self.durable = bool(durable)
         self._encoder = None  # the sidecar record's JSON, labels and ids encoded once
@@ -212,8 +252,9 @@ class SummaryWriter(LockedWriter):
     def _open(self, mode):
         exists = self._claim(mode, (self.path,))
         if exists:
-            self.epochs = self._existing_epochs()
+            self.epochs, self.crcs = self._existing_epochs()
             self._file = open(self.path, "r+b")
+            write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable)
         else:
             self._file = open(self.path, "wb")
             self._file.write(summary_header(0, self.n_samples))
@@ -249,13 +290,15 @@ class SummaryWriter(LockedWriter):
                 raise ForgetkitError(f"epoch {epoch} is not after the last stored epoch "
                                      f"{self.epochs[-1]}; pass replace=True to drop it and the "
                                      "later epochs")
-            self.epochs = self.epochs[: int(np.searchsorted(self.epochs, epoch))]
+            self._rewrite(int(np.searchsorted(self.epochs, epoch)), epoch, records, meta)
+            return
         position = len(self.epochs)
         f = self._file
         f.seek(HEADER_BYTES + position * self.n_samples * SUMMARY_DTYPE.itemsize)
         f.write(memoryview(np.ascontiguousarray(records).reshape(-1).view(np.uint8)))
         self._flush()  # the records are on disk before the header counts them
         self.epochs.append(epoch)
+        self.crcs.append(crc_array(records))
         before = self._use_meta(meta)
         # stale temporaries were removed at open; the run's lock keeps other writers away
         try:
@@ -263,10 +306,37 @@ class SummaryWriter(LockedWriter):
                               clean=False)
         except BaseException:
             self.meta, self._encoder = before
+            self.epochs.pop()
+            self.crcs.pop()
             raise
         f.seek(0)
         f.write(summary_header(len(self.epochs), self.n_samples))
         self._flush()  # the epoch counted on disk before append returns
+
+    def _rewrite(self, keep, epoch, records, meta):
+        """Replace the epochs from position ``keep`` on by ``records`` (one epoch; ``meta``:
+        the run's new metadata or None): a new file and sidecar, committed as one, so that a
+        kill leaves the old run or the new."""
+        old = _open_records(self.path)
+        epochs, crcs = self.epochs, self.crcs
+        self.epochs, self.crcs = epochs[:keep] + [epoch], crcs[:keep] + [crc_array(records)]
+        before = self._use_meta(meta)
+
+        def write_tensor(tmp):
+            with open(tmp, "wb") as f:
+                f.write(summary_header(keep + 1, self.n_samples))
+                f.write(np.ascontiguousarray(old[:keep]).tobytes())
+                f.write(np.ascontiguousarray(records).tobytes())
+
+        self._file.close()
+        try:
+            commit_pair(self.path, write_tensor, lambda _: self._record())
+        except BaseException:
+            self.epochs, self.crcs = epochs, crcs
+            self.meta, self._encoder = before
+            raise
+        finally:
+            self._file = open(self.path, "r+b")
 
     def _flush(self):
         self._file.flush()
@@ -290,7 +360,7 @@ class SummaryWriter(LockedWriter):
                 n_samples=self.n_samples, n_classes=self.n_classes, epochs=[],
                 labels=self.labels, sample_ids=self.sample_ids,
                 class_names=self.class_names, meta=self.meta))
-        return self._encoder(self.epochs)
+        return self._encoder(self.epochs, self.crcs)
 
     def _existing_epochs(self):
         record = read_summary_record(self.path)
@@ -302,5 +372,10 @@ class SummaryWriter(LockedWriter):
                 raise ForgetkitError(f"the existing summary at {str(self.path)!r} has "
                                      f"{field}={record.get(field)}; this writer has {field}={mine} "
                                      "(use mode='w' to start over, or another path)")
-        stored = np.load(self.path, mmap_mode="r")
-        return list(record["epochs"][: stored.shape[0]])
+        stored, record, _ = open_pair(self.path, _open_records, _read_summary_sidecar)
+        n = stored.shape[0]
+        if verify_tensor(self.path, stored, record):
+            crcs = list(record[CRC_KEY]["outputs"][:n])
+        else:  # written before checksums existed
+            crcs = [crc_array(stored[e]) for e in range(n)]
+        return list(record["epochs"][:n]), crcs

@@ -18,6 +18,7 @@ from .._validation import (
 )
 from ..errors import ForgetkitError, InputTypeError, RunExistsError
 from .atomic import remove, remove_stale_temps
+from .integrity import crc_array
 from .lock import RunLock
 from .npy import NpyAppender
 from .parquet import LAYOUTS, ParquetAppender, staging_path
@@ -130,6 +131,7 @@ class RunWriter(LockedWriter):
          self.meta) = check_run_fields(n_samples, n_classes, labels, sample_ids, class_names,
                                        meta)
         self.epochs = []
+        self.crcs = []  # the stored epochs' checksums (`forgetkit.io.integrity`)
         self._closed = False
         self._encoder = None  # the sidecar record's JSON, labels and ids encoded once
         if self.format == "npy":
@@ -143,7 +145,7 @@ class RunWriter(LockedWriter):
     def _open(self, mode):
         exists = self._claim(mode, (self.path, staging_path(self.path)))
         if exists:
-            record, self.epochs = self._store.existing()
+            record, self.epochs, self.crcs = self._store.existing()
             self._check_same_run(record)
         self._store.open(self._record(), resume=exists)
 
@@ -173,20 +175,36 @@ class RunWriter(LockedWriter):
             raise ForgetkitError(
                 f"outputs of epoch {epoch} contain NaN or inf (in {self.dtype}); not stored"
             )
+        values = np.ascontiguousarray(values)
+        crc = crc_array(values)
         if self.epochs and epoch <= self.epochs[-1]:
             if not replace:
                 raise ForgetkitError(
                     f"epoch {epoch} is not after the last stored epoch {self.epochs[-1]}; "
                     "pass replace=True to drop it and the later epochs"
                 )
-            self._truncate(int(np.searchsorted(self.epochs, epoch)))
+            keep = int(np.searchsorted(self.epochs, epoch))
+            if self.format == "npy":  # a new file and sidecar, committed as one
+                epochs, crcs = self.epochs, self.crcs
+                self.epochs, self.crcs = epochs[:keep] + [epoch], crcs[:keep] + [crc]
+                before = self._use_meta(meta)
+                try:
+                    self._store.rewrite(keep, values, self._record())
+                except BaseException:
+                    self.epochs, self.crcs = epochs, crcs
+                    self.meta, self._encoder = before
+                    raise
+                return
+            self._truncate(keep)
         position = len(self.epochs)
         self.epochs.append(epoch)
+        self.crcs.append(crc)
         before = self._use_meta(meta)
         try:
-            self._store.append(np.ascontiguousarray(values), position, self._record())
+            self._store.append(values, position, self._record())
         except BaseException:
             self.epochs.pop()
+            self.crcs.pop()
             self.meta, self._encoder = before
             raise
 
@@ -232,17 +250,15 @@ class RunWriter(LockedWriter):
                 kind=self.kind, dtype=self.dtype, n_samples=self.n_samples,
                 n_classes=self.n_classes, epochs=[], labels=self.labels,
                 sample_ids=self.sample_ids, class_names=self.class_names, meta=self.meta))
-        return self._encoder(self.epochs)
+        return self._encoder(self.epochs, self.crcs)
 
     def _truncate(self, keep):
-        """Drop the stored epochs from position ``keep`` on."""
-        dropped = self.epochs[keep:]
-        self.epochs = self.epochs[:keep]
-        if self.format == "npy":
-            self._store.truncate(keep, self._record())
-        else:
-            try:
-                self._store.truncate(keep, self._record(), dropped)
-            except ValueError:
-                self.epochs += dropped
-                raise
+        """Drop the stored epochs from position ``keep`` on (Parquet)."""
+        dropped, dropped_crcs = self.epochs[keep:], self.crcs[keep:]
+        self.epochs, self.crcs = self.epochs[:keep], self.crcs[:keep]
+        try:
+            self._store.truncate(keep, self._record(), dropped)
+        except ValueError:
+            self.epochs += dropped
+            self.crcs += dropped_crcs
+            raise

@@ -1,0 +1,54 @@
+"""`forgetkit.verify`: check every stored epoch of a run against its checksums."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import CorruptFileError, MissingFileError
+from .integrity import bad_epochs, check_fields, stored_checksums
+from .npy import _read_sidecar, open_memmap
+from .npz import load_npz
+from .pair import open_pair
+from .parquet import open_parquet_run, staging_path
+from .record import format_of
+from .summary import _open_records, _read_summary_sidecar, is_summary
+
+
+def verify_run(path):
+    """See `forgetkit.io.verify`."""
+    path = Path(path)
+    fmt = format_of(path)
+    if not path.exists() and not (fmt == "parquet" and staging_path(path).is_dir()):
+        raise MissingFileError(f"no such run: {str(path)!r}")
+    result = {"path": str(path), "verifiable": False, "epochs": 0, "bad": []}
+    if fmt == "npy":
+        summary = is_summary(path)
+        tensor, record, _ = open_pair(path, _open_records if summary else open_memmap,
+                                      _read_summary_sidecar if summary else _read_sidecar)
+        record = record or {}
+        sums = stored_checksums(record, f"the sidecar of {str(path)!r}")
+        if sums is None:
+            return result
+        check_fields(record, sums, path)
+        if len(sums["outputs"]) < len(tensor):
+            raise CorruptFileError(f"the sidecar of {str(path)!r} has checksums of "
+                                   f"{len(sums['outputs'])} epochs; the file holds "
+                                   f"{len(tensor)}")
+        epochs = record.get("epochs") or []
+        bad = bad_epochs(tensor, sums["outputs"][: len(tensor)])
+        result.update(verifiable=True, epochs=len(tensor), bad=[int(epochs[e]) for e in bad])
+    elif fmt == "parquet":
+        source = open_parquet_run(path, staging_path(path))
+        if all(c is None for c in source.crcs):
+            return result
+        bad = []
+        for i, e in enumerate(source.epochs):
+            try:
+                source.read_epoch(i)
+            except CorruptFileError:
+                bad.append(int(e))
+        result.update(verifiable=True, epochs=len(source.epochs), bad=bad)
+    elif fmt == "npz":  # every member's zip CRC-32 is checked as it is read
+        run = load_npz(path)
+        result.update(verifiable=True, epochs=run.n_epochs)
+    return result

@@ -1,0 +1,341 @@
+"""Integrity (issue 25): checksums of every stored epoch, a tensor and its sidecar changed
+together, locks that follow no symbolic link, summaries' fields range-checked."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import forgetkit as fk
+from forgetkit.cli import main
+from forgetkit.io import pair
+from forgetkit.io.pair import pending_path
+from forgetkit.io.record import sidecar_path
+
+E, N, C = 3, 16, 4
+
+
+def make_run(seed=0, n_epochs=E):
+    rng = np.random.default_rng(seed)
+    return fk.Run(rng.normal(size=(n_epochs, N, C)).astype(np.float32),
+                  rng.integers(0, C, N), epochs=list(range(1, 2 * n_epochs, 2)))
+
+
+RUN = make_run()
+
+
+def write(folder, fmt, run=RUN):
+    if fmt == "summary":
+        return fk.summarize(run, folder / "s.npy").source
+    suffix, layout = {"npy": (".npy", "list"), "npz": (".npz", "list"),
+                      "parquet-list": (".parquet", "list"),
+                      "parquet-binary": (".parquet", "binary")}[fmt]
+    path = folder / f"r{suffix}"
+    fk.save(run, path, layout=layout)
+    return path
+
+
+def values_of(run):
+    if run.kind == "summary":
+        return np.asarray(run.outputs.records).view(np.uint8)
+    return np.asarray(run.outputs)
+
+
+FORMATS = ["npy", "npz", "parquet-list", "parquet-binary", "summary"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_flipped_byte_anywhere_loads_the_same_data_or_is_refused(tmp_path, fmt):
+    path = write(tmp_path, fmt)
+    expected = values_of(fk.load(path))
+    original = path.read_bytes()
+    size = len(original)
+    refused = 0
+    for where in np.unique(np.linspace(0, size - 1, 97).astype(int)):
+        data = bytearray(original)
+        data[where] ^= 0x10
+        path.write_bytes(bytes(data))
+        try:
+            run = fk.load(path)
+            got = values_of(run)
+            run.predictions() if run.kind != "summary" else run.correctness()
+        except fk.ForgetkitError:
+            refused += 1
+            continue
+        assert np.array_equal(got, expected), f"byte {where} of {size}: loaded other data"
+        assert np.array_equal(run.labels, RUN.labels)
+        assert np.array_equal(run.epochs, RUN.epochs)
+    assert refused > 0
+
+
+@pytest.mark.parametrize("fmt", ["npy", "parquet-list", "parquet-binary", "summary"])
+def test_a_flipped_value_names_the_file_and_epoch_and_verify_false_skips(tmp_path, fmt):
+    path = write(tmp_path, fmt)
+    data = bytearray(path.read_bytes())
+    # the last epoch's values sit near the end of an NPY file; Parquet: find them
+    if fmt.startswith("parquet"):
+        needle = np.ascontiguousarray(RUN.outputs[2]).tobytes()[:64]
+        at = bytes(data).find(needle)
+        assert at > 0
+    else:
+        at = len(data) - 4
+    data[at + 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(fk.errors.CorruptFileError, match=r"epoch 5\b.*\(index 2\).*(checksum|CRC)"):
+        np.asarray(fk.load(path).outputs) if fmt.startswith("parquet") else fk.load(path)
+    fk.load(path, verify=False)  # loads: the caller chose not to check
+    result = fk.verify(path)
+    assert result["verifiable"] and result["bad"] == [5]
+
+
+def test_labels_and_epoch_numbers_are_checksummed(tmp_path):
+    path = write(tmp_path, "npy")
+    sidecar = sidecar_path(path)
+    record = json.loads(sidecar.read_text())
+    record["labels"][0] = (record["labels"][0] + 1) % C
+    sidecar.write_text(json.dumps(record))
+    with pytest.raises(fk.errors.CorruptFileError, match="labels do not match"):
+        fk.load(path)
+    record["labels"][0] = int(RUN.labels[0])
+    record["epochs"] = [1, 2, 5]
+    sidecar.write_text(json.dumps(record))
+    with pytest.raises(fk.errors.CorruptFileError, match="epoch numbers"):
+        fk.load(path)
+
+
+def test_verify_command(tmp_path, capsys):
+    good = write(tmp_path, "npy")
+    old = tmp_path / "old.npy"  # written before checksums existed: version 1, none stored
+    np.save(old, np.asarray(RUN.outputs))
+    sidecar_path(old).write_text(json.dumps({"kind": "logits", "labels": RUN.labels.tolist(),
+                                             "epochs": RUN.epochs.tolist()}))
+    assert np.array_equal(np.asarray(fk.load(old).outputs), np.asarray(RUN.outputs))
+    assert main(["verify", str(good), str(old)]) == 0
+    out = capsys.readouterr().out
+    assert "ok (3 epochs)" in out and "cannot be verified" in out
+    bad = tmp_path / "bad.npy"
+    fk.save(RUN, bad)
+    data = bytearray(bad.read_bytes())
+    data[-1] ^= 0x40
+    bad.write_bytes(bytes(data))
+    assert main(["verify", str(good), str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"{bad}: bad: epoch 5 does not match its checksum"
+
+
+@pytest.mark.parametrize("fmt", ["npy", "parquet-list", "summary"])
+def test_writers_store_checksums_that_verify(tmp_path, fmt):
+    path = tmp_path / ("r.parquet" if fmt.startswith("parquet") else "r.npy")
+    writer = fk.SummaryWriter(path, N, C, labels=RUN.labels) if fmt == "summary" \
+        else fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32")
+    with writer:
+        for e in range(E):
+            writer.append(e, RUN.outputs[e])
+        writer.append(1, RUN.outputs[2], replace=True)
+    assert fk.verify(path) == {"path": str(path), "verifiable": True, "epochs": 2, "bad": []}
+    run = fk.load(path)
+    assert run.epochs.tolist() == [0, 1]
+    if fmt != "summary":
+        assert np.array_equal(np.asarray(run.outputs[1]), RUN.outputs[2])
+    converted = tmp_path / "c.parquet"
+    if fmt != "summary":
+        fk.convert(path, converted)
+        assert fk.verify(converted)["bad"] == []
+
+
+# ------------------------------------------------------------ pairs change together
+class Killed(BaseException):
+    """A kill of the writing process at an injected point."""
+
+
+def _kill_at_rename(monkeypatch, k):
+    """Make the k-th os.replace (0-based) of forgetkit's writes raise Killed first."""
+    calls = {"n": 0}
+    real = os.replace
+
+    def replace(src, dst):
+        if calls["n"] == k:
+            calls["n"] += 1
+            raise Killed
+        calls["n"] += 1
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return calls
+
+
+def _state(path):
+    run = fk.load(path)
+    return values_of(run), run.labels, run.epochs
+
+
+def _same(state, run):
+    values, labels, epochs = state
+    return (np.array_equal(values, values_of(run)) and np.array_equal(labels, run.labels)
+            and np.array_equal(epochs, run.epochs))
+
+
+@pytest.mark.parametrize("what", ["save", "summarize"])
+def test_a_kill_at_any_rename_leaves_the_old_run_or_the_new(tmp_path, monkeypatch, what):
+    old, new = make_run(1), make_run(2, n_epochs=2)  # the new one has fewer epochs
+    seen = set()
+    for k in range(4):
+        path = tmp_path / f"k{k}.npy"
+        if what == "save":
+            fk.save(old, path)
+        else:
+            fk.summarize(old, path)
+        expected_old, expected_new = fk.load(path), (fk.summarize(new) if what == "summarize"
+                                                     else new)
+        with monkeypatch.context() as m:
+            calls = _kill_at_rename(m, k)
+            try:
+                fk.save(new, path) if what == "save" else fk.summarize(new, path)
+            except Killed:
+                pass
+        state = _state(path)
+        is_old, is_new = _same(state, expected_old), _same(state, expected_new)
+        assert is_old or is_new, f"kill at rename {k}: a mix"
+        seen.add("old" if is_old else "new")
+        if calls["n"] <= k:
+            break
+    assert seen == {"old", "new"}
+
+
+def test_a_kill_between_the_tensor_and_the_sidecar_loads_the_new_run(tmp_path, monkeypatch):
+    path = tmp_path / "r.npy"
+    old, new = make_run(1), make_run(2, n_epochs=2)
+    fk.save(old, path)
+    real = os.replace
+
+    def replace(src, dst):
+        if str(dst) == str(sidecar_path(path)):
+            raise Killed  # after the tensor was renamed into place
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(Killed):
+        fk.save(new, path)
+    monkeypatch.undo()
+    assert pending_path(path).exists()
+    assert _same(_state(path), new)
+    fk.save(old, path)  # the next write commits as usual
+    assert not pending_path(path).exists() and _same(_state(path), old)
+
+
+@pytest.mark.parametrize("writer_kind", ["run", "summary"])
+def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(
+        tmp_path, monkeypatch, writer_kind):
+    outcomes = set()
+    for k in range(4):
+        path = tmp_path / f"w{k}.npy"
+        make = (lambda p=path: fk.SummaryWriter(p, N, C, labels=RUN.labels)) \
+            if writer_kind == "summary" else \
+            (lambda p=path: fk.RunWriter(p, N, C, labels=RUN.labels, dtype="float32"))
+        with make() as w:
+            for e in range(E):
+                w.append(e, RUN.outputs[e])
+        before = _state(path)
+        w = make()
+        with monkeypatch.context() as m:
+            calls = _kill_at_rename(m, k)
+            try:
+                w.append(1, RUN.outputs[0], replace=True)
+            except Killed:
+                pass
+        w._lock.release()  # the process "died": its lock goes with it
+        state = _state(path)
+        if all(np.array_equal(a, b) for a, b in zip(state, before, strict=True)):
+            outcomes.add("old")
+        else:
+            assert state[2].tolist() == [0, 1]
+            first = state[0][1] if writer_kind != "summary" else None
+            if first is not None:
+                assert np.array_equal(first, RUN.outputs[0])
+            outcomes.add("new")
+        if calls["n"] <= k:
+            break
+    assert outcomes == {"old", "new"}
+
+
+def test_a_reader_never_sees_one_runs_tensor_with_the_others_sidecar(tmp_path):
+    path = tmp_path / "r.npy"
+    runs = [make_run(1), make_run(2, n_epochs=2)]
+    fk.save(runs[0], path)
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            fk.save(runs[i % 2], path)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    loads = 0
+    try:
+        for _ in range(150):
+            state = _state(path)
+            assert _same(state, runs[0]) or _same(state, runs[1])
+            loads += 1
+    finally:
+        stop.set()
+        thread.join()
+    assert loads == 150
+
+
+def test_open_pair_gives_up_on_a_tensor_that_matches_no_sidecar(tmp_path, monkeypatch):
+    path = write(tmp_path, "npy")
+    pending_path(path).write_text(sidecar_path(path).read_text())
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 1
+    path.write_bytes(bytes(data))
+    monkeypatch.setattr(pair, "READ_ATTEMPTS", 2)
+    with pytest.raises(fk.errors.CorruptFileError, match="does not match its sidecar"):
+        fk.load(path, verify=False)
+
+
+# -------------------------------------------------------------------------- locks
+@pytest.mark.parametrize("planted", ["symlink", "folder", "fifo"])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused_and_untouched(tmp_path, planted):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    path = tmp_path / "r.npy"
+    lock = tmp_path / "r.npy.lock"
+    if planted == "symlink":
+        lock.symlink_to(victim)
+    elif planted == "folder":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    for attempt in (lambda: fk.save(RUN, path),
+                    lambda: fk.RunWriter(path, N, C, labels=RUN.labels)):
+        with pytest.raises(fk.ForgetkitError, match="lock file .* is (a symbolic link|not a "
+                                                    "regular file): refused"):
+            attempt()
+    assert victim.read_text() == "keep me" and not path.exists()
+    assert main(["convert", str(write(tmp_path, "npz")), str(path), "--quiet"]) == 1
+
+
+# ---------------------------------------------------------------------- summaries
+def test_a_summary_with_an_other_class_out_of_range_is_refused(tmp_path, capsys):
+    path = write(tmp_path, "summary")
+    records = np.load(path, mmap_mode="r+")
+    records["other_class"][1, 3] = C + 5
+    records.flush()
+    del records
+    with pytest.raises(fk.errors.CorruptFileError, match="other_class"):
+        fk.load(path, verify=False)
+    assert main(["analyze", str(path), "--quiet"]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_wrong_argument_types_are_named():
+    dm = fk.data_map(RUN)
+    with pytest.raises(fk.errors.InputTypeError, match="frac must be a number; got str"):
+        fk.select(dm, region="easy", frac="abc")
+    with pytest.raises(fk.errors.InputTypeError, match="run must be a forgetkit.Run; got str "
+                                                       "'x.npy' .*forgetkit.load"):
+        fk.data_map("x.npy")
