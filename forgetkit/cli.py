@@ -113,7 +113,13 @@ def _cmd_datamap(args):
                                 else "--out without --select"))
     if args.frac is not None and not args.select:
         raise ForgetkitError("--frac needs --select REGION")
+    if args.frac is not None and not 0.0 < args.frac <= 1.0:  # checked before any work
+        raise ForgetkitError(f"--frac must lie in (0, 1]; got {args.frac}")
+    if args.burn_out is not None and args.burn_out < 1:
+        raise ForgetkitError(f"--burn-out must be >= 1; got {args.burn_out}")
     run = load(args.run, labels=args.labels)
+    if args.frac is not None and int(args.frac * run.n_samples) == 0:
+        raise ForgetkitError(f"--frac {args.frac} of {run.n_samples} samples selects none")
     dm = data_map(run, burn_out=args.burn_out, progress=not args.quiet)
     counts = dm["region"].value_counts()
     print(f"data map of {args.run}: {len(dm)} samples, {dm.attrs['n_epochs']} epochs")
@@ -252,14 +258,19 @@ def _cmd_sweep(args):
     try:
         table = sweep(args.runs, methods=args.methods, client=client, n_workers=args.workers,
                       seeds=tuple(args.seeds), val_frac=args.val_frac, window=args.window,
-                      progress=not args.quiet)
+                      progress=not args.quiet, errors="record")
     finally:
         if client is not None:
             client.close()
     with atomic_write(Path(args.out)) as tmp:
         table.to_csv(tmp, index=False)
+    failed = table.loc[table["error"] != "", "error"]
     if not args.quiet:
-        print(f"wrote {args.out}: {table['run'].nunique()} runs x {len(args.methods)} methods")
+        print(f"wrote {args.out}: {table['run'].nunique() - len(failed)} runs x "
+              f"{len(args.methods)} methods" + (f", {len(failed)} failed" if len(failed) else ""))
+    for message in failed:  # after the table: every good run's rows are kept
+        print(f"forgetkit sweep: error: {message}", file=sys.stderr)
+    return 1 if len(failed) else 0
 
 
 def _cmd_distill(args):

@@ -379,3 +379,23 @@ def test_sweep_command_on_a_scheduler_and_on_its_own_cluster(client, tmp_path, c
     assert main(["sweep", str(corrupt), "--out", str(out), "--scheduler",
                  client.scheduler.address]) == 1
     assert "r9.npy" in capsys.readouterr().err
+
+
+def test_sweep_keeps_the_good_runs_rows_and_names_each_failed_run(client, tmp_path, capsys):
+    fk.save(make_run(n_samples=400, seed=0), tmp_path / "r0.npy")
+    (tmp_path / "r1.npy").write_bytes(b"garbage")
+    out = tmp_path / "sweep.csv"
+    capsys.readouterr()
+    assert main(["sweep", str(tmp_path / "r*.npy"), "--methods", "single", "--seeds", "0",
+                 "--out", str(out), "--quiet", "--scheduler", client.scheduler.address]) == 1
+    table = pd.read_csv(out, keep_default_na=False)
+    good = table[table["run"] == str(tmp_path / "r0.npy")]
+    assert len(good) == 1 and (good["error"] == "").all()
+    assert good["method"].tolist() == ["single"]
+    bad = table[table["run"] == str(tmp_path / "r1.npy")]
+    assert len(bad) == 1 and "r1.npy" in bad["error"].iloc[0]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("forgetkit sweep: error: run ")
+    assert "r1.npy" in err[0]
+    with pytest.raises(fk.ForgetkitError, match="r1.npy"):
+        fk.sweep(str(tmp_path / "r*.npy"), methods=["single"], seeds=(0,), client=client)

@@ -339,3 +339,101 @@ def test_wrong_argument_types_are_named():
     with pytest.raises(fk.errors.InputTypeError, match="run must be a forgetkit.Run; got str "
                                                        "'x.npy' .*forgetkit.load"):
         fk.data_map("x.npy")
+
+
+def test_an_npz_that_expands_implausibly_is_refused_before_allocation(tmp_path):
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, logits=np.zeros((4, 1 << 20, 10), dtype=np.float16),
+                        labels=np.zeros(1 << 20, dtype=np.int64))
+    assert path.stat().st_size < 1 << 20
+    with pytest.raises(fk.errors.CorruptFileError, match="would expand .*refused before"):
+        fk.load(path)
+    small = tmp_path / "zeros.npz"  # a small run of zeros still loads
+    np.savez_compressed(small, logits=np.zeros((2, 50, 3), dtype=np.float32),
+                        labels=np.zeros(50, dtype=np.int64))
+    assert fk.load(small).shape == (2, 50, 3)
+
+
+def test_datamap_checks_frac_before_any_work(tmp_path, capsys, monkeypatch):
+    import forgetkit.cli as cli
+
+    path = write(tmp_path, "npy")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the data map was computed before --frac was checked")
+
+    monkeypatch.setattr(cli, "data_map", no_work)
+    for frac in ("1.5", "0", "-0.1", "0.01"):
+        capsys.readouterr()
+        assert main(["datamap", str(path), "--select", "ambiguous", "--frac", frac, "--out",
+                     str(tmp_path / "ids.csv")]) == 1
+        err = capsys.readouterr().err
+        assert "--frac" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "ids.csv").exists()
+
+
+# ------------------------------------------------------------------------- shards
+def _shards(tmp_path, fmt="npy", ids=((0, 1, 2, 3, 4, 5, 6, 7), (8, 9, 10, 11, 12, 13, 14, 15))):
+    paths = []
+    for i, rows in enumerate((slice(0, 8), slice(8, 16))):
+        part = RUN.isel(samples=np.arange(N)[rows]).replace(sample_ids=list(ids[i]))
+        paths.append(tmp_path / f"shard-{i}.{fmt}")
+        fk.save(part, paths[-1])
+    return paths
+
+
+@pytest.mark.parametrize("fmt", ["npy", "parquet"])
+def test_shards_are_verified_on_the_workers_and_errors_name_the_shard(tmp_path, fmt):
+    pytest.importorskip("dask")
+    import dask
+
+    paths = _shards(tmp_path, fmt)
+    pattern = str(tmp_path / f"shard-*.{fmt}")
+    with dask.config.set(scheduler="synchronous"):
+        assert np.array_equal(np.asarray(fk.load(pattern).outputs), np.asarray(RUN.outputs))
+        data = bytearray(paths[1].read_bytes())
+        if fmt == "npy":
+            data[-3] ^= 0x01
+        else:
+            needle = np.ascontiguousarray(RUN.outputs[2, 8:]).tobytes()[:32]
+            data[bytes(data).find(needle) + 1] ^= 0x01
+        paths[1].write_bytes(bytes(data))
+        with pytest.raises(fk.ForgetkitError, match=r"shard-1.*(checksum|CRC)"):
+            fk.load(pattern).predictions().compute()
+
+
+def test_shard_labels_nan_and_duplicate_ids_name_the_shard(tmp_path):
+    pytest.importorskip("dask")
+    import dask
+
+    paths = _shards(tmp_path, ids=(range(8), range(7, 15)))
+    with pytest.raises(fk.errors.CorruptFileError,
+                       match=r"sample id 7 appears twice \(shards .*shard-0.npy.* and "
+                             r".*shard-1.npy"):
+        fk.load(str(tmp_path / "shard-*.npy"))
+    paths = _shards(tmp_path)
+    sidecar = sidecar_path(paths[1])
+    record = json.loads(sidecar.read_text())
+    good = record["labels"][0]
+    record["labels"][0] = C + 3
+    sidecar.write_text(json.dumps(record))
+    with pytest.raises(fk.ForgetkitError, match=r"shard .*shard-1.npy.*labels"):
+        fk.load(str(tmp_path / "shard-*.npy"))
+    record["labels"][0] = good
+    sidecar.write_text(json.dumps(record))
+    values = np.asarray(RUN.outputs[:, 8:]).copy()
+    values[1, 2, 0] = np.nan
+    np.save(tmp_path / "nan.npy", values)
+    sidecar_path(tmp_path / "nan.npy").write_text(json.dumps(
+        {k: v for k, v in record.items() if k != "crc32c"} | {"version": 1}))
+    with dask.config.set(scheduler="synchronous"), pytest.raises(
+            fk.ForgetkitError, match=r"shard .*nan.npy.*NaN or inf at epoch index 1 "
+                                     r"\(sample 2"):
+        fk.load([str(paths[0]), str(tmp_path / "nan.npy")]).predictions().compute()
+
+
+def test_duplicate_sample_ids_in_a_sidecar_are_refused(tmp_path):
+    path = write(tmp_path, "npy", RUN.replace(sample_ids=[f"s{i % 15}" for i in range(N)]))
+    with pytest.raises(fk.errors.CorruptFileError, match="sample id 's0' appears twice "
+                                                         r"\(samples 0 and 15\)"):
+        fk.load(path)

@@ -19,10 +19,12 @@ import dask.array as da
 import numpy as np
 from fsspec.core import url_to_fs
 
-from .._validation import FLOAT_DTYPES, check_int
+from .._validation import FLOAT_DTYPES, check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
-from ..io.parquet import PARQUET_KEY, _column_to_numpy
-from ..io.record import SIDECAR_SUFFIX, load_labels_file
+from ..io.integrity import KEY as CRC_KEY
+from ..io.integrity import crc_array
+from ..io.parquet import CRC_METADATA_KEY, PARQUET_KEY, _column_to_numpy
+from ..io.record import SIDECAR_SUFFIX, duplicate_id, load_labels_file
 from ..run import Run
 
 FORMATS = (".npy", ".parquet")
@@ -100,13 +102,31 @@ def _npy_shard(fs, path, name):
             raise corrupt_shard(f"{name} (its sidecar)", err) from None
         if record.get("epochs") is not None:  # a sidecar may list epochs not yet stored
             record["epochs"] = record["epochs"][: shape[0]]
-    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=stored, offset=offset)
+    sums = (record.get(CRC_KEY) or {}).get("outputs") if isinstance(record.get(CRC_KEY),
+                                                                      dict) else None
+    crcs = list(sums[: shape[0]]) if isinstance(sums, list) else None
+    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=stored, offset=offset,
+                  crcs=crcs)
     return shape, dtype, record, reader
 
 
-def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset):
+def _check_block(out, name, start, crcs, whole):
+    """On the worker: refuse NaN or inf, and (a block holding whole epochs) values that do
+    not match the shard's checksums, naming the shard and the epoch."""
+    for e in range(len(out)):
+        if whole and crcs is not None and e < len(crcs) and crc_array(out[e]) != crcs[e]:
+            raise CorruptFileError(f"shard {name!r}: epoch index {e} does not match its "
+                                   "checksum: the file is corrupt")
+        if not np.isfinite(out[e]).all():
+            bad = int(np.flatnonzero(~np.isfinite(out[e]).all(axis=-1))[0])
+            raise ForgetkitError(f"shard {name!r}: outputs contain NaN or inf at epoch "
+                                 f"index {e} (sample {start + bad} of the shard)")
+
+
+def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, crcs=None):
     """Samples start..stop of every epoch of an NPY shard: (E, stop - start, C), one read
-    per epoch."""
+    per epoch; checked by `_check_block` (a block of the whole shard is verified against
+    its checksums)."""
     n_epochs, n_samples, n_classes = shape
     row = n_classes * dtype.itemsize
     out = np.empty((n_epochs, stop - start, n_classes), dtype=dtype)
@@ -120,6 +140,7 @@ def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset):
                                               f"{out[e].nbytes} bytes")
     except FileNotFoundError:
         raise missing_shard(name) from None
+    _check_block(out, name, start, crcs, start == 0 and stop == n_samples)
     return out.astype(dtype.newbyteorder("="), copy=False)
 
 
@@ -152,13 +173,18 @@ def _parquet_shard(fs, path, name):
     record["epochs"] = epochs
     shape = (len(epochs), int(record["n_samples"]), int(record["n_classes"]))
     dtype = np.dtype(record.get("dtype", "float32"))
-    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=dtype)
+    sums = (pf.metadata.metadata or {}).get(CRC_METADATA_KEY)
+    try:
+        crcs = json.loads(sums)["outputs"] if sums is not None else None
+    except (ValueError, TypeError, KeyError) as err:
+        raise corrupt_shard(name, err) from None
+    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=dtype, crcs=crcs)
     return shape, dtype, record, reader
 
 
-def read_parquet_block(start, stop, *, fs, path, name, shape, dtype):
+def read_parquet_block(start, stop, *, fs, path, name, shape, dtype, crcs=None):
     """Samples start..stop of every epoch of a Parquet shard: (E, stop - start, C). Each
-    epoch's row group is read whole."""
+    epoch's row group is read whole, and verified against its checksum on the worker."""
     n_epochs, n_samples, n_classes = shape
     pf = _parquet_file(fs, path, name)
     out = np.empty((n_epochs, stop - start, n_classes), dtype=dtype)
@@ -175,7 +201,12 @@ def read_parquet_block(start, stop, *, fs, path, name, shape, dtype):
         order = np.argsort(sample, kind="stable")
         if not np.array_equal(sample[order], np.arange(n_samples)):
             raise CorruptFileError(f"{where}: column 'sample' is not a permutation of 0..N-1")
-        out[e] = values[order[start:stop]]
+        values = np.ascontiguousarray(values[order], dtype=dtype)
+        if crcs is not None and e < len(crcs) and crc_array(values) != crcs[e]:
+            raise CorruptFileError(f"shard {name!r}: epoch index {e} does not match its "
+                                   "checksum: the file is corrupt")
+        out[e] = values[start:stop]
+    _check_block(out, name, start, None, False)
     return out
 
 
@@ -217,14 +248,22 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
         chunks = check_int("chunks", chunks, minimum=1)
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels_file(labels)
-    blocks, stored_labels, ids, first = [], [], [], None
+    blocks, stored_labels, ids, first, names = [], [], [], None, []
     for fs, path, name in shard_paths(source):
         shape, dtype, record, reader, read_block = _open_shard(fs, path, name)
         if first is None:
             first = (name, shape, dtype, record)
         _check_same(first, name, shape, dtype, record)
+        if record.get("labels") is not None:
+            try:
+                check_labels(record["labels"], shape[1], shape[2])
+            except ForgetkitError as err:
+                raise type(err)(f"shard {name!r}: {err}") from None
+        if not verify:
+            reader["crcs"] = None
         stored_labels.append(record.get("labels"))
         ids.append(record.get("sample_ids"))
+        names += [name] * shape[1]
         n = shape[1]
         step = n if chunks is None else chunks
         for a in range(0, n, step):
@@ -239,9 +278,22 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
                                  "labels= (the labels of all samples, in shard order)")
         labels = np.concatenate([np.asarray(lab) for lab in stored_labels])
     sample_ids = None if any(i is None for i in ids) else np.concatenate(ids)
+    if sample_ids is not None:
+        _refuse_duplicate_ids(sample_ids, names)
     return Run(da.concatenate(blocks, axis=1), labels, kind=kind or record.get("kind", "logits"),
                epochs=record.get("epochs"), sample_ids=sample_ids,
                class_names=record.get("class_names"), meta=record.get("meta"))
+
+
+def _refuse_duplicate_ids(sample_ids, names):
+    """Refuse a sample id that two samples share, naming the shards that hold them."""
+    dup = duplicate_id(sample_ids)
+    if dup is not None:
+        value, a, b = dup
+        where = f"shard {names[a]!r}" if names[a] == names[b] else \
+            f"shards {names[a]!r} and {names[b]!r}"
+        raise CorruptFileError(f"sample id {value!r} appears twice ({where}); sample ids must "
+                               "be unique across shards")
 
 
 def _check_same(first, name, shape, dtype, record):

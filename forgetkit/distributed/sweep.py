@@ -9,7 +9,7 @@ import numba
 import pandas as pd
 
 from .._progress import Progress
-from .._validation import check_int
+from .._validation import check_int, check_option
 from ..errors import ForgetkitError, MissingFileError
 from ..evaluate import DEFAULT_METHODS, compare
 from ..io import load
@@ -51,7 +51,7 @@ def compare_run(path, *, threads, **options):
 
 
 def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=(0, 1, 2),
-          val_frac=0.5, window=1, progress=False):
+          val_frac=0.5, window=1, progress=False, errors="raise"):
     """`forgetkit.compare` on many runs, one task per run on a dask.distributed cluster.
 
     Parameters
@@ -68,6 +68,10 @@ def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=
         Workers of that LocalCluster; default: one per core.
     progress : bool
         Show runs done / total on a terminal.
+    errors : {"raise", "record"}
+        A run that forgetkit refuses (a corrupt file, bad labels...): "raise" raises its
+        error; "record" keeps every other run's rows and gives it one row whose ``error``
+        column says why (the table then has an ``error`` column, empty for good rows).
 
     Returns
     -------
@@ -77,6 +81,7 @@ def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=
     from distributed import Client, LocalCluster, as_completed
 
     check_int("n_workers", n_workers, minimum=1, allow_none=True)
+    check_option("errors", errors, ("raise", "record"))
     paths = run_paths(paths)
     options = dict(methods=list(methods), seeds=tuple(seeds), val_frac=val_frac, window=window)
     cluster, threads = None, None
@@ -90,13 +95,21 @@ def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=
         futures = [client.submit(compare_run, p, threads=threads, pure=False, **options)
                    for p in paths]
         bar = Progress(len(paths), "sweep", enabled=progress, unit="runs")
+        failed = {}
         for future in as_completed(futures):
             if future.status == "error":
-                future.result()  # raises the error that names the run
+                err = future.exception()
+                if errors == "raise" or not isinstance(err, ForgetkitError):
+                    future.result()  # raises the error that names the run
+                failed[future.key] = " ".join(str(err).split())
             bar.update(1)
-        tables = client.gather(futures)
+        tables = [pd.DataFrame({"run": [p], "error": [failed[f.key]]}) if f.key in failed
+                  else f.result() for p, f in zip(paths, futures, strict=True)]
     finally:
         if cluster is not None:
             client.close()
             cluster.close()
-    return pd.concat(tables, ignore_index=True)
+    table = pd.concat(tables, ignore_index=True)
+    if errors == "record":
+        table["error"] = table["error"].fillna("") if "error" in table else ""
+    return table

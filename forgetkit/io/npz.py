@@ -13,12 +13,49 @@ from .record import corrupt, make_run
 
 #: The first bytes of a zip archive (an NPZ file), with members or empty.
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+#: A member that expands more than this many times (model outputs compress about 1.1x) and
+#: to more than IMPLAUSIBLE_MIN_BYTES is refused before it is decompressed: a zip bomb.
+IMPLAUSIBLE_RATIO = 100
+IMPLAUSIBLE_MIN_BYTES = 64 << 20
+
+
+def available_memory():
+    """Bytes of memory available to this process now (MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_expansion(path, infos):
+    """Refuse members whose declared expansion is implausible or does not fit in memory,
+    from the zip's directory alone (nothing is decompressed)."""
+    total = 0
+    for info in infos:
+        total += info.file_size
+        ratio = info.file_size / max(info.compress_size, 1)
+        if ratio > IMPLAUSIBLE_RATIO and info.file_size > IMPLAUSIBLE_MIN_BYTES:
+            raise CorruptFileError(
+                f"cannot read {str(path)!r}: the member {info.filename!r} would expand "
+                f"{ratio:.0f}x, from {info.compress_size} to {info.file_size} bytes; model "
+                "outputs never compress so well (refused before decompressing)")
+    available = available_memory()
+    if available is not None and total > available:
+        raise CorruptFileError(
+            f"cannot read {str(path)!r}: its members expand to {total} bytes, more than the "
+            f"{available} bytes of memory available; store large runs as .npy or .parquet, "
+            "which load lazily")
 
 
 def _check_members(path):
     """Refuse an archive whose .npy members claim more (or less) data than they hold, before
     numpy allocates arrays of the claimed shapes."""
     with zipfile.ZipFile(path) as zf:
+        _check_expansion(path, zf.infolist())
         for info in zf.infolist():
             if not info.filename.endswith(".npy"):
                 continue
