@@ -437,3 +437,37 @@ def test_duplicate_sample_ids_in_a_sidecar_are_refused(tmp_path):
     with pytest.raises(fk.errors.CorruptFileError, match="sample id 's0' appears twice "
                                                          r"\(samples 0 and 15\)"):
         fk.load(path)
+
+
+def test_a_kill_inside_a_replacing_append_of_a_staged_parquet_run(tmp_path, monkeypatch):
+    outcomes = set()
+    for k in range(3):
+        path = tmp_path / f"w{k}.parquet"
+        w = fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32")
+        for e in range(E):
+            w.append(e, RUN.outputs[e])
+        w.abort()  # staged epochs only: a training still under way
+        before = _state(path)
+        w = fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32")
+        with monkeypatch.context() as m:
+            calls = _kill_at_rename(m, k)
+            try:
+                w.append(1, RUN.outputs[0], replace=True)
+            except Killed:
+                pass
+        w._lock.release()
+        state = _state(path)
+        if all(np.array_equal(a, b) for a, b in zip(state, before, strict=True)):
+            outcomes.add("old")
+        else:
+            assert state[2].tolist() == [0, 1]
+            assert np.array_equal(state[0][1], RUN.outputs[0])
+            outcomes.add("new")
+        assert fk.verify(path)["bad"] == []
+        if calls["n"] <= k:
+            break
+    assert outcomes == {"old", "new"}
+    with fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32") as w:  # resumes, closes
+        w.append(2, RUN.outputs[2])
+    assert fk.load(path).epochs.tolist() == [0, 1, 2]
+    assert not fk.io.staging_path(path).exists()

@@ -46,6 +46,15 @@ def staging_path(path):
     return Path(str(path) + PARTIAL_SUFFIX)
 
 
+def staged_epoch_file(staging, epoch, crc):
+    """The staged file of epoch number ``epoch`` whose values have checksum ``crc`` (None:
+    staged before checksums existed). Named by its checksum too, so that a replaced epoch is
+    a new file and ``run.json`` switches from the old to the new in one rename."""
+    if crc is None:
+        return staging / f"epoch-{epoch:09d}.parquet"
+    return staging / f"epoch-{epoch:09d}-{crc:08x}.parquet"
+
+
 def write_parquet(path, epochs, n_classes, dtype, layout, record):
     """Write (epoch number, outputs (N, C)) pairs as one row group per epoch, and the
     checksums of the epochs (`forgetkit.io.integrity`) under CRC_METADATA_KEY."""
@@ -302,7 +311,7 @@ def open_parquet_run(path, staging, *, verify=True):
         for e in staged["epochs"]:
             if e in base_epochs:
                 continue
-            f = staging / f"epoch-{e:09d}.parquet"
+            f = staged_epoch_file(staging, e, staged_crcs.get(e))
             if not f.exists():
                 break
             staged_file = _OpenParquet(f, verify)
@@ -388,24 +397,36 @@ class ParquetAppender:
             if self.durable:
                 fsync_path(self.staging.parent)
         write_json_atomic(self.staging / "run.json", record, durable=self.durable)
+        self._files = self._staged_files(record)
+        self._drop = []  # files of replaced epochs, removed once run.json no longer names them
 
-    def _epoch_file(self, epoch):
-        return self.staging / f"epoch-{epoch:09d}.parquet"
+    def _staged_files(self, record):
+        """{epoch number: staged file} of the epochs ``record`` names."""
+        crcs = record[KEY]["outputs"]
+        return {e: staged_epoch_file(self.staging, e, c)
+                for e, c in zip(record["epochs"], crcs, strict=True)}
 
     def append(self, values, position, record):
         epoch = record["epochs"][position]
-        with atomic_write(self._epoch_file(epoch), durable=self.durable) as tmp:
+        staged = staged_epoch_file(self.staging, epoch, record[KEY]["outputs"][position])
+        with atomic_write(staged, durable=self.durable) as tmp:
             pq.write_table(epoch_table(epoch, values, self.layout), tmp, **PARQUET_WRITE_OPTIONS)
-        # run.json's stale temporaries were removed at open; the lock keeps others away
+        # run.json's stale temporaries were removed at open; the lock keeps others away.
+        # Its rename is the commit: a replaced epoch's old file is removed only after it
         write_json_atomic(self.staging / "run.json", record, durable=self.durable, clean=False)
+        self._files = self._staged_files(record)
+        for old in self._drop:
+            if old not in self._files.values():
+                old.unlink(missing_ok=True)
+        self._drop = []
 
     def truncate(self, keep, record, dropped):
+        """Drop the epochs ``dropped`` (from position ``keep`` on): their files are removed
+        after the next `append` commits the run without them (`close` removes them too)."""
         if any(e in self.base_epochs for e in dropped):
             raise ForgetkitError("replace=True cannot drop epochs of a closed Parquet run; "
                                  "convert it to .npy or rewrite it with mode='w'")
-        for e in dropped:
-            self._epoch_file(e).unlink(missing_ok=True)
-        write_json_atomic(self.staging / "run.json", record, durable=self.durable)
+        self._drop += [self._files[e] for e in dropped if e in self._files]
 
     def close(self, record):
         source = open_parquet_run(self.path, self.staging)
