@@ -471,3 +471,23 @@ def test_a_kill_inside_a_replacing_append_of_a_staged_parquet_run(tmp_path, monk
         w.append(2, RUN.outputs[2])
     assert fk.load(path).epochs.tolist() == [0, 1, 2]
     assert not fk.io.staging_path(path).exists()
+
+
+# ---------------------------------------------------------------------- recorders
+def test_recorders_refuse_non_integer_labels_and_name_an_empty_loader(tmp_path):
+    torch = pytest.importorskip("torch")
+    from forgetkit.exporters.torch import LogitRecorder
+
+    x = torch.randn(20, 5)
+    model = torch.nn.Linear(5, 3)
+    with pytest.raises(fk.ForgetkitError, match=r"epoch 0: labels must be integers .*2\.7"):
+        LogitRecorder(tmp_path / "f.npy", (x, torch.full((20,), 2.7))).record(model, 0)
+    assert not (tmp_path / "f.npy").exists()
+    rec = LogitRecorder(tmp_path / "i.npy", (x, torch.full((20,), 2.0)))
+    rec.record(model, 0)  # integral floats are labels, as fk.Run takes them
+    rec.close()
+    assert fk.load(tmp_path / "i.npy").labels.tolist() == [2] * 20
+    empty = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:0], x[:0, 0]))
+    with pytest.raises(fk.ForgetkitError, match="epoch 3: the evaluation data yielded no "
+                                                "batch"):
+        LogitRecorder(tmp_path / "e.npy", empty).record(model, 3)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .._validation import check_labels
 from ..errors import ForgetkitError
 from ..io import RunWriter, SummaryWriter, load
 from ..io.background import BackgroundWriter
@@ -113,7 +114,11 @@ class RecorderBase:
         ``meta``: the run's metadata from this epoch on (written with it), or None.
         """
         epoch = int(epoch)
-        labels = np.asarray(labels).astype(np.int64).reshape(-1)
+        labels = np.asarray(labels).reshape(-1)
+        if labels.dtype.kind not in "iu":  # refused as forgetkit.Run refuses them
+            labels = check_labels(labels, len(labels), max(int(n_classes or 0), 2),
+                                  name=f"labels of epoch {epoch}")
+        labels = labels.astype(np.int64)
         if self._writer is None or self._writer.closed:
             if self._writer is not None:  # used again after close (a second fit): append
                 self._writer_options["mode"] = "a"

@@ -227,6 +227,9 @@ def gather_epoch(ctx, epoch, local, shard, store):
     if local["error"] is not None:
         raise local["error"]
     check_counts(epoch, metas, ctx.rank)
+    if not any(m["n"] for m in metas):  # every rank: the same verdict
+        raise ForgetkitError(f"epoch {epoch}: the evaluation data yielded no batch on any "
+                             "rank (an empty loader or dataset); nothing to record")
     width = max(m["width"] for m in metas)
     dtype = getattr(torch, next(m["dtype"] for m in metas if m["dtype"]).split(".")[-1])
     rows = max(m["n"] for m in metas)

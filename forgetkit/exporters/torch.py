@@ -71,6 +71,20 @@ def _to(values, device):
     return tuple(move(v) for v in values)
 
 
+def integer_labels(y, epoch):
+    """Labels ``y`` (a tensor) as int64, refusing non-integer values as `forgetkit.Run` does
+    (a float 2.7 is not stored as 2)."""
+    if y.is_floating_point():
+        if not bool(torch.isfinite(y).all()) or not torch.equal(y, y.round()):
+            bad = y[~torch.isfinite(y) | (y != y.round())][0].item()
+            raise ForgetkitError(f"epoch {epoch}: labels must be integers (class indices); "
+                                 f"got {bad}")
+    elif y.dtype == torch.bool or y.is_complex():
+        raise ForgetkitError(f"epoch {epoch}: labels must be integers (class indices); got "
+                             f"dtype {y.dtype}")
+    return y.long()
+
+
 def summary_rows(out, labels):
     """The summary of logits ``out`` (B, C) with ``labels`` (B,) on their device, as float32
     (B, 4): label logit, largest other logit, its class (int32 bits), log-sum-exp; the rows
@@ -199,6 +213,9 @@ class LogitRecorder(RecorderBase):
     def _checked(self, local, epoch):
         if local["error"] is not None:
             raise local["error"]
+        if local["values"] is None:
+            raise ForgetkitError(f"epoch {epoch}: the evaluation data yielded no batch (an "
+                                 "empty loader or dataset); nothing to record")
         if not local["finite"]:
             raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
                                  f"{self.dtype}); not stored")
@@ -225,7 +242,8 @@ class LogitRecorder(RecorderBase):
                     shapes.append(tuple(out.shape))
                     check_class_counts(shapes[:1] + shapes[-1:], epoch)  # this batch vs the first
                     out = out.detach().to(self._torch_dtype)  # half the bytes for float16
-                    y = torch.as_tensor(y).reshape(-1).to(out.device, non_blocking=True)
+                    y = integer_labels(torch.as_tensor(y).reshape(-1), epoch)
+                    y = y.to(out.device, non_blocking=True)
                     if len(y) != len(out):
                         raise ForgetkitError(f"epoch {epoch}: a batch of {len(out)} outputs "
                                              f"came with {len(y)} labels")
