@@ -491,3 +491,12 @@ def test_recorders_refuse_non_integer_labels_and_name_an_empty_loader(tmp_path):
     with pytest.raises(fk.ForgetkitError, match="epoch 3: the evaluation data yielded no "
                                                 "batch"):
         LogitRecorder(tmp_path / "e.npy", empty).record(model, 3)
+
+
+def test_the_jax_recorder_names_an_empty_loader(tmp_path):
+    pytest.importorskip("jax")
+    from forgetkit.exporters.jax import LogitRecorder
+
+    rec = LogitRecorder(tmp_path / "j.npy", [], lambda params, x: x @ params)
+    with pytest.raises(fk.ForgetkitError, match="epoch 2: the data yielded no batch"):
+        rec.record(np.ones((3, 3), np.float32), 2)

@@ -78,6 +78,9 @@ class LogitRecorder(RecorderBase):
             stats.append(_stats(out, y))
             chunks.append(_summary_rows(out, y) if self._device_summary else out)
             labels.append(y)
+        if not chunks:
+            raise ForgetkitError(f"epoch {epoch}: the data yielded no batch (an empty loader, "
+                                 "or a used-up iterator: pass a list or a callable)")
         n_correct, n_bad = np.sum(jax.device_get(stats), axis=0)
         if n_bad:
             raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf (in "
