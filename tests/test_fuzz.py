@@ -66,6 +66,8 @@ def write_format(folder, fmt):
         return path
     if fmt == "summary":
         return fk.summarize(RUN, folder / "summary.npy").source
+    if fmt == "summary-parquet":
+        return fk.summarize(RUN, folder / "summary.parquet").source
     suffix, layout = {"npz": (".npz", "list"), "npy": (".npy", "list"),
                       "parquet-list": (".parquet", "list"),
                       "parquet-binary": (".parquet", "binary")}[fmt]
@@ -74,7 +76,8 @@ def write_format(folder, fmt):
     return path
 
 
-FORMATS = ["npz", "npy", "parquet-list", "parquet-binary", "cartography", "summary"]
+FORMATS = ["npz", "npy", "parquet-list", "parquet-binary", "cartography", "summary",
+           "summary-parquet"]
 #: The summary records of RUN (a summary holds these, not the outputs).
 SUMMARY = fk.summarize(RUN).outputs.records
 

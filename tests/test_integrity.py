@@ -29,6 +29,8 @@ RUN = make_run()
 def write(folder, fmt, run=RUN):
     if fmt == "summary":
         return fk.summarize(run, folder / "s.npy").source
+    if fmt == "summary-parquet":
+        return fk.summarize(run, folder / "s.parquet").source
     suffix, layout = {"npy": (".npy", "list"), "npz": (".npz", "list"),
                       "parquet-list": (".parquet", "list"),
                       "parquet-binary": (".parquet", "binary")}[fmt]
@@ -43,7 +45,7 @@ def values_of(run):
     return np.asarray(run.outputs)
 
 
-FORMATS = ["npy", "npz", "parquet-list", "parquet-binary", "summary"]
+FORMATS = ["npy", "npz", "parquet-list", "parquet-binary", "summary", "summary-parquet"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -500,3 +502,15 @@ def test_the_jax_recorder_names_an_empty_loader(tmp_path):
     rec = LogitRecorder(tmp_path / "j.npy", [], lambda params, x: x @ params)
     with pytest.raises(fk.ForgetkitError, match="epoch 2: the data yielded no batch"):
         rec.record(np.ones((3, 3), np.float32), 2)
+
+
+def test_summaries_in_parquet_equal_the_npy_summary(tmp_path):
+    npy, parquet = write(tmp_path, "summary"), write(tmp_path, "summary-parquet")
+    a, b = fk.load(npy), fk.load(parquet)
+    assert b.kind == "summary" and b.shape == a.shape
+    assert np.array_equal(np.asarray(a.outputs.records), np.asarray(b.outputs.records))
+    assert np.array_equal(a.correctness(), b.correctness())
+    assert np.array_equal(a.labels, b.labels) and np.array_equal(a.epochs, b.epochs)
+    fk.save(a, tmp_path / "copy.parquet")  # a summary run saves as what it is
+    assert fk.load(tmp_path / "copy.parquet").kind == "summary"
+    assert fk.verify(parquet)["verifiable"]

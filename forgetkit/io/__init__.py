@@ -44,6 +44,7 @@ from .pair import commit_pair
 from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
 from .record import format_of, load_labels_file, record_of, with_checksums
 from .summary import SummaryWriter, is_summary, load_summary, summarize
+from .summary_parquet import is_summary_parquet, load_summary_parquet
 from .verify import verify_run
 from .writer import RunWriter
 
@@ -92,6 +93,8 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
     wait_for_writes(path)  # epochs this process recorded to path and still writes
     if fmt == "npy" and kind in (None, "summary") and is_summary(path):
         return load_summary(path, labels=labels, verify=verify)
+    if fmt == "parquet" and kind in (None, "summary") and is_summary_parquet(path):
+        return load_summary_parquet(path, labels=labels, verify=bool(verify))
     if fmt in ("npy", "parquet"):
         loader = load_npy if fmt == "npy" else load_parquet
         return loader(path, labels=labels, kind=kind, verify=bool(verify))
@@ -117,8 +120,9 @@ def save(run, path, *, layout="list", compress=True):
     check_option("layout", layout, LAYOUTS)
     refuse_overwrite({"destination": path}, [run.source])
     if run.kind == "summary":  # written as what it is
-        if fmt != "npy":
-            raise ForgetkitError(f"a summary run is saved as .npy; got {str(path)!r}")
+        if fmt not in ("npy", "parquet"):
+            raise ForgetkitError(f"a summary run is saved as .npy or .parquet; got "
+                                 f"{str(path)!r}")
         summarize(run, path)
         return path
     epochs = ((int(run.epochs[e]), run.epoch_values(e)) for e in range(run.n_epochs))

@@ -25,7 +25,7 @@ from .._validation import (
 )
 from ..errors import CorruptFileError, ForgetkitError
 from ..run import Run
-from .atomic import write_json_atomic
+from .atomic import atomic_write, write_json_atomic
 from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
 from .integrity import crc_array
@@ -119,7 +119,15 @@ def load_summary(path, *, labels=None, verify=True):
     records, record, _ = open_pair(path, _open_records, _read_summary_sidecar)
     if record is None:
         raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
-    where = f"the sidecar {str(sidecar_path(path))!r}"
+    return summary_run(path, records, record, labels,
+                       f"the sidecar {str(sidecar_path(path))!r}",
+                       verify=(lambda: verify_tensor(path, records, record)) if verify else None)
+
+
+def summary_run(path, records, record, labels, where, *, verify=None):
+    """The summary Run of ``records`` (E, N) of SUMMARY_DTYPE and their metadata
+    ``record`` (``where`` names it), fields range-checked; ``labels`` override; ``verify``
+    (a callable) checks the checksums once the sizes are known to agree."""
     check_record({k: v for k, v in record.items() if k != "kind"}, where)  # kind: summary
     for name in ("n_samples", "n_classes", "epochs", "labels"):
         if record.get(name) is None and not (name == "labels" and labels is not None):
@@ -131,10 +139,10 @@ def load_summary(path, *, labels=None, verify=True):
                              f"{records.dtype} of shape {records.shape}")
     epochs = record["epochs"][: records.shape[0]]
     if records.shape[0] == 0 or len(epochs) != records.shape[0]:
-        raise ForgetkitError(f"{str(path)!r} holds {records.shape[0]} epochs and its sidecar "
+        raise ForgetkitError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
                              f"names {len(record['epochs'])}; a summary needs at least one epoch")
-    if verify:
-        verify_tensor(path, records, record)
+    if verify is not None:
+        verify()
     for field in ("label", "other", "lse"):
         if not np.isfinite(records[field]).all():
             raise ForgetkitError(f"{str(path)!r}: field {field!r} holds NaN or inf")
@@ -190,9 +198,20 @@ def summarize(run, path=None, *, progress=False):
                    epochs=run.epochs, sample_ids=run.sample_ids, class_names=run.class_names,
                    meta=run.meta)
     path = Path(path)
-    if path.suffix.lower() != ".npy":
-        raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got {str(path)!r}")
+    if path.suffix.lower() not in (".npy", ".parquet"):
+        raise ForgetkitError(f"summaries are written as .npy (with a sidecar) or .parquet; got "
+                             f"{str(path)!r}")
     refuse_overwrite({"the summary": path}, [run.source])
+    record = summary_record(
+        n_samples=run.n_samples, n_classes=run.n_classes, epochs=run.epochs,
+        labels=run.labels, sample_ids=run.sample_ids, class_names=run.class_names,
+        meta=run.meta)
+    if path.suffix.lower() == ".parquet":
+        from .summary_parquet import load_summary_parquet, write_summary_parquet
+
+        with RunLock(path), atomic_write(path) as tmp:
+            write_summary_parquet(tmp, records, record)
+        return load_summary_parquet(path)
 
     def write_tensor(tmp):
         with open(tmp, "wb") as f:
@@ -200,10 +219,6 @@ def summarize(run, path=None, *, progress=False):
             f.write(records.tobytes())
         return [crc_array(records[e]) for e in range(len(records))]
 
-    record = summary_record(
-        n_samples=run.n_samples, n_classes=run.n_classes, epochs=run.epochs,
-        labels=run.labels, sample_ids=run.sample_ids, class_names=run.class_names,
-        meta=run.meta)
     with RunLock(path):  # the records and the sidecar, committed as one
         commit_pair(path, write_tensor, lambda crcs: with_checksums(record, crcs))
     return load_summary(path)

@@ -12,6 +12,7 @@ from .pair import open_pair
 from .parquet import open_parquet_run, staging_path
 from .record import format_of
 from .summary import _open_records, _read_summary_sidecar, is_summary
+from .summary_parquet import is_summary_parquet, load_summary_parquet
 
 
 def verify_run(path):
@@ -37,6 +38,9 @@ def verify_run(path):
         epochs = record.get("epochs") or []
         bad = bad_epochs(tensor, sums["outputs"][: len(tensor)])
         result.update(verifiable=True, epochs=len(tensor), bad=[int(epochs[e]) for e in bad])
+    elif fmt == "parquet" and is_summary_parquet(path):  # every epoch checked as read
+        run = load_summary_parquet(path)
+        result.update(verifiable=True, epochs=run.n_epochs)
     elif fmt == "parquet":
         source = open_parquet_run(path, staging_path(path))
         if all(c is None for c in source.crcs):

@@ -1,0 +1,100 @@
+"""Summary runs in Parquet: one row per (epoch, sample), columns ``epoch``, ``sample``,
+``label``, ``other`` (float32), ``other_class`` (int32), ``lse`` (float32); one row group per
+epoch; the summary's record (labels, epoch numbers, classes...) as JSON under the schema
+metadata key ``forgetkit`` and the epochs' checksums under ``forgetkit.crc32c``, as for a
+full Parquet run. Loaded into memory (16 bytes per sample and epoch), every epoch verified.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .._summary import SUMMARY_DTYPE
+from ..errors import CorruptFileError
+from .integrity import KEY, check_fields, checksums, crc_array, mismatch, stored_checksums
+from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
+from .record import corrupt, parse_record
+
+FIELDS = ("label", "other", "other_class", "lse")
+FORMAT = "forgetkit-summary"
+
+
+def write_summary_parquet(path, records, record):
+    """Write summary ``records`` (E, N) with their ``record`` (`summary_record`)."""
+    n_epochs, n_samples = records.shape
+    rec = {k: v for k, v in record.items() if k != KEY}
+    schema = pa.schema([("epoch", pa.int64()), ("sample", pa.int64()),
+                        ("label", pa.float32()), ("other", pa.float32()),
+                        ("other_class", pa.int32()), ("lse", pa.float32())],
+                       metadata={PARQUET_KEY: json.dumps(rec).encode()})
+    crcs = []
+    with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
+        for e, epoch in enumerate(rec["epochs"]):
+            rows = np.ascontiguousarray(records[e])
+            crcs.append(crc_array(rows))
+            columns = {"epoch": np.full(n_samples, epoch, np.int64),
+                       "sample": np.arange(n_samples, dtype=np.int64),
+                       **{f: rows[f] for f in FIELDS}}
+            writer.write_table(pa.table(columns, schema=schema), row_group_size=n_samples)
+        sums = checksums(rec["labels"], rec["epochs"], crcs)
+        writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
+
+
+def is_summary_parquet(path):
+    """Whether the Parquet file ``path`` holds a forgetkit summary."""
+    try:
+        md = pq.read_schema(path).metadata or {}
+        return json.loads(md.get(PARQUET_KEY, b"{}")).get("format") == FORMAT
+    except Exception:
+        return False  # not ours to judge: the Parquet loader reports it
+
+
+def load_summary_parquet(path, *, labels=None, verify=True):
+    """A summary run from the Parquet file ``path`` (see the module docstring)."""
+    from .summary import summary_run
+
+    where = f"the forgetkit metadata of {str(path)!r}"
+    try:
+        pf = pq.ParquetFile(path, page_checksum_verification=bool(verify))
+        md = pf.metadata.metadata or {}
+    except Exception as err:
+        raise corrupt(path, err) from None
+    record = parse_record(md.get(PARQUET_KEY, b"{}"), where)
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise CorruptFileError(f"{str(path)!r} is not a forgetkit summary")
+    n = record.get("n_samples")
+    if not isinstance(n, int) or n < 1 or not isinstance(record.get("epochs"), list):
+        raise CorruptFileError(f"{where} lacks valid n_samples and epochs")
+    sums = stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where) \
+        if CRC_METADATA_KEY in md else None
+    if sums is None and verify:
+        raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
+    if verify:
+        check_fields(record, sums, path)
+    n_groups = pf.metadata.num_row_groups
+    if n_groups != len(record["epochs"]) or (sums and len(sums["outputs"]) != n_groups):
+        raise CorruptFileError(f"{str(path)!r} holds {n_groups} epochs; its metadata names "
+                               f"{len(record['epochs'])}")
+    records = np.empty((n_groups, n), dtype=SUMMARY_DTYPE)
+    for e in range(n_groups):
+        if pf.metadata.row_group(e).num_rows != n:
+            raise CorruptFileError(f"{str(path)!r}: epoch index {e} holds "
+                                   f"{pf.metadata.row_group(e).num_rows} rows; expected {n}")
+        try:
+            table = pf.read_row_group(e)
+            sample = table.column("sample").to_numpy()
+            order = np.argsort(sample, kind="stable")
+            if not np.array_equal(sample[order], np.arange(n)):
+                raise ValueError("column 'sample' is not a permutation of 0..N-1")
+            for f in FIELDS:
+                records[e][f] = table.column(f).to_numpy()[order]
+        except Exception as err:
+            raise CorruptFileError(f"cannot read epoch index {e} of {str(path)!r}: the file "
+                                   f"is truncated or corrupt ({err})") from None
+        if verify and crc_array(records[e]) != sums["outputs"][e]:
+            raise mismatch(path, record["epochs"][e], e)
+    return summary_run(path, records, record, labels, where)
