@@ -51,8 +51,10 @@ RUN = original_run()
 VALUES = np.asarray(RUN.outputs)
 
 
-def write_format(folder, fmt):
-    """Write RUN in format ``fmt`` into ``folder``; returns the path to load."""
+def write_format(folder, fmt, run=None):
+    """Write ``run`` (default RUN; a cartography folder always holds RUN) in format ``fmt``
+    into ``folder``; returns the path to load."""
+    run = RUN if run is None else run
     folder = Path(folder)
     if fmt == "cartography":
         path = folder / "carto"
@@ -65,14 +67,14 @@ def write_format(folder, fmt):
                             + "\n")
         return path
     if fmt == "summary":
-        return fk.summarize(RUN, folder / "summary.npy").source
+        return fk.summarize(run, folder / "summary.npy").source
     if fmt == "summary-parquet":
-        return fk.summarize(RUN, folder / "summary.parquet").source
+        return fk.summarize(run, folder / "summary.parquet").source
     suffix, layout = {"npz": (".npz", "list"), "npy": (".npy", "list"),
                       "parquet-list": (".parquet", "list"),
                       "parquet-binary": (".parquet", "binary")}[fmt]
     path = folder / f"run{suffix}"
-    fk.save(RUN, path, layout=layout)
+    fk.save(run, path, layout=layout)
     return path
 
 

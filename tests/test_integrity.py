@@ -14,6 +14,8 @@ from forgetkit.io import pair
 from forgetkit.io.pair import pending_path
 from forgetkit.io.record import sidecar_path
 
+from .test_fuzz import write_format
+
 E, N, C = 3, 16, 4
 
 
@@ -27,16 +29,8 @@ RUN = make_run()
 
 
 def write(folder, fmt, run=RUN):
-    if fmt == "summary":
-        return fk.summarize(run, folder / "s.npy").source
-    if fmt == "summary-parquet":
-        return fk.summarize(run, folder / "s.parquet").source
-    suffix, layout = {"npy": (".npy", "list"), "npz": (".npz", "list"),
-                      "parquet-list": (".parquet", "list"),
-                      "parquet-binary": (".parquet", "binary")}[fmt]
-    path = folder / f"r{suffix}"
-    fk.save(run, path, layout=layout)
-    return path
+    """``run`` written in format ``fmt`` into ``folder`` (as the fuzz suite writes it)."""
+    return write_format(folder, fmt, run)
 
 
 def values_of(run):
@@ -227,20 +221,26 @@ def test_a_kill_between_the_tensor_and_the_sidecar_loads_the_new_run(tmp_path, m
     assert not pending_path(path).exists() and _same(_state(path), old)
 
 
-@pytest.mark.parametrize("writer_kind", ["run", "summary"])
+@pytest.mark.parametrize("writer_kind", ["run", "summary", "staged-parquet"])
 def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(
         tmp_path, monkeypatch, writer_kind):
+    suffix = ".parquet" if writer_kind == "staged-parquet" else ".npy"
+
+    def make(path):
+        if writer_kind == "summary":
+            return fk.SummaryWriter(path, N, C, labels=RUN.labels)
+        return fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32")
+
     outcomes = set()
     for k in range(4):
-        path = tmp_path / f"w{k}.npy"
-        make = (lambda p=path: fk.SummaryWriter(p, N, C, labels=RUN.labels)) \
-            if writer_kind == "summary" else \
-            (lambda p=path: fk.RunWriter(p, N, C, labels=RUN.labels, dtype="float32"))
-        with make() as w:
-            for e in range(E):
-                w.append(e, RUN.outputs[e])
+        path = tmp_path / f"w{k}{suffix}"
+        w = make(path)
+        for e in range(E):
+            w.append(e, RUN.outputs[e])
+        # a staged Parquet run is a training under way: abort keeps its staged epochs
+        w.abort() if writer_kind == "staged-parquet" else w.close()
         before = _state(path)
-        w = make()
+        w = make(path)
         with monkeypatch.context() as m:
             calls = _kill_at_rename(m, k)
             try:
@@ -253,13 +253,18 @@ def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(
             outcomes.add("old")
         else:
             assert state[2].tolist() == [0, 1]
-            first = state[0][1] if writer_kind != "summary" else None
-            if first is not None:
-                assert np.array_equal(first, RUN.outputs[0])
+            if writer_kind != "summary":
+                assert np.array_equal(state[0][1], RUN.outputs[0])
             outcomes.add("new")
+        assert fk.verify(path)["bad"] == []
         if calls["n"] <= k:
             break
     assert outcomes == {"old", "new"}
+    if writer_kind == "staged-parquet":
+        with make(path) as w:  # resumes the staged epochs, merges them on close
+            w.append(2, RUN.outputs[2])
+        assert fk.load(path).epochs.tolist() == [0, 1, 2]
+        assert not fk.io.staging_path(path).exists()
 
 
 def test_a_reader_never_sees_one_runs_tensor_with_the_others_sidecar(tmp_path):
@@ -439,40 +444,6 @@ def test_duplicate_sample_ids_in_a_sidecar_are_refused(tmp_path):
     with pytest.raises(fk.errors.CorruptFileError, match="sample id 's0' appears twice "
                                                          r"\(samples 0 and 15\)"):
         fk.load(path)
-
-
-def test_a_kill_inside_a_replacing_append_of_a_staged_parquet_run(tmp_path, monkeypatch):
-    outcomes = set()
-    for k in range(3):
-        path = tmp_path / f"w{k}.parquet"
-        w = fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32")
-        for e in range(E):
-            w.append(e, RUN.outputs[e])
-        w.abort()  # staged epochs only: a training still under way
-        before = _state(path)
-        w = fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32")
-        with monkeypatch.context() as m:
-            calls = _kill_at_rename(m, k)
-            try:
-                w.append(1, RUN.outputs[0], replace=True)
-            except Killed:
-                pass
-        w._lock.release()
-        state = _state(path)
-        if all(np.array_equal(a, b) for a, b in zip(state, before, strict=True)):
-            outcomes.add("old")
-        else:
-            assert state[2].tolist() == [0, 1]
-            assert np.array_equal(state[0][1], RUN.outputs[0])
-            outcomes.add("new")
-        assert fk.verify(path)["bad"] == []
-        if calls["n"] <= k:
-            break
-    assert outcomes == {"old", "new"}
-    with fk.RunWriter(path, N, C, labels=RUN.labels, dtype="float32") as w:  # resumes, closes
-        w.append(2, RUN.outputs[2])
-    assert fk.load(path).epochs.tolist() == [0, 1, 2]
-    assert not fk.io.staging_path(path).exists()
 
 
 # ---------------------------------------------------------------------- recorders
