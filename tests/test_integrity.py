@@ -485,3 +485,20 @@ def test_summaries_in_parquet_equal_the_npy_summary(tmp_path):
     fk.save(a, tmp_path / "copy.parquet")  # a summary run saves as what it is
     assert fk.load(tmp_path / "copy.parquet").kind == "summary"
     assert fk.verify(parquet)["verifiable"]
+
+
+def test_sweep_checks_its_options_before_starting_a_cluster(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("distributed")
+    import distributed
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started before the options were checked")
+
+    monkeypatch.setattr(distributed, "LocalCluster", no_cluster)
+    path = write(tmp_path, "npy")
+    for option in (["--val-frac", "5"], ["--window", "-1"], ["--seeds", "-2"]):
+        capsys.readouterr()
+        assert main(["sweep", str(path), "--out", str(tmp_path / "s.csv"), *option]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and option[0].strip("-").replace("-", "_")[:4] in err[0], err
+    assert not (tmp_path / "s.csv").exists()

@@ -9,9 +9,9 @@ import numba
 import pandas as pd
 
 from .._progress import Progress
-from .._validation import check_int, check_option
+from .._validation import check_int, check_number, check_option
 from ..errors import ForgetkitError, MissingFileError
-from ..evaluate import DEFAULT_METHODS, compare
+from ..evaluate import DEFAULT_METHODS, METHODS, compare
 from ..io import load
 
 
@@ -82,6 +82,14 @@ def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=
 
     check_int("n_workers", n_workers, minimum=1, allow_none=True)
     check_option("errors", errors, ("raise", "record"))
+    # every option checked before a cluster starts or a run is read
+    for m in methods:
+        check_option("method", m, tuple(METHODS))
+    for seed in seeds:
+        check_int("seed", seed, minimum=0)
+    check_int("window", window, minimum=0)
+    if not 0.0 < check_number("val_frac", val_frac) < 1.0:
+        raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
     paths = run_paths(paths)
     options = dict(methods=list(methods), seeds=tuple(seeds), val_frac=val_frac, window=window)
     cluster, threads = None, None
