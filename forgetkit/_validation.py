@@ -51,6 +51,14 @@ def check_number(name, value, *, minimum=None, maximum=None):
     return value
 
 
+def check_path(name, value):
+    """Return ``value`` if it is a path (str or os.PathLike), else raise InputTypeError."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise InputTypeError(f"{name} must be a path (str or os.PathLike); got "
+                             f"{type(value).__name__} {value!r}"[:200])
+    return value
+
+
 def check_run(name, value):
     """Return ``value`` if it is a `forgetkit.Run`, else raise InputTypeError (a path names
     `forgetkit.load`)."""

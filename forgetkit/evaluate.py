@@ -15,7 +15,7 @@ from scipy.special import bdtr
 
 from . import kernels
 from ._deprecation import keyword_options, renamed
-from ._validation import check_option
+from ._validation import check_option, check_run
 from .errors import ForgetkitError
 from .fusion import (
     CheckpointAverage,
@@ -241,6 +241,7 @@ def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_
     -------
     pandas.DataFrame indexed by method name, in the order of ``methods``.
     """
+    check_run("run", run)
     long = compare_splits(run, methods=methods, seeds=seeds, val_frac=val_frac,
                           val_run=val_run, window=window, kf_fits=kf_fits,
                           memory_budget=memory_budget, progress=progress)

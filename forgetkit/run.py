@@ -26,6 +26,7 @@ from ._validation import (
     check_int,
     check_labels,
     check_meta,
+    check_number,
     check_outputs,
     check_sample_ids,
     is_dask_array,
@@ -55,7 +56,7 @@ def split_indices(n_samples, val_frac=0.5, *, seed=0):
     -------
     val, test : ndarray of int64
     """
-    if not 0.0 < val_frac < 1.0:
+    if not 0.0 < check_number("val_frac", val_frac) < 1.0:
         raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
     perm = np.random.default_rng(check_int("seed", seed, minimum=0)).permutation(n_samples)
     n_val = int(n_samples * val_frac)

@@ -346,6 +346,21 @@ def test_wrong_argument_types_are_named():
     with pytest.raises(fk.errors.InputTypeError, match="run must be a forgetkit.Run; got str "
                                                        "'x.npy' .*forgetkit.load"):
         fk.data_map("x.npy")
+    for fn in (fk.forget_fraction, fk.learn_fraction, fk.sample_dynamics, fk.label_issues,
+               fk.compare, fk.data_scores):
+        with pytest.raises(fk.errors.InputTypeError, match="run must be a forgetkit.Run; got "
+                                                           "str"):
+            fn("x.npy")
+    for fn in (fk.load, fk.verify):
+        with pytest.raises(fk.errors.InputTypeError, match="path must be a path .*got int"):
+            fn(123)
+    with pytest.raises(fk.errors.InputTypeError, match="run must be a forgetkit.Run or the "
+                                                       "path"):
+        fk.summarize(123)
+    with pytest.raises(fk.errors.InputTypeError, match="verify must be True or False"):
+        fk.load("x.npy", verify="no")
+    with pytest.raises(fk.errors.InputTypeError, match="val_frac must be a number; got str"):
+        RUN.split("a")
 
 
 def test_an_npz_that_expands_implausibly_is_refused_before_allocation(tmp_path):

@@ -15,6 +15,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from .._validation import check_run
 from ..errors import ForgetkitError
 
 
@@ -62,11 +63,13 @@ def accuracy(run, *, progress=False):
 
 def forget_fraction(run, *, progress=False):
     """Forget fraction F_e: share of samples correct at e but wrong at the final epoch. (E,)"""
+    check_run("run", run)
     return epoch_counts(run, progress=progress)[0][1] / run.n_samples
 
 
 def learn_fraction(run, *, progress=False):
     """Learn fraction L_e: share of samples wrong at e but correct at the final epoch. (E,)"""
+    check_run("run", run)
     return epoch_counts(run, progress=progress)[0][2] / run.n_samples
 
 
@@ -81,6 +84,7 @@ def sample_dynamics(run, *, progress=False):
         next), forgotten (ever correct but wrong at the final epoch) and forget_epoch (the
         first stored epoch after the last correct one, for forgotten samples).
     """
+    check_run("run", run)
     _pass_with_progress(run, progress)
     return run.map_reduce(_sample_dynamics)
 

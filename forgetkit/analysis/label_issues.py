@@ -22,7 +22,7 @@ from scipy.special import logsumexp
 
 from .._deprecation import renamed
 from .._progress import Progress
-from .._validation import check_int, check_labels, check_option
+from .._validation import check_int, check_labels, check_option, check_run
 from ..errors import ForgetkitError
 from .dynamics import sample_index, trajectory
 
@@ -192,6 +192,7 @@ def label_issues(run, *, n_issues=None, progress=False):
           of n_classes floats (estimated true label);
         - ``n_epochs``: epochs used.
     """
+    check_run("run", run)
     if run.kind == "summary":
         joint, score, suggested, n_epochs = _summary_scores(run, progress)
     else:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._validation import check_int, check_number, check_option
+from .._validation import check_int, check_number, check_option, check_run
 from ..errors import ForgetkitError, InputTypeError
 from .dynamics import sample_index
 
@@ -95,6 +95,7 @@ def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_ep
         in `SCORES` order. ``attrs``: ``n_epochs`` and ``epochs`` (numbers) used,
         ``window``, ``el2n_epochs`` and ``left_out`` ({column: reason}).
     """
+    check_run("run", run)
     requested = _check_scores(scores)
     if epochs is not None:
         run = run.sel(epochs=epochs)

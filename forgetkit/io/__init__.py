@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._validation import check_option
+from .._validation import check_bool, check_option, check_path
 from ..errors import ForgetkitError, InputTypeError, MissingFileError
 from ..run import Run
 from .atomic import atomic_write
@@ -78,6 +78,9 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
     -------
     Run
     """
+    verify = check_bool("verify", verify)
+    if not isinstance(path, (list, tuple)):  # a list of shards goes to load_shards
+        check_path("path", path)
     if chunks is not None or any(mark in str(path) for mark in ("*", "?", "[", "://")):
         from ..distributed.shards import load_shards
 
@@ -161,4 +164,4 @@ def verify(path):
         checked, and the epoch numbers that do not match (empty when every epoch holds).
         A file that cannot be read at all raises ForgetkitError.
     """
-    return verify_run(path)
+    return verify_run(check_path("path", path))

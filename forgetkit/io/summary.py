@@ -23,7 +23,7 @@ from .._validation import (
     check_meta,
     check_option,
 )
-from ..errors import CorruptFileError, ForgetkitError
+from ..errors import CorruptFileError, ForgetkitError, InputTypeError
 from ..run import Run
 from .atomic import atomic_write, write_json_atomic
 from .guard import refuse_overwrite
@@ -181,6 +181,9 @@ def summarize(run, path=None, *, progress=False):
     from . import load  # the package's loader, which imports this module
 
     if not isinstance(run, Run):
+        if not isinstance(run, (str, os.PathLike)):
+            raise InputTypeError(f"run must be a forgetkit.Run or the path of a run file; got "
+                                 f"{type(run).__name__} {run!r}"[:200])
         run = load(run)
     if run.kind == "probs":
         raise ForgetkitError("summarize needs logits (the summary holds logits and their "
