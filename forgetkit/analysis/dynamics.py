@@ -270,7 +270,7 @@ def select(run_or_datamap, *, region, frac=None):
     region = REGION_ALIASES.get(region, region)
     check_option("region", region, REGIONS + tuple(REGION_ALIASES))
     if frac is not None:
-        frac = check_number("frac", frac, minimum=0.0, maximum=1.0)
+        frac = check_number("frac", frac)  # its range: below
     if not isinstance(run_or_datamap, pd.DataFrame):
         check_run("run_or_datamap", run_or_datamap)
     dm = run_or_datamap if isinstance(run_or_datamap, pd.DataFrame) else data_map(run_or_datamap)
