@@ -238,6 +238,10 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
         Labels of all samples; default: those stored with each shard.
     kind : {"logits", "probs"}, optional
         Overrides the stored kind.
+    verify : bool, default True
+        Check each shard's stored checksums on the workers (a Parquet shard's every epoch,
+        an NPY shard's when one chunk holds the whole shard); NaN or inf and mismatches
+        name the shard.
 
     Returns
     -------

@@ -45,7 +45,7 @@ from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
 from .record import format_of, load_labels_file, record_of, with_checksums
 from .summary import SummaryWriter, is_summary, load_summary, summarize
 from .summary_parquet import is_summary_parquet, load_summary_parquet
-from .verify import verify_run
+from .verification import verify_run
 from .writer import RunWriter
 
 __all__ = ["RunWriter", "SummaryWriter", "atomic_write", "convert", "load", "load_cartography",
