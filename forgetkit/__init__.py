@@ -55,7 +55,8 @@ from .fusion import (
 from .fusion.distill import soft_targets, write_soft_targets
 from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize, verify
 from .report import explore, plots, write_report
-from .run import Run, split_indices
+from .run import Run
+from .splits import split_indices
 from .theory import fairness, linear, noise
 
 # the short paths import too (one module object under both names)

@@ -30,7 +30,7 @@ from .io.guard import refuse_overwrite
 from .io.record import load_labels_file
 from .kernels import compile_notice
 from .report import plots, write_report
-from .run import split_indices
+from .splits import split_indices
 
 #: Exit status of an internal error (a bug), sysexits' EX_SOFTWARE.
 EXIT_BUG = 70
@@ -249,10 +249,11 @@ def _cmd_compare(args):
 def _cmd_sweep(args):
     refuse_overwrite({"--out": args.out}, args.runs)
     try:  # the optional dask extra; the error says how to install it
-        from .distributed.sweep import sweep
+        from .distributed.sweep import cluster_api, sweep
+
+        Client = cluster_api()[0]  # noqa: N806
     except ImportError as err:
         raise ForgetkitError(str(err)) from None
-    from distributed import Client
 
     client = Client(args.scheduler) if args.scheduler else None
     try:

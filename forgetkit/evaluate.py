@@ -17,6 +17,7 @@ from . import kernels
 from ._deprecation import keyword_options, renamed
 from ._validation import check_option, check_run
 from .errors import ForgetkitError
+from .execution import executor_for
 from .fusion import (
     CheckpointAverage,
     EarlyStopping,
@@ -24,7 +25,8 @@ from .fusion import (
     KnowledgeFusion,
     LikelihoodFusion,
 )
-from .run import DEFAULT_MEMORY_BUDGET, split_indices
+from .run import DEFAULT_MEMORY_BUDGET
+from .splits import split_indices
 
 #: name -> label in tables
 METHODS = {
@@ -150,7 +152,7 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
         yield "val_run", _prepare(val_run, memory_budget), _prepare(run, memory_budget)
         return
     full = _prepare(run, memory_budget)
-    if full.kind == "logits" and not full.is_distributed:  # streamed
+    if full.kind == "logits" and not executor_for(full).lazy:  # streamed, read here
         if softmax_stats:  # first: on float16 logits, it also gives the predictions
             full.softmax_stats(memory_budget=memory_budget)
         full.predictions(progress=progress)
@@ -194,7 +196,7 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
     methods = list(methods)
     for m in methods:
         check_option("method", m, tuple(METHODS))
-    if "ensemble_selection" in methods and any(r is not None and r.is_distributed
+    if "ensemble_selection" in methods and any(r is not None and executor_for(r).lazy
                                                for r in (run, val_run)):
         raise ForgetkitError("ensemble selection needs a run held in memory or on disk (each "
                              "round reads its outputs): on a run on a dask array pass methods "
@@ -325,13 +327,9 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
         kf = _fitted_kf(kf_fits, s, val, window, progress)
         accs = [np.mean(np.argmax(prob, axis=1) == test.labels)
                 for prob in kf.staged_predict_proba(test)]
-        if test.is_distributed:  # lazy stages and single network, computed on the workers
-            import dask
-
-            final = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
-            *accs, single = dask.compute(*accs, final)
-        else:
-            single = np.mean(single_hit(test))
+        final = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        # lazy stages and single network (a run on dask) computed together on the workers
+        *accs, single = executor_for(test).compute(*accs, final)
         for i, acc in enumerate(accs):
             rows.append({"split": s, "windows": i, "k": kf.with_windows(i).ensemble_size_,
                          "accuracy": 100 * float(acc), "gain": 100 * (float(acc) - single)})

@@ -4,10 +4,18 @@
 probabilities, window means and weighted sums of epochs, each streaming epoch by epoch where
 the outputs are memory-mapped or lazy, with an explicit memory budget wherever something is
 kept in memory.
+
+A Run holds what identifies the data (labels, epoch numbers, sample ids, class names,
+metadata, selections) and reads its outputs only through their backend
+(`forgetkit.backends`: in memory or memory-mapped, decoded on demand, a summary, a chunked
+collection); its per-sample reads and `map_reduce` go through the run's executor
+(`forgetkit.execution`), which for a dask array maps them over the chunks on the workers.
+The softmax helpers live in `forgetkit.probs`, `split_indices` in `forgetkit.splits`.
 """
 
 from __future__ import annotations
 
+from operator import methodcaller
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,7 +25,7 @@ import pandas as pd
 from . import kernels
 from ._deprecation import keyword_options
 from ._progress import Progress
-from ._summary import CHUNK_BYTES, HOLDS, check_kind, label_margins_of
+from ._summary import HOLDS, check_kind, label_margins_of
 from ._validation import (
     KINDS,
     check_class_names,
@@ -26,83 +34,32 @@ from ._validation import (
     check_int,
     check_labels,
     check_meta,
-    check_number,
     check_outputs,
     check_sample_ids,
-    is_dask_array,
-    is_streamed,
+)
+from .backends import (  # noqa: F401 (stored_rows, stored_order, epoch_parts: their old home)
+    CHUNK_BYTES,
+    LazyOutputs,
+    SubsetOutputs,
+    as_slice,
+    backend_of,
+    epoch_chunks,
+    epoch_parts,
+    stored_order,
+    stored_rows,
 )
 from .errors import ForgetkitError, InputTypeError
+from .execution import executor_for
+from .probs import LOG_FLOOR, mean_softmax, softmax  # noqa: F401 (their old home)
+from .splits import split_indices
 
 #: Runs smaller than this many values are fully checked (finite, probabilities sum to 1) when
 #: built; larger ones (memmaps, huge arrays) are checked chunk by chunk as they are read.
 EAGER_CHECK_VALUES = 1 << 27
 #: How far from 1 the row sums of a "probs" run may be.
 PROBS_TOLERANCE = 1e-3
-#: Smallest probability taken before a log (exp underflow can give 0), so logs stay finite.
-LOG_FLOOR = 1e-300
 #: Default memory budget, in bytes, for probabilities kept in memory (`Run.cache_probs`).
 DEFAULT_MEMORY_BUDGET = 2 << 30
-
-
-@keyword_options(renamed={"frac": "val_frac"})
-def split_indices(n_samples, val_frac=0.5, *, seed=0):
-    """Validation and test sample indices of the paper's split-half protocol.
-
-    ``perm = numpy.random.default_rng(seed).permutation(n_samples)``; validation is
-    ``perm[:int(n_samples * val_frac)]`` (``perm[:N//2]`` for 0.5), test the rest.
-
-    Returns
-    -------
-    val, test : ndarray of int64
-    """
-    if not 0.0 < check_number("val_frac", val_frac) < 1.0:
-        raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
-    perm = np.random.default_rng(check_int("seed", seed, minimum=0)).permutation(n_samples)
-    n_val = int(n_samples * val_frac)
-    if n_val < 1 or n_val >= n_samples:
-        raise ForgetkitError(f"val_frac={val_frac} leaves an empty half of {n_samples} samples")
-    return perm[:n_val], perm[n_val:]
-
-
-def epoch_chunks(n_epochs, bytes_per_epoch, chunk_bytes=CHUNK_BYTES):
-    """(start, stop) ranges of epochs that take about ``chunk_bytes`` each."""
-    step = max(1, chunk_bytes // max(bytes_per_epoch, 1))
-    for start in range(0, n_epochs, step):
-        yield start, min(start + step, n_epochs)
-
-
-def softmax(values, out=None):
-    """Softmax over the last axis of (n_samples, n_classes) values, in float64.
-
-    exp(x - max) * (1 / sum(exp(x - max))) with forgetkit's vectorised exp (within 1 ulp of
-    the correctly rounded one). float16 is read as raw bits (no float16 arithmetic), and a
-    row within [-708, 600] needs no shift: exp(x) * (1 / sum(exp(x))) with exp(x) from a
-    table of the 65,536 float16 values.
-    Raises ValueError if a value is NaN or inf.
-    """
-    x = np.ascontiguousarray(values)
-    if x.ndim != 2:
-        raise ForgetkitError(f"softmax expects (samples, classes); got shape {x.shape}")
-    if out is None:
-        out = np.empty(x.shape, dtype=np.float64)
-    n_bad = kernels.softmax_rows(x, out)
-    if n_bad:
-        raise ForgetkitError(f"{n_bad} rows hold NaN or inf")
-    return out
-
-
-def mean_softmax(stack, out=None):
-    """Mean over the first axis of the softmax of logits ``stack`` (k, n_samples, n_classes):
-    the arithmetic of ``total = softmax(s[0]); total += softmax(s[1]); ...; total /= k`` in
-    one fused pass. Raises ValueError if a value is NaN or inf."""
-    x = np.ascontiguousarray(stack)
-    if out is None:
-        out = np.empty(x.shape[1:], dtype=np.float64)
-    n_bad = kernels.combine_softmax(x, np.arange(x.shape[0]), np.arange(x.shape[1]), out)
-    if n_bad:
-        raise ForgetkitError(f"{n_bad} rows hold NaN or inf")
-    return out
 
 
 class SoftmaxStats(NamedTuple):
@@ -118,126 +75,6 @@ class SoftmaxStats(NamedTuple):
     def take(self, idx):
         """The statistics of samples ``idx`` (gathered in parallel)."""
         return SoftmaxStats(*kernels.take_samples(self, idx))
-
-
-class LazyOutputs:
-    """Base of outputs read on demand, shaped (n_epochs, n_samples, n_classes).
-
-    Indexing the first axis reads those epochs (subclasses implement ``_read(e)`` for one
-    epoch index); further indices apply to the result; ``numpy.asarray`` reads everything.
-    ``stored_rows()`` is None: the values are decoded, not stored as an array.
-    """
-
-    _forgetkit_lazy = True
-    ndim = 3
-
-    def __init__(self, shape, dtype):
-        self.shape = tuple(int(x) for x in shape)
-        self.dtype = np.dtype(dtype)
-        self.itemsize = self.dtype.itemsize
-        self.size = int(np.prod(self.shape))
-
-    def _read(self, e):
-        raise NotImplementedError
-
-    def stored_rows(self):
-        return None
-
-    def __len__(self):
-        return self.shape[0]
-
-    def __getitem__(self, key):
-        key = key if isinstance(key, tuple) else (key,)
-        first, rest = key[0], key[1:]
-        if isinstance(first, (int, np.integer)):
-            if not -self.shape[0] <= first < self.shape[0]:
-                raise IndexError(f"epoch index {first} out of range for {self.shape[0]} epochs")
-            out = self._read(int(first) % self.shape[0])
-        else:
-            idx = np.arange(self.shape[0])[first]
-            out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
-            for i, e in enumerate(idx):
-                out[i] = self._read(int(e))
-            rest = (slice(None),) + rest if rest else rest
-        return out[rest] if rest else out
-
-    def __array__(self, dtype=None, copy=None):
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
-
-
-class SubsetOutputs(LazyOutputs):
-    """Lazy sample subset of streamed outputs (memmap or another lazy view): each epoch is
-    read from ``base`` and indexed by ``index`` on the fly, so a subset never copies the
-    whole run."""
-
-    def __init__(self, base, index):
-        super().__init__((base.shape[0], len(index), base.shape[2]), base.dtype)
-        self.base, self.index = base, index
-        self._stored = self._order = None
-
-    def _read(self, e):
-        return np.asarray(self.base[e])[self.index]
-
-    def stored_rows(self):
-        if self._stored is None:
-            base = stored_rows(self.base)
-            self._stored = False if base is None else (base[0], base[1][self.index])
-        return self._stored or None
-
-    def read_order(self):
-        """`kernels.read_order` of the stored rows (kept), or None if not stored."""
-        stored = self.stored_rows()
-        if stored is not None and self._order is None:
-            self._order = kernels.read_order(stored[1])
-        return self._order
-
-
-def _on_chunks():
-    """`forgetkit.distributed`'s passes over the chunks of a run on a dask array (imported
-    only for such runs: dask is an optional dependency)."""
-    from .distributed import chunks
-
-    return chunks
-
-
-def stored_rows(outputs):
-    """(values, rows): ``outputs`` as a C-contiguous in-memory or memory-mapped (E, M, C)
-    array that holds sample n at row rows[n], without reading or gathering anything; None
-    for outputs decoded epoch by epoch (Parquet) or laid out otherwise."""
-    if isinstance(outputs, LazyOutputs):
-        return outputs.stored_rows()
-    if isinstance(outputs, np.ndarray) and outputs.flags.c_contiguous:
-        return outputs, np.arange(outputs.shape[1])
-    return None
-
-
-def stored_order(outputs):
-    """The order in which to read the rows of `stored_rows` (ascending storage rows; kept
-    by a lazy sample subset), or None for outputs not stored as an array."""
-    if isinstance(outputs, SubsetOutputs):
-        return outputs.read_order()
-    stored = stored_rows(outputs)
-    return None if stored is None else kernels.read_order(stored[1])
-
-
-def epoch_parts(outputs):
-    """``outputs`` (E, N, C) as parts (values (k, M, C), rows (N,), epochs slice) for the
-    kernels that read every epoch of a row together: the stored array in place, once
-    (`stored_rows`), or each epoch decoded in turn (one in memory at a time)."""
-    stored = stored_rows(outputs)
-    n_epochs, n_samples = outputs.shape[:2]
-    if stored is not None:
-        return [(stored[0], stored[1], slice(0, n_epochs))]
-    return ((np.asarray(outputs[e])[None], np.arange(n_samples), slice(e, e + 1))
-            for e in range(n_epochs))
-
-
-def _as_slice(idx):
-    """A slice for consecutive indices (a view of a memmap), else the indices."""
-    if len(idx) and np.all(np.diff(idx) == 1):
-        return slice(int(idx[0]), int(idx[-1]) + 1)
-    return idx
 
 
 class Run:
@@ -289,6 +126,7 @@ class Run:
         source=None,
     ):
         self.outputs = check_outputs(outputs)
+        self._backend = backend_of(self.outputs)  # how the outputs are read
         n_epochs, n_samples, n_classes = self.outputs.shape
         self.kind = check_kind(kind, self.outputs, KINDS)
         self.labels = check_labels(labels, n_samples, n_classes)
@@ -311,12 +149,13 @@ class Run:
         """Whether the outputs are a dask array. Passes over such a run go chunk by chunk to
         the workers of the active dask scheduler (`map_reduce`); `predictions`, `probs`,
         `mean_probs`, `weighted_probs` and `label_probs` then return dask arrays, and the
-        tensor is never gathered into this process."""
-        return is_dask_array(self.outputs)
+        tensor is never gathered into this process (the backend is not read here:
+        `forgetkit.backends.CollectionBackend`)."""
+        return not self._backend.here
 
     @property
     def _large(self):
-        return is_streamed(self.outputs) or self.outputs.size > EAGER_CHECK_VALUES
+        return self._backend.streamed or self.outputs.size > EAGER_CHECK_VALUES
 
     @property
     def checked_per_read(self):
@@ -377,7 +216,7 @@ class Run:
         """The stored outputs of epoch ``index`` (n_samples, n_classes), checked if this run
         checks per read."""
         self._require_full("epoch_values()")
-        values = np.ascontiguousarray(self.outputs[index])
+        values = self._backend.read(index)
         if self.checked_per_read:
             self.check_epoch(index, values)
         return values
@@ -394,8 +233,20 @@ class Run:
         ndarray of int32, shape (n_epochs, n_samples), read-only (a dask array, computed per
         chunk when asked, for a run on a dask array)
         """
-        if self.is_distributed:
-            return _on_chunks().map_samples(self, "predictions")
+        return self._per_sample("_read_predictions", ((self.n_epochs, None), np.int32),
+                                progress=progress)
+
+    def _per_sample(self, method, result, *args, out=None, **kwargs):
+        """``self.<method>(*args, **kwargs)`` on this run's executor: here for a run held in
+        memory or on disk, else that method of every chunk concatenated along samples (a
+        lazy dask array); ``result`` is (shape, dtype) of the result, None in the shape at
+        the axis of samples."""
+        if out is not None:
+            kwargs["out"] = out
+        return executor_for(self).map_samples(self, methodcaller(method, *args, **kwargs),
+                                              *result, out=out)
+
+    def _read_predictions(self, *, progress=False):
         if self._predictions is not None:
             return self._predictions
         if self.kind == "summary":  # exact from the label and the largest other logit
@@ -412,9 +263,9 @@ class Run:
         for start, stop in epoch_chunks(n_epochs, n_samples * n_classes * self.outputs.itemsize):
             if stored is not None:
                 kernels.argmax_rows_at(stored[0][start:stop], stored[1], out[start:stop],
-                                       order=stored_order(self.outputs))
+                                       order=self._backend.stored_order())
             else:
-                chunk = np.ascontiguousarray(self.outputs[start:stop])
+                chunk = self._backend.read(slice(start, stop))
                 kernels.argmax_rows(chunk.reshape(-1, n_classes), out[start:stop].reshape(-1))
             bad = (out[start:stop] < 0).any(axis=1)
             if bad.any():
@@ -448,8 +299,11 @@ class Run:
         self._require_full("probs()")
         if index is None:
             index = range(self.n_epochs)
-        if self.is_distributed:
-            return _on_chunks().map_samples(self, "probs", index, dtype=dtype)
+        lead = () if np.ndim(index) == 0 else (len(index),)
+        return self._per_sample("_read_probs", (lead + (None, self.n_classes), dtype), index,
+                                dtype=dtype)
+
+    def _read_probs(self, index, *, dtype=np.float64):
         if np.ndim(index) == 0:
             e = self._epoch_index(index)
             if self._probs is not None and dtype == np.float64:
@@ -470,7 +324,7 @@ class Run:
         self._require_full("cache_probs()")
         held = self.cached_probs
         size = self.n_epochs * self.n_samples * self.n_classes * 8
-        if held is None and not self.is_distributed and size <= memory_budget:
+        if held is None and self._backend.here and size <= memory_budget:
             held = self._probs = self.probs()
             held.setflags(write=False)
         return held
@@ -505,10 +359,10 @@ class Run:
         float16 logits whose every exp comes from the table also get their `predictions`.
         """
         self._require_full("softmax_stats()")
-        if self.kind != "logits" or self.is_distributed:
+        if self.kind != "logits" or not self._backend.here:
             raise ForgetkitError("softmax_stats() needs logits held in memory or on disk; "
                                  f"this run holds {self.kind}"
-                                 + (" on a dask array" if self.is_distributed else ""))
+                                 + ("" if self._backend.here else " on a dask array"))
         n_epochs, n_samples, n_classes = self.shape
         want_max = n_samples * n_classes * 8 <= memory_budget
         held = self.cached_softmax_stats
@@ -519,7 +373,7 @@ class Run:
                              np.empty((n_epochs, n_samples), dtype=np.int32),
                              np.empty((n_epochs, n_samples)),
                              np.zeros((n_samples, n_classes)) if want_max else None)
-        for values, src, epochs in epoch_parts(self.outputs):
+        for values, src, epochs in self._backend.epoch_parts():
             bad = kernels.softmax_stats(values, src, self.labels, stats.shift[epochs],
                                         stats.inv[epochs], stats.pred[epochs],
                                         stats.label_prob[epochs], stats.class_max)
@@ -553,23 +407,22 @@ class Run:
         idx = np.asarray(list(indices), dtype=np.int64)
         if idx.size == 0:
             raise ForgetkitError("mean_probs needs at least one epoch index; got none")
-        if self.is_distributed:
-            if out is not None:
-                raise ForgetkitError("out= needs a run held in memory; this run's outputs are "
-                                     "a dask array (the result is a dask array)")
-            return _on_chunks().map_samples(self, "mean_probs", idx)
+        return self._per_sample("_read_mean_probs", ((None, self.n_classes), np.float64), idx,
+                                out=out)
+
+    def _read_mean_probs(self, idx, *, out=None):
         cached = self.cached_probs
         if out is None:
             out = np.empty((self.n_samples, self.n_classes))
         if cached is not None:
-            stack = cached[_as_slice(idx)]  # consecutive epochs: a view, no copy
+            stack = cached[as_slice(idx)]  # consecutive epochs: a view, no copy
             return kernels.mean_first_axis(stack, out)
         logits = self.logits_in_place()
         if logits is not None:
             if not kernels.combine_softmax(logits[0], idx, logits[1], out, order=logits[2]):
                 return out
         elif self.kind == "logits":  # decoded: the epochs gathered first
-            stack = np.ascontiguousarray(self.outputs[_as_slice(idx)])
+            stack = self._backend.read(as_slice(idx))
             if not kernels.combine_softmax(stack, np.arange(len(idx)),
                                            np.arange(self.n_samples), out):
                 return out
@@ -587,8 +440,10 @@ class Run:
         to zeros; logits are read in place."""
         self._require_full("weighted_probs()")
         idx = np.asarray(indices, dtype=np.int64)
-        if self.is_distributed:
-            return _on_chunks().map_samples(self, "weighted_probs", idx, weights)
+        return self._per_sample("_read_weighted_probs", ((None, self.n_classes), np.float64),
+                                idx, weights)
+
+    def _read_weighted_probs(self, idx, weights):
         out = np.empty((self.n_samples, self.n_classes))
         logits = self.logits_in_place()
         if logits is not None:
@@ -606,10 +461,10 @@ class Run:
         memory-mapped (E, M, C) array holding sample n at row rows[n], read in ``order``
         (`stored_order`); None for probabilities, probabilities held (`cache_probs`),
         decoded (Parquet) or dask outputs."""
-        if self.kind != "logits" or self.cached_probs is not None or self.is_distributed:
+        if self.kind != "logits" or self.cached_probs is not None:
             return None
-        stored = stored_rows(self.outputs)
-        return None if stored is None else (*stored, stored_order(self.outputs))
+        stored = self._backend.stored_rows()
+        return None if stored is None else (*stored, self._backend.stored_order())
 
     def add_probs(self, index, total):
         """total += the probabilities of epoch ``index`` (float64 (n_samples, n_classes), in
@@ -631,15 +486,16 @@ class Run:
         """Probability of each sample's label at every epoch: float64 (n_samples, n_epochs).
         Logits not held as probabilities are read in place, one epoch at a time, without
         storing any epoch's probabilities. A summary gives exp(label logit - log-sum-exp)."""
-        if self.is_distributed:
-            return _on_chunks().map_samples(self, "label_probs")
+        return self._per_sample("_read_label_probs", ((None, self.n_epochs), np.float64))
+
+    def _read_label_probs(self):
         if self.kind == "summary":
             return self.outputs.label_probs().T
         if self.cached_softmax_stats is not None:
             return self._stats.label_prob.T.copy()
         q = np.empty((self.n_epochs, self.n_samples))
         rows = np.arange(self.n_samples)
-        stored = stored_rows(self.outputs)
+        stored = self._backend.stored_rows()
         if self.cached_probs is not None or self.kind != "logits":
             tmp = np.empty((self.n_samples, self.n_classes))
             for e in range(self.n_epochs):
@@ -649,7 +505,7 @@ class Run:
             if stored is not None:
                 values, src = stored[0][e], stored[1]
             else:
-                values, src = np.asarray(self.outputs[e]), rows
+                values, src = self._backend.read(e), rows
             if kernels.label_probs(values, src, self.labels, q[e]):
                 self.probs(e)  # raises the error naming the epoch and its bad values
         return q.T
@@ -682,11 +538,10 @@ class Run:
         the workers of the active dask scheduler; ndarrays are summed and DataFrames
         concatenated in sample order, so counts and per-sample rows equal the in-memory
         result exactly. ``fn`` must be picklable (a module-level function or a
-        ``functools.partial`` of one).
+        ``functools.partial`` of one). The executor (`forgetkit.execution.executor_for`) is
+        chosen by the type of the outputs.
         """
-        if self.is_distributed:
-            return _on_chunks().map_reduce(self, fn)
-        return fn(self)
+        return executor_for(self).map_reduce(self, fn)
 
     def epoch_positions(self, epoch_numbers):
         """Indices (int64) of the given stored epoch *numbers*; ValueError naming any that
@@ -720,7 +575,7 @@ class Run:
     def _subset_rows(self):
         """`stored_rows` of outputs that are a sample subset of a stored array (a lazy
         subset of a memmap), else None."""
-        stored = stored_rows(self.outputs)
+        stored = self._backend.stored_rows()
         return stored if stored is not None and stored[0] is not self.outputs else None
 
     def _epoch_probs(self, e, out):
@@ -733,9 +588,9 @@ class Run:
             # rows read in place (the same bits as softmax_rows); a bad row takes the path
             # below, which names the epoch
             if not kernels.combine_softmax(stored[0], [e], stored[1], out,
-                                           order=stored_order(self.outputs)):
+                                           order=self._backend.stored_order()):
                 return out
-        values = np.asarray(self.outputs[e])
+        values = self._backend.read(e)
         if self.kind == "probs":
             if self.checked_per_read:
                 self.check_epoch(e, values)
@@ -803,9 +658,8 @@ class Run:
     def _sample_subset(self, samples):
         idx = check_indices("samples", samples, self.n_samples)
         ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
-        # a dask array and a summary select by themselves
-        lazy = self._large and not self.is_distributed and self.kind != "summary"
-        outputs = SubsetOutputs(self.outputs, idx) if lazy else self.outputs[:, idx]
+        # streamed or large outputs as a lazy view where their backend allows
+        outputs = self._backend.take(idx, lazy=self._large)
         sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
         if self._predictions is not None:  # the forgetting pass is not read again
             sub._inherit_predictions(self._predictions[:, idx])

@@ -1,7 +1,9 @@
 """Runs on dask arrays, shards and sweeps on a real dask.distributed cluster (2 worker
 processes): every result equals the in-memory path's exactly, also after a worker is killed
-mid-computation."""
+mid-computation. The tests of equal results also run on the local executor reading the run
+in blocks of samples (`mode` "blocks": the same algorithms, the same chunks, here)."""
 
+import io
 import os
 import signal
 import subprocess
@@ -14,6 +16,7 @@ import pytest
 
 import forgetkit as fk
 from forgetkit.cli import main
+from forgetkit.execution import LocalExecutor, use_executor
 
 from .conftest import ROOT, import_real_part, make_run
 
@@ -21,7 +24,7 @@ dask = import_real_part("dask", "dask (the forgetkit[dask] extra)")
 da = import_real_part("dask.array", "dask (the forgetkit[dask] extra)")
 distributed = import_real_part("distributed", "dask.distributed (the forgetkit[dask] extra)")
 
-from forgetkit.distributed import knowledge as dknowledge  # noqa: E402
+from forgetkit.fusion import knowledge as fknowledge  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +39,54 @@ def client():
 def on_dask(run, chunk):
     """The run with its outputs as a dask array of ``chunk`` samples per chunk."""
     return run.replace(outputs=da.from_array(np.asarray(run.outputs), chunks=(-1, chunk, -1)))
+
+
+class RunBlocks(LocalExecutor):
+    """The local executor reading each run given to `chunked` in its blocks of samples
+    (other runs, the references, as one chunk)."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs = {}  # id -> (run, chunks)
+
+    def bounds(self, run):
+        chunks = self.runs.get(id(run), (None, None))[1]
+        return LocalExecutor(chunks).bounds(run)
+
+
+@pytest.fixture(params=["dask", "blocks"])
+def mode(request):
+    """"dask": runs on dask arrays on the cluster; "blocks": the local executor reading
+    them in blocks of samples (in use for the whole test)."""
+    if request.param == "dask":
+        request.getfixturevalue("client")
+        yield "dask"
+        return
+    blocks = RunBlocks()
+    with use_executor(blocks):
+        yield "blocks"
+
+
+def chunked(mode, run, chunks):
+    """The run on a dask array of ``chunks`` samples per chunk (an int or the sizes), or a
+    copy of it that the "blocks" executor reads in blocks of those samples."""
+    if mode == "dask":
+        return uneven(run, chunks)
+    new = run.replace()
+    executor = fk.execution.executor_for(new)
+    executor.runs[id(new)] = (new, chunks)
+    assert not executor.whole(new)
+    return new
+
+
+def computed(x):
+    """The values of a result (a dask array computed)."""
+    return x.compute() if isinstance(x, da.Array) else x
+
+
+def lazy(mode, x):
+    """Whether ``x`` is what a run in ``mode`` gives: a dask array on dask, else ndarray."""
+    return isinstance(x, da.Array if mode == "dask" else np.ndarray)
 
 
 def write_shards(run, folder, bounds, suffix=".npy"):
@@ -99,9 +150,9 @@ def test_forgetting_on_shards_equals_in_memory(client, real_run, tmp_path):
     np.testing.assert_array_equal(run.predictions().compute(), real_run.predictions())
 
 
-def test_forgetting_on_tie_heavy_data_and_a_dip(client):
+def test_forgetting_on_tie_heavy_data_and_a_dip(mode):
     run = tie_heavy_run()
-    dask_run = on_dask(run, 700)
+    dask_run = chunked(mode, run, 700)
     for fn in (fk.forget_fraction, fk.learn_fraction):
         np.testing.assert_array_equal(fn(dask_run), fn(run))
     pd.testing.assert_frame_equal(fk.sample_dynamics(dask_run), fk.sample_dynamics(run))
@@ -112,7 +163,7 @@ def test_forgetting_on_tie_heavy_data_and_a_dip(client):
     dip = dip.replace(outputs=values)
     found = fk.double_descent(dip, min_drop=0.05)
     assert found.found
-    assert fk.double_descent(on_dask(dip, 300), min_drop=0.05) == found
+    assert fk.double_descent(chunked(mode, dip, 300), min_drop=0.05) == found
 
 
 def test_run_methods_on_dask_return_dask_arrays_of_the_same_values(client, real_small):
@@ -129,8 +180,8 @@ def test_run_methods_on_dask_return_dask_arrays_of_the_same_values(client, real_
         run.mean_probs([1], out=np.empty((2000, 10)))
 
 
-def test_map_reduce_plugs_in_a_per_chunk_function(client, real_small):
-    counts = on_dask(real_small, 300).map_reduce(per_class_correct)
+def test_map_reduce_plugs_in_a_per_chunk_function(mode, real_small):
+    counts = chunked(mode, real_small, 300).map_reduce(per_class_correct)
     np.testing.assert_array_equal(counts, per_class_correct(real_small))
 
 
@@ -164,11 +215,11 @@ def assert_same_table(got, ref):
 
 
 @pytest.mark.parametrize("name", NOISY_TRAIN)
-def test_data_map_and_label_issues_on_dask_equal_in_memory(client, name, monkeypatch):
+def test_data_map_and_label_issues_on_dask_equal_in_memory(mode, name, monkeypatch):
     run = fk.load(ROOT / "data_samples" / name)
     n = run.n_samples
     sizes = (n // 4, n // 10, n // 2, n - n // 4 - n // 10 - n // 2)
-    dask_run = uneven(run, sizes)
+    dask_run = chunked(mode, run, sizes)
     refs = (fk.data_map(run), fk.data_map(run, burn_out=7), fk.label_issues(run),
             fk.label_issues(run, n_issues=100))
     assert refs[2]["is_issue"].sum() > 0.1 * n  # the 20% flipped labels are found
@@ -182,11 +233,11 @@ def test_data_map_and_label_issues_on_dask_equal_in_memory(client, name, monkeyp
     np.testing.assert_array_equal(picked, fk.select(refs[0], region="ambiguous", frac=0.1))
     for how in ("mean", "final"):
         probs = fk.pred_probs(dask_run, how=how)
-        assert isinstance(probs, da.Array)
-        np.testing.assert_array_equal(probs.compute(), fk.pred_probs(run, how=how))
+        assert lazy(mode, probs)
+        np.testing.assert_array_equal(computed(probs), fk.pred_probs(run, how=how))
 
 
-def test_data_map_and_label_issues_on_dask_on_tie_heavy_data(client, monkeypatch):
+def test_data_map_and_label_issues_on_dask_on_tie_heavy_data(mode, monkeypatch):
     # 2 epochs of multiples of 1/64, every sample three times (the copies in other chunks)
     base = tie_heavy_run(n_epochs=2, n_samples=1000, seed=7)
     run = fk.Run(np.tile(base.outputs, (1, 3, 1)), np.tile(base.labels, 3), kind="probs",
@@ -197,8 +248,8 @@ def test_data_map_and_label_issues_on_dask_on_tie_heavy_data(client, monkeypatch
     with monkeypatch.context() as m:
         refuse_gathering(m)
         with pytest.warns(UserWarning, match="aum .* is NaN"):
-            got_map = fk.data_map(uneven(run, (1, 999, 1234, 766)))
-        got_issues = fk.label_issues(uneven(run, (1500, 1, 1499)))
+            got_map = fk.data_map(chunked(mode, run, (1, 999, 1234, 766)))
+        got_issues = fk.label_issues(chunked(mode, run, (1500, 1, 1499)))
     assert_same_table(got_map, ref_map)
     assert_same_table(got_issues, ref_issues)
     # ties: samples at both region thresholds, and a flagged set that splits equal scores
@@ -211,14 +262,14 @@ def test_data_map_and_label_issues_on_dask_on_tie_heavy_data(client, monkeypatch
 
 
 # ------------------------------------------------------------ Knowledge Fusion
-def test_kf_on_dask_equals_in_memory_on_real_data(client, real_run):
+def test_kf_on_dask_equals_in_memory_on_real_data(mode, real_run):
     val, test = real_run.split(0.5, seed=0)
-    got, ref = assert_same_kf(on_dask(val, 1100), val)
+    got, ref = assert_same_kf(chunked(mode, val, 1100), val)
     assert sum(eps > 0 for _, eps in got.plan_) >= 2  # the fusion did mix windows in
-    fused = got.predict_proba(on_dask(test, 900))
-    assert isinstance(fused, da.Array)
-    np.testing.assert_array_equal(fused.compute(), ref.predict_proba(test))
-    assert_same_kf(on_dask(val, 2500), val, max_windows=1, rule="paper", window=2)
+    fused = got.predict_proba(chunked(mode, test, 900))
+    assert lazy(mode, fused)
+    np.testing.assert_array_equal(computed(fused), ref.predict_proba(test))
+    assert_same_kf(chunked(mode, val, 2500), val, max_windows=1, rule="paper", window=2)
 
 
 def test_staged_predictions_on_dask_equal_in_memory(client, real_small):
@@ -235,12 +286,12 @@ def test_staged_predictions_on_dask_equal_in_memory(client, real_small):
                                                                          seeds=(1,)))
 
 
-def test_kf_on_dask_equals_in_memory_on_tie_heavy_data(client):
+def test_kf_on_dask_equals_in_memory_on_tie_heavy_data(mode):
     run = tie_heavy_run(seed=4)
-    got, ref = assert_same_kf(on_dask(run, 800), run)
-    np.testing.assert_array_equal(got.predict_proba(on_dask(run, 1000)).compute(),
+    got, ref = assert_same_kf(chunked(mode, run, 800), run)
+    np.testing.assert_array_equal(computed(got.predict_proba(chunked(mode, run, 1000))),
                                   ref.predict_proba(run))
-    assert_same_kf(on_dask(run, 800), run, rule="paper", max_checkpoints=4)
+    assert_same_kf(chunked(mode, run, 800), run, rule="paper", max_checkpoints=4)
 
 
 def test_every_fuser_predicts_a_dask_run_as_in_memory(client, real_small):
@@ -274,9 +325,9 @@ def test_compare_on_dask_equals_in_memory_without_ensemble_selection(client, rea
         fk.compare(on_dask(real_run, 2500), seeds=(0,))
 
 
-def test_kf_on_dask_refuses_the_continuous_search(client, real_small):
+def test_kf_on_dask_refuses_the_continuous_search(mode, real_small):
     with pytest.raises(ValueError, match="grid=None .* needs a run held in memory"):
-        fk.KnowledgeFusion(grid=None).fit(on_dask(real_small, 500))
+        fk.KnowledgeFusion(grid=None).fit(chunked(mode, real_small, 500))
 
 
 # ------------------------------------------------------------- worker failures
@@ -297,17 +348,19 @@ def test_map_reduce_survives_a_killed_worker(client, real_small, tmp_path):
 
 def test_kf_fit_survives_a_worker_killed_mid_fit(client, real_run, monkeypatch):
     val = real_run.isel(samples=np.arange(6000))
-    mix = dknowledge.ChunkedFitState.mix
+    mix = fknowledge.ChunkedFitState.mix
     killed = []
 
     def mix_after_a_kill(state, window, eps):
-        if state.n_mixed == 2:  # two windows mixed in: kill a worker holding fit states
-            pid = next(iter(state.client.run(os.getpid).values()))
+        on_workers = getattr(state.parts, "client", None) is not None  # not the reference
+        if on_workers and state.n_mixed == 2:  # two windows mixed in: kill a worker holding
+            # fit states
+            pid = next(iter(state.parts.client.run(os.getpid).values()))
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
         mix(state, window, eps)
 
-    monkeypatch.setattr(dknowledge.ChunkedFitState, "mix", mix_after_a_kill)
+    monkeypatch.setattr(fknowledge.ChunkedFitState, "mix", mix_after_a_kill)
     assert_same_kf(on_dask(val, 500), val)
     assert killed
 
@@ -399,3 +452,49 @@ def test_sweep_keeps_the_good_runs_rows_and_names_each_failed_run(client, tmp_pa
     assert "r1.npy" in err[0]
     with pytest.raises(fk.ForgetkitError, match="r1.npy"):
         fk.sweep(str(tmp_path / "r*.npy"), methods=["single"], seeds=(0,), client=client)
+
+
+# ----------------------------------------------------------- executor details
+def test_progress_on_dask_counts_chunks(client, real_small, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    run = on_dask(real_small, 500)
+    fk.data_map(run, progress=True)
+    fk.label_issues(run, progress=True)
+    fk.analysis.summary(run, progress=True)
+    assert term.getvalue().count("training dynamics: 4/4 chunks") == 2
+    assert "forgetting pass: 4/4 chunks" in term.getvalue()
+
+
+def test_a_dask_run_needs_dask_only(tmp_path):
+    """Without dask.distributed (dask's own threaded scheduler), a run on a dask array gives
+    the in-memory results, progress included; sweeps say what to install."""
+    code = """
+import io, sys
+sys.modules["distributed"] = None  # not installed
+import numpy as np, pandas as pd, dask.array as da, forgetkit as fk
+from tests.conftest import make_run
+run = make_run(n_samples=300, ties=True)
+x = da.from_array(np.asarray(run.outputs), chunks=(-1, 70, -1))
+dask_run = fk.Run(x, run.labels)
+np.testing.assert_array_equal(dask_run.predictions().compute(), run.predictions())
+pd.testing.assert_frame_equal(fk.label_issues(dask_run), fk.label_issues(run))
+assert fk.KnowledgeFusion().fit(dask_run).plan_ == fk.KnowledgeFusion().fit(run).plan_
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+sys.stderr = term = Terminal()
+fk.data_map(dask_run, progress=True)
+assert "training dynamics: 5/5 chunks" in term.getvalue(), term.getvalue()
+try:
+    fk.sweep([])
+except ImportError as err:
+    assert "sweeps need dask.distributed" in str(err)
+else:
+    raise AssertionError("no ImportError")
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -4,9 +4,10 @@
 Everything comes from one streaming pass over the epochs (`trajectory`): each epoch is read
 once (memmap and Parquet runs epoch by epoch), reduced by one numba kernel to the label's
 probability, the label's margin and correctness per sample, and folded into per-sample
-running statistics; memory grows with the number of samples, never with the epochs. On a
-run on a dask array the pass runs per chunk of samples (`Run.map_reduce`) and only the
-per-sample rows come back; the region thresholds are then taken over all of them.
+running statistics; memory grows with the number of samples, never with the epochs. The pass
+runs per chunk of samples on the run's executor (`forgetkit.execution`; one chunk for a run
+held here, the workers' chunks for a run on a dask array) and only the per-sample rows come
+back; the region thresholds are then taken over all of them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .. import kernels
 from .._progress import Progress
 from .._validation import check_int, check_number, check_option, check_run
 from ..errors import ForgetkitError
+from ..execution import executor_for
 
 #: Data-map regions, in the order of the categorical ``region`` column.
 REGIONS = ("easy-to-learn", "ambiguous", "hard-to-learn")
@@ -213,8 +215,8 @@ def data_map(run, *, burn_out=None, progress=False):
     if run.kind == "probs":
         warnings.warn("the run holds probabilities: aum (defined on logits) is NaN",
                       UserWarning, stacklevel=2)
-    df = run.map_reduce(partial(_sample_table, burn_out=n_epochs,
-                                progress=progress and not run.is_distributed))
+    df = executor_for(run).map_reduce(run, partial(_sample_table, burn_out=n_epochs),
+                                      progress=progress, desc="training dynamics")
     confidence, variability = df["confidence"].to_numpy(), df["variability"].to_numpy()
     df["region"] = regions(confidence, variability)
     v_cut, c_cut = region_thresholds(confidence, variability)

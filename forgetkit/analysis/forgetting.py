@@ -2,9 +2,10 @@
 
 All functions take a `Run`. The one pass over the outputs (`Run.predictions`) is a numba
 kernel that reads float16/32/64 directly, streams the run in chunks of epochs and is kept on
-the Run, so calling several functions on one run reads the data once. On a run on a dask
-array every function is a map-reduce over its chunks of samples (`Run.map_reduce`: per-epoch
-counts summed, per-sample rows concatenated), with the same results.
+the Run, so calling several functions on one run reads the data once. Every function is a
+map-reduce over the run's chunks of samples on its executor (`Run.map_reduce`,
+`forgetkit.execution`: per-epoch counts summed, per-sample rows concatenated), with the same
+results on every executor.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pandas as pd
 
 from .._validation import check_run
 from ..errors import ForgetkitError
+from ..execution import executor_for
 
 
 def predictions(run, *, progress=False):
@@ -30,11 +32,11 @@ def correctness(run, *, progress=False):
     return run.correctness(progress=progress)
 
 
-def _epoch_counts(run):
+def _epoch_counts(run, progress=False):
     """Counts of one run (or chunk of samples): int64 (3, n_epochs) of the samples correct at
     e, forgotten (correct at e, wrong at the final epoch) and learned (wrong at e, correct at
     the final epoch); and the number of samples ever correct but wrong at the final epoch."""
-    correct = correctness(run)
+    correct = correctness(run, progress=progress)
     final = correct[-1]
     counts = np.stack([correct.sum(axis=1), (correct & ~final).sum(axis=1),
                        (~correct & final).sum(axis=1)])
@@ -47,13 +49,9 @@ def epoch_counts(run, *, progress=False):
     dask array. Each fraction below is one of these counts divided by n_samples (the same
     bits as the mean of the boolean matrix). ``progress``: show the forgetting pass's
     progress on a terminal (the pass is kept on the run; later calls do not read again)."""
-    _pass_with_progress(run, progress)
-    return run.map_reduce(_epoch_counts)
-
-
-def _pass_with_progress(run, progress):
-    if progress and not run.is_distributed:
-        run.predictions(progress=True)  # the one pass, with progress; kept on the run
+    # the one pass (kept on a run held here), with progress on every executor
+    return executor_for(run).map_reduce(run, _epoch_counts, progress=progress,
+                                        desc="forgetting pass")
 
 
 def accuracy(run, *, progress=False):
@@ -85,12 +83,12 @@ def sample_dynamics(run, *, progress=False):
         first stored epoch after the last correct one, for forgotten samples).
     """
     check_run("run", run)
-    _pass_with_progress(run, progress)
-    return run.map_reduce(_sample_dynamics)
+    return executor_for(run).map_reduce(run, _sample_dynamics, progress=progress,
+                                        desc="forgetting pass")
 
 
-def _sample_dynamics(run):
-    correct = correctness(run)
+def _sample_dynamics(run, progress=False):
+    correct = correctness(run, progress=progress)
     n_epochs = correct.shape[0]
     ever = correct.any(axis=0)
     first = np.argmax(correct, axis=0)

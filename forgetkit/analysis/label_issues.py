@@ -24,6 +24,7 @@ from .._deprecation import renamed
 from .._progress import Progress
 from .._validation import check_int, check_labels, check_option, check_run
 from ..errors import ForgetkitError
+from ..execution import combine, executor_for
 from .dynamics import sample_index, trajectory
 
 #: Rows per chunk of the confident-joint count and the scores (bounds their temporaries).
@@ -229,17 +230,53 @@ def label_issues(run, *, n_issues=None, progress=False):
 
 
 def _full_scores(run, progress):
-    """(joint, score, suggested, n_epochs) of a run of every class's outputs; on a dask
-    array the same steps run over its chunks of samples (`forgetkit.distributed`)."""
-    if run.is_distributed:
-        from ..distributed.label_issues import full_scores
+    """(joint, score, suggested, n_epochs) of a run of every class's outputs, in steps over
+    its chunks of samples on the run's executor (`forgetkit.execution`): one pass over each
+    chunk keeps its labels and trajectory means where they were computed, then
 
-        return full_scores(run)
+    1. each sample's mean probability of its label, gathered in sample order (N floats):
+       the class thresholds, summed in sample order (per-chunk sums would round
+       differently);
+    2. each chunk's confident counts under those thresholds (C, C), summed: integer counts,
+       exact; the joint and the noise transition T follow;
+    3. each chunk's scores and suggested labels under log T, concatenated.
+
+    Only N-long columns and (C, C) tables leave the chunks; the results are the same on
+    every executor."""
+    means = executor_for(run).persist(run, _chunk_means, progress=progress,
+                                      desc="training dynamics")
+    counts, thresholds = class_thresholds(run.labels, np.concatenate(means.map(_label_probs)),
+                                          run.n_classes)
+    joint = calibrate(combine(means.map(_chunk_counts, thresholds)), counts)
+    log_t = np.log(noise_transition(joint))
+    score, suggested = (np.concatenate(part) for part in zip(*means.map(_chunk_scores, log_t),
+                                                               strict=True))
+    return joint, score, suggested, run.n_epochs
+
+
+def _chunk_means(run, progress=False):
+    """(labels (n,), mean probabilities (n, C), mean log-probabilities (n, C)) of a chunk."""
     t = trajectory(run, mean_probs=True, mean_log_probs=True, progress=progress)
-    joint = confident_joint(run.labels, t.mean_probs)
-    score, suggested = issue_scores(run.labels, t.mean_log_probs,
-                                    np.log(noise_transition(joint)))
-    return joint, score, suggested, t.n_epochs
+    return run.labels, t.mean_probs, t.mean_log_probs
+
+
+def _label_probs(means):
+    labels, probs, _ = means
+    return probs[np.arange(len(labels)), labels]
+
+
+def _chunk_counts(means, thresholds):
+    labels, probs, _ = means
+    return confident_counts(labels, probs, thresholds)
+
+
+def _chunk_scores(means, log_t):
+    """`issue_scores` of a chunk's means, CHUNK_ROWS rows at a time on a copy (the kept means
+    stay as they are: a step may run twice)."""
+    labels, _, log_probs = means
+    parts = [issue_scores(labels[i:i + CHUNK_ROWS], log_probs[i:i + CHUNK_ROWS].copy(), log_t)
+             for i in range(0, max(len(labels), 1), CHUNK_ROWS)]
+    return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
 
 
 def issue_scores(labels, mean_log_probs, log_t):

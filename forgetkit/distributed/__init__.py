@@ -5,31 +5,35 @@ or ``fk.load("shards/*.npy", chunks=...)``) stays distributed: every per-sample 
 local to a chunk of samples and every per-epoch count is a sum over chunks, so each pass runs
 the in-memory code and kernels on the Run of each chunk, on the workers of the active dask
 scheduler, and only counts, per-sample rows or per-chunk results travel. The results equal
-the in-memory path's exactly. Knowledge Fusion's fit keeps one fit state per chunk on the
-workers of the active ``dask.distributed`` Client (`knowledge`).
+the in-memory path's exactly. The algorithms are the core's (`forgetkit.execution`: per-chunk
+steps and a combine); this package only runs them: importing it registers the dask executor
+(`chunks.DaskExecutor`), which the core finds by the outputs' type, importing this package on
+first use (``forgetkit.execution.PROVIDERS``). Knowledge Fusion's fit keeps one fit state per
+chunk on the workers (futures of the active ``dask.distributed`` Client, if any).
 
-Modules: ``chunks`` (the chunk Runs, `map_reduce`, per-sample dask results), ``shards``
-(loading NPY/Parquet shards, local or fsspec URLs), ``knowledge`` (the distributed Knowledge
-Fusion fit), ``label_issues`` (label issues' passes over the chunks), ``sweep`` (the module
-of `forgetkit.sweep`: `compare` on many runs, one task per run).
+Modules: ``chunks`` (the chunk Runs, the dask executor, per-sample dask results), ``shards``
+(loading NPY/Parquet shards, local or fsspec URLs), ``sweep`` (the module of
+`forgetkit.sweep`: `compare` on many runs, one task per run on a dask.distributed cluster).
 
-dask and distributed are the optional extra ``forgetkit[dask]``; ``import forgetkit`` never
-imports this package.
+dask (and distributed, for clusters and sweeps) is the optional extra ``forgetkit[dask]``;
+``import forgetkit`` never imports this package, and no module of the core imports it.
 """
 
 from __future__ import annotations
 
 try:
     import dask  # noqa: F401
-    import distributed  # noqa: F401
 except ImportError as err:
-    raise ImportError(f"forgetkit.distributed needs dask and distributed ({err}): pip install "
+    raise ImportError(f"forgetkit.distributed needs dask ({err}): pip install "
                       "'forgetkit[dask]'") from err
 
 from .._deprecation import callable_module
+from ..execution import register_loader
 from . import sweep
 from .chunks import map_reduce
 from .shards import load_shards
+
+register_loader("shards", load_shards)
 
 __all__ = ["load_shards", "map_reduce", "sweep"]
 

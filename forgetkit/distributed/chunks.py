@@ -7,24 +7,27 @@ ids included, positions as ids when the run has none. A pass calls the in-memory
 each chunk's Run and combines the results, so it computes exactly what the in-memory path
 computes:
 
-- `map_reduce`: ndarray results (counts) summed, DataFrames (per-sample rows) concatenated
-  in sample order; computed at once on the active dask scheduler;
-- `persist_chunks`: per-chunk results kept on the workers, for passes that need a global
-  step between them (label issues);
-- `apply_samples` / `map_samples`: per-sample results (predictions, probabilities, fused
+- `DaskExecutor.map_reduce`: ndarray results (counts) summed, DataFrames (per-sample rows)
+  concatenated in sample order (`forgetkit.execution.combine`); computed at once on the
+  active dask scheduler;
+- `DaskExecutor.persist`: per-chunk results kept on the workers (`DaskParts`), for
+  algorithms with a global step between passes (label issues, Knowledge Fusion's fit);
+- `DaskExecutor.map_samples`: per-sample results (predictions, probabilities, fused
   probabilities) as a lazy dask array concatenated along samples.
+
+`forgetkit.distributed` registers the executor when imported (`forgetkit.execution`).
 """
 
 from __future__ import annotations
 
-import functools
-import operator
-
 import dask
 import dask.array as da
 import numpy as np
-import pandas as pd
 
+from .._progress import Progress
+from .._validation import is_dask_array
+from ..errors import ForgetkitError
+from ..execution import Executor, Parts, combine, register_executor
 from ..run import Run
 
 
@@ -63,63 +66,126 @@ def _on_chunk(fn, block, labels, sample_ids, **spec):
     return fn(chunk_run(block, labels, sample_ids, **spec))
 
 
-def combine(parts):
-    """Per-chunk results combined: ndarrays (and numbers) summed, DataFrames concatenated in
-    order, tuples element by element."""
-    first = parts[0]
-    if isinstance(first, tuple):
-        return tuple(combine(list(p)) for p in zip(*parts, strict=True))
-    if isinstance(first, pd.DataFrame):
-        return pd.concat(parts)
-    return functools.reduce(operator.add, parts)
+def active_client():
+    """The active dask.distributed Client, or None (no client, or distributed not
+    installed: dask's own schedulers then run the tasks)."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+def compute(tasks, bar):
+    """``dask.compute(*tasks)``, counting finished tasks on ``bar`` (a Progress) when it
+    is shown."""
+    if not bar.enabled:
+        return dask.compute(*tasks)
+    client = active_client()
+    if client is not None:
+        from distributed import as_completed
+
+        futures = client.compute(list(tasks))
+        for _ in as_completed(futures):
+            bar.update()
+        return tuple(client.gather(futures))
+    from dask.callbacks import Callback
+
+    keys = {task.key for task in tasks}
+
+    class Tick(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if key in keys:
+                bar.update()
+
+    with Tick():
+        return dask.compute(*tasks)
+
+
+class DaskParts(Parts):
+    """Per-chunk results kept on the workers: futures of the active dask.distributed
+    Client (a chain of futures per chunk, recomputed by the scheduler if a worker is lost),
+    or persisted Delayed objects on dask's own schedulers."""
+
+    def __init__(self, tasks):
+        self.client = active_client()
+        if self.client is not None:
+            self.parts = self.client.compute(list(tasks))
+        else:
+            self.parts = list(dask.persist(*tasks))
+
+    def __len__(self):
+        return len(self.parts)
+
+    def map(self, fn, *args):
+        if self.client is not None:
+            return self.client.gather([self.client.submit(fn, part, *args)
+                                       for part in self.parts])
+        return list(dask.compute(*[dask.delayed(fn)(part, *args) for part in self.parts]))
+
+    def update(self, fn, *args):
+        if self.client is not None:
+            self.parts = [self.client.submit(fn, part, *args) for part in self.parts]
+        else:
+            self.parts = list(dask.persist(*[dask.delayed(fn)(part, *args)
+                                             for part in self.parts]))
+
+
+class DaskExecutor(Executor):
+    """The executor of runs on dask arrays: the chunks of samples on the workers of the
+    active dask scheduler (see the module docstring)."""
+
+    lazy = True
+
+    def whole(self, run):
+        return False
+
+    def compute(self, *results):
+        return dask.compute(*results)
+
+    def map_reduce(self, run, fn, *, progress=False, desc="chunks"):
+        tasks, _ = chunk_tasks(run, fn)
+        return combine(compute(tasks, Progress(len(tasks), desc, enabled=progress,
+                                               unit="chunks")))
+
+    def persist(self, run, fn, *, progress=False, desc="chunks"):
+        tasks, _ = chunk_tasks(run, fn)
+        parts = DaskParts(tasks)
+        if progress:  # wait for the chunks, counting them
+            bar = Progress(len(tasks), desc, enabled=True, unit="chunks")
+            if parts.client is not None:
+                from distributed import as_completed
+
+                for _ in as_completed(list(parts.parts)):
+                    bar.update()
+            else:
+                bar.update(len(tasks))
+        return parts
+
+    def map_samples(self, run, fn, shape, dtype, *, out=None):
+        """Lazy dask array of ``fn(chunk Run)`` over the chunks, concatenated along samples.
+
+        ``shape``: the shape of ``fn``'s result with None at the axis of samples, e.g.
+        (n_epochs, None) for predictions; ``dtype``: its dtype."""
+        if out is not None:
+            raise ForgetkitError("out= needs a run held in memory; this run's outputs are a "
+                                 "dask array (the result is a dask array)")
+        axis = shape.index(None)
+        tasks, sizes = chunk_tasks(run, fn)
+        parts = [da.from_delayed(task, shape=shape[:axis] + (n,) + shape[axis + 1:],
+                                 dtype=dtype)
+                 for task, n in zip(tasks, sizes, strict=True)]
+        return da.concatenate(parts, axis=axis)
+
+
+EXECUTOR = DaskExecutor()
+register_executor(is_dask_array, EXECUTOR)
 
 
 def map_reduce(run, fn):
     """`Run.map_reduce` of a run on a dask array: ``fn`` on each chunk's Run, on the workers
-    of the active dask scheduler, results combined by `combine`."""
-    tasks, _ = chunk_tasks(run, fn)
-    return combine(dask.compute(*tasks))
-
-
-def persist_chunks(run, fn):
-    """``fn(chunk Run)`` of every chunk, computed on the active dask scheduler and kept
-    there (on the workers of a dask.distributed Client): Delayed objects in sample order,
-    for further passes over the results without reading the outputs again."""
-    tasks, _ = chunk_tasks(run, fn)
-    return list(dask.persist(*tasks))
-
-
-def apply_samples(run, fn, shape, dtype):
-    """Lazy dask array of ``fn(chunk Run)`` over the chunks, concatenated along samples.
-
-    ``shape``: the shape of ``fn``'s result with None at the axis of samples, e.g.
-    (n_epochs, None) for predictions; ``dtype``: its dtype.
-    """
-    axis = shape.index(None)
-    tasks, sizes = chunk_tasks(run, fn)
-    parts = [da.from_delayed(task, shape=shape[:axis] + (n,) + shape[axis + 1:], dtype=dtype)
-             for task, n in zip(tasks, sizes, strict=True)]
-    return da.concatenate(parts, axis=axis)
-
-
-def _probs_shape(run, index, dtype=np.float64):
-    lead = () if np.ndim(index) == 0 else (len(index),)
-    return lead + (None, run.n_classes), dtype
-
-
-#: Per Run method: the shape of its result with None at the axis of samples, and its dtype,
-#: from the run and the call's arguments.
-RESULTS = {
-    "predictions": lambda run: ((run.n_epochs, None), np.int32),
-    "probs": _probs_shape,
-    "mean_probs": lambda run, indices: ((None, run.n_classes), np.float64),
-    "weighted_probs": lambda run, indices, weights: ((None, run.n_classes), np.float64),
-    "label_probs": lambda run: ((None, run.n_epochs), np.float64),
-}
-
-
-def map_samples(run, method, *args, **kwargs):
-    """``run.<method>(*args, **kwargs)`` of a run on a dask array, as a lazy dask array: the
-    method of each chunk's Run, concatenated along samples (methods of `RESULTS`)."""
-    shape, dtype = RESULTS[method](run, *args, **kwargs)
-    return apply_samples(run, operator.methodcaller(method, *args, **kwargs), shape, dtype)
+    of the active dask scheduler, results combined by `forgetkit.execution.combine`."""
+    return EXECUTOR.map_reduce(run, fn)

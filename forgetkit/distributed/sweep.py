@@ -50,6 +50,17 @@ def compare_run(path, *, threads, **options):
     return table
 
 
+def cluster_api():
+    """(Client, LocalCluster, as_completed) of dask.distributed; ImportError saying how to
+    install it when missing (dask alone runs the chunked passes, not sweeps)."""
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError as err:
+        raise ImportError(f"sweeps need dask.distributed ({err}): pip install "
+                          "'forgetkit[dask]'") from err
+    return Client, LocalCluster, as_completed
+
+
 def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=(0, 1, 2),
           val_frac=0.5, window=1, progress=False, errors="raise"):
     """`forgetkit.compare` on many runs, one task per run on a dask.distributed cluster.
@@ -78,8 +89,7 @@ def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=
     pandas.DataFrame with one row per (run, method), in the order of the runs then the
     methods: ``run`` (the path), ``method``, then the columns of `forgetkit.compare`.
     """
-    from distributed import Client, LocalCluster, as_completed
-
+    Client, LocalCluster, as_completed = cluster_api()
     check_int("n_workers", n_workers, minimum=1, allow_none=True)
     check_option("errors", errors, ("raise", "record"))
     # every option checked before a cluster starts or a run is read

@@ -18,6 +18,7 @@ import numpy as np
 from .. import kernels
 from .._summary import HOLDS
 from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
+from ..execution import executor_for
 from ..io.atomic import write_json_atomic
 from ..io.record import parse_record
 from ..run import Run
@@ -145,11 +146,8 @@ class Fuser:
         values as in memory)."""
         self._check_fitted()
         run = self._as_input(run)
-        if run.is_distributed:
-            from ..distributed.chunks import apply_samples
-
-            return apply_samples(run, self.predict_proba, (None, self.n_classes_), np.float64)
-        return self._predict_proba(run)
+        return executor_for(run).map_samples(run, self._predict_proba, (None, self.n_classes_),
+                                             np.float64)
 
     def _predict_proba(self, run):
         """`predict_proba` of a Run held in memory or on disk."""

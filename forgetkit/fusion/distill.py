@@ -14,7 +14,7 @@ from ..errors import ForgetkitError
 from ..io.atomic import atomic_write, write_json_atomic
 from ..io.guard import refuse_overwrite
 from ..io.record import sidecar_path
-from ..run import LOG_FLOOR
+from ..probs import LOG_FLOOR
 
 
 def soft_targets(fuser, train_run, *, temperature=1.0):

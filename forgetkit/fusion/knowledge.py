@@ -13,6 +13,7 @@ from .._deprecation import keyword_options
 from .._progress import Progress
 from .._validation import check_bool, check_int, check_option
 from ..errors import ForgetkitError
+from ..execution import combine, executor_for
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_checkpoints, check_weights_present
 
@@ -195,7 +196,7 @@ class KnowledgeFusion(Fuser):
         Each stage is a new array; on a run on a dask array, a lazy dask array
         (``with_windows(i).predict_proba(run)``, computed on the workers)."""
         self._check_fitted()
-        if self._as_input(run).is_distributed:
+        if executor_for(self._as_input(run)).lazy:
             for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
                 yield self.with_windows(i).predict_proba(run)
             return
@@ -249,17 +250,67 @@ class KnowledgeFusion(Fuser):
 
 
 def _fit_state(run, grid):
-    """The fit's state of ``run``: a `FitState`, or for a run on a dask array one per chunk
-    of samples on the workers of the active dask.distributed Client."""
-    if not run.is_distributed:
-        return FitState(run)
-    if grid is None:
+    """The fit's state of ``run``: a `ChunkedFitState` on the run's executor."""
+    executor = executor_for(run)
+    if grid is None and not executor.whole(run):
         raise ForgetkitError("grid=None (the continuous eps search) needs a run held in memory "
-                             "or on disk; on a run on a dask array pass an eps grid (e.g. "
-                             "grid=101)")
-    from ..distributed.knowledge import ChunkedFitState
+                             "or on disk, read as one chunk; on a run on a dask array pass an "
+                             "eps grid (e.g. grid=101)")
+    return ChunkedFitState(run, executor)
 
-    return ChunkedFitState(run)
+
+def _counts(state):
+    return state.missed, state.n_correct, state.n_final_correct
+
+
+def _missed(state):
+    return state.missed
+
+
+def _grid_counts(state, window, grid):
+    return state.grid_counts(window, grid)
+
+
+def _mix(state, n_mixed, window, eps):
+    if state.n_mixed == n_mixed:  # not mixed yet (a task run twice finds it mixed)
+        state.mix(window, eps)
+    return state
+
+
+class ChunkedFitState:
+    """Knowledge Fusion's fit state over the chunks of samples of a run, on its executor
+    (`forgetkit.execution`): one `FitState` per chunk, kept where the executor keeps it
+    (here, or on the workers of a dask cluster), its counts summed here.
+
+    A step is map (each chunk: F'_e counts against the current fusion, then the eps
+    search's grid counts of the chosen window) -> reduce (sums here) -> broadcast (the
+    window and eps), after which each chunk mixes the window into its fusion in place
+    (``kernels.mix_into``). Counts are integers and each chunk runs the same kernels on its
+    rows, so the plan is the same on every executor; only counts leave the chunks. On dask
+    a chunk's state is a chain of futures, one per mix: if a worker is lost mid-fit, the
+    scheduler recomputes its states from that chain (the same kernels give the same bits),
+    and a mix that finds its state already mixed (a task run twice) leaves it as it is.
+
+    Attributes as `FitState`'s (``missed``, ``n_correct``, ``n_final_correct``,
+    ``n_mixed``); ``parts``: the executor's `Parts` of the chunks' FitStates.
+    """
+
+    def __init__(self, run, executor):
+        self.parts = executor.persist(run, FitState)
+        self.missed, self.n_correct, self.n_final_correct = combine(self.parts.map(_counts))
+        self.n_mixed = 0
+
+    def grid_counts(self, window, grid):
+        return combine(self.parts.map(_grid_counts, window, grid))
+
+    def continuous_eps(self, window, rule, base):
+        """`FitState.continuous_eps` of the run read as one chunk."""
+        return self.parts.single.continuous_eps(window, rule, base)
+
+    def mix(self, window, eps):
+        self.parts.update(_mix, self.n_mixed, window, eps)
+        self.n_mixed += 1
+        self.missed = combine(self.parts.map(_missed))
 
 
 class FitState:

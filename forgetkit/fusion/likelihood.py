@@ -10,7 +10,8 @@ import numpy as np
 from .. import kernels
 from .._deprecation import keyword_options
 from .._validation import check_int, check_number
-from ..run import LOG_FLOOR
+from ..execution import executor_for
+from ..probs import LOG_FLOOR
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_weights_present
 
@@ -62,8 +63,7 @@ class LikelihoodFusion(Fuser):
         q = run.label_probs()  # (N, E): on a dask run, computed on the workers
         # C order whatever the source (a transposed view of the softmax stats, a dask
         # result): the BLAS products' bits depend on the layout
-        q = np.ascontiguousarray(np.maximum(q.compute() if run.is_distributed else q,
-                                            LOG_FLOOR))
+        q = np.ascontiguousarray(np.maximum(executor_for(run).compute(q)[0], LOG_FLOOR))
         idx = np.arange(run.n_epochs)
         w, self.n_iter_ = self._em(q)
         keep = w > self.min_weight * w.max()

@@ -8,8 +8,10 @@ import numpy as np
 from .. import kernels
 from .._deprecation import keyword_options
 from .._validation import check_int
+from ..backends import epoch_parts, stored_order, stored_rows
 from ..errors import ForgetkitError
-from ..run import DEFAULT_MEMORY_BUDGET, epoch_parts, stored_order, stored_rows
+from ..execution import executor_for
+from ..run import DEFAULT_MEMORY_BUDGET
 from .base import Fuser, as_run, check_validation_run
 from .schema import WEIGHT_SUM_TOLERANCE, check_checkpoints, check_weights_present
 
@@ -45,7 +47,7 @@ class EnsembleSelection(Fuser):
         self._check_params()
         k = self.max_checkpoints
         check_validation_run(run)
-        if run.is_distributed:
+        if executor_for(run).lazy:  # read on workers, not here
             raise ForgetkitError("ensemble selection needs a run held in memory or on disk "
                                  "(each round reads its outputs); load the run from its "
                                  "files without chunks=, or run fk.sweep on a cluster")

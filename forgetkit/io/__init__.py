@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .._validation import check_bool, check_option, check_path
 from ..errors import ForgetkitError, InputTypeError, MissingFileError
+from ..execution import loader as registered_loader
 from ..run import Run
 from .atomic import atomic_write
 from .background import wait_for_writes
@@ -82,9 +83,8 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
     if not isinstance(path, (list, tuple)):  # a list of shards goes to load_shards
         check_path("path", path)
     if chunks is not None or any(mark in str(path) for mark in ("*", "?", "[", "://")):
-        from ..distributed.shards import load_shards
-
-        return load_shards(path, chunks=chunks, labels=labels, kind=kind, verify=verify)
+        return registered_loader("shards")(path, chunks=chunks, labels=labels, kind=kind,
+                                         verify=verify)
     path = Path(path)
     fmt = format_of(path)
     if fmt == "parquet" and not path.exists() and staging_path(path).is_dir():

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..backends import LazyOutputs
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
-from ..run import LazyOutputs
 from .atomic import atomic_write, fsync_path, remove, write_json_atomic
 from .integrity import KEY, check_fields, checksums, crc_array, crc_ints, mismatch, stored_checksums
 from .record import (

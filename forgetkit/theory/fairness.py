@@ -9,7 +9,7 @@ import pandas as pd
 from .._validation import check_int
 from ..errors import ForgetkitError
 from ..fusion import KnowledgeFusion
-from ..run import split_indices
+from ..splits import split_indices
 
 
 def amplification_bias(pred_natural, pred_transformed, n_classes):

@@ -8,7 +8,8 @@ import numpy as np
 from .._deprecation import keyword_options
 from .._validation import check_int, check_labels
 from ..errors import ForgetkitError
-from ..run import LOG_FLOOR, Run
+from ..probs import LOG_FLOOR
+from ..run import Run
 
 
 def _selected(n, p, seed):
