@@ -29,7 +29,7 @@ def numpy_probs(run, epochs):
 
 
 def numpy_kf(run, *, window=1, grid=101, max_steps=None, softmax="numpy"):
-    """Brute-force Knowledge Fusion (DESIGN.md's algorithm read literally), streaming the
+    """Brute-force Knowledge Fusion (docs/definitions.md's algorithm read literally), streaming the
     probabilities of each window from the run. Returns (plan, seconds per step, seconds
     before the first step).
 

@@ -61,7 +61,7 @@ def grid_accuracy_ref(a, b, labels, grid):
 
 def knowledge_fusion_ref(P, y, *, window=1, grid=101, rule="best", max_windows=None,
                          stop_when_no_gain=False):
-    """Algorithm 1 of the paper as DESIGN.md states it, with the brute-force grid search.
+    """Algorithm 1 of the paper as docs/definitions.md states it, with the brute-force grid search.
 
     P: probabilities (E, N, C) float64. Returns (plan, val_accuracy_after_each_step).
     """

@@ -2,7 +2,7 @@
 epoch numbers, their content hashes, and the replay's record in the run's metadata (what
 lets a replay resume, and notice checkpoints whose weights are identical).
 
-Epoch numbers (DESIGN.md, "Replay"): given, else the checkpoint's own (Lightning's epoch, a
+Epoch numbers: given, else the checkpoint's own (Lightning's epoch, a
 Trainer's global step), else the last integer of the file name; checkpoints are replayed in
 the order of their epoch numbers. The run's ``meta["replay"]["checkpoints"]`` lists, per
 stored epoch, ``{"epoch", "file", "step", "sha256"}``, written with the epoch.

@@ -1,6 +1,6 @@
 """Replay saved PyTorch checkpoints into a run: `forgetkit.exporters.torch.replay`.
 
-The pipeline (DESIGN.md, "Replay"): the evaluation data is read once and moved to each
+The pipeline: the evaluation data is read once and moved to each
 device once (kept resident when it fits in half the free memory, else kept in pinned host
 memory and copied batch by batch); each device has one model instance that receives every
 checkpoint's weights in place; a reader thread per device reads, checks and hashes the next
