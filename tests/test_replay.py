@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import numpy as np
@@ -78,6 +79,34 @@ def test_replay_of_saved_state_dicts_is_the_recorded_run(tmp_path):
     multi = replay(small_net(), files, test, tmp_path / "multi.npy", dtype="float32",
                    devices=["cpu", "cpu", "cpu"])
     assert_same_run(multi, recorded)
+
+
+def test_several_devices_share_checkpoints_by_who_is_free(tmp_path, monkeypatch):
+    """A device that is slow (here: one that takes 0.5 s to load each checkpoint) gets
+    fewer checkpoints than a free one, and the run is still written in epoch order; with
+    BALANCE off checkpoint i goes to device i mod n."""
+    from forgetkit.exporters import _torch_replay as R
+
+    test, files = train_and_save(tmp_path, epochs=tuple(range(6)))
+    recorded = fk.load(tmp_path / "recorded.npy")
+    load, done = R._Device.load, []
+
+    def slow_load(self, item):
+        if self.model is net:  # the first device
+            time.sleep(0.5)
+        done.append((self.model is net, item.position))
+        return load(self, item)
+
+    monkeypatch.setattr(R._Device, "load", slow_load)
+    for balance in (True, False):
+        monkeypatch.setattr(R, "BALANCE", balance)
+        net, done[:] = small_net(), []
+        run = replay(net, files, test, tmp_path / f"b{balance}.npy", dtype="float32",
+                     devices=["cpu", "cpu"])
+        assert_same_run(run, recorded)
+        slow = sorted(p for first, p in done if first)
+        assert sorted(p for _, p in done) == list(range(6))
+        assert len(slow) <= 2 if balance else slow == [0, 2, 4]
 
 
 def test_checkpoint_containers_prefixes_and_safetensors(tmp_path):

@@ -51,6 +51,14 @@ STATE_KEYS = ("state_dict", "model_state_dict", "model")
 READ_AHEAD = 3
 READERS = 2
 
+#: Several devices: each checkpoint goes to the device that asks first (False: checkpoint
+#: i to device i mod n, the same split every time, for devices of different kinds).
+BALANCE = True
+
+#: Outputs evaluated but not yet stored that a device may hold (bytes, and results).
+OPEN_BYTES = 256 * 2**20
+OPEN_MAX = 16
+
 
 def _int_or_none(value):
     return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
@@ -263,10 +271,11 @@ class _Device:
         # a graph replays fixed memory: the batches must be resident on the device
         self.graphable = bool(cuda_graph) and self.cuda and _resident(batches, device)
 
-    def evaluate_graphable(self, recorder, epoch):
-        """The recorder's evaluation with nothing waiting for the device (its ``finite``
-        a device tensor)."""
-        return recorder._evaluate(self.model, epoch, ((None, b) for b in self.batches),
+    def evaluate_graphable(self, recorder, epoch, batches=None):
+        """The recorder's evaluation (of ``batches``, default all) with nothing waiting for
+        the device (its ``finite`` a device tensor)."""
+        return recorder._evaluate(self.model, epoch,
+                                  ((None, b) for b in (batches or self.batches)),
                                   catch=False, sync=False)
 
     def read(self, position, checkpoint):
@@ -428,15 +437,39 @@ def _devices(device, devices, model):
 
 
 class _Results:
-    """Per-position results of the device workers, taken in order by the main thread;
-    a worker waits while ``limit`` of its results are not yet taken."""
+    """The positions to evaluate, handed out in order to whichever device asks first
+    (with `BALANCE`; else position i to device i mod n), and the per-position results of
+    the device workers, taken in order by the main thread. A worker waits while its
+    results not yet taken hold ``OPEN_BYTES`` (at least 2 results, at most ``OPEN_MAX``):
+    a device that started sooner runs ahead of one that has not yet, instead of waiting
+    for it."""
 
-    def __init__(self, n_devices, limit=2):
+    def __init__(self, n_positions, n_devices):
         self._items = {}
         self._cond = threading.Condition()
         self._open = [0] * n_devices
-        self._limit = limit
+        self._limit = 2
+        self._next = [0] if BALANCE else list(range(n_devices))
+        self._n, self._step = n_positions, 1 if BALANCE else n_devices
         self.stop = False
+
+    def next_position(self, d, held=0):
+        """The next position device ``d`` evaluates, or None when all are handed out or
+        (with `BALANCE`) when the device already ``held`` its share of those left."""
+        with self._cond:
+            i = 0 if BALANCE else d
+            p = self._next[i]
+            if p >= self._n or self.stop or \
+                    (BALANCE and held and self._n - p <= held * len(self._open)):
+                return None
+            self._next[i] += self._step
+            return p
+
+    def result_bytes(self, nbytes):
+        """The size of one result (its outputs), which sets how many may wait."""
+        with self._cond:
+            self._limit = max(2, min(OPEN_MAX, OPEN_BYTES // max(1, int(nbytes))))
+            self._cond.notify_all()
 
     def reserve(self, d):
         with self._cond:
@@ -467,19 +500,22 @@ class _Graph:
     """One device's evaluation captured as a CUDA graph: the model instance receives every
     checkpoint's weights in place, so that replaying the graph evaluates the new weights
     with no kernel launched from Python (an eager pass over small batches is bound by its
-    launches, not by the GPU)."""
+    launches, not by the GPU).
 
-    def __init__(self, dev, recorder, epoch, autocast):
-        torch.cuda.synchronize(dev.device)
-        side = torch.cuda.Stream(dev.device)
-        side.wait_stream(torch.cuda.current_stream(dev.device))
-        with torch.cuda.stream(side), _autocast(dev, autocast):  # warm-up on the stream
-            dev.evaluate_graphable(recorder, epoch)
-        torch.cuda.current_stream(dev.device).wait_stream(side)
+    Captured before any checkpoint is loaded (the graph reads the parameters' memory, not
+    their values), while the reader threads read the first checkpoints: the warm-up that
+    lets cuDNN and cuBLAS set themselves up runs on the first batch and on the last (the
+    two batch sizes), not on the whole data, and the capture does not wait for the other
+    devices (no device-wide synchronisation, no emptying of the memory caches)."""
+
+    def __init__(self, dev, recorder, epoch, autocast, side):
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=side, capture_error_mode="thread_local"), \
-                _autocast(dev, autocast):
-            self.static = dev.evaluate_graphable(recorder, epoch)
+        with torch.cuda.stream(side), _autocast(dev, autocast):
+            self.graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                self.static = dev.evaluate_graphable(recorder, epoch)
+            finally:
+                self.graph.capture_end()
 
     def evaluate(self):
         """The outputs of the weights now in the model (a copy of the graph's), queued on
@@ -494,29 +530,33 @@ def _autocast(dev, autocast):
     return torch.autocast(dev.device.type, dtype=autocast, cache_enabled=False)
 
 
-def _work(dev, d, positions, checkpoints, recorder, results, autocast):
-    """Device ``d``'s loop: read ahead, load, evaluate; each result (or error) is put at
-    its position."""
-    pending = deque()
-    nxt = 0
+def _work(dev, d, checkpoints, recorder, results, autocast):
+    """Device ``d``'s loop: take positions, read ahead, load, evaluate; each result (or
+    error) is put at its position. On a GPU the evaluation is captured as a graph first,
+    while the first checkpoints are read."""
+    pending = deque()  # (position, future of its _Item), positions increasing
     graph = None  # a _Graph once captured; False where it cannot be
     labels = None  # the same for every checkpoint (the recorder checks that they are)
 
     def top_up():
-        nonlocal nxt
-        while len(pending) < READ_AHEAD and nxt < len(positions):
-            p = positions[nxt]
-            pending.append(dev.reader.submit(dev.read, p, checkpoints[p]))
-            nxt += 1
+        while len(pending) < READ_AHEAD:
+            p = results.next_position(d, len(pending))
+            if p is None:
+                return
+            pending.append((p, dev.reader.submit(dev.read, p, checkpoints[p])))
 
     cuda = torch.cuda.device(dev.device) if dev.cuda else contextlib.nullcontext()
     with cuda:
         top_up()
-        for p in positions:
+        while pending:
+            p, future = pending[0]
             if not results.reserve(d):
                 break
             try:
-                item = pending.popleft().result()
+                if graph is None and dev.graphable:
+                    graph = _capture(dev, recorder, checkpoints[p].epoch, autocast)
+                item = future.result()
+                pending.popleft()
                 top_up()
                 epoch = item.checkpoint.epoch
                 dev.load(item)
@@ -525,10 +565,10 @@ def _work(dev, d, positions, checkpoints, recorder, results, autocast):
                 else:
                     with _autocast(dev, autocast):
                         local = dev.evaluate_graphable(recorder, epoch)
-                    if graph is None and dev.graphable:
-                        graph = _capture(dev, recorder, epoch, autocast)
                 if labels is None:
                     labels = local["labels"].cpu().numpy()
+                    values = local["values"]
+                    results.result_bytes(values.numel() * values.element_size())
                 # the copy to the host starts here, in this device's order; nothing waits
                 # for the device (NaN or inf outputs are refused by the run's writer)
                 host = recorder.host_copy(local["values"])
@@ -536,15 +576,22 @@ def _work(dev, d, positions, checkpoints, recorder, results, autocast):
             except BaseException as err:
                 results.put(p, d, err)
                 break
-    for f in pending:
+    for _, f in pending:
         f.cancel()
 
 
 def _capture(dev, recorder, epoch, autocast):
     """A _Graph of the device's evaluation, or False (with a warning) where the model
-    cannot be captured; the eager evaluation then goes on."""
+    cannot be captured; the eager evaluation then goes on. The warm-up's errors are the
+    evaluation's own: raised."""
+    side = torch.cuda.Stream(dev.device)
+    side.wait_stream(torch.cuda.current_stream(dev.device))  # the data placed
+    warm = dev.batches if len(dev.batches) <= 2 else [dev.batches[0], dev.batches[-1]]
+    with torch.cuda.stream(side), _autocast(dev, autocast):
+        dev.evaluate_graphable(recorder, epoch, warm)
+    side.synchronize()
     try:
-        return _Graph(dev, recorder, epoch, autocast)
+        return _Graph(dev, recorder, epoch, autocast, side)
     except Exception as err:
         torch.cuda.synchronize(dev.device)
         warnings.warn(f"the evaluation on {dev.device} could not be captured as a CUDA graph "
@@ -677,10 +724,9 @@ def drive(order, devs, recorder, log, *, autocast=None, progress=True):
 
     path = recorder.path
     bar = Progress(len(order), f"replay into {path}", enabled=progress, unit="checkpoints")
-    results = _Results(len(devs))
+    results = _Results(len(order), len(devs))
     workers = [threading.Thread(target=_work, name=f"forgetkit-replay-{d}", daemon=True,
-                                args=(dev, d, list(range(d, len(order), len(devs))), order,
-                                      recorder, results, autocast))
+                                args=(dev, d, order, recorder, results, autocast))
                for d, dev in enumerate(devs)]
     written = 0
     try:
