@@ -5,9 +5,11 @@ device once (kept resident when it fits in half the free memory, else kept in pi
 memory and copied batch by batch); each device has one model instance that receives every
 checkpoint's weights in place; a reader thread per device reads, checks and hashes the next
 checkpoints and copies them to the device on a side stream while the current one is
-evaluated. With several devices each evaluates whole checkpoints (checkpoint i on device
-i mod n); the main thread stores them in epoch order through `LogitRecorder` (whose
-background thread copies the outputs to the host and writes them).
+evaluated; on a GPU the evaluation is captured as a CUDA graph before the first checkpoint
+(while the first ones are read) and replayed for every checkpoint. With several devices
+each evaluates whole checkpoints (the next one goes to the device that asks first); the
+main thread stores them in epoch order through `LogitRecorder` (whose background thread
+copies the outputs to the host and writes them).
 """
 
 from __future__ import annotations
@@ -639,8 +641,8 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
     device : str or torch.device, optional
         Where to evaluate (default: where ``model`` is).
     devices : list of int or str, optional
-        Several devices: whole checkpoints per device (a model copy on each), written in
-        epoch order.
+        Several devices: whole checkpoints per device (a model copy on each; the next
+        checkpoint goes to the device that is free first), written in epoch order.
     batch_size : int, default 256
         For data given as arrays or a Dataset.
     trust_pickle : bool, default False
@@ -655,9 +657,9 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
         precision, as the recorder evaluated it).
     cuda_graph : bool, default True
         On a GPU with the data resident, capture the evaluation (every batch) as one CUDA
-        graph at the first checkpoint and replay it for the others (the weights are copied
-        into the captured model in place): no Python launches per batch. A model that
-        cannot be captured is evaluated eagerly, with a warning.
+        graph before the first checkpoint and replay it for every checkpoint (the weights
+        are copied into the captured model in place): no Python launches per batch. A
+        model that cannot be captured is evaluated eagerly, with a warning.
     progress : bool, default True
         Checkpoints done / total on a terminal.
     **recorder_options
@@ -717,9 +719,10 @@ def _replay(model, order, data, path, pool, *, device, devices, batch_size, trus
 
 
 def drive(order, devs, recorder, log, *, autocast=None, progress=True):
-    """Replay the checkpoints ``order`` on the devices ``devs`` (a worker thread each:
-    checkpoint i on device i mod n), storing them through ``recorder`` in epoch order as
-    ``log`` says (checked against the stored ones, duplicates handled); returns the run."""
+    """Replay the checkpoints ``order`` on the devices ``devs`` (a worker thread each,
+    taking whole checkpoints as `_Results` hands them out), storing them through
+    ``recorder`` in epoch order as ``log`` says (checked against the stored ones, duplicates
+    handled); returns the run."""
     from ..io import load
 
     path = recorder.path
