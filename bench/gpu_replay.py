@@ -65,6 +65,15 @@ def timed(fn):
     return time.perf_counter() - t, out
 
 
+def test_images(args):
+    """The Fashion-MNIST test images (normalised, (n, 1, 28, 28) float32) and labels."""
+    images, labels = load_fashion_mnist("test", root=args.data)
+    if args.test_subset:
+        images, labels = images[:args.test_subset], labels[:args.test_subset]
+    x = (torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 255.0 - 0.2860) / 0.3530
+    return x, torch.as_tensor(labels)
+
+
 def make_checkpoints(args, x, y, dev, folder):
     torch.manual_seed(0)
     model = ResNet18(width=args.width).to(dev)
@@ -175,11 +184,7 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
-    images, labels = load_fashion_mnist("test", root=args.data)
-    if args.test_subset:
-        images, labels = images[:args.test_subset], labels[:args.test_subset]
-    x = (torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 255.0 - 0.2860) / 0.3530
-    y = torch.as_tensor(labels)
+    x, y = test_images(args)
     folder = Path(tempfile.mkdtemp(prefix="replay-ckpts-"))
     result = {"device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
               "n_gpus": torch.cuda.device_count(), "n_checkpoints": args.n,

@@ -37,11 +37,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from gpu_replay import make_checkpoints  # noqa: E402
+from gpu_replay import make_checkpoints, test_images  # noqa: E402
 from train_fmnist import ResNet18  # noqa: E402
 
 import forgetkit.exporters._torch_replay as R  # noqa: E402
-from forgetkit.datasets import load_fashion_mnist  # noqa: E402
 from forgetkit.exporters.torch import LogitRecorder, replay  # noqa: E402
 
 
@@ -305,11 +304,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     out_file = out / "profile.json"
     dev = torch.device(args.device)
-    images, labels = load_fashion_mnist("test", root=args.data)
-    if args.test_subset:
-        images, labels = images[:args.test_subset], labels[:args.test_subset]
-    x = (torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 255.0 - 0.2860) / 0.3530
-    y = torch.as_tensor(labels)
+    x, y = test_images(args)
     folder = Path(args.ckpts)
     folder.mkdir(parents=True, exist_ok=True)
     files = sorted(map(str, folder.glob("model_*.pt")),
