@@ -615,6 +615,16 @@ def build_parser():
     return parser
 
 
+def _hard_cutoff(text):
+    """``--hard-cutoff``: a number or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto'; got {text!r}") from None
+
+
 def _add_score_commands(sub):
     p = sub.add_parser("scores", help="per-sample pruning scores of a training run (CSV)")
     p.add_argument("run", metavar="TRAIN_RUN")
@@ -638,8 +648,9 @@ def _add_score_commands(sub):
     p.add_argument("--score", required=True, help="the column to select by")
     p.add_argument("--keep", type=float, required=True, help="fraction to keep, in (0, 1]")
     p.add_argument("--method", choices=CORESET_METHODS, default="ccs")
-    p.add_argument("--hard-cutoff", type=float, default=0.0,
-                   help="CCS: share of hardest samples removed first")
+    p.add_argument("--hard-cutoff", type=_hard_cutoff, default=0.0,
+                   help="CCS: share of hardest samples removed first, or 'auto' (grows with "
+                        "the pruning rate)")
     p.add_argument("--strata", type=int, default=50, help="CCS: number of bins")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, metavar="KEEP.npy")

@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import forgetkit as fk
-from forgetkit.analysis.scores import SCORES, ccs_budgets, ccs_strata, select_coreset
+from forgetkit.analysis.scores import (
+    SCORES,
+    auto_hard_cutoff,
+    ccs_budgets,
+    ccs_strata,
+    class_shares,
+    select_coreset,
+)
 from forgetkit.cli import main
 
 from .conftest import import_real_part, make_run
@@ -220,6 +227,73 @@ def test_selection_properties(values, keep, strata, seed):
     np.testing.assert_array_equal(np.bincount(bins[kept], minlength=strata), budgets)
 
 
+def test_auto_hard_cutoff_grows_with_the_pruning_rate():
+    keeps = [1.0, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05]
+    assert [auto_hard_cutoff(k) for k in keeps] == [0, 0, 0, 0, 0.1, 0.2, 0.3, 0.3]
+    rng = np.random.default_rng(4)
+    values = rng.normal(size=1000)
+    for keep in (0.5, 0.3, 0.1):
+        auto = select_coreset(values, keep, hard_cutoff="auto", seed=5)
+        np.testing.assert_array_equal(auto, select_coreset(
+            values, keep, hard_cutoff=auto_hard_cutoff(keep), seed=5))
+    # keep 10%: the 300 hardest are never kept
+    kept = select_coreset(values, 0.1, hard_cutoff="auto", seed=5)
+    assert values[kept].max() < np.sort(values)[-300]
+    # "auto" means no cutoff for the other methods
+    np.testing.assert_array_equal(select_coreset(values, 0.1, method="hardest",
+                                                 hard_cutoff="auto"),
+                                  select_coreset(values, 0.1, method="hardest"))
+
+
+def test_class_shares_sum_to_the_budget():
+    np.testing.assert_array_equal(class_shares([10, 10, 10], 10), [4, 3, 3])
+    np.testing.assert_array_equal(class_shares([1, 5, 94], 10), [0, 1, 9])
+    np.testing.assert_array_equal(class_shares([3, 0, 3], 6), [3, 0, 3])
+
+
+@pytest.mark.parametrize("method", ["ccs", "hardest", "easiest", "random"])
+def test_class_balanced_selection_keeps_each_class_share(method):
+    rng = np.random.default_rng(6)
+    labels = np.repeat(["a", "b", "c"], [100, 300, 600])
+    values = rng.normal(size=1000) + (labels == "c") * 4.0  # class c much harder
+    df = pd.DataFrame({"el2n": values, "label": labels}, index=np.arange(1000) + 50)
+    ids = select_coreset(df, 0.2, score="el2n", method=method, labels="label", seed=1,
+                         hard_cutoff="auto" if method == "ccs" else 0.0)
+    assert len(ids) == 200 and len(np.unique(ids)) == 200
+    kept = df.loc[ids, "label"].value_counts()
+    assert kept.to_dict() == {"a": 20, "b": 60, "c": 120}
+    # within a class: the method itself on that class alone (cutoff per class)
+    for c, n_c in (("a", 100), ("c", 600)):
+        part = df[df.label == c]
+        mine = ids[np.isin(ids, part.index)]
+        if method in ("hardest", "easiest"):
+            np.testing.assert_array_equal(mine, select_coreset(part, 0.2, score="el2n",
+                                                               method=method))
+        if method == "ccs":  # round(0.2 n_c) hardest of the class removed
+            cut = part.el2n.nlargest(round(0.2 * n_c)).index
+            assert not set(mine) & set(cut)
+    # labels as an array in row order and as a Series on the ids give the same
+    same = select_coreset(df, 0.2, score="el2n", method=method, labels=labels, seed=1,
+                          hard_cutoff="auto" if method == "ccs" else 0.0)
+    np.testing.assert_array_equal(same, ids)
+    series = pd.Series(labels, index=df.index)[::-1]
+    np.testing.assert_array_equal(select_coreset(
+        df, 0.2, score="el2n", method=method, labels=series, seed=1,
+        hard_cutoff="auto" if method == "ccs" else 0.0), ids)
+
+
+def test_bad_labels():
+    df = pd.DataFrame({"el2n": [0.1, 0.2, 0.3, 0.4]}, index=list("abcd"))
+    with pytest.raises(fk.ForgetkitError, match=r"labels must have shape \(4,\)"):
+        select_coreset(df, 0.5, score="el2n", labels=[0, 1, 0])
+    with pytest.raises(fk.ForgetkitError, match="labels must not contain NaN; 1 of 4"):
+        select_coreset(df, 0.5, score="el2n", labels=[0.0, np.nan, 1.0, 1.0])
+    with pytest.raises(fk.ForgetkitError, match="labels 'y' is not a column of scores"):
+        select_coreset(df, 0.5, score="el2n", labels="y")
+    with pytest.raises(fk.ForgetkitError, match="no label for 1 of the 4 samples"):
+        select_coreset(df, 0.5, score="el2n", labels=pd.Series([0, 1, 0], index=list("abc")))
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(keep=0.0), r"keep must lie in \(0, 1\]; got 0.0"),
     (dict(keep=1.5), r"keep must lie in \(0, 1\]; got 1.5"),
@@ -229,6 +303,10 @@ def test_selection_properties(values, keep, strata, seed):
     (dict(keep=0.5, method="hardest", hard_cutoff=0.1), "hard_cutoff applies to method='ccs'"),
     (dict(keep=0.8, hard_cutoff=0.3), "keep \\+ hard_cutoff must not exceed 1"),
     (dict(keep=0.5, hard_cutoff=1.0), r"hard_cutoff must lie in \[0, 1\)"),
+    (dict(keep=0.5, hard_cutoff=-0.1), r"hard_cutoff must lie in \[0, 1\)"),
+    (dict(keep=0.5, hard_cutoff=float("nan")), "hard_cutoff must be a finite number"),
+    (dict(keep=0.5, hard_cutoff="max"), "hard_cutoff must be one of 'auto'"),
+    (dict(keep=0.9, hard_cutoff=0.2), "keep \\+ hard_cutoff must not exceed 1"),
     (dict(keep=0.5, strata=0), "strata must be >= 1"),
 ])
 def test_bad_options(kwargs, match):
@@ -266,6 +344,10 @@ def test_cli_scores_then_coreset(tmp_path, capsys):
                  "--out", str(out), "--quiet"]) == 0
     np.testing.assert_array_equal(np.load(out), select_coreset(fk.data_scores(run), 0.25,
                                                                score="aum"))
+    assert main(["coreset", str(csv), "--score", "el2n", "--keep", "0.1", "--hard-cutoff",
+                 "auto", "--seed", "3", "--out", str(tmp_path / "auto.npy"), "--quiet"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "auto.npy"), select_coreset(
+        fk.data_scores(run), 0.1, score="el2n", hard_cutoff=0.3, seed=3))
 
 
 def test_cli_scores_with_a_second_split_and_chosen_scores(tmp_path):
@@ -289,6 +371,8 @@ def test_cli_scores_with_a_second_split_and_chosen_scores(tmp_path):
      r"keep must lie in \(0, 1\]; got 0.0"),
     (["coreset", "{d}/none.csv", "--score", "el2n", "--keep", "0.5", "--out", "{d}/k.txt"],
      "--out must be a .npy file"),
+    (["coreset", "{d}/none.csv", "--score", "el2n", "--keep", "0.1", "--hard-cutoff", "0.95",
+      "--out", "{d}/k.npy"], r"keep \+ hard_cutoff must not exceed 1"),
     (["coreset", "{d}/s.csv", "--score", "entropy", "--keep", "0.5", "--out", "{d}/k.npy"],
      "score 'entropy' is not a column of scores"),
     (["coreset", "{d}/nan.csv", "--score", "el2n", "--keep", "0.5", "--out", "{d}/k.npy"],

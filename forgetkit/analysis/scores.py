@@ -39,6 +39,20 @@ DEFAULT_WINDOW = 10
 EL2N_SHARE = 0.1
 #: Strata of CCS (Zheng et al. 2023 use 50).
 DEFAULT_STRATA = 50
+#: The largest hard cutoff of ``hard_cutoff="auto"`` (Zheng et al.'s at 90% pruning).
+AUTO_CUTOFF_MAX = 0.3
+
+
+def auto_hard_cutoff(keep):
+    """CCS's hard cutoff for ``hard_cutoff="auto"``: min(0.3, max(0, 0.4 - keep)).
+
+    No cutoff while half or more is kept, then growing with the pruning rate: 0.1 at keep
+    0.3, 0.2 at keep 0.2, 0.3 at keep 0.1 and below (the cutoffs Zheng et al. 2023 publish
+    with their code: 0.3 at 90% pruning of CIFAR-10 and ImageNet, 0.2 at 80% of ImageNet;
+    docs/definitions.md).
+    """
+    keep = _check_fraction("keep", keep, lower_open=True)
+    return round(min(AUTO_CUTOFF_MAX, max(0.0, 0.4 - keep)), 12)
 
 
 def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_epochs=None,
@@ -283,7 +297,7 @@ def _align_second_split(run, second):
 
 # ------------------------------------------------------------------- coreset selection
 def select_coreset(scores, keep, *, score=None, method="ccs", hard_cutoff=0.0,
-                   strata=DEFAULT_STRATA, seed=0):
+                   strata=DEFAULT_STRATA, seed=0, labels=None):
     """Sample ids of a coreset: the fraction ``keep`` of the samples, chosen by a score.
 
     The score is a *hardness*: higher = harder. Methods, with N samples and m =
@@ -299,6 +313,11 @@ def select_coreset(scores, keep, *, score=None, method="ccs", hard_cutoff=0.0,
       smallest up (ties: lower bin first), each min(its size, remaining budget // bins
       left); draw each bin's share uniformly at random.
 
+    With ``labels`` the selection is class-balanced: each class keeps its share of m
+    (round(keep n_c), by largest remainders so that the shares sum to m, ties to the
+    first class in sorted order) chosen by the method among that class's samples alone,
+    with CCS's cutoff round(hard_cutoff n_c) per class (at most n_c - its share).
+
     Parameters
     ----------
     scores : pandas.DataFrame, pandas.Series or array-like of shape (n_samples,)
@@ -312,13 +331,18 @@ def select_coreset(scores, keep, *, score=None, method="ccs", hard_cutoff=0.0,
     score : str, optional
         The column of a DataFrame; optional for a one-column DataFrame.
     method : {"ccs", "hardest", "easiest", "random"}, default "ccs"
-    hard_cutoff : float in [0, 1), default 0.0
+    hard_cutoff : float in [0, 1) or "auto", default 0.0
         CCS's share of hardest samples removed first (only with method "ccs");
-        keep + hard_cutoff must not exceed 1.
+        keep + hard_cutoff must not exceed 1. "auto": `auto_hard_cutoff` (keep), which
+        grows with the pruning rate as Zheng et al.'s published cutoffs do (0 for keep
+        >= 0.4, 0.3 for keep <= 0.1); with the other methods "auto" means no cutoff.
     strata : int, default 50
         CCS's number of bins.
     seed : int, default 0
         Seed of numpy's default_rng for "random" and "ccs".
+    labels : array-like of shape (n_samples,), pandas.Series or str, optional
+        Class of each sample, for a class-balanced selection: in row order, a Series
+        aligned on the scores' sample ids, or the name of a DataFrame column.
 
     Returns
     -------
@@ -331,20 +355,82 @@ def select_coreset(scores, keep, *, score=None, method="ccs", hard_cutoff=0.0,
     n = len(values)
     m = int(round(keep * n))
     rng = np.random.default_rng(seed)
-    if method == "random":
-        chosen = rng.choice(n, size=m, replace=False)
-    elif method in ("hardest", "easiest"):
-        order = np.argsort(-values if method == "hardest" else values, kind="stable")
-        chosen = order[:m]
+    if labels is None:
+        chosen = _select(values, m, method, min(int(round(hard_cutoff * n)), n - m), strata,
+                         rng)
     else:
-        chosen = _ccs(values, m, int(round(hard_cutoff * n)), strata, rng)
+        classes = _class_codes(labels, scores, ids)
+        sizes = np.bincount(classes)
+        shares = class_shares(sizes, m)
+        chosen = []
+        for c in np.flatnonzero(sizes):
+            where = np.flatnonzero(classes == c)
+            cut = min(int(round(hard_cutoff * sizes[c])), int(sizes[c] - shares[c]))
+            chosen.append(where[_select(values[where], int(shares[c]), method, cut, strata,
+                                        rng)])
+        chosen = np.concatenate(chosen)
     return ids[np.sort(chosen)]
+
+
+def _select(values, m, method, n_cut, strata, rng):
+    """Positions of the ``m`` samples ``method`` keeps among ``values``."""
+    if method == "random":
+        return rng.choice(len(values), size=m, replace=False)
+    if method in ("hardest", "easiest"):
+        order = np.argsort(-values if method == "hardest" else values, kind="stable")
+        return order[:m]
+    return _ccs(values, m, n_cut, strata, rng)
+
+
+def class_shares(sizes, m):
+    """Each class's share of ``m`` kept samples, proportional to its size ``sizes``: the
+    floors of m n_c / N, then one more for the largest remainders (ties: lower class)
+    until they sum to m. int64 array like ``sizes``."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    exact = m * sizes / sizes.sum()
+    shares = np.floor(exact).astype(np.int64)
+    extra = m - int(shares.sum())
+    if extra > 0:
+        order = np.argsort(-(exact - shares), kind="stable")
+        shares[order[:extra]] += 1
+    return shares
+
+
+def _class_codes(labels, scores, ids):
+    """Class index 0 .. K - 1 (sorted classes) of every row, from `select_coreset`'s
+    ``labels``."""
+    if isinstance(labels, str):
+        if not isinstance(scores, pd.DataFrame) or labels not in scores.columns:
+            have = list(scores.columns) if isinstance(scores, pd.DataFrame) else "none"
+            raise ForgetkitError(f"labels {labels!r} is not a column of scores; the columns "
+                                 f"are {have}")
+        labels = scores[labels].to_numpy()
+    elif isinstance(labels, pd.Series):
+        missing = pd.Index(ids).difference(labels.index)
+        if len(missing):
+            raise ForgetkitError(f"labels has no label for {len(missing)} of the {len(ids)} "
+                                 f"samples (first: {missing[0]!r})")
+        labels = labels.reindex(ids).to_numpy()
+    labels = np.asarray(labels)
+    if labels.shape != (len(ids),):
+        raise ForgetkitError(f"labels must have shape ({len(ids)},), one per sample of "
+                             f"scores; got shape {labels.shape}")
+    if labels.dtype.kind == "f" and np.isnan(labels).any():
+        raise ForgetkitError(f"labels must not contain NaN; {int(np.isnan(labels).sum())} "
+                             f"of {len(labels)} are NaN")
+    if labels.dtype.kind not in "iufbUS" and not all(
+            isinstance(v, (str, numbers.Integral)) for v in labels):
+        raise InputTypeError(f"labels must be integers or strings; got dtype {labels.dtype}")
+    return np.unique(labels, return_inverse=True)[1].reshape(-1)
 
 
 def check_coreset_options(keep, *, method, hard_cutoff, strata, seed):
     """`select_coreset`'s options, checked: (keep, hard_cutoff, strata, seed)."""
     check_option("method", method, METHODS)
     keep = _check_fraction("keep", keep, lower_open=True)
+    if isinstance(hard_cutoff, str):
+        check_option("hard_cutoff", hard_cutoff, ("auto",))
+        hard_cutoff = auto_hard_cutoff(keep) if method == "ccs" else 0.0
     hard_cutoff = _check_fraction("hard_cutoff", hard_cutoff, lower_open=False)
     strata = check_int("strata", strata, minimum=1)
     seed = check_int("seed", seed, minimum=0)
