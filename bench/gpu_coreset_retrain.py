@@ -54,9 +54,42 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
 
 SCORES = ("el2n", "forgetting", "aum", "variability", "aleatoric", "dynamic_uncertainty")
-#: forgetkit's recommended default (README "Choosing the data to keep"): chosen on a first
-#: run (seeds 0 and 1, 6 epochs, lr 0.2), confirmed on a second with other seeds.
-DEFAULT = ("ccs", "dynamic_uncertainty")
+#: forgetkit's recommended default (README "Choosing the data to keep"), as a selection
+#: spec (see `parse_spec`): chosen on the run with seeds 0 and 1
+#: (bench/gpu_results/coreset_choose_2xh100.json), confirmed on seeds 20, 21, 22.
+DEFAULT = "ccs:dynamic_uncertainty:auto"
+
+
+def parse_spec(spec):
+    """A selection spec ``METHOD[:SCORE[:CUTOFF[:balanced]]]`` as (method, score or None,
+    hard_cutoff (float or "auto"), balanced): "random", "ccs:aum:auto:balanced",
+    "hardest:el2n", "ccs:variability:0.1"."""
+    parts = spec.split(":")
+    if len(parts) > 4 or parts[0] not in ("random", "ccs", "hardest", "easiest") \
+            or (len(parts) == 4 and parts[3] != "balanced"):
+        raise ValueError(f"bad selection spec {spec!r}: METHOD[:SCORE[:CUTOFF[:balanced]]]")
+    method = parts[0]
+    score = parts[1] if len(parts) > 1 and parts[1] else None
+    if (score is None) != (method == "random") or (score is not None and score not in SCORES):
+        raise ValueError(f"bad selection spec {spec!r}: the score must be one of {SCORES} "
+                         "(none for random)")
+    cutoff = parts[2] if len(parts) > 2 and parts[2] else "0"
+    cutoff = cutoff if cutoff == "auto" else float(cutoff)
+    return method, score, cutoff, len(parts) == 4
+
+
+def spec_label(spec):
+    """The table's row name of a spec: "ccs aum cut=auto balanced"."""
+    method, score, cutoff, balanced = parse_spec(spec)
+    words = [method] + ([score] if score else []) + ([f"cut={cutoff:g}" if isinstance(
+        cutoff, float) else f"cut={cutoff}"] if cutoff != 0 else []) \
+        + (["balanced"] if balanced else [])
+    return " ".join(words)
+
+
+def default_candidates():
+    """Every score with CCS (the auto cutoff) and with "hardest"."""
+    return ([f"ccs:{s}:auto" for s in SCORES] + [f"hardest:{s}" for s in SCORES])
 
 
 def parse_args(argv=None):
@@ -74,7 +107,16 @@ def parse_args(argv=None):
     p.add_argument("--wd", type=float, default=5e-4)
     p.add_argument("--keep", type=float, nargs="+", default=[0.7, 0.5, 0.3, 0.1])
     p.add_argument("--seeds", type=int, nargs="+", default=[10, 11, 12])
-    p.add_argument("--scores", nargs="+", default=list(SCORES), choices=SCORES)
+    p.add_argument("--candidates", nargs="+", default=None, metavar="SPEC",
+                   help="selections to train besides random and the default, as "
+                        "METHOD[:SCORE[:CUTOFF[:balanced]]] (default: CCS with the auto "
+                        "cutoff and hardest, for every score)")
+    p.add_argument("--default", default=DEFAULT, metavar="SPEC",
+                   help="the selection marked as the default (trained first, after random)")
+    p.add_argument("--scores-csv", default=None, metavar="CSV",
+                   help="scores of an earlier recording (forgetkit scores; .csv or .csv.gz): "
+                        "skip the recording")
+    p.add_argument("--no-full", action="store_true", help="do not train on the full set")
     p.add_argument("--workers", type=int, default=4, help="training processes per GPU")
     p.add_argument("--budget", type=float, default=420.0,
                    help="seconds after which no new training starts")
@@ -85,6 +127,13 @@ def parse_args(argv=None):
         p.error("--out is required (or --table JSON)")
     if any(not 0 < k <= 1 for k in args.keep):
         p.error(f"--keep fractions must lie in (0, 1]; got {args.keep}")
+    if args.candidates is None:
+        args.candidates = default_candidates()
+    try:
+        for spec in [args.default, *args.candidates]:
+            parse_spec(spec)
+    except ValueError as err:
+        p.error(str(err))
     if args.epochs < 1 or args.record_epochs < 1 or args.workers < 1:
         p.error("--epochs, --record-epochs and --workers must be >= 1")
     return args
@@ -122,13 +171,15 @@ def train(args, data, idx, seed, *, epochs, recorder=None):
     model = ResNet18(args.width).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd,
                           nesterov=True)
-    steps_per_epoch = (len(idx) + args.batch_size - 1) // args.batch_size
+    steps_per_epoch = max(1, len(idx) // args.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=epochs * steps_per_epoch)
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
     t0 = time.time()
     for epoch in range(epochs):
         model.train()
         perm = idx[torch.randperm(len(idx), device=dev)]
+        if len(perm) > args.batch_size:  # no last partial batch: BatchNorm's running
+            perm = perm[:len(perm) - len(perm) % args.batch_size]  # stats stay steady
         for i in range(0, len(perm), args.batch_size):
             b = perm[i:i + args.batch_size]
             with autocast:
@@ -197,35 +248,41 @@ def record_dynamics(args, out):
 
 
 # ------------------------------------------------------------------- the run
-def job_list(args, scores_df, n_train):
-    """The retraining jobs, most important first: with ``scores_df`` None those that need
-    no score (random, full), else those that do."""
+def job_list(args, scores_df, n_train, labels=None):
+    """The retraining jobs, most important first: with ``scores_df`` None random (it needs
+    no score), else the default, the other candidates, then the full set. ``labels``:
+    the training labels in the scores' row order (for balanced specs)."""
     import forgetkit as fk
 
     if scores_df is None:
-        groups = [[("random", None)], [("full", None)]]
+        groups = [["random"]]
     else:
-        groups = [[DEFAULT], [("ccs", s) for s in args.scores if ("ccs", s) != DEFAULT],
-                  [("hardest", s) for s in args.scores]]
-    jobs = []
+        others = [c for c in args.candidates if c not in (args.default, "random")]
+        groups = [[args.default], others] + ([] if args.no_full else [["full"]])
+    jobs = []  # a budget stop loses whole selections, not one fraction of each
     for group in groups:
-        for keep in sorted(args.keep, reverse=True):
-            for seed in args.seeds:
-                for method, score in group:
-                    if method == "full":
+        for spec in group:
+            for keep in sorted(args.keep, reverse=True):
+                for seed in args.seeds:
+                    if spec == "full":
                         if keep != max(args.keep):
                             continue
-                        idx, frac = np.arange(n_train), 1.0
-                    elif method == "random":  # positions: the run has no sample ids
-                        idx = fk.select_coreset(np.zeros(n_train), keep, method="random",
-                                                seed=seed)
-                        frac = keep
+                        idx, frac, method, score = np.arange(n_train), 1.0, "full", None
+                        cutoff, balanced = 0, False
                     else:
-                        ids = fk.select_coreset(scores_df, keep, score=score, method=method,
-                                                seed=seed)
-                        idx, frac = scores_df.index.get_indexer(ids), keep
-                    jobs.append(dict(method=method, score=score, keep=frac, seed=seed,
-                                     n=int(len(idx)), idx=np.asarray(idx, dtype=np.int64)))
+                        method, score, cutoff, balanced = parse_spec(spec)
+                        frac = keep
+                        by_score = method != "random"  # random: positions, no score
+                        ids = fk.select_coreset(scores_df if by_score else np.zeros(n_train),
+                                                keep, score=score, method=method,
+                                                hard_cutoff=cutoff, seed=seed,
+                                                labels=labels if balanced else None)
+                        idx = scores_df.index.get_indexer(ids) if by_score else ids
+                    jobs.append(dict(spec=spec, label="full" if spec == "full" else
+                                     spec_label(spec), method=method, score=score,
+                                     hard_cutoff=cutoff, balanced=balanced, keep=frac,
+                                     seed=seed, n=int(len(idx)),
+                                     idx=np.asarray(idx, dtype=np.int64)))
     return jobs
 
 
@@ -257,32 +314,46 @@ def run(args):
             p.start()
             procs.append(p)
 
-    # the first GPU records the dynamics first; the others train meanwhile
-    if len(devices) > 1:
-        for d in devices[1:]:
-            start(d, args.workers)
-    else:
-        start(devices[0], max(1, args.workers - 1))
     record = dict(
         config={k: v for k, v in vars(args).items() if k != "table"},
         device=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if args.device == "cuda" else "cpu",
-        torch=torch.__version__, forgetkit=fk.__version__, default=list(DEFAULT), jobs=[])
-    path, rec_acc, rec_seconds = record_dynamics(args, out)
-    print(f"recorded {args.record_epochs} epochs in {rec_seconds:.1f}s, test acc {rec_acc:.4f}",
-          flush=True)
-    if len(devices) > 1:
-        start(devices[0], args.workers)
+        torch=torch.__version__, forgetkit=fk.__version__, default=args.default,
+        default_label=spec_label(args.default), jobs=[])
     t1 = time.time()
-    train_run = fk.load(path)
-    scores_df = fk.data_scores(train_run, window=args.window)
-    scores_df.to_csv(out / "scores.csv")
-    score_seconds = time.time() - t1
-    print(f"scores of {train_run.n_samples} samples in {score_seconds:.1f}s", flush=True)
-    record["record"] = dict(seconds=rec_seconds, test_accuracy=rec_acc,
-                            n_train=train_run.n_samples, epochs=train_run.n_epochs,
-                            scores_seconds=score_seconds)
-    more = job_list(args, scores_df, train_run.n_samples)
+    if args.scores_csv:  # dynamics recorded earlier: every GPU trains from the start
+        for d in devices:
+            start(d, args.workers)
+        from forgetkit.analysis.scores import read_scores_csv
+
+        scores_df = read_scores_csv(args.scores_csv)
+        record["record"] = dict(scores_csv=str(args.scores_csv), n_train=len(scores_df))
+    else:
+        # the first GPU records the dynamics first; the others train meanwhile
+        if len(devices) > 1:
+            for d in devices[1:]:
+                start(d, args.workers)
+        else:
+            start(devices[0], max(1, args.workers - 1))
+        path, rec_acc, rec_seconds = record_dynamics(args, out)
+        print(f"recorded {args.record_epochs} epochs in {rec_seconds:.1f}s, test acc "
+              f"{rec_acc:.4f}", flush=True)
+        start(devices[0], args.workers if len(devices) > 1 else 1)
+        t1 = time.time()
+        train_run = fk.load(path)
+        scores_df = fk.data_scores(train_run, window=args.window)
+        scores_df.to_csv(out / "scores.csv")
+        record["record"] = dict(seconds=rec_seconds, test_accuracy=rec_acc,
+                                n_train=train_run.n_samples, epochs=train_run.n_epochs)
+    if len(scores_df) != n_train:
+        raise SystemExit(f"the scores hold {len(scores_df)} samples; the training set "
+                         f"{n_train}")
+    record["record"]["scores_seconds"] = time.time() - t1
+    print(f"scores of {len(scores_df)} samples in {time.time() - t1:.1f}s", flush=True)
+    from forgetkit.datasets import load_fashion_mnist
+
+    labels = load_fashion_mnist("train", args.data)[1][scores_df.index.to_numpy()]
+    more = job_list(args, scores_df, n_train, labels)
     for job in more:
         jobs.put(dict(job))
     all_jobs += more
@@ -308,7 +379,7 @@ def run(args):
             continue
         pending -= 1
         record["jobs"].append(r)
-        print(f"[{time.time() - t_start:6.0f}s] {r['method']:>7} {r['score'] or '':>20} "
+        print(f"[{time.time() - t_start:6.0f}s] {r['label']:>40} "
               f"keep {r['keep']:.1f} seed {r['seed']}: "
               + (f"acc {r['accuracy']:.4f} ({r['seconds']:.0f}s)" if "accuracy" in r
                  else r.get("error", "")), flush=True)
@@ -325,7 +396,7 @@ def run(args):
 def write(record, all_jobs, out, t_start):
     """The result file as it stands (rewritten after every job, so that a run stopped
     early leaves what it measured)."""
-    key = ("method", "score", "keep", "seed")
+    key = ("label", "keep", "seed")
     ran = {tuple(r[k] for k in key) for r in record["jobs"]}
     record["not_run"] = [{k: j[k] for k in key} for j in all_jobs
                          if tuple(j[k] for k in key) not in ran]
@@ -338,8 +409,11 @@ def write(record, all_jobs, out, t_start):
 
 
 # ------------------------------------------------------------------- tables
-def label(method, score):
-    return method if score is None else f"{method} {score}"
+def label(job):
+    """A job's row name (records written before specs carry method and score only)."""
+    if "label" in job:
+        return job["label"]
+    return job["method"] if job["score"] is None else f"{job['method']} {job['score']}"
 
 
 def table(record):
@@ -348,7 +422,7 @@ def table(record):
     cells = {}
     for r in record["jobs"]:
         if "accuracy" in r:
-            cells.setdefault(label(r["method"], r["score"]), {}).setdefault(
+            cells.setdefault(label(r), {}).setdefault(
                 f"{r['keep']:g}", []).append(100 * r["accuracy"])
     out = {}
     for row, by_keep in cells.items():
@@ -373,7 +447,8 @@ def markdown(record):
         cells = t[row]
         shown = [f"{cells[k][0]:.2f} ± {cells[k][1]:.2f}" if k in cells else "–"
                  for k in keeps]
-        name = f"**{row}** (default)" if row == " ".join(record["default"]) else row
+        default = record.get("default_label") or " ".join(record["default"])
+        name = f"**{row}** (default)" if row == default else row
         tail = f" | {mean:.2f} |" if mean >= 0 else " | – |"
         lines.append(f"| {name} | " + " | ".join(shown) + tail)
     if "full" in t:
