@@ -166,14 +166,16 @@ def _cmd_scores(args):
 
 def _cmd_coreset(args):
     out = Path(args.out)
-    refuse_overwrite({"--out": out}, [args.scores])
+    refuse_overwrite({"--out": out}, [args.scores, args.labels])
     if out.suffix != ".npy":
         raise ForgetkitError(f"--out must be a .npy file; got {args.out!r}")
     check_coreset_options(args.keep, method=args.method, hard_cutoff=args.hard_cutoff,
                           strata=args.strata, seed=args.seed)
     table = read_scores_csv(args.scores)
+    labels = None if args.labels is None else load_labels_file(args.labels)
     ids = select_coreset(table, args.keep, score=args.score, method=args.method,
-                         hard_cutoff=args.hard_cutoff, strata=args.strata, seed=args.seed)
+                         hard_cutoff=args.hard_cutoff, strata=args.strata, seed=args.seed,
+                         labels=labels)
     with atomic_write(out) as tmp, open(tmp, "wb") as f:
         np.save(f, ids)
     if not args.quiet:
@@ -652,6 +654,9 @@ def _add_score_commands(sub):
                    help="CCS: share of hardest samples removed first, or 'auto' (grows with "
                         "the pruning rate)")
     p.add_argument("--strata", type=int, default=50, help="CCS: number of bins")
+    p.add_argument("--labels", metavar="LABELS",
+                   help="class of each row of the scores (.npy or text): class-balanced "
+                        "selection")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, metavar="KEEP.npy")
     p.add_argument("--quiet", action="store_true")

@@ -348,6 +348,12 @@ def test_cli_scores_then_coreset(tmp_path, capsys):
                  "auto", "--seed", "3", "--out", str(tmp_path / "auto.npy"), "--quiet"]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "auto.npy"), select_coreset(
         fk.data_scores(run), 0.1, score="el2n", hard_cutoff=0.3, seed=3))
+    np.save(tmp_path / "labels.npy", run.labels)
+    assert main(["coreset", str(csv), "--score", "el2n", "--keep", "0.3", "--hard-cutoff",
+                 "auto", "--labels", str(tmp_path / "labels.npy"), "--out",
+                 str(tmp_path / "bal.npy"), "--quiet"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "bal.npy"), select_coreset(
+        fk.data_scores(run), 0.3, score="el2n", hard_cutoff="auto", labels=run.labels))
 
 
 def test_cli_scores_with_a_second_split_and_chosen_scores(tmp_path):
@@ -379,6 +385,8 @@ def test_cli_scores_with_a_second_split_and_chosen_scores(tmp_path):
      "must not contain NaN"),
     (["coreset", "{d}/none.csv", "--score", "el2n", "--keep", "0.5", "--out", "{d}/k.npy"],
      "no such scores file"),
+    (["coreset", "{d}/s.csv", "--score", "el2n", "--keep", "0.5", "--labels", "{d}/l3.npy",
+      "--out", "{d}/k.npy"], r"labels must have shape \(2,\)"),
     (["scores", "{d}/none.npz", "--out", "{d}/s2.txt"], "--out must be a .csv file"),
     (["scores", "{d}/train.npz", "--out", "{d}/s2.csv", "--second-split", "{d}/other.npz"],
      "second_split must hold the same samples"),
@@ -388,6 +396,7 @@ def test_cli_errors_one_line(tmp_path, args, msg):
     fk.save(make_run(n_epochs=3, n_samples=12), tmp_path / "other.npz")
     pd.DataFrame({"el2n": [0.1, 0.2]}).to_csv(tmp_path / "s.csv")
     pd.DataFrame({"el2n": [0.1, np.nan]}).to_csv(tmp_path / "nan.csv")
+    np.save(tmp_path / "l3.npy", np.array([0, 1, 0]))
     argv = [a.format(d=tmp_path) for a in args]
     proc = subprocess.run([sys.executable, "-m", "forgetkit.cli", *argv], capture_output=True,
                           text=True)
