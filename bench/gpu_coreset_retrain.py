@@ -7,17 +7,29 @@ End to end, on one machine with one or more GPUs:
    ``LogitRecorder`` (float16, eval mode, no augmentation).
 2. **Scores.** ``fk.data_scores`` on that run (el2n, forgetting, aum, variability,
    aleatoric, dynamic_uncertainty).
-3. **Retraining.** For every keep fraction (``--keep``, default 0.7 0.5 0.3 0.1), every
-   score with ``fk.select_coreset(method="hardest")`` and with ``method="ccs"``
-   (hard_cutoff 0, 50 strata), against ``method="random"`` and the full training set, for
-   every seed (``--seeds``): a fresh ResNet-18 trained from scratch on the kept samples for
-   a fixed ``--epochs`` (the same for every subset: smaller subsets take fewer steps), then
-   its test accuracy on the 10,000 test images. The selection seed is the training seed.
+3. **Retraining.** For every keep fraction (``--keep``, default 0.7 0.5 0.3 0.1) and every
+   selection (a spec ``METHOD[:SCORE[:CUTOFF[:balanced]]]``: ``--default``,
+   ``--candidates``, ``--compare``; default: CCS with ``hard_cutoff="auto"`` and "hardest"
+   for every score), against ``method="random"`` and the full training set, for every
+   seed (``--seeds``): a fresh ResNet-18 trained from scratch on the kept samples for a
+   fixed ``--epochs`` (the same for every subset: smaller subsets take fewer steps; no
+   last partial batch, whose BatchNorm statistics made single trainings end far below
+   their siblings), then its test accuracy on the 10,000 test images. The selection seed
+   is the training seed.
+
+With ``--choose-seeds``, two phases in one run: random and the candidate defaults
+(``--default`` and ``--candidates``) on the choosing seeds; the default chosen by a rule
+fixed beforehand (`choose_default`: the best mean over the fractions among those at least
+random at every fraction, else the best mean); then random, the chosen one and
+``--compare`` on the fresh ``--seeds``, which confirm it (or not). ``--scores-csv`` reuses
+the scores of an earlier recording (``forgetkit scores`` output, .csv or .csv.gz) instead
+of recording again.
 
 The trainings run side by side: ``--workers`` processes per GPU, each holding the data on
-its GPU, taking jobs from one queue (most important first: random, full, CCS on aum, the
-other CCS, hardest), with bf16 autocast, channels-last, batch ``--batch-size``. New jobs
-stop starting after ``--budget`` seconds; the JSON says which ran.
+its GPU, taking jobs from one queue (most important first: random, the default, then the
+others, one selection at a time), with bf16 autocast, channels-last, batch
+``--batch-size``. New jobs stop starting after ``--budget`` seconds; the JSON says which
+ran.
 
     python bench/gpu_coreset_retrain.py --out out/coreset              # the GPU run
     python bench/gpu_coreset_retrain.py --device cpu --width 8 --train-subset 600 \
@@ -25,14 +37,17 @@ stop starting after ``--budget`` seconds; the JSON says which ran.
         --keep 0.5 --seeds 0 --out out/smoke                           # a check that it runs
     python bench/gpu_coreset_retrain.py --table out/coreset/coreset_retrain.json
 
-Writes ``<out>/coreset_retrain.json`` (configuration, every job's accuracy, the table),
-``<out>/scores.csv`` and the recorded training run ``<out>/train_run.npy``.
+Writes ``<out>/coreset_retrain.json`` (configuration, every job's accuracy, the tables,
+the choice), and when it records, ``<out>/scores.csv`` and the training run
+``<out>/train_run.npy``.
 
-Recorded results (2 x H200): ``bench/gpu_results/coreset_retrain_2xh200.json`` (the defaults
-above: 8 epochs, lr 0.1, seeds 10 11 12; the README's table) and
-``bench/gpu_results/coreset_retrain_explore_2xh200.json`` (the exploration run that chose
-the default: ``--epochs 6 --lr 0.2 --seeds 0 1 --budget 420``, when the script's default
-was still CCS on aum).
+Recorded results: ``bench/gpu_results/coreset_choose_confirm_2xh100.json`` (2 x H100; the
+README's table: ``--scores-csv`` of the 2 x H200 recording below, ``--no-full
+--choose-seeds 0 1 --seeds 20 21 22 --budget 320``, the candidates and comparisons listed
+in its config); ``bench/gpu_results/coreset_retrain_2xh200.json`` (2 x H200, before specs,
+the auto cutoff and the partial-batch fix: every score with CCS, cutoff 0, and hardest,
+seeds 10 11 12) and ``bench/gpu_results/coreset_retrain_explore_2xh200.json`` (its
+exploration run, ``--epochs 6 --lr 0.2 --seeds 0 1 --budget 420``).
 Needs torch; Fashion-MNIST's IDX files (``--data``, default /usr/share/datasets/fashion-mnist).
 """
 
@@ -55,9 +70,9 @@ sys.path.insert(0, str(ROOT))
 
 SCORES = ("el2n", "forgetting", "aum", "variability", "aleatoric", "dynamic_uncertainty")
 #: forgetkit's recommended default (README "Choosing the data to keep"), as a selection
-#: spec (see `parse_spec`): chosen on the run with seeds 0 and 1
-#: (bench/gpu_results/coreset_choose_2xh100.json), confirmed on seeds 20, 21, 22.
-DEFAULT = "ccs:dynamic_uncertainty:auto"
+#: spec (see `parse_spec`): chosen on seeds 0 and 1 and measured again on seeds 20, 21, 22
+#: (bench/gpu_results/coreset_choose_confirm_2xh100.json).
+DEFAULT = "ccs:dynamic_uncertainty:auto:balanced"
 
 
 def parse_spec(spec):
@@ -113,6 +128,12 @@ def parse_args(argv=None):
                         "cutoff and hardest, for every score)")
     p.add_argument("--default", default=DEFAULT, metavar="SPEC",
                    help="the selection marked as the default (trained first, after random)")
+    p.add_argument("--choose-seeds", type=int, nargs="+", default=None, metavar="SEED",
+                   help="first train random and the candidates (--default, --candidates) on "
+                        "these seeds and choose the default by `choose_default`'s rule; then "
+                        "train random, the chosen one and --compare on --seeds")
+    p.add_argument("--compare", nargs="+", default=[], metavar="SPEC",
+                   help="more selections, trained on --seeds only")
     p.add_argument("--scores-csv", default=None, metavar="CSV",
                    help="scores of an earlier recording (forgetkit scores; .csv or .csv.gz): "
                         "skip the recording")
@@ -130,10 +151,13 @@ def parse_args(argv=None):
     if args.candidates is None:
         args.candidates = default_candidates()
     try:
-        for spec in [args.default, *args.candidates]:
+        for spec in [args.default, *args.candidates, *args.compare]:
             parse_spec(spec)
     except ValueError as err:
         p.error(str(err))
+    if args.choose_seeds and set(args.choose_seeds) & set(args.seeds):
+        p.error("--choose-seeds and --seeds must differ: the default is confirmed on fresh "
+                "seeds")
     if args.epochs < 1 or args.record_epochs < 1 or args.workers < 1:
         p.error("--epochs, --record-epochs and --workers must be >= 1")
     return args
@@ -248,42 +272,60 @@ def record_dynamics(args, out):
 
 
 # ------------------------------------------------------------------- the run
-def job_list(args, scores_df, n_train, labels=None):
-    """The retraining jobs, most important first: with ``scores_df`` None random (it needs
-    no score), else the default, the other candidates, then the full set. ``labels``:
-    the training labels in the scores' row order (for balanced specs)."""
+def job_list(args, specs, seeds, scores_df, n_train, labels=None, *, phase="confirm"):
+    """The retraining jobs of ``specs`` (selection specs, or "full") for ``seeds``, in
+    that order: a budget stop loses whole selections, not one fraction of each.
+    ``scores_df`` may be None for "random" and "full"; ``labels``: the training labels in
+    the scores' row order (for balanced specs)."""
     import forgetkit as fk
 
-    if scores_df is None:
-        groups = [["random"]]
-    else:
-        others = [c for c in args.candidates if c not in (args.default, "random")]
-        groups = [[args.default], others] + ([] if args.no_full else [["full"]])
-    jobs = []  # a budget stop loses whole selections, not one fraction of each
-    for group in groups:
-        for spec in group:
-            for keep in sorted(args.keep, reverse=True):
-                for seed in args.seeds:
-                    if spec == "full":
-                        if keep != max(args.keep):
-                            continue
-                        idx, frac, method, score = np.arange(n_train), 1.0, "full", None
-                        cutoff, balanced = 0, False
-                    else:
-                        method, score, cutoff, balanced = parse_spec(spec)
-                        frac = keep
-                        by_score = method != "random"  # random: positions, no score
-                        ids = fk.select_coreset(scores_df if by_score else np.zeros(n_train),
-                                                keep, score=score, method=method,
-                                                hard_cutoff=cutoff, seed=seed,
-                                                labels=labels if balanced else None)
-                        idx = scores_df.index.get_indexer(ids) if by_score else ids
-                    jobs.append(dict(spec=spec, label="full" if spec == "full" else
-                                     spec_label(spec), method=method, score=score,
-                                     hard_cutoff=cutoff, balanced=balanced, keep=frac,
-                                     seed=seed, n=int(len(idx)),
-                                     idx=np.asarray(idx, dtype=np.int64)))
+    jobs = []
+    for spec in specs:
+        for keep in sorted(args.keep, reverse=True):
+            for seed in seeds:
+                if spec == "full":
+                    if keep != max(args.keep):
+                        continue
+                    idx, frac, method, score = np.arange(n_train), 1.0, "full", None
+                    cutoff, balanced = 0, False
+                else:
+                    method, score, cutoff, balanced = parse_spec(spec)
+                    frac = keep
+                    by_score = method != "random"  # random: positions, no score
+                    ids = fk.select_coreset(scores_df if by_score else np.zeros(n_train),
+                                            keep, score=score, method=method,
+                                            hard_cutoff=cutoff, seed=seed,
+                                            labels=labels if balanced else None)
+                    idx = scores_df.index.get_indexer(ids) if by_score else ids
+                jobs.append(dict(spec=spec, label="full" if spec == "full" else
+                                 spec_label(spec), phase=phase, method=method, score=score,
+                                 hard_cutoff=cutoff, balanced=balanced, keep=frac,
+                                 seed=seed, n=int(len(idx)),
+                                 idx=np.asarray(idx, dtype=np.int64)))
     return jobs
+
+
+def choose_default(record, candidates):
+    """The pre-registered choice on the choosing seeds: among ``candidates`` measured at
+    every fraction, those at least random's mean at every fraction, the best mean over
+    the fractions; if none is, the best mean. Returns (spec, reason)."""
+    t = table(record, phase="choose")
+    keeps = [f"{k:g}" for k in record["config"]["keep"]]
+    rnd = t.get("random", {})
+
+    def mean(row):
+        return statistics.fmean(row[k][0] for k in keeps)
+
+    measured = [c for c in candidates if all(k in t.get(spec_label(c), {}) for k in keeps)]
+    if not measured:
+        return candidates[0], "nothing measured: the first candidate"
+    safe = [c for c in measured if all(k in rnd and t[spec_label(c)][k][0] >= rnd[k][0]
+                                       for k in keeps)]
+    pool = safe or measured
+    best = max(pool, key=lambda c: mean(t[spec_label(c)]))
+    why = ("best mean among those at least random at every fraction" if safe else
+           "none at least random at every fraction: the best mean")
+    return best, f"{why} ({mean(t[spec_label(best)]):.2f})"
 
 
 def run(args):
@@ -302,7 +344,10 @@ def run(args):
     n_train = args.train_subset or 60000
     ctx = mp.get_context("spawn")
     jobs, results = ctx.Queue(), ctx.Queue()
-    all_jobs = job_list(args, None, n_train)  # random and full need no scores: start them now
+    first_seeds = args.choose_seeds or args.seeds
+    first_phase = "choose" if args.choose_seeds else "confirm"
+    # random needs no scores: queued before the recording
+    all_jobs = job_list(args, ["random"], first_seeds, None, n_train, phase=first_phase)
     for job in all_jobs:
         jobs.put(dict(job))
     procs = []
@@ -353,37 +398,58 @@ def run(args):
     from forgetkit.datasets import load_fashion_mnist
 
     labels = load_fashion_mnist("train", args.data)[1][scores_df.index.to_numpy()]
-    more = job_list(args, scores_df, n_train, labels)
-    for job in more:
-        jobs.put(dict(job))
-    all_jobs += more
-    pending, stopped = len(all_jobs), False
-    while pending:
-        if not stopped and time.time() - t_start > args.budget:
-            stopped = True  # jobs not started yet are reported as not run
-            while True:
-                try:
-                    jobs.get_nowait()
-                    pending -= 1
-                except queue.Empty:
+    state = dict(stopped=False)
+
+    def queue_and_wait(new):
+        """Queue ``new`` and wait for every queued job (jobs not started by the budget
+        are dropped and reported as not run)."""
+        for job in new:
+            jobs.put(dict(job))
+        all_jobs.extend(new)
+        pending = len(all_jobs) - len(record["jobs"])
+        while pending > 0:
+            if not state["stopped"] and time.time() - t_start > args.budget:
+                state["stopped"] = True
+                while True:
+                    try:
+                        jobs.get_nowait()
+                        pending -= 1
+                    except queue.Empty:
+                        break
+                if pending <= 0:
                     break
-            if not pending:
-                break
-        try:
-            r = results.get(timeout=5)
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs):
-                break
-            continue
-        if "ready" in r:
-            continue
-        pending -= 1
-        record["jobs"].append(r)
-        print(f"[{time.time() - t_start:6.0f}s] {r['label']:>40} "
-              f"keep {r['keep']:.1f} seed {r['seed']}: "
-              + (f"acc {r['accuracy']:.4f} ({r['seconds']:.0f}s)" if "accuracy" in r
-                 else r.get("error", "")), flush=True)
-        write(record, all_jobs, out, t_start)
+            try:
+                r = results.get(timeout=5)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    break
+                continue
+            if "ready" in r:
+                continue
+            pending -= 1
+            record["jobs"].append(r)
+            print(f"[{time.time() - t_start:6.0f}s] {r['phase']:>7} {r['label']:>40} "
+                  f"keep {r['keep']:.1f} seed {r['seed']}: "
+                  + (f"acc {r['accuracy']:.4f} ({r['seconds']:.0f}s)" if "accuracy" in r
+                     else r.get("error", "")), flush=True)
+            write(record, all_jobs, out, t_start)
+
+    if args.choose_seeds:  # phase 1: choose the default among the candidates
+        candidates = [c for c in dict.fromkeys([args.default, *args.candidates])
+                      if c != "random"]
+        queue_and_wait(job_list(args, candidates, args.choose_seeds, scores_df, n_train,
+                                labels, phase="choose"))
+        chosen, why = choose_default(record, candidates)
+        record.update(default=chosen, default_label=spec_label(chosen),
+                      choice=dict(seeds=args.choose_seeds, candidates=candidates,
+                                  chosen=chosen, reason=why))
+        print(f"chosen default: {spec_label(chosen)}: {why}", flush=True)
+        confirm = ["random", chosen, *args.compare]
+    else:  # random is queued already
+        confirm = [args.default, *args.candidates, *args.compare]
+    confirm = [c for c in dict.fromkeys(confirm + ([] if args.no_full else ["full"]))
+               if args.choose_seeds or c != "random"]
+    queue_and_wait(job_list(args, confirm, args.seeds, scores_df, n_train, labels))
     for _ in procs:
         jobs.put(None)
     for p in procs:
@@ -396,12 +462,14 @@ def run(args):
 def write(record, all_jobs, out, t_start):
     """The result file as it stands (rewritten after every job, so that a run stopped
     early leaves what it measured)."""
-    key = ("label", "keep", "seed")
+    key = ("phase", "label", "keep", "seed")
     ran = {tuple(r[k] for k in key) for r in record["jobs"]}
     record["not_run"] = [{k: j[k] for k in key} for j in all_jobs
                          if tuple(j[k] for k in key) not in ran]
     record["wall_seconds"] = time.time() - t_start
     record["table"] = table(record)
+    if any(r.get("phase") == "choose" for r in record["jobs"]):
+        record["table_choose"] = table(record, phase="choose")
     tmp = out / "coreset_retrain.json.tmp"
     with open(tmp, "w") as f:
         json.dump(record, f, indent=1)
@@ -416,12 +484,12 @@ def label(job):
     return job["method"] if job["score"] is None else f"{job['method']} {job['score']}"
 
 
-def table(record):
-    """{row label: {keep: [mean, std, n_seeds]} and 'mean'} of a result record (test
+def table(record, phase="confirm"):
+    """{row label: {keep: [mean, std, n_seeds]}} of a result record's ``phase`` (test
     accuracy in percent; std with ddof 1 over the seeds, 0 for one seed)."""
     cells = {}
     for r in record["jobs"]:
-        if "accuracy" in r:
+        if "accuracy" in r and r.get("phase", "confirm") == phase:
             cells.setdefault(label(r), {}).setdefault(
                 f"{r['keep']:g}", []).append(100 * r["accuracy"])
     out = {}
@@ -431,9 +499,10 @@ def table(record):
     return out
 
 
-def markdown(record):
+def markdown(record, phase="confirm"):
+    """The README table of a record's ``phase`` (after it, the choosing phase's, if any)."""
     keeps = [f"{k:g}" for k in sorted(record["config"]["keep"], reverse=True)]
-    t = record["table"]
+    t = table(record, phase)
     rows = []
     for row, cells in t.items():
         if row == "full":
@@ -455,6 +524,11 @@ def markdown(record):
         full = next(iter(t["full"].values()))
         lines.append(f"\nFull training set: {full[0]:.2f} ± {full[1]:.2f} "
                      f"({full[2]} seeds).")
+    if phase == "confirm" and "choice" in record:
+        c = record["choice"]
+        lines.append(f"\nChosen on seeds {c['seeds']}: {spec_label(c['chosen'])} "
+                     f"({c['reason']}):\n")
+        lines.append(markdown(record, "choose"))
     return "\n".join(lines)
 
 
