@@ -1,0 +1,69 @@
+"""bench/gpu_coreset_retrain.py's selection specs and the rule that chooses the default
+(no training here: the GPU run is the bench itself)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+PATH = Path(__file__).parents[1] / "bench" / "gpu_coreset_retrain.py"
+spec = importlib.util.spec_from_file_location("gpu_coreset_retrain", PATH)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_specs_parse_and_label():
+    assert bench.parse_spec("random") == ("random", None, 0.0, False)
+    assert bench.parse_spec("ccs:aum:auto:balanced") == ("ccs", "aum", "auto", True)
+    assert bench.parse_spec("ccs:el2n:0.1") == ("ccs", "el2n", 0.1, False)
+    assert bench.spec_label("ccs:dynamic_uncertainty:auto:balanced") == \
+        "ccs dynamic_uncertainty cut=auto balanced"
+    assert bench.spec_label("hardest:el2n") == "hardest el2n"
+    for bad in ("best:el2n", "ccs", "ccs:entropy", "random:el2n", "ccs:aum:auto:yes"):
+        with pytest.raises(ValueError, match="bad selection spec"):
+            bench.parse_spec(bad)
+    with pytest.raises(SystemExit):  # the confirmation seeds must be fresh
+        bench.parse_args(["--out", "x", "--choose-seeds", "0", "1", "--seeds", "1", "2"])
+
+
+def record_of(accuracies):
+    """A result record with one choosing-phase job per (label, keep) and accuracy."""
+    jobs = [dict(phase="choose", label=label, keep=keep, seed=0, accuracy=acc)
+            for label, row in accuracies.items()
+            for keep, acc in zip((0.7, 0.1), row, strict=True)]
+    return dict(config=dict(keep=[0.7, 0.1]), jobs=jobs)
+
+
+def test_the_default_is_chosen_by_the_fixed_rule():
+    specs = ["ccs:aum:auto", "ccs:el2n:auto", "ccs:variability:auto"]
+    # the best mean is below random at 10%: the best mean of those at least random wins
+    record = record_of({"random": (0.90, 0.70), "ccs aum cut=auto": (0.95, 0.69),
+                        "ccs el2n cut=auto": (0.91, 0.71), "ccs variability cut=auto":
+                        (0.90, 0.72)})
+    chosen, why = bench.choose_default(record, specs)
+    assert chosen == "ccs:el2n:auto" and why.startswith("best mean among those at least")
+    # none at least random everywhere: the best mean
+    record = record_of({"random": (0.90, 0.70), "ccs aum cut=auto": (0.95, 0.69),
+                        "ccs el2n cut=auto": (0.89, 0.71)})
+    chosen, why = bench.choose_default(record, specs[:2])
+    assert chosen == "ccs:aum:auto" and why.startswith("none at least random")
+
+
+def test_job_list_selects_with_the_library():
+    import forgetkit as fk
+
+    rng = np.random.default_rng(0)
+    scores = pd.DataFrame({s: rng.normal(size=200) for s in bench.SCORES})
+    labels = np.repeat(np.arange(4), 50)
+    args = bench.parse_args(["--out", "x", "--keep", "0.5", "0.1"])
+    jobs = bench.job_list(args, ["random", "ccs:aum:auto:balanced", "full"], [3], scores,
+                          200, labels)
+    assert [(j["label"], j["keep"]) for j in jobs] == [
+        ("random", 0.5), ("random", 0.1), ("ccs aum cut=auto balanced", 0.5),
+        ("ccs aum cut=auto balanced", 0.1), ("full", 1.0)]
+    np.testing.assert_array_equal(jobs[3]["idx"], fk.select_coreset(
+        scores, 0.1, score="aum", hard_cutoff="auto", labels=labels, seed=3))
+    assert np.bincount(labels[jobs[3]["idx"]]).tolist() == [5, 5, 5, 5]
+    assert len(jobs[4]["idx"]) == 200
