@@ -13,9 +13,9 @@ End to end, on one machine with one or more GPUs:
    for every score), against ``method="random"`` and the full training set, for every
    seed (``--seeds``): a fresh ResNet-18 trained from scratch on the kept samples for a
    fixed ``--epochs`` (the same for every subset: smaller subsets take fewer steps; no
-   last partial batch, whose BatchNorm statistics made single trainings end far below
-   their siblings), then its test accuracy on the 10,000 test images. The selection seed
-   is the training seed.
+   last partial batch, whose BatchNorm statistics are the likely reason why single
+   trainings ended far below their siblings before), then its test accuracy on the 10,000
+   test images. The selection seed is the training seed.
 
 With ``--choose-seeds``, two phases in one run: random and the candidate defaults
 (``--default`` and ``--candidates``) on the choosing seeds; the default chosen by a rule
