@@ -53,7 +53,17 @@ from .fusion import (
     uniform,
 )
 from .fusion.distill import soft_targets, write_soft_targets
-from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize, verify
+from .io import (
+    RunWriter,
+    SummaryWriter,
+    TopKWriter,
+    convert,
+    load,
+    load_cartography,
+    save,
+    summarize,
+    verify,
+)
 from .report import explore, plots, write_report
 from .run import Run
 from .splits import split_indices
@@ -118,6 +128,7 @@ __all__ = [
     "summarize",
     "verify",
     "SummaryWriter",
+    "TopKWriter",
     "select",
     "select_coreset",
     "data_scores",

@@ -31,6 +31,8 @@ SUMMARY_DTYPE = np.dtype([("label", "<f4"), ("other", "<f4"), ("other_class", "<
 #: epochs per chunk), of float64 logits in a summary pass (rows per chunk). The one value,
 #: imported by `forgetkit.run`.
 CHUNK_BYTES = 1 << 26
+#: The kinds of runs stored as records (`RecordOutputs`) rather than every class's values.
+RECORD_KINDS = ("summary", "topk")
 #: What a summary cannot give, for the errors of the methods that need the full outputs.
 HOLDS = ("this run is a summary (per epoch and sample: the label's logit, the largest other "
          "logit and its class, the log-sum-exp), which gives correctness, label probabilities "
@@ -122,25 +124,26 @@ def summary_correct(summary, labels):
     return (label > other) | ((label == other) & (labels < summary["other_class"]))
 
 
-class SummaryOutputs:
-    """The outputs of a summary run: summary records (n_epochs, n_samples) standing in for
-    the (n_epochs, n_samples, n_classes) logits they summarise.
+class RecordOutputs:
+    """Base of outputs stored as per-(epoch, sample) records instead of every class's values
+    (a summary, a top-k run): ``records`` (n_epochs, n_samples) standing in for the
+    (n_epochs, n_samples, n_classes) outputs.
 
-    ``shape`` is that of the logits; selecting epochs (``outputs[idx]``) or samples
-    (``outputs[:, idx]``) gives a SummaryOutputs of the selection; reading one epoch's
-    values (``outputs[e]``) raises a ValueError, as no per-class values are stored.
+    ``shape`` is that of the outputs; selecting epochs (``outputs[idx]``) or samples
+    (``outputs[:, idx]``) gives outputs of the selection (`_select`); reading one epoch's
+    values (``outputs[e]``) or converting to an array raises a ValueError naming what the
+    records hold (``HOLDS``). Subclasses give the exact per-(epoch, sample) quantities:
+    ``correct(labels)``, ``predictions(labels)``, ``label_probs()``,
+    ``label_margins(labels)`` and ``summary(labels)`` (the `SUMMARY_DTYPE` records).
     """
 
     _forgetkit_lazy = True  # never converted to an array
     ndim = 3
     dtype = np.dtype(np.float32)
     itemsize = dtype.itemsize
+    HOLDS = HOLDS
 
     def __init__(self, records, n_classes):
-        if getattr(records, "dtype", None) != SUMMARY_DTYPE or records.ndim != 2:
-            raise ForgetkitError(f"summary records must be a (n_epochs, n_samples) array of "
-                                 f"{SUMMARY_DTYPE.descr}; got {getattr(records, 'dtype', None)} "
-                                 f"of shape {getattr(records, 'shape', None)}")
         self.records = records
         self.n_classes = int(n_classes)
         self.shape = (*records.shape, self.n_classes)
@@ -152,14 +155,36 @@ class SummaryOutputs:
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
         if isinstance(key[0], (int, np.integer)) or len(key) > 2:
-            raise ForgetkitError(f"reading per-class outputs: {HOLDS}")
-        return SummaryOutputs(self.records[key], self.n_classes)
+            raise ForgetkitError(f"reading per-class outputs: {self.HOLDS}")
+        out = self._select(self.records[key], slice(None) if len(key) < 2 else key[1])
+        return out
+
+    def _select(self, records, samples):
+        """Outputs of ``records``, the selection of these outputs' samples ``samples``."""
+        return type(self)(records, self.n_classes)
 
     def __array__(self, dtype=None, copy=None):
-        raise ForgetkitError(f"converting the outputs to an array: {HOLDS}")
+        raise ForgetkitError(f"converting the outputs to an array: {self.HOLDS}")
 
     def stored_rows(self):
         return None
+
+    def _read(self):
+        return np.asarray(self.records)
+
+
+class SummaryOutputs(RecordOutputs):
+    """The outputs of a summary run: summary records (n_epochs, n_samples) standing in for
+    the (n_epochs, n_samples, n_classes) logits they summarise (see `RecordOutputs`)."""
+
+    KIND = "summary"
+
+    def __init__(self, records, n_classes):
+        if getattr(records, "dtype", None) != SUMMARY_DTYPE or records.ndim != 2:
+            raise ForgetkitError(f"summary records must be a (n_epochs, n_samples) array of "
+                                 f"{SUMMARY_DTYPE.descr}; got {getattr(records, 'dtype', None)} "
+                                 f"of shape {getattr(records, 'shape', None)}")
+        super().__init__(records, n_classes)
 
     def correct(self, labels):
         """bool (n_epochs, n_samples)."""
@@ -167,30 +192,38 @@ class SummaryOutputs:
 
     def predictions(self, labels):
         """The argmax class (ties to the lowest index): int32 (n_epochs, n_samples)."""
-        records = np.asarray(self.records)
+        records = self._read()
         pred = np.where(summary_correct(records, labels), labels, records["other_class"])
         return pred.astype(np.int32)
 
     def label_probs(self):
         """exp(label - lse): float64 (n_epochs, n_samples)."""
-        records = np.asarray(self.records)
+        records = self._read()
         return np.exp(records["label"].astype(np.float64) - records["lse"])
 
-    def label_margins(self):
+    def label_margins(self, labels=None):
         """label - other: float64 (n_epochs, n_samples)."""
-        records = np.asarray(self.records)
+        records = self._read()
         return records["label"].astype(np.float64) - records["other"]
+
+    def summary(self, labels=None):
+        """The summary records themselves (n_epochs, n_samples)."""
+        return self._read()
 
 
 def check_kind(kind, outputs, kinds):
-    """``kind`` of a Run: one of ``kinds`` for outputs, "summary" for SummaryOutputs."""
-    summary = isinstance(outputs, SummaryOutputs)
-    if summary != (kind == "summary"):
-        raise ForgetkitError(f'kind="summary" goes with the outputs of a summary (forgetkit.'
-                             f"summarize, forgetkit.load of one); got kind={kind!r} with outputs "
-                             f"of type {type(outputs).__name__}")
-    if not summary and kind not in kinds:
+    """``kind`` of a Run: one of ``kinds`` for outputs, "summary" for SummaryOutputs, "topk"
+    for top-k outputs (`forgetkit._topk.TopKOutputs`)."""
+    record_kind = getattr(outputs, "KIND", None) if isinstance(outputs, RecordOutputs) else None
+    if record_kind is not None or kind in RECORD_KINDS:
+        if kind != record_kind:
+            raise ForgetkitError(f'kind={kind!r} does not go with outputs of type '
+                                 f"{type(outputs).__name__}: kind=\"summary\" goes with a "
+                                 'summary (forgetkit.summarize), kind="topk" with top-k '
+                                 "records (forgetkit.load of a top-k run)")
+        return kind
+    if kind not in kinds:
         valid = ", ".join(repr(k) for k in kinds)
-        raise ForgetkitError(f"kind must be one of {valid}; got {kind!r} (or \"summary\" for "
-                             "the outputs of a summary)")
+        raise ForgetkitError(f"kind must be one of {valid}; got {kind!r} (or \"summary\" or "
+                             '"topk" for the records of a summary or a top-k run)')
     return kind

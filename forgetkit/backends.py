@@ -3,9 +3,10 @@ one small interface.
 
 A `Run` holds what identifies the data (labels, epoch numbers, sample ids, class names,
 metadata, selections) and one backend (`backend_of` its outputs): in memory or memory-mapped
-(`ArrayBackend`), decoded on demand (`LazyBackend`: Parquet, lazy sample subsets), a summary
-(`SummaryBackend`), or a chunked collection such as a dask array (`CollectionBackend`, whose
-passes the run's executor maps over its chunks: `forgetkit.execution`). The run's methods
+(`ArrayBackend`), decoded on demand (`LazyBackend`: Parquet, lazy sample subsets), records
+(`RecordBackend`: a summary, `SummaryBackend`, or a top-k run, `TopKBackend`), or a chunked
+collection such as a dask array (`CollectionBackend`, whose passes the run's executor maps
+over its chunks: `forgetkit.execution`). The run's methods
 read only through the interface, so a new storage kind is one new backend class, registered
 with `register_backend`, and no algorithm changes.
 
@@ -30,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels
-from ._summary import CHUNK_BYTES, SummaryOutputs
+from ._summary import CHUNK_BYTES, RecordOutputs, SummaryOutputs
+from ._topk import TopKOutputs
 from ._validation import is_dask_array
 from .errors import InputTypeError
 
@@ -187,11 +189,25 @@ class LazyBackend(ArrayBackend):
         return super().stored_order()
 
 
-class SummaryBackend(Backend):
-    """`forgetkit._summary.SummaryOutputs`: four numbers per (epoch, sample); reading an
-    epoch's per-class values raises the ValueError that says so."""
+class RecordBackend(Backend):
+    """`forgetkit._summary.RecordOutputs`: records per (epoch, sample) instead of every
+    class's values; reading an epoch's per-class values raises the ValueError that says what
+    the records hold. Records on a dask array are read on its workers (``here`` False)."""
 
     streamed = True
+
+    @property
+    def here(self):
+        return not is_dask_array(self.outputs.records)
+
+
+class SummaryBackend(RecordBackend):
+    """`forgetkit._summary.SummaryOutputs`: four numbers per (epoch, sample)."""
+
+
+class TopKBackend(RecordBackend):
+    """`forgetkit._topk.TopKOutputs`: per (epoch, token) the target's logit, the
+    log-sum-exp and the k largest logits with their ids (and the token table)."""
 
 
 class CollectionBackend(Backend):
@@ -204,6 +220,8 @@ class CollectionBackend(Backend):
 
 _BACKENDS = [(is_dask_array, CollectionBackend),
              (lambda x: isinstance(x, SummaryOutputs), SummaryBackend),
+             (lambda x: isinstance(x, TopKOutputs), TopKBackend),
+             (lambda x: isinstance(x, RecordOutputs), RecordBackend),
              (lambda x: isinstance(x, LazyOutputs), LazyBackend),
              (lambda x: isinstance(x, np.ndarray), ArrayBackend)]
 

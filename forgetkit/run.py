@@ -25,7 +25,7 @@ import pandas as pd
 from . import kernels
 from ._deprecation import keyword_options
 from ._progress import Progress
-from ._summary import HOLDS, check_kind, label_margins_of
+from ._summary import RecordOutputs, check_kind, label_margins_of
 from ._validation import (
     KINDS,
     check_class_names,
@@ -87,10 +87,12 @@ class Run:
         along samples) stays distributed: see `is_distributed`.
     labels : array-like of shape (n_samples,)
         True class of each sample, integers in [0, n_classes).
-    kind : {"logits", "probs", "summary"}
+    kind : {"logits", "probs", "summary", "topk"}
         "summary" goes with `forgetkit._summary.SummaryOutputs` (a run read from a summary,
-        `forgetkit.summarize`): correctness, `label_probs` and `label_margins` come exactly
-        from it; methods that need every class's outputs raise a ValueError.
+        `forgetkit.summarize`), "topk" with `forgetkit._topk.TopKOutputs` (a top-k run of a
+        language model's tokens, `forgetkit.load` of one): correctness, `label_probs` and
+        `label_margins` come exactly from their records; methods that need every class's
+        outputs raise a ValueError saying what the run holds (`holds_every_class`).
     epochs : array-like of shape (n_epochs,), optional
         Epoch numbers, strictly increasing; default 0..n_epochs-1.
     sample_ids : array-like of shape (n_samples,), optional
@@ -152,6 +154,28 @@ class Run:
         tensor is never gathered into this process (the backend is not read here:
         `forgetkit.backends.CollectionBackend`)."""
         return not self._backend.here
+
+    @property
+    def holds_every_class(self):
+        """Whether the outputs hold every class's values (False for a summary or a top-k run,
+        whose records give correctness, label probabilities and margins exactly)."""
+        return not isinstance(self.outputs, RecordOutputs)
+
+    @property
+    def top_k(self):
+        """k of a top-k run (the largest logits stored per epoch and token), else None."""
+        return getattr(self.outputs, "top_k", None)
+
+    @property
+    def sequence_ids(self):
+        """The sequence id of each token of a top-k run: int64 (n_samples,), else None."""
+        return getattr(self.outputs, "sequence_ids", None)
+
+    @property
+    def positions(self):
+        """The position of each target token in its sequence (top-k runs): int32
+        (n_samples,), else None."""
+        return getattr(self.outputs, "positions", None)
 
     @property
     def _large(self):
@@ -249,7 +273,7 @@ class Run:
     def _read_predictions(self, *, progress=False):
         if self._predictions is not None:
             return self._predictions
-        if self.kind == "summary":  # exact from the label and the largest other logit
+        if not self.holds_every_class:  # exact from the records
             self._inherit_predictions(self.outputs.predictions(self.labels))
             return self._predictions
         n_epochs, n_samples, n_classes = self.shape
@@ -485,11 +509,12 @@ class Run:
     def label_probs(self):
         """Probability of each sample's label at every epoch: float64 (n_samples, n_epochs).
         Logits not held as probabilities are read in place, one epoch at a time, without
-        storing any epoch's probabilities. A summary gives exp(label logit - log-sum-exp)."""
+        storing any epoch's probabilities. A summary or a
+        top-k run gives exp(label logit - log-sum-exp)."""
         return self._per_sample("_read_label_probs", ((None, self.n_epochs), np.float64))
 
     def _read_label_probs(self):
-        if self.kind == "summary":
+        if not self.holds_every_class:
             return self.outputs.label_probs().T
         if self.cached_softmax_stats is not None:
             return self._stats.label_prob.T.copy()
@@ -513,18 +538,19 @@ class Run:
     def label_margins(self):
         """The label's margin at every epoch, z[y] - max_{k != y} z[k], on the stored outputs
         (logits: the margin whose mean over epochs is AUM): float64 (n_epochs, n_samples).
-        Exact from a summary; otherwise read one epoch at a time."""
-        if self.kind == "summary":
-            return self.outputs.label_margins()
+        Exact from a summary or a top-k run (k >= 2); otherwise read one epoch at a time."""
+        if not self.holds_every_class:
+            return self.outputs.label_margins(self.labels)
         out = np.empty((self.n_epochs, self.n_samples))
         for e in range(self.n_epochs):
             out[e] = label_margins_of(self.epoch_values(e), self.labels)
         return out
 
     def _require_full(self, what):
-        """Raise a ValueError naming ``what`` if this run holds only a summary."""
-        if self.kind == "summary":
-            raise ForgetkitError(f"{what} needs every class's outputs; {HOLDS}")
+        """Raise a ValueError naming ``what`` if this run holds only records (a summary, a
+        top-k run)."""
+        if not self.holds_every_class:
+            raise ForgetkitError(f"{what} needs every class's outputs; {self.outputs.HOLDS}")
 
     def map_reduce(self, fn):
         """``fn(run)`` over blocks of samples, combined: the plug-in point of passes that

@@ -79,7 +79,7 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
     - margin = mean_e (z_y - max_{k != y} z_k) on logits (AUM); on probabilities the same
       on log-probabilities.
 
-    A summary run (kind "summary") gives all of these from its records, epoch by epoch,
+    A summary or a top-k run (k >= 2) gives all of these from its records, epoch by epoch,
     but not ``mean_probs`` or ``mean_log_probs``.
 
     Parameters
@@ -101,9 +101,10 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
     Trajectory
     """
     n_epochs = check_burn_out(burn_out, run.n_epochs)
-    summary = run.kind == "summary"
-    if summary and (mean_probs or mean_log_probs):
-        raise ForgetkitError(f"mean probabilities need every class's outputs; {SUMMARY_HOLDS}")
+    records = not run.holds_every_class
+    if records and (mean_probs or mean_log_probs):
+        raise ForgetkitError(f"mean probabilities need every class's outputs; "
+                             f"{run.outputs.HOLDS}")
     n = run.n_samples
     labels = run.labels
     p, margin = np.empty(n), np.empty(n)
@@ -115,9 +116,9 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
     total_log = np.zeros((n, run.n_classes)) if mean_log_probs else None
     bar = Progress(n_epochs, "training dynamics", enabled=progress)
     for e in range(n_epochs):
-        if summary:  # exact from the label's logit, the largest other and the log-sum-exp
+        if records:  # exact from the records (label logit, largest other, log-sum-exp)
             part = run.outputs[e:e + 1]
-            p[:], margin[:], correct[:] = (part.label_probs()[0], part.label_margins()[0],
+            p[:], margin[:], correct[:] = (part.label_probs()[0], part.label_margins(labels)[0],
                                            part.correct(labels)[0])
         else:
             values = run.epoch_values(e)

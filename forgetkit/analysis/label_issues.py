@@ -147,7 +147,9 @@ def label_issues(run, *, n_issues=None, progress=False):
 
     A summary run (kind "summary": per epoch e the label's probability p_y, the largest
     other class k_e and its probability p_k, exactly) is read in one streaming pass too,
-    keeping per sample a few numbers and `SUMMARY_SLOTS` classes (`summary_statistics`):
+    keeping per sample a few numbers and `SUMMARY_SLOTS` classes (`summary_statistics`); a
+    top-k run (k >= 2) is read through its exact summary, so it gives what the summary of
+    the same logits gives:
 
     - exact: P[n, y] and L[n, y]; Lo[n] = mean_e log p_k(e), the mean log-probability of
       the largest other class of each epoch;
@@ -194,7 +196,7 @@ def label_issues(run, *, n_issues=None, progress=False):
         - ``n_epochs``: epochs used.
     """
     check_run("run", run)
-    if run.kind == "summary":
+    if not run.holds_every_class:  # a summary, or a top-k run through its summary
         joint, score, suggested, n_epochs = _summary_scores(run, progress)
     else:
         joint, score, suggested, n_epochs = _full_scores(run, progress)
@@ -329,7 +331,7 @@ def summary_statistics(run, *, progress=False):
     sums = np.zeros((n, SUMMARY_SLOTS))
     bar = Progress(n_epochs, "label issues (summary)", enabled=progress)
     for e in range(n_epochs):
-        records = np.asarray(run.outputs.records[e])
+        records = run.outputs[e:e + 1].summary(run.labels)[0]
         lse = records["lse"].astype(np.float64)
         log_p = records["label"] - lse
         total_log += log_p

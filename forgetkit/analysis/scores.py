@@ -82,8 +82,8 @@ def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_ep
     ----------
     run : Run
         Outputs of shape (n_epochs, n_samples, n_classes): logits, probabilities, or a
-        summary (kind "summary", `forgetkit.summarize`), which gives every score but
-        ``el2n`` exactly (EL2N needs every class's probability).
+        summary (kind "summary", `forgetkit.summarize`) or a top-k run (kind "topk", k >= 2),
+        which give every score but ``el2n`` exactly (EL2N needs every class's probability).
     scores : sequence of str, optional
         The columns to compute, from `SCORES`. Default: every score the run can give;
         those it cannot (``el2n`` of a summary, ``dynamic_uncertainty`` with fewer than
@@ -122,10 +122,8 @@ def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_ep
         raise ForgetkitError(f"el2n_epochs must lie in [1, {n_epochs}] (the epochs used); "
                              f"got {el2n_epochs}")
     cannot = {}
-    if run.kind == "summary":
-        cannot["el2n"] = ("el2n needs every class's probability; this run is a summary (the "
-                          "label's logit, the largest other logit and the log-sum-exp): load "
-                          "the full run")
+    if not run.holds_every_class:
+        cannot["el2n"] = f"el2n needs every class's probability; {run.outputs.HOLDS}"
     if window > n_epochs:
         cannot["dynamic_uncertainty"] = (f"dynamic_uncertainty needs at least window={window} "
                                          f"epochs; {n_epochs} are used")

@@ -46,11 +46,12 @@ from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
 from .record import format_of, load_labels_file, record_of, with_checksums
 from .summary import SummaryWriter, is_summary, load_summary, summarize
 from .summary_parquet import is_summary_parquet, load_summary_parquet
+from .topk import TopKWriter, is_topk, load_topk, save_topk
 from .verification import verify_run
 from .writer import RunWriter
 
-__all__ = ["RunWriter", "SummaryWriter", "atomic_write", "convert", "load", "load_cartography",
-           "save", "summarize", "verify"]
+__all__ = ["RunWriter", "SummaryWriter", "TopKWriter", "atomic_write", "convert", "load",
+           "load_cartography", "save", "summarize", "verify"]
 
 
 def load(path, labels=None, *, kind=None, chunks=None, verify=True):
@@ -96,6 +97,8 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
     wait_for_writes(path)  # epochs this process recorded to path and still writes
     if fmt == "npy" and kind in (None, "summary") and is_summary(path):
         return load_summary(path, labels=labels, verify=verify)
+    if fmt == "npy" and kind in (None, "topk") and is_topk(path):
+        return load_topk(path, labels=labels, verify=verify)
     if fmt == "parquet" and kind in (None, "summary") and is_summary_parquet(path):
         return load_summary_parquet(path, labels=labels, verify=bool(verify))
     if fmt in ("npy", "parquet"):
@@ -128,6 +131,8 @@ def save(run, path, *, layout="list", compress=True):
                                  f"{str(path)!r}")
         summarize(run, path)
         return path
+    if run.kind == "topk":  # written as what it is, with its token table
+        return save_topk(run, path)
     epochs = ((int(run.epochs[e]), run.epoch_values(e)) for e in range(run.n_epochs))
     with RunLock(path):
         if fmt == "npy":  # the tensor and its sidecar, committed as one

@@ -88,18 +88,20 @@ def with_checksums(record, epoch_crcs):
     return dict(record, **{CRC_KEY: checksums(record["labels"], record["epochs"], epoch_crcs)})
 
 
-def record_encoder(record):
+def record_encoder(record, *, labels_crc=None):
     """A function ``(epochs, epoch_crcs) -> EncodedRecord``: ``record`` with those epoch
     numbers and checksums of the stored epochs (`with_checksums`), its JSON text joined from
     the encodings of the other fields, made once here. A writer's labels, ids, class names
     and metadata do not change between epochs: encoding them once keeps the per-epoch
-    sidecar write off the GIL-holding JSON encoder (and the list of labels off the heap)."""
+    sidecar write off the GIL-holding JSON encoder (and the list of labels off the heap).
+    ``labels_crc``: the labels' checksum, for a record that keeps its labels elsewhere (a
+    top-k run's token table)."""
     keys = list(record)
     at = keys.index("epochs")
     head = json.dumps({k: record[k] for k in keys[:at]})[1:-1]
     tail = json.dumps({k: record[k] for k in keys[at + 1:]})[1:-1]
     fixed = dict(record)
-    labels_crc = crc_ints(record["labels"])
+    labels_crc = crc_ints(record["labels"]) if labels_crc is None else int(labels_crc)
 
     def encoded(epochs, epoch_crcs):
         epochs = [int(e) for e in epochs]

@@ -65,9 +65,10 @@ def summary_record(*, n_samples, n_classes, epochs, labels, sample_ids=None,
     }
 
 
-def summary_header(n_epochs, n_samples):
-    """An NPY 1.0 header of (n_epochs, n_samples) summary records, padded to HEADER_BYTES."""
-    d = {"descr": np.lib.format.dtype_to_descr(SUMMARY_DTYPE), "fortran_order": False,
+def summary_header(n_epochs, n_samples, dtype=SUMMARY_DTYPE):
+    """An NPY 1.0 header of (n_epochs, n_samples) records of ``dtype`` (summary records by
+    default), padded to HEADER_BYTES."""
+    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
          "shape": (int(n_epochs), int(n_samples))}
     text = repr(d).encode("latin1")
     pad = HEADER_BYTES - 10 - len(text) - 1
@@ -166,7 +167,8 @@ def summarize(run, path=None, *, progress=False):
     ----------
     run : Run or str or Path
         Logits of shape (n_epochs, n_samples, n_classes) (a Run, or a run file to load);
-        read one epoch at a time. A summary run is copied.
+        read one epoch at a time. A summary run is copied; a top-k run (k >= 2) gives
+        its exact summary.
     path : str or Path, optional
         ``.npy`` file to write (atomically, with its sidecar); None keeps it in memory.
     progress : bool, default False
@@ -191,8 +193,8 @@ def summarize(run, path=None, *, progress=False):
     records = np.empty((run.n_epochs, run.n_samples), dtype=SUMMARY_DTYPE)
     bar = Progress(run.n_epochs, "summary", enabled=progress)
     for e in range(run.n_epochs):
-        if run.kind == "summary":
-            records[e] = run.outputs.records[e]
+        if not run.holds_every_class:  # a summary (copied), or a top-k run's (exact)
+            records[e] = run.outputs[e:e + 1].summary(run.labels)[0]
         else:
             summarize_outputs(run.epoch_values(e), run.labels, out=records[e])
         bar.update()
@@ -267,17 +269,28 @@ class SummaryWriter(LockedWriter):
         self._encoder = None  # the sidecar record's JSON, labels and ids encoded once
         self._lock_and_open(mode)
 
+    #: The records this writer stores (`SUMMARY_DTYPE`; a subclass may store others).
+    dtype = SUMMARY_DTYPE
+
     def _open(self, mode):
-        exists = self._claim(mode, (self.path,))
+        exists = self._claim(mode, self._files())
         if exists:
             self.epochs, self.crcs = self._existing_epochs()
             self._file = open(self.path, "r+b")
             write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable)
         else:
+            self._start()
             self._file = open(self.path, "wb")
-            self._file.write(summary_header(0, self.n_samples))
+            self._file.write(summary_header(0, self.n_samples, self.dtype))
             self._file.flush()
             write_json_atomic(sidecar_path(self.path), self._record(), durable=self.durable)
+
+    def _files(self):
+        """The files that make a run exist at ``path`` (`LockedWriter._claim`)."""
+        return (self.path,)
+
+    def _start(self):
+        """Write what a new run holds besides its records and sidecar (nothing here)."""
 
     def append(self, epoch, values, *, replace=False, meta=None):
         """Store epoch number ``epoch``: logits (n_samples, n_classes), summarised here, or
@@ -285,24 +298,10 @@ class SummaryWriter(LockedWriter):
         ``replace=True`` drops a stored epoch number and the later ones first. ``meta`` (a
         dict), if given, replaces the run's metadata, written with this epoch's record."""
         if self._closed:
-            raise ForgetkitError("this SummaryWriter is closed")
+            raise ForgetkitError(f"this {type(self).__name__} is closed")
         epoch = int(epoch)
         meta = None if meta is None else check_meta(meta)
-        values = np.asarray(values)
-        if values.dtype == SUMMARY_DTYPE and values.shape == (self.n_samples,):
-            records = values
-            finite = all(np.isfinite(records[f]).all() for f in ("label", "other", "lse"))
-            if not finite:
-                raise ForgetkitError(f"the summary of epoch {epoch} holds NaN or inf; not stored")
-        elif values.shape == (self.n_samples, self.n_classes):
-            try:
-                records = summarize_outputs(values, self.labels)
-            except ForgetkitError as err:
-                raise ForgetkitError(f"outputs of epoch {epoch}: {err}") from None
-        else:
-            raise ForgetkitError(f"epoch {epoch} must be outputs of shape ({self.n_samples}, "
-                                 f"{self.n_classes}) or {self.n_samples} summary records; got "
-                                 f"{values.dtype} of shape {values.shape}")
+        records = self._records_of(epoch, np.asarray(values))
         if self.epochs and epoch <= self.epochs[-1]:
             if not replace:
                 raise ForgetkitError(f"epoch {epoch} is not after the last stored epoch "
@@ -312,7 +311,7 @@ class SummaryWriter(LockedWriter):
             return
         position = len(self.epochs)
         f = self._file
-        f.seek(HEADER_BYTES + position * self.n_samples * SUMMARY_DTYPE.itemsize)
+        f.seek(HEADER_BYTES + position * self.n_samples * self.dtype.itemsize)
         f.write(memoryview(np.ascontiguousarray(records).reshape(-1).view(np.uint8)))
         self._flush()  # the records are on disk before the header counts them
         self.epochs.append(epoch)
@@ -328,8 +327,26 @@ class SummaryWriter(LockedWriter):
             self.crcs.pop()
             raise
         f.seek(0)
-        f.write(summary_header(len(self.epochs), self.n_samples))
+        f.write(summary_header(len(self.epochs), self.n_samples, self.dtype))
         self._flush()  # the epoch counted on disk before append returns
+
+    def _records_of(self, epoch, values):
+        """The records of epoch number ``epoch`` from what `append` got, checked."""
+        if values.dtype == SUMMARY_DTYPE and values.shape == (self.n_samples,):
+            records = values
+            finite = all(np.isfinite(records[f]).all() for f in ("label", "other", "lse"))
+            if not finite:
+                raise ForgetkitError(f"the summary of epoch {epoch} holds NaN or inf; not stored")
+        elif values.shape == (self.n_samples, self.n_classes):
+            try:
+                records = summarize_outputs(values, self.labels)
+            except ForgetkitError as err:
+                raise ForgetkitError(f"outputs of epoch {epoch}: {err}") from None
+        else:
+            raise ForgetkitError(f"epoch {epoch} must be outputs of shape ({self.n_samples}, "
+                                 f"{self.n_classes}) or {self.n_samples} summary records; got "
+                                 f"{values.dtype} of shape {values.shape}")
+        return records
 
     def _rewrite(self, keep, epoch, records, meta):
         """Replace the epochs from position ``keep`` on by ``records`` (one epoch; ``meta``:
@@ -342,7 +359,7 @@ class SummaryWriter(LockedWriter):
 
         def write_tensor(tmp):
             with open(tmp, "wb") as f:
-                f.write(summary_header(keep + 1, self.n_samples))
+                f.write(summary_header(keep + 1, self.n_samples, self.dtype))
                 f.write(np.ascontiguousarray(old[:keep]).tobytes())
                 f.write(np.ascontiguousarray(records).tobytes())
 

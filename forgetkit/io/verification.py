@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CorruptFileError, MissingFileError
-from .integrity import bad_epochs, check_fields, stored_checksums
+from .integrity import bad_epochs, check_fields, crc_ints, stored_checksums
 from .npy import _read_sidecar, open_memmap
 from .npz import load_npz
 from .pair import open_pair
@@ -13,6 +13,7 @@ from .parquet import open_parquet_run, staging_path
 from .record import format_of
 from .summary import _open_records, _read_summary_sidecar, is_summary
 from .summary_parquet import is_summary_parquet, load_summary_parquet
+from .topk import _read_topk_sidecar, is_topk, read_tokens
 
 
 def verify_run(path):
@@ -23,14 +24,20 @@ def verify_run(path):
         raise MissingFileError(f"no such run: {str(path)!r}")
     result = {"path": str(path), "verifiable": False, "epochs": 0, "bad": []}
     if fmt == "npy":
-        summary = is_summary(path)
-        tensor, record, _ = open_pair(path, _open_records if summary else open_memmap,
-                                      _read_summary_sidecar if summary else _read_sidecar)
+        summary, topk = is_summary(path), is_topk(path)
+        tensor, record, _ = open_pair(
+            path, _open_records if summary or topk else open_memmap,
+            _read_topk_sidecar if topk else _read_summary_sidecar if summary else _read_sidecar)
         record = record or {}
         sums = stored_checksums(record, f"the sidecar of {str(path)!r}")
         if sums is None:
             return result
         check_fields(record, sums, path)
+        if topk:  # the token table: its own checksum, and its targets the labels'
+            table = read_tokens(path, record)
+            if crc_ints(table["target"]) != sums["labels"]:
+                raise CorruptFileError(f"{str(path)!r}: the targets do not match their "
+                                       "checksum")
         if len(sums["outputs"]) < len(tensor):
             raise CorruptFileError(f"the sidecar of {str(path)!r} has checksums of "
                                    f"{len(sums['outputs'])} epochs; the file holds "

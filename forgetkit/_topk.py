@@ -1,0 +1,332 @@
+"""Top-k runs of language models: per (checkpoint, token) a few numbers instead of the
+vocabulary.
+
+A sample is a target token, identified by (sequence id, position), and its label is the
+target token id y. For one checkpoint and token with logits z over a vocabulary of V ids a
+top-k record holds
+
+- ``target``: z[y], the target's logit;
+- ``lse``: log(sum_v exp(z[v])), the log-sum-exp over the vocabulary;
+- ``logits``: the k largest logits, descending (equal logits by ascending id);
+- ``ids``: their token ids (uint16 for vocabularies up to 65,536 ids, else uint32);
+
+computed from the model's logits before rounding to float32: 8 + 6k bytes (56 at k = 8).
+From these, exactly as from the full logits:
+
+- correct = (ids[0] == y): the argmax, ties to the lowest id, is the target;
+- the target's probability p = exp(target - lse), hence surprisal -log p;
+- the AUM margin target - (logits[0] if ids[0] != y else logits[1]) (k >= 2);
+- the stored ids' probabilities exp(logits - lse), and for every id not stored the bound
+  0 <= p(c) <= u = min(p of the k-th stored id, max(0, 1 - sum of the stored
+  probabilities)) (0 when k is the vocabulary: nothing is unstored).
+
+Probabilities of every class and window means need the full outputs; Knowledge Fusion
+works from the stored probabilities and the bound (docs/definitions.md, "Top-k runs").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._summary import SUMMARY_DTYPE, RecordOutputs
+from .errors import ForgetkitError
+
+#: k used when none is given (recorders).
+DEFAULT_TOP_K = 8
+#: Largest vocabulary whose ids are stored as uint16.
+U16_VOCAB = 1 << 16
+#: The token table of a top-k run: per token its sequence id, the position of its target
+#: token in that sequence, and the target token id (the run's label).
+TOKEN_DTYPE = np.dtype([("sequence", "<i8"), ("position", "<i4"), ("target", "<i4")])
+#: Relative float32 slack of the checks of lse against the logits (rounding of a
+#: log-sum-exp computed in float32 on a device).
+LSE_SLACK = 8 * float(np.finfo(np.float32).eps)
+#: What a top-k run cannot give, for the errors of the methods that need the full outputs.
+HOLDS = ("this run is a top-k run (per checkpoint and token: the target's logit, the "
+         "log-sum-exp over the vocabulary and the k largest logits with their token ids), "
+         "which gives correctness, predictions, target probabilities and margins exactly "
+         "and every other class's probability only within bounds")
+
+
+def topk_dtype(k, vocab_size):
+    """The record dtype of a top-k run: fields ``target`` <f4, ``lse`` <f4, ``logits``
+    <f4 (k,), ``ids`` (k,) <u2 (vocab_size <= 65,536) or <u4.
+
+    Parameters
+    ----------
+    k : int, 1 <= k <= vocab_size
+    vocab_size : int >= 2
+    """
+    k, vocab_size = _check_k(k, vocab_size)
+    ids = "<u2" if vocab_size <= U16_VOCAB else "<u4"
+    return np.dtype([("target", "<f4"), ("lse", "<f4"), ("logits", "<f4", (k,)),
+                     ("ids", ids, (k,))])
+
+
+def _check_k(k, vocab_size):
+    from ._validation import check_int
+
+    vocab_size = check_int("vocab_size", vocab_size, minimum=2)
+    k = check_int("k", k, minimum=1)
+    if k > vocab_size:
+        raise ForgetkitError(f"k must lie in [1, vocab_size={vocab_size}] (the vocabulary); "
+                             f"got k={k}")
+    return k, vocab_size
+
+
+def is_topk_dtype(dtype):
+    """Whether ``dtype`` is a `topk_dtype` (any k, either id width)."""
+    dtype = np.dtype(dtype)
+    if dtype.names != ("target", "lse", "logits", "ids"):
+        return False
+    k = dtype["logits"].shape
+    return (len(k) == 1 and dtype["target"] == np.dtype("<f4") and
+            dtype["lse"] == np.dtype("<f4") and dtype["logits"].base == np.dtype("<f4")
+            and dtype["ids"].shape == k and dtype["ids"].base in (np.dtype("<u2"),
+                                                                  np.dtype("<u4")))
+
+
+def top_k_of(dtype):
+    """k of a `topk_dtype`."""
+    return int(np.dtype(dtype)["logits"].shape[0])
+
+
+def topk_records(logits, targets, k, *, vocab_size=None, out=None):
+    """The top-k records of one checkpoint's logits (the numpy reference).
+
+    Parameters
+    ----------
+    logits : ndarray of shape (n_tokens, vocab_size), float16, float32 or float64
+    targets : array-like of int of shape (n_tokens,), the target token ids
+    k : int, 1 <= k <= vocab_size
+    vocab_size : int, optional
+        The vocabulary (default: the logits' columns); ids are stored in its width.
+    out : ndarray of `topk_dtype`, shape (n_tokens,), optional
+
+    Returns
+    -------
+    ndarray of `topk_dtype` (k, vocab_size), shape (n_tokens,)
+        Computed in float64 (ranks, ties to the lowest id, and the log-sum-exp), stored as
+        float32.
+    """
+    values = np.asarray(logits)
+    if values.ndim != 2:
+        raise ForgetkitError(f"logits must have shape (tokens, vocabulary); got shape "
+                             f"{values.shape}")
+    n, v = values.shape
+    vocab_size = v if vocab_size is None else vocab_size
+    if v != vocab_size:
+        raise ForgetkitError(f"logits must have {vocab_size} columns (the vocabulary); got "
+                             f"{v}")
+    dtype = topk_dtype(k, vocab_size)
+    targets = np.asarray(targets, dtype=np.int64)
+    if targets.shape != (n,) or (n and (targets.min() < 0 or targets.max() >= v)):
+        raise ForgetkitError(f"targets must be {n} token ids in [0, {v}); got "
+                             f"{targets.shape} ids")
+    if out is None:
+        out = np.empty(n, dtype=dtype)
+    step = max(1, (1 << 24) // (8 * v))
+    for start in range(0, n, step):
+        z = values[start: start + step].astype(np.float64)
+        rows = np.arange(len(z))
+        if not np.isfinite(z).all():
+            raise ForgetkitError("logits hold NaN or inf; no records made")
+        order = np.argsort(-z, axis=1, kind="stable")[:, :k]  # ties: ascending ids
+        top = z[rows, order[:, 0]]
+        lse = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+        part = out[start: start + step]
+        part["target"] = z[rows, targets[start: start + step]]
+        part["lse"] = lse
+        part["logits"] = np.take_along_axis(z, order, axis=1)
+        part["ids"] = order
+        if not (np.isfinite(part["lse"]).all() and np.isfinite(part["logits"]).all()):
+            raise ForgetkitError("logits hold values beyond the float32 range; no records "
+                                 "made")
+    return out
+
+
+# ------------------------------------------------------------- derived quantities
+def correct(records, targets):
+    """Whether the target is the argmax (ties to the lowest id): bool (..., n_tokens)."""
+    return records["ids"][..., 0] == np.asarray(targets)
+
+
+def predictions(records):
+    """The argmax token id (ties to the lowest id): int64 (..., n_tokens)."""
+    return records["ids"][..., 0].astype(np.int64)
+
+
+def label_probs(records):
+    """The target's probability exp(target - lse): float64 (..., n_tokens)."""
+    return np.exp(records["target"].astype(np.float64) - records["lse"])
+
+
+def label_margins(records, targets):
+    """The AUM margin z[y] - max_{v != y} z[v]: float64 (..., n_tokens). Needs k >= 2
+    (with k = 1 the largest other logit of a correct token is not stored)."""
+    k = top_k_of(records.dtype)
+    if k < 2:
+        raise ForgetkitError("margins need the largest logit other than the target's, which "
+                             "a top-k run with k = 1 does not store for tokens it predicts "
+                             "correctly; record with k >= 2")
+    return records["target"].astype(np.float64) - _largest_other(records, targets)[0]
+
+
+def _largest_other(records, targets):
+    """(largest other logit, its id) of records with k >= 2."""
+    first = records["ids"][..., 0] == np.asarray(targets)
+    logits, ids = records["logits"], records["ids"]
+    return (np.where(first, logits[..., 1], logits[..., 0]),
+            np.where(first, ids[..., 1], ids[..., 0]))
+
+
+def stored_probs(records):
+    """The stored ids' probabilities exp(logits - lse): float64 (..., n_tokens, k)."""
+    return np.exp(records["logits"].astype(np.float64)
+                  - records["lse"].astype(np.float64)[..., None])
+
+
+def unstored_bound(records, *, vocab_size=None):
+    """u = min(p of the k-th stored id, max(0, 1 - sum of the stored probabilities)): the
+    bound 0 <= p(c) <= u of every id c a record does not store: float64 (..., n_tokens);
+    0 where k is ``vocab_size`` (every id stored)."""
+    p = stored_probs(records)
+    u = np.minimum(p[..., -1], np.maximum(0.0, 1.0 - p.sum(axis=-1)))
+    if vocab_size is not None and p.shape[-1] >= vocab_size:
+        u[...] = 0.0
+    return u
+
+
+def as_summary(records, targets):
+    """The summary records (`forgetkit._summary.SUMMARY_DTYPE`) of top-k records: the
+    target's logit, the largest other logit and its id, the log-sum-exp, exactly (k >= 2,
+    or k = 1 where no token is predicted correctly)."""
+    if top_k_of(records.dtype) < 2:
+        raise ForgetkitError("the largest other logit needs k >= 2 (see label_margins)")
+    out = np.empty(records.shape, dtype=SUMMARY_DTYPE)
+    out["label"] = records["target"]
+    out["other"], out["other_class"] = _largest_other(records, targets)
+    out["lse"] = records["lse"]
+    return out
+
+
+def check_records(records, targets, vocab_size, *, where="records"):
+    """Raise ForgetkitError unless ``records`` (..., n_tokens) of a `topk_dtype` are valid
+    for ``targets`` and ``vocab_size``: finite values; ids in [0, vocab_size), distinct per
+    token; logits descending; lse at least the largest logit and the target's at most it,
+    and equal to it where the target is stored (up to float32 rounding, `LSE_SLACK`)."""
+    records = np.asarray(records)
+    targets = np.asarray(targets)
+    for field in ("target", "lse", "logits"):
+        values = records[field]
+        if not np.isfinite(values).all():
+            bad = np.argwhere(~np.isfinite(values))[0].tolist()
+            raise ForgetkitError(f"{where}: field {field!r} holds NaN or inf (at index {bad})")
+    ids = records["ids"]
+    if ids.size and int(ids.max()) >= vocab_size:
+        bad = np.argwhere(ids >= vocab_size)[0].tolist()
+        raise ForgetkitError(f"{where}: token id {int(ids[tuple(bad)])} lies outside the "
+                             f"vocabulary [0, {vocab_size}) (at index {bad})")
+    logits = records["logits"]
+    if logits.shape[-1] > 1:
+        if (np.diff(logits, axis=-1) > 0).any():
+            bad = np.argwhere((np.diff(logits, axis=-1) > 0).any(axis=-1))[0].tolist()
+            raise ForgetkitError(f"{where}: the logits of token {bad} are not in descending "
+                                 "order")
+        sorted_ids = np.sort(ids, axis=-1)
+        if (sorted_ids[..., 1:] == sorted_ids[..., :-1]).any():
+            bad = np.argwhere((sorted_ids[..., 1:] == sorted_ids[..., :-1]).any(axis=-1))
+            raise ForgetkitError(f"{where}: token {bad[0].tolist()} stores one id twice")
+    top = logits[..., 0].astype(np.float64)
+    lse = records["lse"].astype(np.float64)
+    target = records["target"].astype(np.float64)
+    slack = LSE_SLACK * np.maximum(1.0, np.abs(top))
+    low = lse < np.maximum(top, target) - slack
+    if low.any():
+        i = tuple(np.argwhere(low)[0])
+        raise ForgetkitError(f"{where}: the log-sum-exp {lse[i]!r} of token {list(i)} lies "
+                             f"below its largest logit {max(top[i], target[i])!r} (beyond "
+                             "float32 rounding): not a log-sum-exp over the vocabulary")
+    at = ids == targets[..., None]
+    stored_target = np.where(at, logits, -np.inf).max(axis=-1)
+    with np.errstate(invalid="ignore"):
+        off = at.any(axis=-1) & (np.abs(stored_target - target) > slack)
+    off |= ~at.any(axis=-1) & (target > logits[..., -1] + slack)
+    if off.any():
+        i = tuple(np.argwhere(off)[0])
+        raise ForgetkitError(f"{where}: the target's logit {target[i]!r} of token {list(i)} "
+                             "disagrees with its stored top-k logits (the target is stored "
+                             "with another value, or exceeds the k-th largest logit without "
+                             "being stored)")
+
+
+class TopKOutputs(RecordOutputs):
+    """The outputs of a top-k run: records (n_epochs, n_tokens) of a `topk_dtype` standing in
+    for the (n_epochs, n_tokens, vocab_size) logits, with the token table.
+
+    ``shape`` is that of the logits; selecting epochs (``outputs[idx]``) or tokens
+    (``outputs[:, idx]``) gives a TopKOutputs of the selection (its token table too);
+    reading one epoch's values (``outputs[e]``) raises a ValueError, as no per-class values
+    are stored.
+
+    Parameters
+    ----------
+    records : ndarray or memmap (or a dask array) of a `topk_dtype`, shape (E, N)
+    vocab_size : int
+    sequence_ids : array-like of int of shape (N,)
+    positions : array-like of int of shape (N,)
+    """
+
+    KIND = "topk"
+    HOLDS = HOLDS
+
+    def __init__(self, records, vocab_size, sequence_ids, positions):
+        if not is_topk_dtype(getattr(records, "dtype", np.dtype(np.float32))) \
+                or records.ndim != 2:
+            raise ForgetkitError(f"top-k records must be a (n_epochs, n_tokens) array of a "
+                                 f"topk_dtype; got {getattr(records, 'dtype', None)} of shape "
+                                 f"{getattr(records, 'shape', None)}")
+        self.top_k, vocab_size = _check_k(top_k_of(records.dtype), vocab_size)
+        super().__init__(records, vocab_size)
+        n = records.shape[1]
+        self.sequence_ids = _token_column("sequence_ids", sequence_ids, n, np.int64)
+        self.positions = _token_column("positions", positions, n, np.int32)
+
+    def _select(self, records, samples):
+        return TopKOutputs(records, self.n_classes, self.sequence_ids[samples],
+                           self.positions[samples])
+
+    def correct(self, labels):
+        return correct(self._read(), labels)
+
+    def predictions(self, labels):
+        return predictions(self._read()).astype(np.int32)
+
+    def label_probs(self):
+        return label_probs(self._read())
+
+    def label_margins(self, labels):
+        return label_margins(self._read(), labels)
+
+    def summary(self, labels):
+        return as_summary(self._read(), labels)
+
+    def stored_probs(self):
+        """exp(logits - lse): float64 (n_epochs, n_tokens, k)."""
+        return stored_probs(self._read())
+
+    def unstored_bound(self):
+        """`unstored_bound`: float64 (n_epochs, n_tokens)."""
+        return unstored_bound(self._read(), vocab_size=self.n_classes)
+
+
+def _token_column(name, values, n, dtype):
+    values = np.asarray(values)
+    if values.shape != (n,) or (values.size and values.dtype.kind not in "iu"):
+        raise ForgetkitError(f"{name} must be {n} integers (one per token); got "
+                             f"{values.dtype} of shape {values.shape}")
+    if values.size and (int(values.min()) < np.iinfo(dtype).min
+                        or int(values.max()) > np.iinfo(dtype).max):
+        raise ForgetkitError(f"{name} must fit {np.dtype(dtype).name}; got values in "
+                             f"[{values.min()}, {values.max()}]")
+    return values.astype(dtype, copy=False)

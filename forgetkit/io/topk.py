@@ -1,0 +1,422 @@
+"""Top-k runs: per (checkpoint, token) the target's logit, the log-sum-exp over the
+vocabulary and the k largest logits with their token ids (`forgetkit._topk`).
+
+On disk (NPY), three files:
+
+- ``<name>.npy``: the records, a structured array of shape (n_epochs, n_tokens) of
+  `forgetkit._topk.topk_dtype` (56 bytes per record at k = 8), memory-mapped on load;
+- ``<name>.tokens.npy``: the token table (`forgetkit._topk.TOKEN_DTYPE`: per token its
+  sequence id, position and target token id, which is the run's label);
+- ``<name>.forgetkit.json``: the sidecar, ``"format": "forgetkit-topk"``, ``"kind": "topk"``,
+  ``vocab_size`` (= ``n_classes``), ``k``, the epoch numbers, metadata, the CRC32C of every
+  stored epoch's records (`forgetkit.io.integrity`) and of the token table.
+
+`TopKWriter` appends epoch by epoch as `SummaryWriter` does (lock, resume, replace,
+durable): each epoch's records are written and flushed, then the sidecar, then the header,
+so the file always loads as the epochs completed. A new token table is written as
+``<name>.tokens.npy.next`` before the records and sidecar are committed
+(`forgetkit.io.pair.commit_pair`) and renamed into place after; a reader takes whichever of
+the two matches the sidecar's checksum, so it sees the old run or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .. import _topk
+from .._topk import TOKEN_DTYPE, TopKOutputs, check_records, is_topk_dtype, topk_dtype
+from .._validation import check_int, check_meta, check_option
+from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from ..run import Run
+from .atomic import atomic_write, fsync_path, remove_stale_temps
+from .integrity import KEY as CRC_KEY
+from .integrity import crc_array, crc_ints, stored_checksums
+from .lock import RunLock
+from .npy import verify_tensor
+from .pair import commit_pair, open_pair
+from .record import RECORD_VERSION, check_record, record_encoder, sidecar_path
+from .summary import SummaryWriter, _open_records, summary_header
+
+FORMAT = "forgetkit-topk"
+TOKENS_SUFFIX = ".tokens.npy"
+#: Tokens whose records are value-checked at a time when a run is loaded unverified.
+CHECK_TOKENS = 1 << 20
+
+
+def tokens_path(path):
+    """``<name>.tokens.npy`` beside ``<name>.npy``: the token table."""
+    path = Path(path)
+    return path.with_name(path.name[: -len(path.suffix)] + TOKENS_SUFFIX)
+
+
+def _pending_tokens(path):
+    tokens = tokens_path(path)
+    return tokens.with_name(tokens.name + ".next")
+
+
+def token_table(targets, sequence_ids, positions, vocab_size):
+    """The token table (`TOKEN_DTYPE`, shape (n_tokens,)) of checked ``targets`` (token ids
+    in [0, vocab_size)), ``sequence_ids`` and ``positions``."""
+    targets = np.asarray(targets)
+    if targets.ndim != 1 or targets.size == 0 or targets.dtype.kind not in "iu":
+        raise ForgetkitError(f"targets must be a non-empty 1-d array of token ids; got "
+                             f"{targets.dtype} of shape {targets.shape}")
+    if int(targets.min()) < 0 or int(targets.max()) >= vocab_size:
+        bad = int(np.flatnonzero((targets < 0) | (targets >= vocab_size))[0])
+        raise ForgetkitError(f"targets must be token ids in [0, vocab_size={vocab_size}); got "
+                             f"{int(targets[bad])} at token {bad}")
+    n = len(targets)
+    out = TopKOutputs(np.empty((0, n), topk_dtype(1, vocab_size)), vocab_size, sequence_ids,
+                      positions)  # checks the columns
+    table = np.empty(n, dtype=TOKEN_DTYPE)
+    table["sequence"], table["position"], table["target"] = (out.sequence_ids, out.positions,
+                                                             targets)
+    return table
+
+
+def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None):
+    """The sidecar record of a top-k run (without the epochs' checksums)."""
+    return {
+        "format": FORMAT,
+        "version": RECORD_VERSION,
+        "kind": "topk",
+        "fields": list(topk_dtype(k, vocab_size).names),
+        "n_samples": int(n_tokens),
+        "n_classes": int(vocab_size),
+        "vocab_size": int(vocab_size),
+        "k": int(k),
+        "epochs": [int(e) for e in epochs],
+        "tokens": {"crc32c": crc_array(table), "n_tokens": int(n_tokens)},
+        "sample_ids": None,
+        "class_names": None,
+        "meta": meta,
+    }
+
+
+def _encoder(record, table):
+    """`record_encoder` of a top-k record: the labels (targets) live in the token table."""
+    return record_encoder(record, labels_crc=crc_ints(table["target"]))
+
+
+def read_topk_record(path):
+    """The sidecar record of the top-k run at ``path``, or None if ``path`` is not one."""
+    if Path(path).suffix.lower() != ".npy":
+        return None
+    try:
+        return _read_topk_sidecar(sidecar_path(path))
+    except CorruptFileError:
+        return None  # not ours to judge: the NPY loader reports it
+
+
+def is_topk(path):
+    """Whether ``path`` is a top-k run (a .npy whose sidecar says so)."""
+    return read_topk_record(path) is not None
+
+
+def _read_topk_sidecar(file):
+    """The top-k record in the sidecar ``file`` (None if absent or not a top-k run's)."""
+    try:
+        record = json.loads(file.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CorruptFileError(f"the sidecar {str(file)!r} is not valid JSON") from None
+    return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+
+
+def _check_topk_record(record, where):
+    """The fields of a top-k record, type-checked: (n_tokens, vocab_size, k)."""
+    check_record({k: v for k, v in record.items() if k not in ("kind", "labels")}, where)
+    for name in ("n_samples", "vocab_size", "k", "epochs", "tokens"):
+        if record.get(name) is None:
+            raise CorruptFileError(f"{where} lacks the field {name!r}")
+    n, vocab, k = record["n_samples"], record["vocab_size"], record["k"]
+    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (vocab, k)) \
+        and 1 <= k <= vocab and vocab >= 2 and record.get("n_classes", vocab) == vocab \
+        and isinstance(record["tokens"], dict)
+    if not ok:
+        raise CorruptFileError(f"{where}: fields 'vocab_size', 'k' and 'tokens' must be a "
+                               f"vocabulary >= 2, 1 <= k <= vocab_size and the token table's "
+                               f"checksum; got vocab_size={vocab!r}, k={k!r}")
+    return n, vocab, k
+
+
+def read_tokens(path, record, *, verify=True):
+    """The token table of the top-k run at ``path`` whose sidecar record is ``record``:
+    ``<name>.tokens.npy`` or, while a new one is being committed, ``<name>.tokens.npy.next``
+    (whichever matches the record's checksum; without ``verify``, the first that loads)."""
+    want = record["tokens"].get("crc32c")
+    n = record["n_samples"]
+    seen = []
+    for file in (tokens_path(path), _pending_tokens(path)):
+        try:
+            table = np.load(file, allow_pickle=False)
+        except FileNotFoundError:
+            continue
+        except Exception as err:
+            seen.append(f"{str(file)!r} does not load ({err})")
+            continue
+        if table.dtype != TOKEN_DTYPE or table.shape != (n,):
+            seen.append(f"{str(file)!r} holds {table.dtype} of shape {table.shape}")
+        elif verify and crc_array(table) != want:
+            seen.append(f"{str(file)!r} does not match its checksum")
+        else:
+            return table
+    detail = "; ".join(seen) or f"{str(tokens_path(path))!r} is missing"
+    raise CorruptFileError(f"the token table of {str(path)!r} ({n} tokens of {TOKEN_DTYPE.descr}"
+                           f"): {detail}")
+
+
+def load_topk(path, *, labels=None, verify=True):
+    """A top-k run (kind "topk") from ``path``, memory-mapped; ``verify`` checks the stored
+    checksums (`forgetkit.load`)."""
+    records, record, _ = open_pair(path, _open_records, _read_topk_sidecar)
+    if record is None:
+        raise ForgetkitError(f"{str(path)!r} is not a forgetkit top-k run (no {FORMAT} "
+                             "sidecar)")
+    where = f"the sidecar {str(sidecar_path(path))!r}"
+    _check_topk_record(record, where)
+    table = read_tokens(path, record, verify=verify)
+    return topk_run(path, records, record, table, labels, where, verify=verify)
+
+
+def topk_run(path, records, record, table, labels, where, *, verify=True):
+    """The top-k Run of ``records`` (E, N), their sidecar ``record`` (``where`` names it)
+    and token ``table``; ``labels`` override the targets. With ``verify`` and checksums,
+    every epoch is checked against them (its values were checked when written); otherwise
+    the values are checked here."""
+    n, vocab, k = _check_topk_record(record, where)
+    dtype = topk_dtype(k, vocab)
+    if records.dtype != dtype or records.ndim != 2 or records.shape[1] != n:
+        raise CorruptFileError(f"{str(path)!r} must hold top-k records of shape (epochs, {n}) "
+                               f"and dtype {dtype.descr}; got {records.dtype} of shape "
+                               f"{records.shape}")
+    epochs = record["epochs"][: records.shape[0]]
+    if records.shape[0] == 0 or len(epochs) != records.shape[0]:
+        raise CorruptFileError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
+                               f"names {len(record['epochs'])}; a top-k run needs at least one "
+                               "epoch")
+    verified = False
+    if verify:
+        verified = verify_tensor(path, records, record)
+        sums = stored_checksums(record, where)
+        if sums is not None and crc_ints(table["target"]) != sums["labels"]:
+            raise CorruptFileError(f"{str(path)!r}: the targets do not match their checksum")
+    if not verified:
+        for start in range(0, n, CHECK_TOKENS):
+            part = slice(start, start + CHECK_TOKENS)
+            try:
+                check_records(records[:, part], table["target"][part], vocab)
+            except ForgetkitError as err:
+                raise CorruptFileError(f"{str(path)!r}: {err}") from None
+    try:
+        return Run(TopKOutputs(records, vocab, table["sequence"], table["position"]),
+                   table["target"] if labels is None else labels, kind="topk", epochs=epochs,
+                   sample_ids=record.get("sample_ids"), meta=record.get("meta"), source=path)
+    except ForgetkitError as err:
+        raise type(err)(f"{str(path)!r}: {err}") from None
+
+
+def _write_tokens(file, table):
+    with atomic_write(file) as tmp, open(tmp, "wb") as f:
+        np.lib.format.write_array(f, table, allow_pickle=False)
+
+
+def save_topk(run, path):
+    """Write the top-k ``run`` to ``path`` (.npy with its token table and sidecar, committed
+    as one; or .parquet); returns ``path``."""
+    path = Path(path)
+    outputs = run.outputs
+    table = token_table(run.labels, outputs.sequence_ids, outputs.positions, run.n_classes)
+    record = topk_record(n_tokens=run.n_samples, vocab_size=run.n_classes, k=run.top_k,
+                         epochs=run.epochs, table=table, meta=run.meta)
+    record["sample_ids"] = None if run.sample_ids is None else \
+        [v.item() if isinstance(v, np.generic) else v for v in run.sample_ids.tolist()]
+    if path.suffix.lower() == ".parquet":
+        from .topk_parquet import write_topk_parquet
+
+        with RunLock(path), atomic_write(path) as tmp:
+            write_topk_parquet(tmp, outputs.records, record, table)
+        return path
+    if path.suffix.lower() != ".npy":
+        raise ForgetkitError(f"a top-k run is saved as .npy or .parquet; got {str(path)!r}")
+    records = outputs.records
+
+    def write_tensor(tmp):
+        crcs = []
+        with open(tmp, "wb") as f:
+            f.write(summary_header(*records.shape, records.dtype))
+            for e in range(len(records)):
+                epoch = np.ascontiguousarray(records[e])
+                crcs.append(crc_array(epoch))
+                f.write(memoryview(epoch.reshape(-1).view(np.uint8)))
+        return crcs
+
+    with RunLock(path):
+        commit_topk(path, table, write_tensor, lambda crcs: _encoder(record, table)(
+            record["epochs"], crcs))
+    return path
+
+
+def commit_topk(path, table, write_tensor, record_for):
+    """Commit a new token table, records and sidecar as one: the table goes to
+    ``<name>.tokens.npy.next`` first, the records and sidecar are committed
+    (`commit_pair`), then the table is renamed into place (`read_tokens` takes the pending
+    table while its checksum is the sidecar's)."""
+    pending = _pending_tokens(path)
+    _write_tokens(pending, table)
+    commit_pair(path, write_tensor, record_for)
+    os.replace(pending, tokens_path(path))
+    fsync_path(Path(path).parent)
+
+
+class TopKWriter(SummaryWriter):
+    """Append a top-k run epoch by epoch (the `SummaryWriter` of top-k runs: same lock,
+    resume, replace and durability; ``.npy`` only).
+
+    Parameters
+    ----------
+    path : str or Path, ``.npy``
+    vocab_size : int >= 2
+    k : int, 1 <= k <= vocab_size
+    targets : array-like of int of shape (n_tokens,)
+        The target token id of each token (the run's labels), in [0, vocab_size).
+    sequence_ids, positions : array-like of int of shape (n_tokens,)
+        Each token's sequence id and the position of its target in that sequence.
+    meta : dict, optional
+    mode : {"a", "w", "x"}
+        "a" (default) appends to an existing top-k run at ``path`` (which must have the same
+        vocabulary, k and token table) or starts one; "w" starts over; "x" refuses an
+        existing run.
+    durable : bool, default True
+        Flush every epoch to disk (fsync) before `append` returns.
+    """
+
+    def __init__(self, path, *, vocab_size, k, targets, sequence_ids, positions, meta=None,
+                 mode="a", durable=True):
+        self.path = Path(path)
+        if self.path.suffix.lower() != ".npy":
+            raise ForgetkitError(f"top-k runs are written as .npy (with a sidecar and a token "
+                                 f"table); got {str(self.path)!r}")
+        check_option("mode", mode, ("a", "w", "x"))
+        self.n_classes = check_int("vocab_size", vocab_size, minimum=2)
+        self.dtype = topk_dtype(k, self.n_classes)
+        self.top_k = int(k)
+        self.table = token_table(targets, sequence_ids, positions, self.n_classes)
+        self.n_samples = len(self.table)
+        self.labels = self.table["target"]
+        self.sample_ids = self.class_names = None
+        self.meta = check_meta(meta)
+        self.epochs = []
+        self.crcs = []
+        self._closed = False
+        self.durable = bool(durable)
+        self._encoder = None
+        self._lock_and_open(mode)
+
+    def _files(self):
+        return (self.path, tokens_path(self.path), _pending_tokens(self.path))
+
+    def _start(self):
+        remove_stale_temps(tokens_path(self.path))
+        remove_stale_temps(_pending_tokens(self.path))
+        _write_tokens(tokens_path(self.path), self.table)
+        _pending_tokens(self.path).unlink(missing_ok=True)
+
+    def append(self, epoch, records, *, replace=False, meta=None):
+        """Store epoch number ``epoch``: records (n_tokens,) of this run's `topk_dtype`, or
+        the logits (n_tokens, vocab_size) to take them from (`topk_records`). The records
+        are checked first (`forgetkit._topk.check_records`: finite, ids in the vocabulary,
+        logits descending, the log-sum-exp at least the largest logit); nothing is written
+        for an epoch that fails. Epoch numbers must increase; ``replace=True`` drops a
+        stored epoch number and the later ones first. ``meta`` (a dict), if given, replaces
+        the run's metadata."""
+        super().append(epoch, records, replace=replace, meta=meta)
+
+    def _records_of(self, epoch, values):
+        where = f"the records of epoch {epoch}"
+        if values.dtype.names is not None:
+            if not is_topk_dtype(values.dtype):
+                raise InputTypeError(f"{where} must be of a topk_dtype ({self.dtype.descr}); "
+                                     f"got {values.dtype}")
+            theirs = (_topk.top_k_of(values.dtype), values.dtype["ids"].base.name)
+            if values.dtype != self.dtype:
+                raise ForgetkitError(f"{where} hold k={theirs[0]} with {theirs[1]} ids; this run "
+                                     f"stores k={self.top_k} with "
+                                     f"{self.dtype['ids'].base.name} ids (vocab_size="
+                                     f"{self.n_classes})")
+            if values.shape != (self.n_samples,):
+                raise ForgetkitError(f"{where} must be {self.n_samples} records (one per token); "
+                                     f"got shape {values.shape}")
+            check_records(values, self.labels, self.n_classes, where=where)
+            return values
+        if values.ndim == 2 and values.shape[0] == self.n_samples:
+            if values.shape[1] != self.n_classes:
+                raise ForgetkitError(f"the logits of epoch {epoch} cover a vocabulary of "
+                                     f"{values.shape[1]} ids; this run's is {self.n_classes}")
+            try:
+                return _topk.topk_records(values, self.labels, self.top_k)
+            except ForgetkitError as err:
+                raise ForgetkitError(f"logits of epoch {epoch}: {err}") from None
+        raise ForgetkitError(f"epoch {epoch} must be {self.n_samples} top-k records or logits "
+                             f"of shape ({self.n_samples}, {self.n_classes}); got "
+                             f"{values.dtype} of shape {values.shape}")
+
+    def _record(self):
+        if self._encoder is None:
+            self._encoder = _encoder(topk_record(
+                n_tokens=self.n_samples, vocab_size=self.n_classes, k=self.top_k, epochs=[],
+                table=self.table, meta=self.meta), self.table)
+        return self._encoder(self.epochs, self.crcs)
+
+    def _existing_epochs(self):
+        record = read_topk_record(self.path)
+        if record is None:
+            raise ForgetkitError(f"{str(self.path)!r} exists but is not a forgetkit top-k run "
+                                 "(a full run, a summary, or another file); use mode='w' or "
+                                 "another path")
+        stored, record, _ = open_pair(self.path, _open_records, _read_topk_sidecar)
+        _check_topk_record(record, f"the sidecar of {str(self.path)!r}")
+        for field, mine in (("vocab_size", self.n_classes), ("k", self.top_k),
+                            ("n_samples", self.n_samples)):
+            if record.get(field) != mine:
+                raise ForgetkitError(f"the existing top-k run at {str(self.path)!r} has "
+                                     f"{field}={record.get(field)}; this writer has "
+                                     f"{field}={mine} (a different vocabulary or tokenization; "
+                                     "use mode='w' to start over, or another path)")
+        table = read_tokens(self.path, record)
+        if not np.array_equal(table, self.table):
+            field = next(f for f in TOKEN_DTYPE.names if not np.array_equal(table[f],
+                                                                           self.table[f]))
+            i = int(np.flatnonzero(table[field] != self.table[field])[0])
+            raise ForgetkitError(f"the existing top-k run at {str(self.path)!r} has another "
+                                 f"token table: token {i} has {field} {table[field][i]} there "
+                                 f"and {self.table[field][i]} here (a different tokenization; "
+                                 "use mode='w' to start over, or another path)")
+        _settle_tokens(self.path, record)
+        n = stored.shape[0]
+        if verify_tensor(self.path, stored, record):
+            crcs = list(record[CRC_KEY]["outputs"][:n])
+        else:
+            crcs = [crc_array(stored[e]) for e in range(n)]
+        return list(record["epochs"][:n]), crcs
+
+
+def _settle_tokens(path, record):
+    """Finish or drop a pending token table left by a killed commit: renamed into place if
+    it is the one the sidecar names, else removed."""
+    pending = _pending_tokens(path)
+    if not pending.exists():
+        return
+    try:
+        ours = crc_array(np.load(pending, allow_pickle=False)) == record["tokens"]["crc32c"]
+    except Exception:
+        ours = False
+    if ours:
+        os.replace(pending, tokens_path(path))
+    else:
+        pending.unlink()

@@ -1,0 +1,197 @@
+"""Top-k runs of language models: per (checkpoint, token) the target's logit, the
+log-sum-exp over the vocabulary and the k largest logits with their ids. Every derived
+quantity equals the full-vocabulary run built from the same logits."""
+
+import json
+
+import numpy as np
+import pytest
+
+import forgetkit as fk
+from forgetkit import _topk
+from forgetkit._topk import TOKEN_DTYPE, topk_dtype, topk_records
+from forgetkit.io.topk import tokens_path
+
+from .conftest import make_run
+
+V, K = 40, 4
+
+
+def token_run(n_epochs=6, n_tokens=300, vocab=V, seed=0, dtype=np.float32, ties=True):
+    """A full-vocabulary run of ``n_tokens`` tokens in sequences of 10 (ties: logits rounded
+    so that equal values occur)."""
+    run = make_run(n_epochs=n_epochs, n_samples=n_tokens, n_classes=vocab, seed=seed,
+                   dtype=dtype, ties=ties)
+    return run
+
+
+def tokens(n):
+    return np.arange(n) // 10 + 100, np.arange(n) % 10 + 1
+
+
+def topk_of(run, k=K, path=None, **options):
+    """The top-k run of a full run (written with TopKWriter when ``path`` is given)."""
+    seq, pos = tokens(run.n_samples)
+    if path is None:
+        recs = np.stack([topk_records(run.epoch_values(e), run.labels, k)
+                         for e in range(run.n_epochs)])
+        return fk.Run(_topk.TopKOutputs(recs, run.n_classes, seq, pos), run.labels,
+                      kind="topk", epochs=run.epochs)
+    with fk.TopKWriter(path, vocab_size=run.n_classes, k=k, targets=run.labels,
+                       sequence_ids=seq, positions=pos, **options) as w:
+        for e in range(run.n_epochs):
+            w.append(run.epochs[e], topk_records(run.epoch_values(e), run.labels, k))
+    return fk.load(path)
+
+
+# --------------------------------------------------------------------- the records
+def test_dtype_is_56_bytes_at_k8_and_widens_ids_past_65536():
+    assert topk_dtype(8, 50_257).itemsize == 56
+    assert topk_dtype(8, 65_536)["ids"].base == np.dtype("<u2")
+    assert topk_dtype(8, 65_537)["ids"].base == np.dtype("<u4")
+    assert topk_dtype(16, 50_000).itemsize == 8 + 6 * 16
+    with pytest.raises(fk.ForgetkitError, match=r"k must lie in \[1, vocab_size=5\]"):
+        topk_dtype(6, 5)
+
+
+def test_topk_records_match_a_plain_sort():
+    run = token_run(n_epochs=1)
+    z, y = run.epoch_values(0).astype(np.float64), run.labels
+    rec = topk_records(z, y, K)
+    rows = np.arange(len(y))
+    # descending logits, equal logits by ascending id: lexsort on (id, -logit)
+    order = np.array([np.lexsort((np.arange(V), -row))[:K] for row in z])
+    assert np.array_equal(rec["ids"], order)
+    assert np.array_equal(rec["logits"], z[rows[:, None], order].astype(np.float32))
+    assert np.array_equal(rec["target"], z[rows, y].astype(np.float32))
+    lse = np.log(np.exp(z).sum(axis=1))
+    np.testing.assert_allclose(rec["lse"], lse, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_every_derived_quantity_equals_the_full_run(dtype):
+    full = token_run(dtype=dtype)
+    top = topk_of(full)
+    assert top.kind == "topk" and top.shape == full.shape and top.top_k == K
+    assert not top.holds_every_class and full.holds_every_class
+    assert np.array_equal(top.predictions(), full.predictions())
+    assert np.array_equal(top.correctness(), full.correctness())
+    assert np.array_equal(fk.forget_fraction(top), fk.forget_fraction(full))
+    assert np.array_equal(fk.learn_fraction(top), fk.learn_fraction(full))
+    assert fk.sample_dynamics(top).equals(fk.sample_dynamics(full))
+    assert np.array_equal(top.label_margins(), full.label_margins())  # AUM margins
+    np.testing.assert_allclose(top.label_probs(), full.label_probs(), rtol=2e-6, atol=1e-12)
+    a, b = fk.data_map(top), fk.data_map(full)
+    assert a["correctness"].equals(b["correctness"]) and a["aum"].equals(b["aum"])
+    np.testing.assert_allclose(a["confidence"], b["confidence"], rtol=2e-6, atol=1e-12)
+    # stored probabilities and the unstored bound against the full softmax
+    probs = full.probs()  # (E, N, V)
+    recs = np.asarray(top.outputs.records)
+    ids = recs["ids"].astype(np.int64)
+    stored = np.take_along_axis(probs, ids, axis=2)
+    np.testing.assert_allclose(top.outputs.stored_probs(), stored, rtol=2e-6, atol=1e-12)
+    u = top.outputs.unstored_bound()
+    unstored = probs.copy()
+    np.put_along_axis(unstored, ids, -1.0, axis=2)
+    assert (unstored.max(axis=2) <= u * (1 + 1e-5) + 1e-12).all()
+    assert (u <= top.outputs.stored_probs()[..., -1]).all()
+
+
+def test_scores_and_label_issues_from_a_topk_run():
+    full = token_run(n_epochs=12)
+    top = topk_of(full)
+    scores, ref = fk.data_scores(top), fk.data_scores(full)
+    assert "el2n" not in scores and "top-k run" in scores.attrs["left_out"]["el2n"]
+    for col in ("forgetting", "aum"):
+        assert scores[col].equals(ref[col])
+    np.testing.assert_allclose(scores["variability"], ref["variability"], rtol=1e-5,
+                               atol=1e-12)
+    # label issues: what the summary of the same logits gives (exact from the records)
+    assert fk.label_issues(top).equals(fk.label_issues(fk.summarize(full)))
+    assert np.array_equal(fk.summarize(top).outputs.records,
+                          fk.summarize(full).outputs.records)
+
+
+def test_k_equal_to_the_vocabulary_has_no_unstored_mass():
+    full = token_run(n_epochs=2, vocab=6)
+    top = topk_of(full, k=6)
+    assert (top.outputs.unstored_bound() == 0).all()
+    np.testing.assert_allclose(top.outputs.stored_probs().sum(axis=2), 1.0, rtol=1e-6)
+
+
+def test_k1_gives_correctness_and_refuses_margins():
+    full = token_run(n_epochs=3)
+    top = topk_of(full, k=1)
+    assert np.array_equal(top.correctness(), full.correctness())
+    with pytest.raises(fk.ForgetkitError, match="k = 1"):
+        top.label_margins()
+
+
+def test_methods_needing_every_class_say_what_a_topk_run_holds():
+    top = topk_of(token_run(n_epochs=2))
+    for call in (lambda: top.probs(), lambda: top.epoch_values(0),
+                 lambda: top.mean_probs([0]), lambda: np.asarray(top.outputs)):
+        with pytest.raises(fk.ForgetkitError, match="top-k run .* k largest logits"):
+            call()
+
+
+def test_token_table_follows_selections():
+    top = topk_of(token_run(n_epochs=3))
+    seq, pos = tokens(top.n_samples)
+    assert np.array_equal(top.sequence_ids, seq) and np.array_equal(top.positions, pos)
+    sub = top.isel(samples=[5, 17, 299], epochs=[0, 2])
+    assert sub.sequence_ids.tolist() == seq[[5, 17, 299]].tolist()
+    assert sub.positions.tolist() == pos[[5, 17, 299]].tolist()
+    assert sub.top_k == K and np.array_equal(sub.correctness(), top.correctness()[[0, 2]][
+        :, [5, 17, 299]])
+    assert fk.Run(np.zeros((1, 2, 3)), [0, 1]).sequence_ids is None
+
+
+# ----------------------------------------------------------------------- storage
+def test_writer_and_load_round_trip(tmp_path):
+    full = token_run()
+    full = full.replace(epochs=np.arange(6) * 100)
+    path = tmp_path / "t.npy"
+    top = topk_of(full, path=path, meta={"model": "gpt"})
+    assert isinstance(top.outputs.records, np.memmap)
+    assert path.stat().st_size == 256 + 6 * 300 * topk_dtype(K, V).itemsize
+    assert top.epochs.tolist() == list(range(0, 600, 100)) and top.meta == {"model": "gpt"}
+    assert np.array_equal(top.labels, full.labels) and top.n_classes == V
+    assert np.array_equal(top.correctness(), full.correctness())
+    table = np.load(tokens_path(path))
+    assert table.dtype == TOKEN_DTYPE and np.array_equal(table["target"], full.labels)
+    record = json.loads((tmp_path / "t.forgetkit.json").read_text())
+    assert record["kind"] == "topk" and record["k"] == K and record["vocab_size"] == V
+    assert fk.verify(path)["bad"] == [] and fk.verify(path)["verifiable"]
+
+
+def test_writer_takes_logits_and_resumes(tmp_path):
+    full = token_run(n_epochs=4)
+    path = tmp_path / "t.npy"
+    seq, pos = tokens(full.n_samples)
+    args = dict(vocab_size=V, k=K, targets=full.labels, sequence_ids=seq, positions=pos)
+    with fk.TopKWriter(path, **args) as w:
+        w.append(0, full.epoch_values(0))  # logits: the records are taken here
+        w.append(1, full.epoch_values(1))
+    with fk.TopKWriter(path, **args) as w:  # a resumed training
+        assert w.epochs == [0, 1]
+        w.append(2, full.epoch_values(2))
+        w.append(1, full.epoch_values(3), replace=True)  # drops 1 and 2
+    back = fk.load(path)
+    assert back.epochs.tolist() == [0, 1]
+    ref = full.isel(epochs=[0, 3])
+    assert np.array_equal(back.correctness(), ref.correctness())
+
+
+def test_save_and_convert_keep_the_token_table(tmp_path):
+    top = topk_of(token_run(n_epochs=3), path=tmp_path / "a.npy")
+    fk.convert(tmp_path / "a.npy", tmp_path / "b.npy")
+    back = fk.load(tmp_path / "b.npy")
+    assert np.array_equal(np.asarray(back.outputs.records), np.asarray(top.outputs.records))
+    assert np.array_equal(back.sequence_ids, top.sequence_ids)
+    assert np.array_equal(back.positions, top.positions)
+    sub = top.isel(samples=np.arange(0, 300, 7))
+    fk.save(sub, tmp_path / "sub.npy")
+    again = fk.load(tmp_path / "sub.npy")
+    assert np.array_equal(again.positions, sub.positions)
+    assert np.array_equal(again.correctness(), sub.correctness())
