@@ -280,7 +280,7 @@ class TopKOutputs(RecordOutputs):
     KIND = "topk"
     HOLDS = HOLDS
 
-    def __init__(self, records, vocab_size, sequence_ids, positions):
+    def __init__(self, records, vocab_size, sequence_ids, positions, *, checks=None):
         if not is_topk_dtype(getattr(records, "dtype", np.dtype(np.float32))) \
                 or records.ndim != 2:
             raise ForgetkitError(f"top-k records must be a (n_epochs, n_tokens) array of a "
@@ -291,16 +291,43 @@ class TopKOutputs(RecordOutputs):
         n = records.shape[1]
         self.sequence_ids = _token_column("sequence_ids", sequence_ids, n, np.int64)
         self.positions = _token_column("positions", positions, n, np.int32)
+        #: Checks of the stored epochs not yet verified against their checksums, made on
+        #: their first full read (`forgetkit.io.topk.EpochChecks`), or None.
+        self.checks = checks
+
+    def __getitem__(self, key):
+        if self.checks is not None:
+            self._read()  # a selection reads verified records
+        return super().__getitem__(key)
 
     def _select(self, records, samples):
         return TopKOutputs(records, self.n_classes, self.sequence_ids[samples],
                            self.positions[samples])
 
+    def _read(self):
+        if self.checks is not None:
+            self.checks.all(self.records)
+            self.checks = None
+        return np.asarray(self.records)
+
     def correct(self, labels):
         return correct(self._read(), labels)
 
     def predictions(self, labels):
-        return predictions(self._read()).astype(np.int32)
+        """The argmax token ids: int32 (n_epochs, n_tokens), read epoch by epoch in blocks
+        of tokens; an epoch not yet verified is checked against its checksum in the same
+        pass (`forgetkit.io.topk.EpochChecks.scan`)."""
+        out = np.empty(self.records.shape, dtype=np.int32)
+        for e in range(len(out)):
+            def take(start, block, e=e):
+                out[e, start: start + len(block)] = block["ids"][:, 0]
+            if self.checks is not None:
+                self.checks.scan(self.records, e, take)
+            else:
+                _blocks(self.records[e], take)
+        if self.checks is not None and self.checks.complete():
+            self.checks = None
+        return out
 
     def label_probs(self):
         return label_probs(self._read())
@@ -318,6 +345,17 @@ class TopKOutputs(RecordOutputs):
     def unstored_bound(self):
         """`unstored_bound`: float64 (n_epochs, n_tokens)."""
         return unstored_bound(self._read(), vocab_size=self.n_classes)
+
+
+#: Records per block of a pass that reads an epoch in pieces (about 1 MB at k = 8, so that
+#: a block checksummed is still in the cache when its ids are read).
+BLOCK_RECORDS = 1 << 14
+
+
+def _blocks(row, fn, start=0):
+    """``fn(start, block)`` over consecutive blocks of one epoch's records ``row``."""
+    for a in range(start, len(row), BLOCK_RECORDS):
+        fn(a, row[a: a + BLOCK_RECORDS])
 
 
 def _token_column(name, values, n, dtype):

@@ -10,6 +10,7 @@ import pytest
 import forgetkit as fk
 from forgetkit import _topk
 from forgetkit._topk import TOKEN_DTYPE, topk_dtype, topk_records
+from forgetkit.errors import CorruptFileError
 from forgetkit.io.topk import tokens_path
 
 from .conftest import make_run
@@ -195,3 +196,39 @@ def test_save_and_convert_keep_the_token_table(tmp_path):
     again = fk.load(tmp_path / "sub.npy")
     assert np.array_equal(again.positions, sub.positions)
     assert np.array_equal(again.correctness(), sub.correctness())
+
+
+# --------------------------------------------------------------------- integrity
+def flip(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("read", ["forget_fraction", "label_probs", "isel", "verify"])
+def test_a_flipped_byte_is_refused_naming_the_epoch(tmp_path, read):
+    path = tmp_path / "t.npy"
+    topk_of(token_run(n_epochs=4), path=path)
+    size = topk_dtype(K, V).itemsize * 300
+    flip(path, 256 + 2 * size + 123)  # inside epoch index 2
+    if read == "verify":
+        assert fk.verify(path)["bad"] == [2]
+        return
+    run = fk.load(path)  # checked on the first full read of each epoch
+    calls = {"forget_fraction": lambda: fk.forget_fraction(run),
+             "label_probs": lambda: run.label_probs(),
+             "isel": lambda: run.isel(samples=[0, 1])}
+    with pytest.raises(CorruptFileError, match=r"epoch 2 \(index 2\) does not match"):
+        calls[read]()
+    with pytest.raises(CorruptFileError, match="token id 4128 lies outside the vocabulary"):
+        fk.load(path, verify=False)  # unverified: the values are checked instead
+
+
+def test_verified_once_per_process(tmp_path):
+    path = tmp_path / "t.npy"
+    topk_of(token_run(n_epochs=3), path=path)
+    run = fk.load(path)
+    assert run.outputs.checks is not None
+    run.predictions()
+    assert run.outputs.checks is None  # every epoch verified in the pass
+    assert fk.load(path).outputs.checks is None  # the unchanged file is not read again

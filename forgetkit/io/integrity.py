@@ -143,6 +143,20 @@ def bad_epochs(array, crcs, *, threads=None):
     return [e for e in range(n) if got[e] != crcs[e]]
 
 
+def is_verified(path):
+    """Whether the unchanged file at ``path`` was verified in full in this process."""
+    key = _stat_key(path)
+    with _verified_lock:
+        return key in _verified
+
+
+def remember_verified(path):
+    """Note that every epoch of the file at ``path`` was verified (`is_verified`)."""
+    key = _stat_key(path)
+    with _verified_lock:
+        _verified.add(key)
+
+
 def forget_verified(path):
     """Drop the files at ``path`` from the verified cache (a writer changed them)."""
     name = os.path.abspath(path)

@@ -34,11 +34,21 @@ from ..errors import CorruptFileError, ForgetkitError, InputTypeError
 from ..run import Run
 from .atomic import atomic_write, fsync_path, remove_stale_temps
 from .integrity import KEY as CRC_KEY
-from .integrity import crc_array, crc_ints, stored_checksums
+from .integrity import (
+    bad_epochs,
+    check_fields,
+    crc_array,
+    crc_bytes,
+    crc_ints,
+    is_verified,
+    mismatch,
+    remember_verified,
+    stored_checksums,
+)
 from .lock import RunLock
 from .npy import verify_tensor
 from .pair import commit_pair, open_pair
-from .record import RECORD_VERSION, check_record, record_encoder, sidecar_path
+from .record import RECORD_VERSION, check_record, needs_checksums, record_encoder, sidecar_path
 from .summary import SummaryWriter, _open_records, summary_header
 
 FORMAT = "forgetkit-topk"
@@ -187,8 +197,8 @@ def load_topk(path, *, labels=None, verify=True):
 def topk_run(path, records, record, table, labels, where, *, verify=True):
     """The top-k Run of ``records`` (E, N), their sidecar ``record`` (``where`` names it)
     and token ``table``; ``labels`` override the targets. With ``verify`` and checksums,
-    every epoch is checked against them (its values were checked when written); otherwise
-    the values are checked here."""
+    each epoch is checked against its checksum on its first full read (`EpochChecks`; its
+    values were checked when written); otherwise the values are checked here."""
     n, vocab, k = _check_topk_record(record, where)
     dtype = topk_dtype(k, vocab)
     if records.dtype != dtype or records.ndim != 2 or records.shape[1] != n:
@@ -200,13 +210,21 @@ def topk_run(path, records, record, table, labels, where, *, verify=True):
         raise CorruptFileError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
                                f"names {len(record['epochs'])}; a top-k run needs at least one "
                                "epoch")
-    verified = False
+    checks, sums = None, None
     if verify:
-        verified = verify_tensor(path, records, record)
         sums = stored_checksums(record, where)
-        if sums is not None and crc_ints(table["target"]) != sums["labels"]:
+        if sums is None and needs_checksums(record):
+            raise CorruptFileError(f"{where} lacks its checksums (field {CRC_KEY!r})")
+    if sums is not None:
+        check_fields(record, sums, path)
+        if crc_ints(table["target"]) != sums["labels"]:
             raise CorruptFileError(f"{str(path)!r}: the targets do not match their checksum")
-    if not verified:
+        if len(sums["outputs"]) < len(records):
+            raise CorruptFileError(f"{where} has checksums of {len(sums['outputs'])} epochs; "
+                                   f"the file holds {len(records)}")
+        if not is_verified(path):
+            checks = EpochChecks(path, sums["outputs"][: len(records)], epochs)
+    else:
         for start in range(0, n, CHECK_TOKENS):
             part = slice(start, start + CHECK_TOKENS)
             try:
@@ -214,11 +232,60 @@ def topk_run(path, records, record, table, labels, where, *, verify=True):
             except ForgetkitError as err:
                 raise CorruptFileError(f"{str(path)!r}: {err}") from None
     try:
-        return Run(TopKOutputs(records, vocab, table["sequence"], table["position"]),
+        return Run(TopKOutputs(records, vocab, table["sequence"], table["position"],
+                               checks=checks),
                    table["target"] if labels is None else labels, kind="topk", epochs=epochs,
                    sample_ids=record.get("sample_ids"), meta=record.get("meta"), source=path)
     except ForgetkitError as err:
         raise type(err)(f"{str(path)!r}: {err}") from None
+
+
+class EpochChecks:
+    """The stored epochs of a memory-mapped top-k run not yet verified against their
+    checksums: each is verified on its first full read, the forgetting pass's in the same
+    pass over the bytes (`scan`), any other read's all at once (`all`, in threads). A
+    mismatch is the CorruptFileError naming the file and the epoch; once every epoch holds,
+    the file counts as verified in this process (`forgetkit.io.integrity.is_verified`)."""
+
+    def __init__(self, path, crcs, epochs):
+        self.path, self.crcs, self.epochs = path, list(crcs), list(epochs)
+        self.done = [False] * len(self.crcs)
+
+    def complete(self):
+        return all(self.done)
+
+    def scan(self, records, e, fn):
+        """``fn(start, block)`` over the blocks of epoch index ``e`` of ``records`` (E, N),
+        each block checksummed first while the epoch is not yet verified."""
+        if self.done[e]:
+            _topk._blocks(records[e], fn)
+            return
+        crc = 0
+
+        def both(start, block):
+            nonlocal crc
+            crc = crc_bytes(memoryview(block.view(np.uint8)), crc)
+            fn(start, block)
+
+        _topk._blocks(records[e], both)
+        if crc != self.crcs[e]:
+            raise mismatch(self.path, self.epochs[e], e)
+        self._passed([e])
+
+    def all(self, records):
+        """Verify every epoch of ``records`` not yet verified."""
+        todo = [e for e, done in enumerate(self.done) if not done]
+        bad = bad_epochs([records[e] for e in todo], [self.crcs[e] for e in todo])
+        if bad:
+            e = todo[bad[0]]
+            raise mismatch(self.path, self.epochs[e], e)
+        self._passed(todo)
+
+    def _passed(self, epochs):
+        for e in epochs:
+            self.done[e] = True
+        if self.complete():
+            remember_verified(self.path)
 
 
 def _write_tokens(file, table):
