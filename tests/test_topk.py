@@ -232,3 +232,34 @@ def test_verified_once_per_process(tmp_path):
     run.predictions()
     assert run.outputs.checks is None  # every epoch verified in the pass
     assert fk.load(path).outputs.checks is None  # the unchanged file is not read again
+
+
+@pytest.mark.parametrize("vocab", [V, 70_000])
+def test_parquet_round_trip_and_conversions(tmp_path, vocab):
+    full = token_run(n_epochs=3, n_tokens=120, vocab=V)
+    top = topk_of(full, path=tmp_path / "a.npy")
+    if vocab != V:  # the same records over a larger vocabulary: uint32 ids
+        recs = np.asarray(top.outputs.records)
+        wide = np.empty(recs.shape, topk_dtype(K, vocab))
+        for f in recs.dtype.names:
+            wide[f] = recs[f]
+        top = fk.Run(_topk.TopKOutputs(wide, vocab, top.sequence_ids, top.positions),
+                     top.labels, kind="topk", epochs=top.epochs)
+        fk.save(top, tmp_path / "a.npy")
+    fk.save(top, tmp_path / "t.parquet")
+    back = fk.load(tmp_path / "t.parquet")
+    assert back.kind == "topk" and back.n_classes == vocab and back.top_k == K
+    assert np.array_equal(back.outputs.records, np.asarray(top.outputs.records))
+    assert np.array_equal(back.sequence_ids, top.sequence_ids)
+    assert np.array_equal(back.positions, top.positions)
+    assert np.array_equal(back.correctness(), full.correctness())
+    assert fk.verify(tmp_path / "t.parquet") == {"path": str(tmp_path / "t.parquet"),
+                                                 "verifiable": True, "epochs": 3, "bad": []}
+    fk.convert(tmp_path / "t.parquet", tmp_path / "b.npy")  # and back: the same checksums
+    a = json.loads((tmp_path / "a.forgetkit.json").read_text())["crc32c"]
+    b = json.loads((tmp_path / "b.forgetkit.json").read_text())["crc32c"]
+    assert a == b
+    import pyarrow.parquet as pq
+    cols = pq.read_table(tmp_path / "t.parquet").column_names
+    assert cols == ["epoch", "sample", "sequence", "position", "target_id", "target", "lse",
+                    "logits", "ids"]

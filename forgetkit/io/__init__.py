@@ -47,6 +47,7 @@ from .record import format_of, load_labels_file, record_of, with_checksums
 from .summary import SummaryWriter, is_summary, load_summary, summarize
 from .summary_parquet import is_summary_parquet, load_summary_parquet
 from .topk import TopKWriter, is_topk, load_topk, save_topk
+from .topk_parquet import is_topk_parquet, load_topk_parquet
 from .verification import verify_run
 from .writer import RunWriter
 
@@ -99,6 +100,8 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
         return load_summary(path, labels=labels, verify=verify)
     if fmt == "npy" and kind in (None, "topk") and is_topk(path):
         return load_topk(path, labels=labels, verify=verify)
+    if fmt == "parquet" and kind in (None, "topk") and is_topk_parquet(path):
+        return load_topk_parquet(path, labels=labels, verify=verify)
     if fmt == "parquet" and kind in (None, "summary") and is_summary_parquet(path):
         return load_summary_parquet(path, labels=labels, verify=bool(verify))
     if fmt in ("npy", "parquet"):

@@ -194,11 +194,12 @@ def load_topk(path, *, labels=None, verify=True):
     return topk_run(path, records, record, table, labels, where, verify=verify)
 
 
-def topk_run(path, records, record, table, labels, where, *, verify=True):
+def topk_run(path, records, record, table, labels, where, *, verify=True, verified=False):
     """The top-k Run of ``records`` (E, N), their sidecar ``record`` (``where`` names it)
     and token ``table``; ``labels`` override the targets. With ``verify`` and checksums,
     each epoch is checked against its checksum on its first full read (`EpochChecks`; its
-    values were checked when written); otherwise the values are checked here."""
+    values were checked when written); otherwise the values are checked here.
+    ``verified``: the caller verified every epoch already."""
     n, vocab, k = _check_topk_record(record, where)
     dtype = topk_dtype(k, vocab)
     if records.dtype != dtype or records.ndim != 2 or records.shape[1] != n:
@@ -222,7 +223,7 @@ def topk_run(path, records, record, table, labels, where, *, verify=True):
         if len(sums["outputs"]) < len(records):
             raise CorruptFileError(f"{where} has checksums of {len(sums['outputs'])} epochs; "
                                    f"the file holds {len(records)}")
-        if not is_verified(path):
+        if not (verified or is_verified(path)):
             checks = EpochChecks(path, sums["outputs"][: len(records)], epochs)
     else:
         for start in range(0, n, CHECK_TOKENS):

@@ -14,6 +14,7 @@ from .record import format_of
 from .summary import _open_records, _read_summary_sidecar, is_summary
 from .summary_parquet import is_summary_parquet, load_summary_parquet
 from .topk import _read_topk_sidecar, is_topk, read_tokens
+from .topk_parquet import is_topk_parquet, load_topk_parquet
 
 
 def verify_run(path):
@@ -45,8 +46,9 @@ def verify_run(path):
         epochs = record.get("epochs") or []
         bad = bad_epochs(tensor, sums["outputs"][: len(tensor)])
         result.update(verifiable=True, epochs=len(tensor), bad=[int(epochs[e]) for e in bad])
-    elif fmt == "parquet" and is_summary_parquet(path):  # every epoch checked as read
-        run = load_summary_parquet(path)
+    elif fmt == "parquet" and (is_summary_parquet(path) or is_topk_parquet(path)):
+        # every epoch checked as read
+        run = (load_summary_parquet if is_summary_parquet(path) else load_topk_parquet)(path)
         result.update(verifiable=True, epochs=run.n_epochs)
     elif fmt == "parquet":
         source = open_parquet_run(path, staging_path(path))

@@ -1,0 +1,142 @@
+"""Top-k runs in Parquet: one row per (checkpoint, token), one row group per checkpoint.
+
+Columns: ``epoch``, ``sample`` (int64: the token's index in the run), the token table
+``sequence`` (int64), ``position`` (int32) and ``target_id`` (int32: the target token id,
+the run's label), and the record ``target`` (float32: the target's logit), ``lse``
+(float32), ``logits`` (FixedSizeList<float32, k>) and ``ids`` (FixedSizeList<uint16 or
+uint32, k>). Each row names its token, so any Parquet tool can filter by sequence. The
+run's record (vocabulary, k, epoch numbers, the token table's checksum, metadata) is JSON
+under the schema metadata key ``forgetkit``; the epochs' checksums (the CRC32C of each
+epoch's records in the NPY layout, the same numbers) under ``forgetkit.crc32c``, as for a
+full Parquet run. Loaded into memory, every epoch verified as it is read.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .._topk import TOKEN_DTYPE, topk_dtype
+from ..errors import CorruptFileError
+from .integrity import KEY, checksums, crc_array, mismatch, stored_checksums
+from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
+from .record import corrupt, parse_record
+
+FORMAT = "forgetkit-topk"
+TOKEN_COLUMNS = {"sequence": "sequence", "position": "position", "target_id": "target"}
+
+
+def _schema(k, ids_type, record):
+    return pa.schema([("epoch", pa.int64()), ("sample", pa.int64()),
+                      ("sequence", pa.int64()), ("position", pa.int32()),
+                      ("target_id", pa.int32()), ("target", pa.float32()),
+                      ("lse", pa.float32()), ("logits", pa.list_(pa.float32(), k)),
+                      ("ids", pa.list_(ids_type, k))],
+                     metadata={PARQUET_KEY: json.dumps(record).encode()})
+
+
+def write_topk_parquet(path, records, record, table):
+    """Write top-k ``records`` (E, N) with their ``record`` (`topk_record`) and token
+    ``table`` to ``path``."""
+    n_epochs, n = records.shape
+    k = record["k"]
+    rec = {key: v for key, v in record.items() if key != KEY}
+    ids_type = pa.uint16() if records.dtype["ids"].base == np.dtype("<u2") else pa.uint32()
+    schema = _schema(k, ids_type, rec)
+    tokens = {col: table[field] for col, field in TOKEN_COLUMNS.items()}
+    crcs = []
+    with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
+        for e, epoch in enumerate(rec["epochs"]):
+            rows = np.ascontiguousarray(records[e])
+            crcs.append(crc_array(rows))
+            columns = [pa.array(np.full(n, epoch, np.int64)), pa.array(np.arange(n)),
+                       *(pa.array(tokens[c]) for c in TOKEN_COLUMNS),
+                       pa.array(rows["target"]), pa.array(rows["lse"]),
+                       pa.FixedSizeListArray.from_arrays(
+                           pa.array(np.ascontiguousarray(rows["logits"]).reshape(-1)), k),
+                       pa.FixedSizeListArray.from_arrays(
+                           pa.array(np.ascontiguousarray(rows["ids"]).reshape(-1)), k)]
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema),
+                               row_group_size=n)
+        sums = checksums(table["target"], rec["epochs"], crcs)
+        writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
+
+
+def is_topk_parquet(path):
+    """Whether the Parquet file ``path`` holds a forgetkit top-k run."""
+    try:
+        md = pq.read_schema(path).metadata or {}
+        return json.loads(md.get(PARQUET_KEY, b"{}")).get("format") == FORMAT
+    except Exception:
+        return False  # not ours to judge: the Parquet loader reports it
+
+
+def _list_column(table, name, k, dtype, where):
+    arr = table.column(name).combine_chunks()
+    if not pa.types.is_fixed_size_list(arr.type) or arr.type.list_size != k \
+            or arr.null_count or arr.flatten().null_count:
+        raise ValueError(f"column {name!r} must be FixedSizeList<{k}> without nulls; got "
+                         f"{arr.type}")
+    return arr.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(-1, k)
+
+
+def load_topk_parquet(path, *, labels=None, verify=True):
+    """A top-k run from the Parquet file ``path`` (see the module docstring)."""
+    from .topk import _check_topk_record, topk_run
+
+    where = f"the forgetkit metadata of {str(path)!r}"
+    try:
+        pf = pq.ParquetFile(path, page_checksum_verification=bool(verify))
+        md = pf.metadata.metadata or {}
+    except Exception as err:
+        raise corrupt(path, err) from None
+    record = parse_record(md.get(PARQUET_KEY, b"{}"), where)
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise CorruptFileError(f"{str(path)!r} is not a forgetkit top-k run")
+    n, vocab, k = _check_topk_record(record, where)
+    if not isinstance(n, int) or n < 1:
+        raise CorruptFileError(f"{where} lacks a valid n_samples")
+    sums = stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where) \
+        if CRC_METADATA_KEY in md else None
+    if sums is None and verify:
+        raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
+    n_groups = pf.metadata.num_row_groups
+    if n_groups != len(record["epochs"]) or (sums and len(sums["outputs"]) != n_groups):
+        raise CorruptFileError(f"{str(path)!r} holds {n_groups} epochs; its metadata names "
+                               f"{len(record['epochs'])}")
+    dtype = topk_dtype(k, vocab)
+    records = np.empty((n_groups, n), dtype=dtype)
+    table = np.empty(n, dtype=TOKEN_DTYPE)
+    for e in range(n_groups):
+        if pf.metadata.row_group(e).num_rows != n:
+            raise CorruptFileError(f"{str(path)!r}: epoch index {e} holds "
+                                   f"{pf.metadata.row_group(e).num_rows} rows; expected {n}")
+        try:
+            columns = ["sample", "target", "lse", "logits", "ids"]
+            part = pf.read_row_group(e, columns=columns + (list(TOKEN_COLUMNS) if e == 0
+                                                           else []))
+            sample = part.column("sample").to_numpy()
+            order = np.argsort(sample, kind="stable")
+            if not np.array_equal(sample[order], np.arange(n)):
+                raise ValueError("column 'sample' is not a permutation of 0..N-1")
+            out = records[e]
+            for f in ("target", "lse"):
+                out[f] = part.column(f).to_numpy()[order]
+            out["logits"] = _list_column(part, "logits", k, np.float32, where)[order]
+            out["ids"] = _list_column(part, "ids", k, dtype["ids"].base, where)[order]
+            if e == 0:
+                for col, field in TOKEN_COLUMNS.items():
+                    table[field] = part.column(col).to_numpy()[order]
+        except Exception as err:
+            raise CorruptFileError(f"cannot read epoch index {e} of {str(path)!r}: the file "
+                                   f"is truncated or corrupt ({err})") from None
+        if verify and crc_array(records[e]) != sums["outputs"][e]:
+            raise mismatch(path, record["epochs"][e], e)
+    if verify and crc_array(table) != record["tokens"].get("crc32c"):
+        raise CorruptFileError(f"{str(path)!r}: the token table does not match its checksum")
+    record = dict(record, **({KEY: sums} if sums else {}))
+    # every epoch was verified as it was read; unverified, the Run checks the values
+    return topk_run(path, records, record, table, labels, where, verify=verify, verified=True)
