@@ -10,7 +10,7 @@ import pytest
 import forgetkit as fk
 from forgetkit import _topk
 from forgetkit._topk import TOKEN_DTYPE, topk_dtype, topk_records
-from forgetkit.errors import CorruptFileError
+from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
 from forgetkit.io.topk import tokens_path
 
 from .conftest import make_run
@@ -263,3 +263,224 @@ def test_parquet_round_trip_and_conversions(tmp_path, vocab):
     cols = pq.read_table(tmp_path / "t.parquet").column_names
     assert cols == ["epoch", "sample", "sequence", "position", "target_id", "target", "lse",
                     "logits", "ids"]
+
+
+# ------------------------------------------------------------------ bad input
+def writer_args(run, **changes):
+    seq, pos = tokens(run.n_samples)
+    args = dict(vocab_size=run.n_classes, k=K, targets=run.labels, sequence_ids=seq,
+                positions=pos)
+    args.update(changes)
+    return args
+
+
+def test_bad_records_are_refused_and_nothing_is_written(tmp_path):
+    full = token_run(n_epochs=2, n_tokens=50)
+    good = topk_records(full.epoch_values(0), full.labels, K)
+    path = tmp_path / "t.npy"
+    w = fk.TopKWriter(path, **writer_args(full))
+    w.append(0, good)
+
+    def bad(change):
+        recs = good.copy()
+        change(recs)
+        return recs
+
+    cases = [
+        (lambda r: r["ids"].__setitem__((3, 1), V), rf"token id {V} lies outside the vocab"),
+        (lambda r: r["lse"].__setitem__(5, r["logits"][5, 0] - 0.01),
+         "log-sum-exp .* lies below its largest logit"),
+        (lambda r: r["lse"].__setitem__(5, r["target"][5] - 1.0), "lies below"),
+        (lambda r: r["logits"].__setitem__((2, 0), np.nan), "'logits' holds NaN or inf"),
+        (lambda r: r["target"].__setitem__(7, np.inf), "'target' holds NaN or inf"),
+        (lambda r: r["lse"].__setitem__(1, -np.inf), "'lse' holds NaN or inf"),
+        (lambda r: r["logits"].__setitem__((4, 3), r["logits"][4, 0] + 1),
+         "not in descending order"),
+        (lambda r: r["ids"].__setitem__((6, 1), r["ids"][6, 0]), "stores one id twice"),
+    ]
+    for change, message in cases:
+        with pytest.raises(fk.ForgetkitError, match=message):
+            w.append(1, bad(change))
+    with pytest.raises(fk.ForgetkitError, match="hold k=3 .* this run stores k=4"):
+        w.append(1, topk_records(full.epoch_values(1), full.labels, 3))
+    with pytest.raises(fk.ForgetkitError, match="vocabulary of 41 ids; this run's is 40"):
+        w.append(1, np.zeros((50, 41), np.float32))
+    logits = full.epoch_values(1).copy()
+    logits[3, 7] = np.nan
+    with pytest.raises(fk.ForgetkitError, match="logits of epoch 1: logits hold NaN"):
+        w.append(1, logits)
+    w.close()
+    back = fk.load(path)  # nothing was written for the refused epochs
+    assert back.epochs.tolist() == [0] and fk.verify(path)["bad"] == []
+    assert np.array_equal(back.outputs.records[0], good)
+
+
+def test_the_writer_refuses_bad_setups(tmp_path):
+    full = token_run(n_epochs=1, n_tokens=50)
+    with pytest.raises(fk.ForgetkitError, match=r"k must lie in \[1, vocab_size=40\]"):
+        fk.TopKWriter(tmp_path / "a.npy", **writer_args(full, k=41))
+    with pytest.raises(fk.ForgetkitError, match=r"token ids in \[0, vocab_size=30\); got"):
+        fk.TopKWriter(tmp_path / "a.npy", **writer_args(full, vocab_size=30))
+    with pytest.raises(fk.ForgetkitError, match="positions must be 50 integers"):
+        fk.TopKWriter(tmp_path / "a.npy", **writer_args(full, positions=np.arange(49)))
+    with pytest.raises(fk.ForgetkitError, match=r"written as \.npy"):
+        fk.TopKWriter(tmp_path / "a.parquet", **writer_args(full))
+    assert not list(tmp_path.iterdir())  # nothing written, no lock left
+    path = tmp_path / "t.npy"
+    fk.TopKWriter(path, **writer_args(full)).close()
+    # a different vocabulary, k, or tokenization than the stored run
+    for change, message in [(dict(vocab_size=50), "vocab_size=40; this writer has "
+                                                  "vocab_size=50"),
+                            (dict(k=2), "k=4; this writer has k=2"),
+                            (dict(positions=np.where(np.arange(50) == 9, 99, tokens(50)[1])),
+                             "another token table: token 9 has position 10 there and 99 here")]:
+        with pytest.raises(fk.ForgetkitError, match=message):
+            fk.TopKWriter(path, **writer_args(full, **change))
+    fk.TopKWriter(path, **writer_args(full, k=2), mode="w").close()  # starts over
+    assert json.loads((tmp_path / "t.forgetkit.json").read_text())["k"] == 2
+    with pytest.raises(RunExistsError):
+        fk.TopKWriter(path, **writer_args(full, k=2), mode="x")
+    fk.save(full, tmp_path / "full.npy")
+    with pytest.raises(fk.ForgetkitError, match="not a forgetkit top-k run"):
+        fk.TopKWriter(tmp_path / "full.npy", **writer_args(full))
+    with fk.TopKWriter(path, **writer_args(full, k=2)):
+        with pytest.raises(RunLockedError):
+            fk.TopKWriter(path, **writer_args(full, k=2))
+
+
+def test_a_token_table_that_does_not_match_is_refused(tmp_path):
+    path = tmp_path / "t.npy"
+    topk_of(token_run(n_epochs=2, n_tokens=50), path=path)
+    table = np.load(tokens_path(path))
+    table["position"][3] += 1
+    np.save(tokens_path(path), table)
+    with pytest.raises(CorruptFileError, match="token table .* does not match its checksum"):
+        fk.load(path)
+    tokens_path(path).unlink()
+    with pytest.raises(CorruptFileError, match=r"tokens\.npy' is missing"):
+        fk.load(path)
+
+
+# --------------------------------------------------------------- crash safety
+class Killed(BaseException):
+    """A kill of the writing process at an injected point."""
+
+
+def _state(path):
+    run = fk.load(path)
+    return (np.asarray(run.outputs.records).copy(), run.labels.copy(), run.epochs.copy(),
+            run.positions.copy())
+
+
+def _same(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_kill_at_any_rename_of_save_leaves_the_old_run_or_the_new(tmp_path, monkeypatch):
+    import os
+
+    old = topk_of(token_run(n_epochs=3, n_tokens=40, seed=1))
+    new = topk_of(token_run(n_epochs=2, n_tokens=60, seed=2))
+    seen = set()
+    for k in range(6):
+        path = tmp_path / f"k{k}.npy"
+        fk.save(old, path)
+        before = _state(path)
+        fk.save(new, tmp_path / f"n{k}.npy")
+        after = _state(tmp_path / f"n{k}.npy")
+        calls = {"n": 0}
+        real = os.replace
+
+        def replace(src, dst, calls=calls, k=k, real=real):
+            calls["n"] += 1
+            if calls["n"] - 1 == k:
+                raise Killed
+            return real(src, dst)
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "replace", replace)
+            try:
+                fk.save(new, path)
+            except Killed:
+                pass
+        state = _state(path)
+        assert _same(state, before) or _same(state, after), f"kill at rename {k}: a mix"
+        seen.add("old" if _same(state, before) else "new")
+        fk.save(old, path)  # the next write commits as usual
+        assert _same(_state(path), before)
+        if calls["n"] <= k:
+            break
+    assert seen == {"old", "new"}
+
+
+def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(tmp_path,
+                                                                       monkeypatch):
+    import os
+
+    full = token_run(n_epochs=3, n_tokens=40)
+    outcomes = set()
+    for k in range(4):
+        path = tmp_path / f"w{k}.npy"
+        with fk.TopKWriter(path, **writer_args(full)) as w:
+            for e in range(3):
+                w.append(e, full.epoch_values(e))
+        before = _state(path)
+        w = fk.TopKWriter(path, **writer_args(full))
+        calls = {"n": 0}
+        real = os.replace
+
+        def replace(src, dst, calls=calls, k=k, real=real):
+            calls["n"] += 1
+            if calls["n"] - 1 == k:
+                raise Killed
+            return real(src, dst)
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "replace", replace)
+            try:
+                w.append(1, full.epoch_values(0), replace=True)
+            except Killed:
+                pass
+        w._lock.release()  # the process "died": its lock goes with it
+        state = _state(path)
+        if _same(state, before):
+            outcomes.add("old")
+        else:
+            assert state[2].tolist() == [0, 1]
+            assert np.array_equal(state[0][1], state[0][0])
+            outcomes.add("new")
+        assert fk.verify(path)["bad"] == []
+        with fk.TopKWriter(path, **writer_args(full)) as w:  # resumes either
+            w.append(7, full.epoch_values(2))
+        if calls["n"] <= k:
+            break
+    assert outcomes == {"old", "new"}
+
+
+KILLED_WRITER = """
+import sys, numpy as np, forgetkit as fk
+from forgetkit._topk import topk_records
+n, v = 2000, 300
+rng = np.random.default_rng(0)
+y = rng.integers(0, v, n)
+with fk.TopKWriter(sys.argv[1], vocab_size=v, k=8, targets=y, sequence_ids=np.arange(n) // 50,
+                   positions=np.arange(n) % 50) as w:
+    for e in range(10000):
+        z = rng.normal(size=(n, v)).astype(np.float32)
+        w.append(e, topk_records(z, y, 8))
+        if e == 2:
+            print("ready", flush=True)
+"""
+
+
+def test_a_killed_writer_keeps_its_completed_epochs(tmp_path):
+    from .conftest import kill_when_ready
+
+    path = tmp_path / "killed.npy"
+    kill_when_ready(KILLED_WRITER, path, settle=0.3)
+    run = fk.load(path)
+    assert run.n_epochs >= 3 and run.epochs.tolist() == list(range(run.n_epochs))
+    assert fk.verify(path)["bad"] == [] and run.top_k == 8
+    with fk.TopKWriter(path, vocab_size=300, k=8, targets=run.labels,
+                       sequence_ids=run.sequence_ids, positions=run.positions) as w:
+        assert w.epochs == run.epochs.tolist()  # resumes after them
