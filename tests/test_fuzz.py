@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import forgetkit as fk
+from forgetkit._topk import TopKOutputs, topk_records
 from forgetkit.cli import EXIT_BUG, main
 
 E, N, C = 3, 12, 3
@@ -70,6 +71,10 @@ def write_format(folder, fmt, run=None):
         return fk.summarize(run, folder / "summary.npy").source
     if fmt == "summary-parquet":
         return fk.summarize(run, folder / "summary.parquet").source
+    if fmt in ("topk", "topk-parquet"):
+        path = folder / ("topk.npy" if fmt == "topk" else "topk.parquet")
+        fk.save(topk_run(run), path)
+        return path
     suffix, layout = {"npz": (".npz", "list"), "npy": (".npy", "list"),
                       "parquet-list": (".parquet", "list"),
                       "parquet-binary": (".parquet", "binary")}[fmt]
@@ -79,9 +84,33 @@ def write_format(folder, fmt, run=None):
 
 
 FORMATS = ["npz", "npy", "parquet-list", "parquet-binary", "cartography", "summary",
-           "summary-parquet"]
+           "summary-parquet", "topk", "topk-parquet"]
 #: The summary records of RUN (a summary holds these, not the outputs).
 SUMMARY = fk.summarize(RUN).outputs.records
+TOP_K = 2
+
+
+def topk_run(run):
+    """The top-k run (k = TOP_K) of ``run``'s logits, tokens in sequences of 4."""
+    records = np.stack([topk_records(run.epoch_values(e), run.labels, TOP_K)
+                        for e in range(run.n_epochs)])
+    return fk.Run(TopKOutputs(records, run.n_classes, np.arange(run.n_samples) // 4,
+                              np.arange(run.n_samples) % 4), run.labels, kind="topk",
+                  epochs=run.epochs)
+
+
+#: The top-k records of RUN.
+TOPK = topk_run(RUN).outputs.records
+
+
+def record_values(records):
+    """Structured records (E, N) as float64 (E, N, fields), sub-arrays flattened."""
+    return np.concatenate([np.asarray(records[f], dtype=np.float64).reshape(
+        *records.shape, -1) for f in records.dtype.names], axis=-1)
+
+
+#: The width of each kind of stored values per (epoch, sample): outputs, summary, top-k.
+WIDTHS = {C: VALUES, 4: record_values(SUMMARY), 2 + 2 * TOP_K: record_values(TOPK)}
 
 
 def files_of(path):
@@ -97,9 +126,8 @@ def outcome(path):
     Any other exception propagates (and fails the test)."""
     try:
         run = fk.load(path)
-        if run.kind == "summary":  # records (E, N) of 4 fields, compared as (E, N, 4)
-            values = np.stack([np.asarray(run.outputs.records[f], dtype=np.float64)
-                               for f in SUMMARY.dtype.names], axis=-1)
+        if not run.holds_every_class:  # records (E, N), compared as (E, N, fields)
+            values = record_values(np.asarray(run.outputs.records))
         else:
             values = np.asarray(run.outputs, dtype=np.float32)
         run.predictions()  # the read path of every analysis, checked per read
@@ -108,12 +136,10 @@ def outcome(path):
         return None
 
 
-def original_values(k, summary):
-    """The first ``k`` epochs of RUN's outputs, or of its summary records as (k, N, 4)."""
-    if not summary:
-        return VALUES[:k]
-    return np.stack([np.asarray(SUMMARY[f][:k], dtype=np.float64) for f in SUMMARY.dtype.names],
-                    axis=-1)
+def original_values(k, width):
+    """The first ``k`` epochs of RUN's outputs (width C), or of its summary (4) or top-k
+    records (2 + 2 TOP_K) as (k, N, width)."""
+    return WIDTHS[width][:k]
 
 
 def check_loaded_equals(result, flipped):
@@ -122,10 +148,9 @@ def check_loaded_equals(result, flipped):
         return
     values, labels, epochs = result
     k = values.shape[0]
-    summary = values.shape[2:] == (len(SUMMARY.dtype.names),)
-    assert values.shape[1:] == (N, 4 if summary else C) and 1 <= k <= E
+    assert values.shape[1] == N and values.shape[2] in WIDTHS and 1 <= k <= E
     assert epochs.tolist() == RUN.epochs[:k].tolist()
-    changed = int(np.sum(values != original_values(k, summary)))
+    changed = int(np.sum(values != original_values(k, values.shape[2])))
     changed += int(np.sum(labels != RUN.labels))
     assert changed <= flipped, f"{changed} values changed by {flipped} flipped bits"
     assert np.isfinite(values).all()
@@ -201,8 +226,7 @@ def check_states(result, field, value):
     if result is None:
         return
     values, labels, epochs = result
-    summary = values.shape[2:] == (len(SUMMARY.dtype.names),)
-    np.testing.assert_array_equal(values, original_values(values.shape[0], summary))
+    np.testing.assert_array_equal(values, original_values(*values.shape[::2]))
     stated = value if field == "labels" else RUN.labels.tolist()
     assert labels.tolist() == stated
     if field != "epochs":
@@ -219,6 +243,29 @@ def test_sidecar_mutations(fmt, field, value, drop, capsys):
         record = mutate_record(json.loads(sidecar.read_text()), field, value, drop)
         sidecar.write_text(json.dumps(record))
         check_states(outcome(path), field, None if drop else value)
+        check_cli(path, capsys)
+
+
+@pytest.mark.parametrize("fmt", ["topk", "topk-parquet"])
+@FUZZ
+@given(field=st.sampled_from(RECORD_FIELDS + ["vocab_size", "k", "tokens", "fields"]),
+       drop=st.booleans(), value=MUTATIONS["value"])
+def test_topk_record_mutations(fmt, field, value, drop, capsys):
+    # a top-k run's labels are its token table's targets, never the record's
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_format(folder, fmt)
+        if fmt == "topk":
+            sidecar = path.with_name(path.stem + ".forgetkit.json")
+            sidecar.write_text(json.dumps(mutate_record(json.loads(sidecar.read_text()),
+                                                        field, value, drop)))
+        else:
+            table, sums = pq.read_table(path), pq.read_metadata(path).metadata
+            record = mutate_record(json.loads(table.schema.metadata[b"forgetkit"]), field,
+                                   value, drop)
+            pq.write_table(table.replace_schema_metadata(
+                {b"forgetkit": json.dumps(record).encode(),
+                 b"forgetkit.crc32c": sums[b"forgetkit.crc32c"]}), path, row_group_size=N)
+        check_states(outcome(path), "targets", None)
         check_cli(path, capsys)
 
 

@@ -41,16 +41,16 @@ def crc_bytes(data, value=0):
     return _crc32c.crc32c(data, value)
 
 
-def crc_array(values):
+def crc_array(values, value=0):
     """CRC32C of an array's values, little-endian, C order (no copy of a contiguous
-    little-endian array)."""
+    little-endian array), continued from ``value``."""
     values = np.asarray(values)
     if values.dtype.byteorder == ">" or (values.dtype.byteorder == "=" and
                                           np.little_endian is False):
         values = values.astype(values.dtype.newbyteorder("<"))
     values = np.ascontiguousarray(values)
     flat = values.reshape(-1).view(np.uint8) if values.size else b""
-    crc = 0
+    crc = value
     for start in range(0, len(flat), BLOCK_BYTES):
         crc = crc_bytes(memoryview(flat[start: start + BLOCK_BYTES]), crc)
     return crc

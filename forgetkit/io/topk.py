@@ -88,6 +88,12 @@ def token_table(targets, sequence_ids, positions, vocab_size):
     return table
 
 
+def table_crc(table, vocab_size, k):
+    """The checksum of a top-k run's token table and of its vocabulary size and k (so that
+    a changed sidecar cannot make the records another vocabulary's)."""
+    return crc_array(np.asarray([vocab_size, k], dtype="<i8"), crc_array(table))
+
+
 def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None):
     """The sidecar record of a top-k run (without the epochs' checksums)."""
     return {
@@ -100,7 +106,7 @@ def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None):
         "vocab_size": int(vocab_size),
         "k": int(k),
         "epochs": [int(e) for e in epochs],
-        "tokens": {"crc32c": crc_array(table), "n_tokens": int(n_tokens)},
+        "tokens": {"crc32c": table_crc(table, vocab_size, k), "n_tokens": int(n_tokens)},
         "sample_ids": None,
         "class_names": None,
         "meta": meta,
@@ -140,6 +146,11 @@ def _read_topk_sidecar(file):
 
 def _check_topk_record(record, where):
     """The fields of a top-k record, type-checked: (n_tokens, vocab_size, k)."""
+    if record.get("kind") != "topk" or "labels" in record:
+        raise CorruptFileError(f'{where}: a top-k run\'s record has "kind": "topk" and no '
+                               "labels (they are its token table's targets); got kind="
+                               f"{record.get('kind')!r}" + (" and labels" if "labels" in record
+                                                            else ""))
     check_record({k: v for k, v in record.items() if k not in ("kind", "labels")}, where)
     for name in ("n_samples", "vocab_size", "k", "epochs", "tokens"):
         if record.get(name) is None:
@@ -160,6 +171,7 @@ def read_tokens(path, record, *, verify=True):
     ``<name>.tokens.npy`` or, while a new one is being committed, ``<name>.tokens.npy.next``
     (whichever matches the record's checksum; without ``verify``, the first that loads)."""
     want = record["tokens"].get("crc32c")
+    vocab, k = record["vocab_size"], record["k"]
     n = record["n_samples"]
     seen = []
     for file in (tokens_path(path), _pending_tokens(path)):
@@ -172,7 +184,7 @@ def read_tokens(path, record, *, verify=True):
             continue
         if table.dtype != TOKEN_DTYPE or table.shape != (n,):
             seen.append(f"{str(file)!r} holds {table.dtype} of shape {table.shape}")
-        elif verify and crc_array(table) != want:
+        elif verify and table_crc(table, vocab, k) != want:
             seen.append(f"{str(file)!r} does not match its checksum")
         else:
             return table
@@ -481,7 +493,8 @@ def _settle_tokens(path, record):
     if not pending.exists():
         return
     try:
-        ours = crc_array(np.load(pending, allow_pickle=False)) == record["tokens"]["crc32c"]
+        ours = table_crc(np.load(pending, allow_pickle=False), record["vocab_size"],
+                         record["k"]) == record["tokens"]["crc32c"]
     except Exception:
         ours = False
     if ours:

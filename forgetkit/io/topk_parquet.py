@@ -85,7 +85,7 @@ def _list_column(table, name, k, dtype, where):
 
 def load_topk_parquet(path, *, labels=None, verify=True):
     """A top-k run from the Parquet file ``path`` (see the module docstring)."""
-    from .topk import _check_topk_record, topk_run
+    from .topk import _check_topk_record, table_crc, topk_run
 
     where = f"the forgetkit metadata of {str(path)!r}"
     try:
@@ -135,7 +135,7 @@ def load_topk_parquet(path, *, labels=None, verify=True):
                                    f"is truncated or corrupt ({err})") from None
         if verify and crc_array(records[e]) != sums["outputs"][e]:
             raise mismatch(path, record["epochs"][e], e)
-    if verify and crc_array(table) != record["tokens"].get("crc32c"):
+    if verify and table_crc(table, vocab, k) != record["tokens"].get("crc32c"):
         raise CorruptFileError(f"{str(path)!r}: the token table does not match its checksum")
     record = dict(record, **({KEY: sums} if sums else {}))
     # every epoch was verified as it was read; unverified, the Run checks the values
