@@ -20,6 +20,8 @@ Probabilities of every class, window means and fusion need the full outputs.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .errors import ForgetkitError
@@ -161,7 +163,13 @@ class RecordOutputs:
 
     def _select(self, records, samples):
         """Outputs of ``records``, the selection of these outputs' samples ``samples``."""
-        return type(self)(records, self.n_classes)
+        return self.builder(samples)(records)
+
+    def builder(self, samples):
+        """A picklable callable: records (E, len(samples)) -> outputs of the same kind for
+        these outputs' samples ``samples`` (a slice or indices; the chunks of a run on a
+        dask array are built with it on the workers)."""
+        return partial(type(self), n_classes=self.n_classes)
 
     def __array__(self, dtype=None, copy=None):
         raise ForgetkitError(f"converting the outputs to an array: {self.HOLDS}")

@@ -484,3 +484,44 @@ def test_a_killed_writer_keeps_its_completed_epochs(tmp_path):
     with fk.TopKWriter(path, vocab_size=300, k=8, targets=run.labels,
                        sequence_ids=run.sequence_ids, positions=run.positions) as w:
         assert w.epochs == run.epochs.tolist()  # resumes after them
+
+
+# ------------------------------------------------------------------- dask shards
+def write_topk_shards(full, folder, bounds, suffix=".npy"):
+    folder.mkdir()
+    top = topk_of(full)
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        fk.save(top.isel(samples=np.arange(a, b)), folder / f"shard-{i:03d}{suffix}")
+    return top, str(folder / f"shard-*{suffix}")
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_topk_shards_load_on_dask_like_in_memory(tmp_path, suffix):
+    pytest.importorskip("dask")
+    full = token_run(n_epochs=5, n_tokens=200)
+    top, pattern = write_topk_shards(full, tmp_path / "s", [0, 70, 200], suffix)
+    for chunks in (None, 50):
+        run = fk.load(pattern, chunks=chunks)
+        assert run.is_distributed and run.kind == "topk" and run.shape == full.shape
+        assert np.array_equal(run.sequence_ids, top.sequence_ids)
+        assert np.array_equal(run.positions, top.positions) and run.top_k == K
+        assert np.array_equal(fk.forget_fraction(run), fk.forget_fraction(full))
+        assert fk.sample_dynamics(run).equals(fk.sample_dynamics(top))
+        assert fk.data_map(run).equals(fk.data_map(top))
+        np.testing.assert_array_equal(np.asarray(run.label_probs()), top.label_probs())
+
+
+def test_a_corrupt_topk_shard_is_refused_on_the_worker_naming_it(tmp_path):
+    pytest.importorskip("dask")
+    full = token_run(n_epochs=3, n_tokens=100)
+    _, pattern = write_topk_shards(full, tmp_path / "s", [0, 40, 100])
+    bad = tmp_path / "s" / "shard-001.npy"
+    flip(bad, 256 + topk_dtype(K, V).itemsize * 60 * 2 + 5)  # epoch index 2, a logit
+    run = fk.load(pattern)  # only headers, sidecars and token tables read here
+    with pytest.raises(CorruptFileError, match=r"shard .*shard-001.npy.*epoch index 2 does "
+                                               "not match its checksum"):
+        fk.forget_fraction(run)
+    flip(bad, 256 + topk_dtype(K, V).itemsize * 60 * 2 + 5)  # restored
+    fk.save(topk_of(token_run(n_epochs=2, n_tokens=60)), bad)
+    with pytest.raises(CorruptFileError, match="shard .*shard-001.npy.* has 2 epochs"):
+        fk.load(pattern)

@@ -25,6 +25,7 @@ import dask.array as da
 import numpy as np
 
 from .._progress import Progress
+from .._summary import RecordOutputs
 from .._validation import is_dask_array
 from ..errors import ForgetkitError
 from ..execution import Executor, Parts, combine, register_executor
@@ -32,10 +33,11 @@ from ..run import Run
 
 
 def sample_chunks(run):
-    """The run's outputs (E, N, C) chunked along samples only (a dask array)."""
-    x = run.outputs
-    if len(x.chunks[0]) > 1 or len(x.chunks[2]) > 1:
-        x = x.rechunk({0: -1, 2: -1})
+    """The run's outputs (E, N, C) chunked along samples only (a dask array); of a run
+    stored as records (a top-k run), the records (E, N)."""
+    x = getattr(run.outputs, "records", run.outputs)
+    if len(x.chunks[0]) > 1 or (x.ndim == 3 and len(x.chunks[2]) > 1):
+        x = x.rechunk({0: -1, 2: -1} if x.ndim == 3 else {0: -1})
     return x
 
 
@@ -50,16 +52,20 @@ def chunk_tasks(run, fn):
     # logits are checked by every kernel that reads them (inf or nan raises, naming the
     # epoch): a chunk checked again when built would cost more than the pass itself
     validate = run.checked_per_read and run.kind != "logits"
+    records = not run.holds_every_class
     tasks = [dask.delayed(_on_chunk)(fn, block, run.labels[a:b], ids[a:b], kind=run.kind,
-                                     epochs=run.epochs, validate=validate)
+                                     epochs=run.epochs, validate=validate,
+                                     build=run.outputs.builder(slice(a, b)) if records
+                                     else None)
              for block, a, b in zip(blocks, bounds[:-1], bounds[1:], strict=True)]
     return tasks, sizes
 
 
-def chunk_run(block, labels, sample_ids, *, kind, epochs, validate):
-    """The Run of one chunk: outputs (n_epochs, n, n_classes), labels and sample ids (n,)."""
-    return Run(block, labels, kind=kind, epochs=epochs, sample_ids=sample_ids,
-               validate=validate)
+def chunk_run(block, labels, sample_ids, *, kind, epochs, validate, build=None):
+    """The Run of one chunk: outputs (n_epochs, n, n_classes), labels and sample ids (n,);
+    ``build`` makes the outputs of a block of records (a top-k run's)."""
+    return Run(block if build is None else build(block), labels, kind=kind, epochs=epochs,
+               sample_ids=sample_ids, validate=validate)
 
 
 def _on_chunk(fn, block, labels, sample_ids, **spec):
@@ -183,6 +189,8 @@ class DaskExecutor(Executor):
 
 EXECUTOR = DaskExecutor()
 register_executor(is_dask_array, EXECUTOR)
+register_executor(lambda x: isinstance(x, RecordOutputs) and is_dask_array(x.records),
+                  EXECUTOR)
 
 
 def map_reduce(run, fn):

@@ -19,12 +19,15 @@ import dask.array as da
 import numpy as np
 from fsspec.core import url_to_fs
 
+from .._topk import TOKEN_DTYPE, TopKOutputs, check_records, topk_dtype
 from .._validation import FLOAT_DTYPES, check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import KEY as CRC_KEY
 from ..io.integrity import crc_array
 from ..io.parquet import CRC_METADATA_KEY, PARQUET_KEY, _column_to_numpy
 from ..io.record import SIDECAR_SUFFIX, duplicate_id, load_labels_file
+from ..io.topk import FORMAT as TOPK_FORMAT
+from ..io.topk import TOKENS_SUFFIX
 from ..run import Run
 
 FORMATS = (".npy", ".parquet")
@@ -43,7 +46,8 @@ def shard_paths(source):
         src = os.fspath(src)
         fs, path = url_to_fs(src)
         if any(ch in path for ch in "*?["):
-            paths = sorted(fs.glob(path))
+            # a top-k run's token table (<name>.tokens.npy) belongs to its shard
+            paths = sorted(p for p in fs.glob(path) if not p.endswith(TOKENS_SUFFIX))
             if not paths:
                 raise MissingFileError(f"no shard matches {src!r}")
         elif fs.isfile(path):
@@ -66,8 +70,9 @@ def missing_shard(name):
 
 
 # --------------------------------------------------------------------------- NPY
-def _npy_header(fs, path, name):
-    """(shape, dtype, offset of the data) of an NPY file, checked against its size."""
+def _npy_header(fs, path, name, records=None):
+    """(shape, dtype, offset of the data) of an NPY file, checked against its size: a
+    float tensor (E, N, C), or (E, N) of the structured dtype ``records`` if given."""
     try:
         with fs.open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
@@ -79,7 +84,12 @@ def _npy_header(fs, path, name):
         raise missing_shard(name) from None
     except Exception as err:
         raise corrupt_shard(name, err) from None
-    if len(shape) != 3 or fortran or dtype.type not in FLOAT_DTYPES:
+    if records is not None:
+        if len(shape) != 2 or fortran or dtype != records:
+            raise CorruptFileError(f"shard {name!r} must hold C-ordered records (epochs, "
+                                   f"tokens) of {records.descr}; got shape {shape}, dtype "
+                                   f"{dtype}")
+    elif len(shape) != 3 or fortran or dtype.type not in FLOAT_DTYPES:
         raise CorruptFileError(f"shard {name!r} must hold a C-ordered float16/32/64 tensor "
                                f"(epochs, samples, classes); got shape {shape}, dtype {dtype}"
                                f"{', Fortran order' if fortran else ''}")
@@ -210,6 +220,161 @@ def read_parquet_block(start, stop, *, fs, path, name, shape, dtype, crcs=None):
     return out
 
 
+# ------------------------------------------------------------------- top-k runs
+def _topk_record(fs, path, name):
+    """The top-k record of the shard at ``path`` (NPY sidecar or Parquet metadata), or None
+    if the shard is not a top-k run."""
+    p = PurePosixPath(path)
+    try:
+        if p.suffix.lower() == ".npy":
+            sidecar = str(p.with_name(p.name[: -len(p.suffix)] + SIDECAR_SUFFIX))
+            if not fs.isfile(sidecar):
+                return None
+            with fs.open(sidecar, "rb") as f:
+                record = json.loads(f.read())
+        else:
+            md = _parquet_file(fs, path, name).schema_arrow.metadata or {}
+            record = json.loads(md.get(PARQUET_KEY, b"{}"))
+    except (OSError, ValueError):
+        return None  # not ours to judge: the shard's own loader reports it
+    return record if isinstance(record, dict) and record.get("format") == TOPK_FORMAT \
+        else None
+
+
+def _open_topk_shard(fs, path, name, verify):
+    """(records shape (E, n), dtype, record, token table, reader kwargs, read_block) of a
+    top-k shard; the client reads its sidecar (or footer) and token table only."""
+    from ..io.topk import _check_topk_record, table_crc
+    from ..io.topk_parquet import TOKEN_COLUMNS
+
+    record = _topk_record(fs, path, name)
+    where = f"shard {name!r}"
+    if record is None:
+        raise CorruptFileError(f"{where} is not a top-k run, as the first shard is: shards "
+                               "must hold runs of one kind")
+    try:
+        n, vocab, k = _check_topk_record(record, f"the record of {where}")
+    except ForgetkitError as err:
+        raise CorruptFileError(str(err)) from None
+    dtype = topk_dtype(k, vocab)
+    p = PurePosixPath(path)
+    if p.suffix.lower() == ".npy":
+        shape, _, stored, offset = _npy_header(fs, path, name, records=dtype)
+        tokens = str(p.with_name(p.name[: -len(p.suffix)] + ".tokens.npy"))
+        try:
+            with fs.open(tokens, "rb") as f:
+                table = np.load(f, allow_pickle=False)
+        except FileNotFoundError:
+            raise missing_shard(f"{name} (its token table {tokens})") from None
+        except Exception as err:
+            raise corrupt_shard(f"{name} (its token table)", err) from None
+        sums = record.get(CRC_KEY) if isinstance(record.get(CRC_KEY), dict) else {}
+        crcs = sums.get("outputs")
+        crcs = list(crcs[: shape[0]]) if isinstance(crcs, list) and verify else None
+        record["epochs"] = record["epochs"][: shape[0]]
+        reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=stored, offset=offset,
+                      crcs=crcs, vocab=vocab, targets=table["target"])
+        read_block = read_topk_npy_block
+    else:
+        pf = _parquet_file(fs, path, name)
+        try:
+            part = pf.read_row_group(0, columns=["sample", *TOKEN_COLUMNS])
+            order = np.argsort(part.column("sample").to_numpy(), kind="stable")
+            table = np.empty(part.num_rows, dtype=TOKEN_DTYPE)
+            for col, field in TOKEN_COLUMNS.items():
+                table[field] = part.column(col).to_numpy()[order]
+        except Exception as err:
+            raise corrupt_shard(name, err) from None
+        shape = (pf.metadata.num_row_groups, n)
+        reader = dict(fs=fs, path=path, name=name, verify=verify)
+        read_block = read_topk_parquet_block
+    if table.dtype != TOKEN_DTYPE or table.shape != (n,) or shape[1] != n or shape[0] < 1 \
+            or (verify and table_crc(table, vocab, k) != record["tokens"].get("crc32c")):
+        raise CorruptFileError(f"{where}: its token table does not match its record (the "
+                               "file is corrupt, or another run's)")
+    return shape, dtype, record, table, reader, read_block
+
+
+def read_topk_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, crcs, vocab,
+                        targets):
+    """Tokens start..stop of every epoch of a top-k NPY shard: records (E, stop - start);
+    a block of the whole shard is verified against its checksums on the worker, any other
+    block's values are checked (`forgetkit._topk.check_records`)."""
+    n_epochs, n = shape
+    table_targets = targets[start:stop]
+    out = np.empty((n_epochs, stop - start), dtype=dtype)
+    try:
+        with fs.open(path, "rb") as f:
+            for e in range(n_epochs):
+                f.seek(offset + (e * n + start) * dtype.itemsize)
+                got = f.readinto(out[e].view(np.uint8))
+                if got != out[e].nbytes:
+                    raise corrupt_shard(name, f"epoch index {e} ends after {got} of "
+                                              f"{out[e].nbytes} bytes")
+    except FileNotFoundError:
+        raise missing_shard(name) from None
+    if crcs is None:  # unverified: the values are checked
+        check_records(out, table_targets, vocab, where=f"shard {name!r}")
+        return out
+    whole = start == 0 and stop == n
+    for e in range(n_epochs):
+        if whole and crc_array(out[e]) != crcs[e]:
+            raise CorruptFileError(f"shard {name!r}: epoch index {e} does not match its "
+                                   "checksum: the file is corrupt")
+    if not whole:  # a part of a shard cannot be checked against its checksums
+        check_records(out, table_targets, vocab, where=f"shard {name!r}")
+    return out
+
+
+def read_topk_parquet_block(start, stop, *, fs, path, name, verify):
+    """Tokens start..stop of every epoch of a top-k Parquet shard, read and verified whole
+    on the worker (`forgetkit.io.topk_parquet.read_topk_parquet`; unverified, the block's
+    values are checked)."""
+    from ..io.topk_parquet import read_topk_parquet
+
+    try:
+        with fs.open(path, "rb") as f:
+            records, record, table = read_topk_parquet(f, name=f"shard {name}", verify=verify)
+        out = np.ascontiguousarray(records[:, start:stop])
+        if not verify:
+            check_records(out, table["target"][start:stop], record["vocab_size"],
+                          where=f"shard {name!r}")
+    except FileNotFoundError:
+        raise missing_shard(name) from None
+    return out
+
+
+def load_topk_shards(shards, *, chunks, labels, verify):
+    """The top-k Run of ``shards`` (`shard_paths`) on a dask array of records (E, N)."""
+    blocks, tables, first = [], [], None
+    for fs, path, name in shards:
+        shape, dtype, record, table, reader, read_block = _open_topk_shard(fs, path, name,
+                                                                           verify)
+        if first is None:
+            first = (name, shape, dtype, record)
+        elif (shape[0], dtype, record["epochs"], record["vocab_size"]) != \
+                (first[1][0], first[2], first[3]["epochs"], first[3]["vocab_size"]):
+            raise CorruptFileError(f"shard {name!r} has {shape[0]} epochs {record['epochs']}, "
+                                   f"vocabulary {record['vocab_size']} and k={record['k']}; "
+                                   f"the first shard {first[0]!r} has {first[1][0]} epochs "
+                                   f"{first[3]['epochs']}, vocabulary {first[3]['vocab_size']} "
+                                   f"and k={first[3]['k']}: shards must hold the same epochs, "
+                                   "vocabulary and k")
+        tables.append(table)
+        n = shape[1]
+        step = n if chunks is None else chunks
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            task = dask.delayed(read_block, pure=True)(a, b, **reader)
+            blocks.append(da.from_delayed(task, shape=(shape[0], b - a), dtype=dtype))
+    name, shape, dtype, record = first
+    table = np.concatenate(tables)
+    outputs = TopKOutputs(da.concatenate(blocks, axis=1), record["vocab_size"],
+                          table["sequence"], table["position"])
+    return Run(outputs, table["target"] if labels is None else labels, kind="topk",
+               epochs=record["epochs"], meta=record.get("meta"))
+
+
 # ------------------------------------------------------------------------- load
 def _open_shard(fs, path, name):
     suffix = PurePosixPath(path).suffix.lower()
@@ -252,8 +417,11 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
         chunks = check_int("chunks", chunks, minimum=1)
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels_file(labels)
+    shards = shard_paths(source)
+    if _topk_record(*shards[0]) is not None:  # top-k runs: records and token tables
+        return load_topk_shards(shards, chunks=chunks, labels=labels, verify=verify)
     blocks, stored_labels, ids, first, names = [], [], [], None, []
-    for fs, path, name in shard_paths(source):
+    for fs, path, name in shards:
         shape, dtype, record, reader, read_block = _open_shard(fs, path, name)
         if first is None:
             first = (name, shape, dtype, record)

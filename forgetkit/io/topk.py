@@ -38,7 +38,6 @@ from .integrity import (
     bad_epochs,
     check_fields,
     crc_array,
-    crc_bytes,
     crc_ints,
     is_verified,
     mismatch,
@@ -255,8 +254,8 @@ def topk_run(path, records, record, table, labels, where, *, verify=True, verifi
 
 class EpochChecks:
     """The stored epochs of a memory-mapped top-k run not yet verified against their
-    checksums: each is verified on its first full read, the forgetting pass's in the same
-    pass over the bytes (`scan`), any other read's all at once (`all`, in threads). A
+    checksums: each is verified on its first full read, the forgetting pass's epoch by
+    epoch as it reads them (`check`), any other read's all at once (`all`, in threads). A
     mismatch is the CorruptFileError naming the file and the epoch; once every epoch holds,
     the file counts as verified in this process (`forgetkit.io.integrity.is_verified`)."""
 
@@ -264,26 +263,13 @@ class EpochChecks:
         self.path, self.crcs, self.epochs = path, list(crcs), list(epochs)
         self.done = [False] * len(self.crcs)
 
-    def complete(self):
-        return all(self.done)
-
-    def scan(self, records, e, fn):
-        """``fn(start, block)`` over the blocks of epoch index ``e`` of ``records`` (E, N),
-        each block checksummed first while the epoch is not yet verified."""
-        if self.done[e]:
-            _topk._blocks(records[e], fn)
-            return
-        crc = 0
-
-        def both(start, block):
-            nonlocal crc
-            crc = crc_bytes(memoryview(block.view(np.uint8)), crc)
-            fn(start, block)
-
-        _topk._blocks(records[e], both)
-        if crc != self.crcs[e]:
-            raise mismatch(self.path, self.epochs[e], e)
-        self._passed([e])
+    def check(self, records, e):
+        """Verify epoch index ``e`` of ``records`` (E, N) unless it was (thread-safe: each
+        epoch is one thread's)."""
+        if not self.done[e]:
+            if crc_array(records[e]) != self.crcs[e]:
+                raise mismatch(self.path, self.epochs[e], e)
+            self.done[e] = True
 
     def all(self, records):
         """Verify every epoch of ``records`` not yet verified."""
@@ -292,13 +278,16 @@ class EpochChecks:
         if bad:
             e = todo[bad[0]]
             raise mismatch(self.path, self.epochs[e], e)
-        self._passed(todo)
-
-    def _passed(self, epochs):
-        for e in epochs:
+        for e in todo:
             self.done[e] = True
-        if self.complete():
+        self.complete()
+
+    def complete(self):
+        """Whether every epoch was verified (the file then counts as verified)."""
+        if all(self.done):
             remember_verified(self.path)
+            return True
+        return False
 
 
 def _write_tokens(file, table):

@@ -85,17 +85,29 @@ def _list_column(table, name, k, dtype, where):
 
 def load_topk_parquet(path, *, labels=None, verify=True):
     """A top-k run from the Parquet file ``path`` (see the module docstring)."""
-    from .topk import _check_topk_record, table_crc, topk_run
+    from .topk import topk_run
 
-    where = f"the forgetkit metadata of {str(path)!r}"
+    records, record, table = read_topk_parquet(path, verify=verify)
+    # every epoch was verified as it was read; unverified, the Run checks the values
+    return topk_run(path, records, record, table, labels,
+                    f"the forgetkit metadata of {str(path)!r}", verify=verify, verified=True)
+
+
+def read_topk_parquet(path, *, name=None, verify=True):
+    """(records (E, N), record, token table) of the top-k Parquet file ``path`` (a path
+    or an open file, which messages call ``name``), every epoch verified as it is read."""
+    from .topk import _check_topk_record, table_crc
+
+    name = str(path) if name is None else name
+    where = f"the forgetkit metadata of {name!r}"
     try:
         pf = pq.ParquetFile(path, page_checksum_verification=bool(verify))
         md = pf.metadata.metadata or {}
     except Exception as err:
-        raise corrupt(path, err) from None
+        raise corrupt(name, err) from None
     record = parse_record(md.get(PARQUET_KEY, b"{}"), where)
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise CorruptFileError(f"{str(path)!r} is not a forgetkit top-k run")
+        raise CorruptFileError(f"{name!r} is not a forgetkit top-k run")
     n, vocab, k = _check_topk_record(record, where)
     if not isinstance(n, int) or n < 1:
         raise CorruptFileError(f"{where} lacks a valid n_samples")
@@ -105,14 +117,14 @@ def load_topk_parquet(path, *, labels=None, verify=True):
         raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
     n_groups = pf.metadata.num_row_groups
     if n_groups != len(record["epochs"]) or (sums and len(sums["outputs"]) != n_groups):
-        raise CorruptFileError(f"{str(path)!r} holds {n_groups} epochs; its metadata names "
+        raise CorruptFileError(f"{name!r} holds {n_groups} epochs; its metadata names "
                                f"{len(record['epochs'])}")
     dtype = topk_dtype(k, vocab)
     records = np.empty((n_groups, n), dtype=dtype)
     table = np.empty(n, dtype=TOKEN_DTYPE)
     for e in range(n_groups):
         if pf.metadata.row_group(e).num_rows != n:
-            raise CorruptFileError(f"{str(path)!r}: epoch index {e} holds "
+            raise CorruptFileError(f"{name!r}: epoch index {e} holds "
                                    f"{pf.metadata.row_group(e).num_rows} rows; expected {n}")
         try:
             columns = ["sample", "target", "lse", "logits", "ids"]
@@ -131,12 +143,10 @@ def load_topk_parquet(path, *, labels=None, verify=True):
                 for col, field in TOKEN_COLUMNS.items():
                     table[field] = part.column(col).to_numpy()[order]
         except Exception as err:
-            raise CorruptFileError(f"cannot read epoch index {e} of {str(path)!r}: the file "
+            raise CorruptFileError(f"cannot read epoch index {e} of {name!r}: the file "
                                    f"is truncated or corrupt ({err})") from None
         if verify and crc_array(records[e]) != sums["outputs"][e]:
-            raise mismatch(path, record["epochs"][e], e)
+            raise mismatch(name, record["epochs"][e], e)
     if verify and table_crc(table, vocab, k) != record["tokens"].get("crc32c"):
-        raise CorruptFileError(f"{str(path)!r}: the token table does not match its checksum")
-    record = dict(record, **({KEY: sums} if sums else {}))
-    # every epoch was verified as it was read; unverified, the Run checks the values
-    return topk_run(path, records, record, table, labels, where, verify=verify, verified=True)
+        raise CorruptFileError(f"{name!r}: the token table does not match its checksum")
+    return records, dict(record, **({KEY: sums} if sums else {})), table
