@@ -177,6 +177,11 @@ class RecordOutputs:
     def stored_rows(self):
         return None
 
+    @property
+    def stored(self):
+        """The records as stored, unread (an ndarray, a memmap or a dask array)."""
+        return self.records
+
     def _read(self):
         return np.asarray(self.records)
 

@@ -301,43 +301,49 @@ class TopKOutputs(RecordOutputs):
         #: their first full read (`forgetkit.io.topk.EpochChecks`), or None.
         self.checks = checks
 
-    def __getitem__(self, key):
+    @property
+    def records(self):
+        """The records (E, N), every epoch verified first if it was not yet (`checks`)."""
         if self.checks is not None:
-            self._read()  # a selection reads verified records
-        return super().__getitem__(key)
+            self.checks.all(self._stored)
+            self.checks = None
+        return self._stored
+
+    @records.setter
+    def records(self, value):
+        self._stored = value
+
+    @property
+    def stored(self):
+        """The records as stored (a memmap, an ndarray or a dask array), not verified."""
+        return self._stored
 
     def builder(self, samples):
         return partial(TopKOutputs, vocab_size=self.n_classes,
                        sequence_ids=self.sequence_ids[samples],
                        positions=self.positions[samples])
 
-    def _read(self):
-        if self.checks is not None:
-            self.checks.all(self.records)
-            self.checks = None
-        return np.asarray(self.records)
 
     def correct(self, labels):
         return correct(self._read(), labels)
 
     def predictions(self, labels):
-        """The argmax token ids: int32 (n_epochs, n_tokens), epochs read in threads (the
-        checksum and the copy release the GIL); an epoch not yet verified is checked
-        against its checksum first (`forgetkit.io.topk.EpochChecks.check`). A memory-mapped
-        file's pages are mapped in one call first (`populate`)."""
-        records, checks = self.records, self.checks
+        """The argmax token ids: int32 (n_epochs, n_tokens), read epoch by epoch in threads
+        (the copy and the checksum release the GIL), only what they need: an epoch not yet
+        verified is checked against the checksum of its argmax ids
+        (`forgetkit.io.topk.EpochChecks.check_argmax`; a full check where the file has none).
+        A memory-mapped file's pages are mapped in one call first (`populate`)."""
+        records, checks = self._stored, self.checks
         populate(records)
         out = np.empty(records.shape, dtype=np.int32)
 
         def epoch(e):
-            if checks is not None:
-                checks.check(records, e)
             out[e] = records[e]["ids"][:, 0]
+            if checks is not None:
+                checks.check_argmax(records, e, out[e])
 
         with ThreadPoolExecutor(max(1, min(len(out), os.cpu_count() or 1))) as pool:
             list(pool.map(epoch, range(len(out))))  # the first bad epoch raises
-        if checks is not None and checks.complete():
-            self.checks = None
         return out
 
     def label_probs(self):

@@ -198,7 +198,7 @@ class RecordBackend(Backend):
 
     @property
     def here(self):
-        return not is_dask_array(self.outputs.records)
+        return not is_dask_array(self.outputs.stored)
 
 
 class SummaryBackend(RecordBackend):

@@ -215,7 +215,7 @@ def loader(name):
 def _provide(outputs):
     """Import the module that registers the executor of ``outputs``' array type (of their
     ``records``, for records such as a top-k run's), if any."""
-    stored = getattr(outputs, "records", outputs)
+    stored = getattr(outputs, "stored", outputs)
     module = PROVIDERS.get(type(stored).__module__.partition(".")[0])
     if module is not None and module not in sys.modules:
         importlib.import_module(module)

@@ -206,21 +206,29 @@ def flip(path, offset):
 
 
 @pytest.mark.parametrize("read", ["forget_fraction", "label_probs", "isel", "verify"])
-def test_a_flipped_byte_is_refused_naming_the_epoch(tmp_path, read):
+@pytest.mark.parametrize("field", ["argmax id", "other id"])
+def test_a_flipped_byte_is_refused_naming_the_epoch(tmp_path, read, field):
     path = tmp_path / "t.npy"
-    topk_of(token_run(n_epochs=4), path=path)
-    size = topk_dtype(K, V).itemsize * 300
-    flip(path, 256 + 2 * size + 123)  # inside epoch index 2
+    full = token_run(n_epochs=4)
+    topk_of(full, path=path)
+    itemsize = topk_dtype(K, V).itemsize
+    # epoch index 2, token 3: the high byte of ids[0] (what the forgetting pass reads) or
+    # of ids[1] (which it does not read)
+    at = 8 + 4 * K + (0 if field == "argmax id" else 2) + 1
+    flip(path, 256 + 2 * 300 * itemsize + 3 * itemsize + at)
     if read == "verify":
         assert fk.verify(path)["bad"] == [2]
         return
-    run = fk.load(path)  # checked on the first full read of each epoch
+    run = fk.load(path)  # checked on the first read of each epoch
+    if read == "forget_fraction" and field == "other id":  # the bytes it reads hold
+        assert np.array_equal(fk.forget_fraction(run), fk.forget_fraction(full))
+        read = "label_probs"  # any full read refuses the epoch
     calls = {"forget_fraction": lambda: fk.forget_fraction(run),
              "label_probs": lambda: run.label_probs(),
              "isel": lambda: run.isel(samples=[0, 1])}
     with pytest.raises(CorruptFileError, match=r"epoch 2 \(index 2\) does not match"):
         calls[read]()
-    with pytest.raises(CorruptFileError, match="token id 4128 lies outside the vocabulary"):
+    with pytest.raises(CorruptFileError, match="token id 4.* lies outside the vocabulary"):
         fk.load(path, verify=False)  # unverified: the values are checked instead
 
 
@@ -229,8 +237,10 @@ def test_verified_once_per_process(tmp_path):
     topk_of(token_run(n_epochs=3), path=path)
     run = fk.load(path)
     assert run.outputs.checks is not None
-    run.predictions()
-    assert run.outputs.checks is None  # every epoch verified in the pass
+    run.predictions()  # verifies the argmax ids only
+    assert run.outputs.checks is not None and fk.load(path).outputs.checks is not None
+    run.label_probs()
+    assert run.outputs.checks is None  # every epoch verified
     assert fk.load(path).outputs.checks is None  # the unchanged file is not read again
 
 

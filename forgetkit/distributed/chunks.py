@@ -35,7 +35,7 @@ from ..run import Run
 def sample_chunks(run):
     """The run's outputs (E, N, C) chunked along samples only (a dask array); of a run
     stored as records (a top-k run), the records (E, N)."""
-    x = getattr(run.outputs, "records", run.outputs)
+    x = getattr(run.outputs, "stored", run.outputs)
     if len(x.chunks[0]) > 1 or (x.ndim == 3 and len(x.chunks[2]) > 1):
         x = x.rechunk({0: -1, 2: -1} if x.ndim == 3 else {0: -1})
     return x
@@ -189,7 +189,7 @@ class DaskExecutor(Executor):
 
 EXECUTOR = DaskExecutor()
 register_executor(is_dask_array, EXECUTOR)
-register_executor(lambda x: isinstance(x, RecordOutputs) and is_dask_array(x.records),
+register_executor(lambda x: isinstance(x, RecordOutputs) and is_dask_array(x.stored),
                   EXECUTOR)
 
 

@@ -89,8 +89,9 @@ def with_checksums(record, epoch_crcs):
 
 
 def record_encoder(record, *, labels_crc=None):
-    """A function ``(epochs, epoch_crcs) -> EncodedRecord``: ``record`` with those epoch
-    numbers and checksums of the stored epochs (`with_checksums`), its JSON text joined from
+    """A function ``(epochs, epoch_crcs, more=None) -> EncodedRecord``: ``record`` with
+    those epoch numbers and checksums of the stored epochs (`with_checksums`; ``more``: a
+    dict of further checksum lists), its JSON text joined from
     the encodings of the other fields, made once here. A writer's labels, ids, class names
     and metadata do not change between epochs: encoding them once keeps the per-epoch
     sidecar write off the GIL-holding JSON encoder (and the list of labels off the heap).
@@ -103,12 +104,12 @@ def record_encoder(record, *, labels_crc=None):
     fixed = dict(record)
     labels_crc = crc_ints(record["labels"]) if labels_crc is None else int(labels_crc)
 
-    def encoded(epochs, epoch_crcs):
+    def encoded(epochs, epoch_crcs, more=None):
         epochs = [int(e) for e in epochs]
         out = EncodedRecord(fixed)
         out["epochs"] = epochs
         out[CRC_KEY] = {"outputs": [int(c) for c in epoch_crcs], "labels": labels_crc,
-                        "epochs": crc_ints(epochs)}
+                        "epochs": crc_ints(epochs), **(more or {})}
         body = f'"epochs": {json.dumps(epochs)}, "{CRC_KEY}": {json.dumps(out[CRC_KEY])}'
         out.json_text = "{" + ", ".join(p for p in (head, body, tail) if p) + "}"
         return out

@@ -315,7 +315,7 @@ class SummaryWriter(LockedWriter):
         f.write(memoryview(np.ascontiguousarray(records).reshape(-1).view(np.uint8)))
         self._flush()  # the records are on disk before the header counts them
         self.epochs.append(epoch)
-        self.crcs.append(crc_array(records))
+        self.crcs.append(self._crc(records))
         before = self._use_meta(meta)
         # stale temporaries were removed at open; the run's lock keeps other writers away
         try:
@@ -329,6 +329,10 @@ class SummaryWriter(LockedWriter):
         f.seek(0)
         f.write(summary_header(len(self.epochs), self.n_samples, self.dtype))
         self._flush()  # the epoch counted on disk before append returns
+
+    def _crc(self, records):
+        """What `crcs` keeps of an epoch's records: their CRC32C."""
+        return crc_array(records)
 
     def _records_of(self, epoch, values):
         """The records of epoch number ``epoch`` from what `append` got, checked."""
@@ -354,7 +358,7 @@ class SummaryWriter(LockedWriter):
         kill leaves the old run or the new."""
         old = _open_records(self.path)
         epochs, crcs = self.epochs, self.crcs
-        self.epochs, self.crcs = epochs[:keep] + [epoch], crcs[:keep] + [crc_array(records)]
+        self.epochs, self.crcs = epochs[:keep] + [epoch], crcs[:keep] + [self._crc(records)]
         before = self._use_meta(meta)
 
         def write_tensor(tmp):

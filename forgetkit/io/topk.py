@@ -51,6 +51,8 @@ from .record import RECORD_VERSION, check_record, needs_checksums, record_encode
 from .summary import SummaryWriter, _open_records, summary_header
 
 FORMAT = "forgetkit-topk"
+#: The key, beside "outputs" in a top-k record's checksums, of the argmax ids' checksums.
+ARGMAX_KEY = "argmax"
 TOKENS_SUFFIX = ".tokens.npy"
 #: Tokens whose records are value-checked at a time when a run is loaded unverified.
 CHECK_TOKENS = 1 << 20
@@ -113,8 +115,23 @@ def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None):
 
 
 def _encoder(record, table):
-    """`record_encoder` of a top-k record: the labels (targets) live in the token table."""
-    return record_encoder(record, labels_crc=crc_ints(table["target"]))
+    """``(epochs, crcs) -> EncodedRecord``: `record_encoder` of a top-k record (the labels,
+    its targets, live in the token table); ``crcs`` are `epoch_crcs` pairs, stored as the
+    epochs' checksums and, under ``"argmax"``, those of their argmax ids."""
+    encode = record_encoder(record, labels_crc=crc_ints(table["target"]))
+    return lambda epochs, crcs: encode(epochs, [c[0] for c in crcs],
+                                       {ARGMAX_KEY: [int(c[1]) for c in crcs]})
+
+
+def argmax_crc(records):
+    """The CRC32C of one epoch's argmax ids, ``records["ids"][:, 0]`` as little-endian int32
+    (what the forgetting pass reads)."""
+    return crc_array(np.ascontiguousarray(records["ids"][:, 0], dtype="<i4"))
+
+
+def epoch_crcs(records):
+    """(CRC32C of one epoch's records, of its argmax ids)."""
+    return crc_array(records), argmax_crc(records)
 
 
 def read_topk_record(path):
@@ -235,7 +252,11 @@ def topk_run(path, records, record, table, labels, where, *, verify=True, verifi
             raise CorruptFileError(f"{where} has checksums of {len(sums['outputs'])} epochs; "
                                    f"the file holds {len(records)}")
         if not (verified or is_verified(path)):
-            checks = EpochChecks(path, sums["outputs"][: len(records)], epochs)
+            argmax = sums.get(ARGMAX_KEY)
+            ok = isinstance(argmax, list) and len(argmax) >= len(records) and all(
+                isinstance(c, int) and not isinstance(c, bool) for c in argmax)
+            checks = EpochChecks(path, sums["outputs"][: len(records)], epochs,
+                                 argmax[: len(records)] if ok else None)
     else:
         for start in range(0, n, CHECK_TOKENS):
             part = slice(start, start + CHECK_TOKENS)
@@ -254,14 +275,29 @@ def topk_run(path, records, record, table, labels, where, *, verify=True, verifi
 
 class EpochChecks:
     """The stored epochs of a memory-mapped top-k run not yet verified against their
-    checksums: each is verified on its first full read, the forgetting pass's epoch by
-    epoch as it reads them (`check`), any other read's all at once (`all`, in threads). A
+    checksums: each is verified on its first full read (`all`, in threads: every read but
+    the forgetting pass's), and the argmax ids that the forgetting pass reads alone
+    against their own checksums (`check_argmax`). A
     mismatch is the CorruptFileError naming the file and the epoch; once every epoch holds,
     the file counts as verified in this process (`forgetkit.io.integrity.is_verified`)."""
 
-    def __init__(self, path, crcs, epochs):
+    def __init__(self, path, crcs, epochs, argmax=None):
         self.path, self.crcs, self.epochs = path, list(crcs), list(epochs)
+        self.argmax = None if argmax is None else list(argmax)
         self.done = [False] * len(self.crcs)
+        self.argmax_done = [False] * len(self.crcs)
+
+    def check_argmax(self, records, e, ids):
+        """Verify the argmax ids ``ids`` (int32 (N,), read from epoch index ``e`` of
+        ``records``) against their checksum, or the whole epoch where the file has none
+        (thread-safe: each epoch is one thread's)."""
+        if self.done[e] or self.argmax_done[e]:
+            return
+        if self.argmax is None:
+            self.check(records, e)
+        elif crc_array(np.asarray(ids, dtype="<i4")) != self.argmax[e]:
+            raise mismatch(self.path, self.epochs[e], e)
+        self.argmax_done[e] = True
 
     def check(self, records, e):
         """Verify epoch index ``e`` of ``records`` (E, N) unless it was (thread-safe: each
@@ -321,7 +357,7 @@ def save_topk(run, path):
             f.write(summary_header(*records.shape, records.dtype))
             for e in range(len(records)):
                 epoch = np.ascontiguousarray(records[e])
-                crcs.append(crc_array(epoch))
+                crcs.append(epoch_crcs(epoch))
                 f.write(memoryview(epoch.reshape(-1).view(np.uint8)))
         return crcs
 
@@ -406,6 +442,9 @@ class TopKWriter(SummaryWriter):
         the run's metadata."""
         super().append(epoch, records, replace=replace, meta=meta)
 
+    def _crc(self, records):
+        return epoch_crcs(records)
+
     def _records_of(self, epoch, values):
         where = f"the records of epoch {epoch}"
         if values.dtype.names is not None:
@@ -468,10 +507,11 @@ class TopKWriter(SummaryWriter):
                                  "use mode='w' to start over, or another path)")
         _settle_tokens(self.path, record)
         n = stored.shape[0]
-        if verify_tensor(self.path, stored, record):
-            crcs = list(record[CRC_KEY]["outputs"][:n])
-        else:
-            crcs = [crc_array(stored[e]) for e in range(n)]
+        verify_tensor(self.path, stored, record)
+        argmax = record[CRC_KEY].get(ARGMAX_KEY) if isinstance(record.get(CRC_KEY), dict) \
+            else None
+        crcs = [(record[CRC_KEY]["outputs"][e], argmax[e]) if isinstance(argmax, list)
+                and len(argmax) > e else epoch_crcs(stored[e]) for e in range(n)]
         return list(record["epochs"][:n]), crcs
 
 

@@ -24,6 +24,7 @@ from ..errors import CorruptFileError
 from .integrity import KEY, checksums, crc_array, mismatch, stored_checksums
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
 from .record import corrupt, parse_record
+from .topk import ARGMAX_KEY, argmax_crc
 
 FORMAT = "forgetkit-topk"
 TOKEN_COLUMNS = {"sequence": "sequence", "position": "position", "target_id": "target"}
@@ -62,6 +63,7 @@ def write_topk_parquet(path, records, record, table):
             writer.write_table(pa.Table.from_arrays(columns, schema=schema),
                                row_group_size=n)
         sums = checksums(table["target"], rec["epochs"], crcs)
+        sums[ARGMAX_KEY] = [argmax_crc(records[e]) for e in range(n_epochs)]
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
 
 

@@ -13,7 +13,7 @@ from .parquet import open_parquet_run, staging_path
 from .record import format_of
 from .summary import _open_records, _read_summary_sidecar, is_summary
 from .summary_parquet import is_summary_parquet, load_summary_parquet
-from .topk import _read_topk_sidecar, is_topk, read_tokens
+from .topk import ARGMAX_KEY, _read_topk_sidecar, argmax_crc, is_topk, read_tokens
 from .topk_parquet import is_topk_parquet, load_topk_parquet
 
 
@@ -45,6 +45,10 @@ def verify_run(path):
                                    f"{len(tensor)}")
         epochs = record.get("epochs") or []
         bad = bad_epochs(tensor, sums["outputs"][: len(tensor)])
+        argmax = sums.get(ARGMAX_KEY) if topk else None
+        if isinstance(argmax, list):  # what the forgetting pass checks alone
+            bad = sorted(set(bad) | {e for e in range(len(tensor)) if e >= len(argmax)
+                                     or argmax_crc(tensor[e]) != argmax[e]})
         result.update(verifiable=True, epochs=len(tensor), bad=[int(epochs[e]) for e in bad])
     elif fmt == "parquet" and (is_summary_parquet(path) or is_topk_parquet(path)):
         # every epoch checked as read
