@@ -379,7 +379,7 @@ class Killed(BaseException):
 def _state(path):
     run = fk.load(path)
     return (np.asarray(run.outputs.records).copy(), run.labels.copy(), run.epochs.copy(),
-            run.positions.copy())
+            run.positions.copy(), run.sequence_ids.copy())
 
 
 def _same(a, b):
@@ -535,3 +535,36 @@ def test_a_corrupt_topk_shard_is_refused_on_the_worker_naming_it(tmp_path):
     fk.save(topk_of(token_run(n_epochs=2, n_tokens=60)), bad)
     with pytest.raises(CorruptFileError, match="shard .*shard-001.npy.* has 2 epochs"):
         fk.load(pattern)
+
+
+def test_a_reader_never_sees_one_runs_records_with_the_others_token_table(tmp_path):
+    import threading
+
+    path = tmp_path / "r.npy"
+    runs = [topk_of(token_run(n_epochs=3, n_tokens=40, seed=1)),
+            topk_of(token_run(n_epochs=2, n_tokens=60, seed=2))]
+    runs[1] = fk.Run(_topk.TopKOutputs(runs[1].outputs.records, V, np.arange(60) + 7,
+                                       np.arange(60) * 3), runs[1].labels, kind="topk",
+                     epochs=runs[1].epochs)
+    states = []
+    for i, run in enumerate(runs):
+        fk.save(run, tmp_path / f"s{i}.npy")
+        states.append(_state(tmp_path / f"s{i}.npy"))
+    fk.save(runs[0], path)
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            fk.save(runs[i % 2], path)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(100):
+            state = _state(path)
+            assert _same(state, states[0]) or _same(state, states[1])
+    finally:
+        stop.set()
+        thread.join()

@@ -46,7 +46,7 @@ from .integrity import (
 )
 from .lock import RunLock
 from .npy import verify_tensor
-from .pair import commit_pair, open_pair
+from .pair import READ_ATTEMPTS, _identity, commit_pair, open_pair
 from .record import RECORD_VERSION, check_record, needs_checksums, record_encoder, sidecar_path
 from .summary import SummaryWriter, _open_records, summary_header
 
@@ -185,12 +185,15 @@ def _check_topk_record(record, where):
 def read_tokens(path, record, *, verify=True):
     """The token table of the top-k run at ``path`` whose sidecar record is ``record``:
     ``<name>.tokens.npy`` or, while a new one is being committed, ``<name>.tokens.npy.next``
-    (whichever matches the record's checksum; without ``verify``, the first that loads)."""
+    (whichever matches the record's checksum: checked whatever ``verify`` says, as it tells
+    the two apart; 16 bytes per token)."""
     want = record["tokens"].get("crc32c")
     vocab, k = record["vocab_size"], record["k"]
     n = record["n_samples"]
     seen = []
-    for file in (tokens_path(path), _pending_tokens(path)):
+    # the pending table first: a commit renames it over the table, so that one read after
+    # it is missing sees the renamed one
+    for file in (_pending_tokens(path), tokens_path(path)):
         try:
             table = np.load(file, allow_pickle=False)
         except FileNotFoundError:
@@ -200,7 +203,7 @@ def read_tokens(path, record, *, verify=True):
             continue
         if table.dtype != TOKEN_DTYPE or table.shape != (n,):
             seen.append(f"{str(file)!r} holds {table.dtype} of shape {table.shape}")
-        elif verify and table_crc(table, vocab, k) != want:
+        elif table_crc(table, vocab, k) != want:  # always: it tells the two tables apart
             seen.append(f"{str(file)!r} does not match its checksum")
         else:
             return table
@@ -212,13 +215,22 @@ def read_tokens(path, record, *, verify=True):
 def load_topk(path, *, labels=None, verify=True):
     """A top-k run (kind "topk") from ``path``, memory-mapped; ``verify`` checks the stored
     checksums (`forgetkit.load`)."""
-    records, record, _ = open_pair(path, _open_records, _read_topk_sidecar)
-    if record is None:
-        raise ForgetkitError(f"{str(path)!r} is not a forgetkit top-k run (no {FORMAT} "
-                             "sidecar)")
     where = f"the sidecar {str(sidecar_path(path))!r}"
-    _check_topk_record(record, where)
-    table = read_tokens(path, record, verify=verify)
+    for attempt in range(READ_ATTEMPTS):
+        before = _identity(sidecar_path(path))
+        records, record, _ = open_pair(path, _open_records, _read_topk_sidecar)
+        if record is None:
+            raise ForgetkitError(f"{str(path)!r} is not a forgetkit top-k run (no {FORMAT} "
+                                 "sidecar)")
+        _check_topk_record(record, where)
+        try:
+            table = read_tokens(path, record, verify=verify)
+            break
+        except CorruptFileError:
+            # a writer committed another run meanwhile (its token table replaced ours):
+            # read the pair again
+            if attempt + 1 == READ_ATTEMPTS or _identity(sidecar_path(path)) == before:
+                raise
     return topk_run(path, records, record, table, labels, where, verify=verify)
 
 
