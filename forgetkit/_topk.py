@@ -219,7 +219,8 @@ def as_summary(records, targets):
 def check_records(records, targets, vocab_size, *, where="records"):
     """Raise ForgetkitError unless ``records`` (..., n_tokens) of a `topk_dtype` are valid
     for ``targets`` and ``vocab_size``: finite values; ids in [0, vocab_size), distinct per
-    token; logits descending; lse at least the largest logit and the target's at most it,
+    token; logits descending, equal ones by ascending id; lse at least the largest logit
+    and the target's at most it,
     and equal to it where the target is stored (up to float32 rounding, `LSE_SLACK`)."""
     records = np.asarray(records)
     targets = np.asarray(targets)
@@ -239,6 +240,12 @@ def check_records(records, targets, vocab_size, *, where="records"):
             bad = np.argwhere((np.diff(logits, axis=-1) > 0).any(axis=-1))[0].tolist()
             raise ForgetkitError(f"{where}: the logits of token {bad} are not in descending "
                                  "order")
+        ties = (logits[..., 1:] == logits[..., :-1]) & (ids[..., 1:] < ids[..., :-1])
+        if ties.any():
+            bad = np.argwhere(ties.any(axis=-1))[0].tolist()
+            raise ForgetkitError(f"{where}: token {bad} stores equal logits out of id order "
+                                 "(equal logits go by ascending id, so that ids[0] is the "
+                                 "argmax with ties to the lowest id)")
         sorted_ids = np.sort(ids, axis=-1)
         if (sorted_ids[..., 1:] == sorted_ids[..., :-1]).any():
             bad = np.argwhere((sorted_ids[..., 1:] == sorted_ids[..., :-1]).any(axis=-1))

@@ -307,6 +307,9 @@ def test_bad_records_are_refused_and_nothing_is_written(tmp_path):
         (lambda r: r["logits"].__setitem__((4, 3), r["logits"][4, 0] + 1),
          "not in descending order"),
         (lambda r: r["ids"].__setitem__((6, 1), r["ids"][6, 0]), "stores one id twice"),
+        (lambda r: (r["logits"].__setitem__((8, 1), r["logits"][8, 0]),
+                    r["ids"].__setitem__((8, 1), r["ids"][8, 0] - 1 if r["ids"][8, 0] else 0)),
+         "equal logits out of id order|stores one id twice"),
     ]
     for change, message in cases:
         with pytest.raises(fk.ForgetkitError, match=message):
