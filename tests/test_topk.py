@@ -389,9 +389,24 @@ def _same(a, b):
     return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_a_kill_at_any_rename_of_save_leaves_the_old_run_or_the_new(tmp_path, monkeypatch):
+def kill_at_rename(monkeypatch, k):
+    """Make the k-th os.replace (0-based) raise Killed first; returns the call count."""
     import os
 
+    calls = {"n": 0}
+    real = os.replace
+
+    def replace(src, dst):
+        calls["n"] += 1
+        if calls["n"] - 1 == k:
+            raise Killed
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return calls
+
+
+def test_a_kill_at_any_rename_of_save_leaves_the_old_run_or_the_new(tmp_path, monkeypatch):
     old = topk_of(token_run(n_epochs=3, n_tokens=40, seed=1))
     new = topk_of(token_run(n_epochs=2, n_tokens=60, seed=2))
     seen = set()
@@ -401,17 +416,8 @@ def test_a_kill_at_any_rename_of_save_leaves_the_old_run_or_the_new(tmp_path, mo
         before = _state(path)
         fk.save(new, tmp_path / f"n{k}.npy")
         after = _state(tmp_path / f"n{k}.npy")
-        calls = {"n": 0}
-        real = os.replace
-
-        def replace(src, dst, calls=calls, k=k, real=real):
-            calls["n"] += 1
-            if calls["n"] - 1 == k:
-                raise Killed
-            return real(src, dst)
-
         with monkeypatch.context() as m:
-            m.setattr(os, "replace", replace)
+            calls = kill_at_rename(m, k)
             try:
                 fk.save(new, path)
             except Killed:
@@ -428,8 +434,6 @@ def test_a_kill_at_any_rename_of_save_leaves_the_old_run_or_the_new(tmp_path, mo
 
 def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(tmp_path,
                                                                        monkeypatch):
-    import os
-
     full = token_run(n_epochs=3, n_tokens=40)
     outcomes = set()
     for k in range(4):
@@ -439,17 +443,8 @@ def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(tmp_path
                 w.append(e, full.epoch_values(e))
         before = _state(path)
         w = fk.TopKWriter(path, **writer_args(full))
-        calls = {"n": 0}
-        real = os.replace
-
-        def replace(src, dst, calls=calls, k=k, real=real):
-            calls["n"] += 1
-            if calls["n"] - 1 == k:
-                raise Killed
-            return real(src, dst)
-
         with monkeypatch.context() as m:
-            m.setattr(os, "replace", replace)
+            calls = kill_at_rename(m, k)
             try:
                 w.append(1, full.epoch_values(0), replace=True)
             except Killed:

@@ -93,15 +93,21 @@ def is_summary(path):
     return read_summary_record(path) is not None
 
 
-def _read_summary_sidecar(file):
-    """The summary record in the sidecar ``file`` (None if absent or not a summary's)."""
+def read_sidecar_of(file, fmt):
+    """The record of format ``fmt`` (a summary's, a top-k run's) in the sidecar ``file``
+    (None if absent or of another format)."""
     try:
         record = json.loads(file.read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise CorruptFileError(f"the sidecar {str(file)!r} is not valid JSON") from None
-    return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+    return record if isinstance(record, dict) and record.get("format") == fmt else None
+
+
+def _read_summary_sidecar(file):
+    """The summary record in the sidecar ``file`` (None if absent or not a summary's)."""
+    return read_sidecar_of(file, FORMAT)
 
 
 def _open_records(path):

@@ -44,13 +44,19 @@ def write_summary_parquet(path, records, record):
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
 
 
-def is_summary_parquet(path):
-    """Whether the Parquet file ``path`` holds a forgetkit summary."""
+def has_format(path, fmt):
+    """Whether the Parquet file ``path`` holds a forgetkit run of format ``fmt`` (a
+    summary's, a top-k run's)."""
     try:
         md = pq.read_schema(path).metadata or {}
-        return json.loads(md.get(PARQUET_KEY, b"{}")).get("format") == FORMAT
+        return json.loads(md.get(PARQUET_KEY, b"{}")).get("format") == fmt
     except Exception:
         return False  # not ours to judge: the Parquet loader reports it
+
+
+def is_summary_parquet(path):
+    """Whether the Parquet file ``path`` holds a forgetkit summary."""
+    return has_format(path, FORMAT)
 
 
 def load_summary_parquet(path, *, labels=None, verify=True):

@@ -21,7 +21,6 @@ the two matches the sidecar's checksum, so it sees the old run or the new one.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from .lock import RunLock
 from .npy import verify_tensor
 from .pair import READ_ATTEMPTS, _identity, commit_pair, open_pair
 from .record import RECORD_VERSION, check_record, needs_checksums, record_encoder, sidecar_path
-from .summary import SummaryWriter, _open_records, summary_header
+from .summary import SummaryWriter, _open_records, read_sidecar_of, summary_header
 
 FORMAT = "forgetkit-topk"
 #: The key, beside "outputs" in a top-k record's checksums, of the argmax ids' checksums.
@@ -151,13 +150,7 @@ def is_topk(path):
 
 def _read_topk_sidecar(file):
     """The top-k record in the sidecar ``file`` (None if absent or not a top-k run's)."""
-    try:
-        record = json.loads(file.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise CorruptFileError(f"the sidecar {str(file)!r} is not valid JSON") from None
-    return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+    return read_sidecar_of(file, FORMAT)
 
 
 def _check_topk_record(record, where):

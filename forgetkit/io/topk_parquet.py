@@ -24,6 +24,7 @@ from ..errors import CorruptFileError
 from .integrity import KEY, checksums, crc_array, mismatch, stored_checksums
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
 from .record import corrupt, parse_record
+from .summary_parquet import has_format
 from .topk import ARGMAX_KEY, argmax_crc
 
 FORMAT = "forgetkit-topk"
@@ -69,11 +70,7 @@ def write_topk_parquet(path, records, record, table):
 
 def is_topk_parquet(path):
     """Whether the Parquet file ``path`` holds a forgetkit top-k run."""
-    try:
-        md = pq.read_schema(path).metadata or {}
-        return json.loads(md.get(PARQUET_KEY, b"{}")).get("format") == FORMAT
-    except Exception:
-        return False  # not ours to judge: the Parquet loader reports it
+    return has_format(path, FORMAT)
 
 
 def _list_column(table, name, k, dtype, where):
