@@ -308,7 +308,9 @@ class Run:
 
     def correctness(self, *, progress=False):
         """Whether each sample is classified correctly at each epoch: bool (E, N)."""
-        return self.predictions(progress=progress) == self.labels[None, :]
+        pred = self.predictions(progress=progress)
+        # labels as the predictions' int32 (classes fit it): no int64 cast per element
+        return pred == self.labels.astype(pred.dtype)[None, :]
 
     # ------------------------------------------------------------ probabilities
     def probs(self, index=None, *, dtype=np.float64):
