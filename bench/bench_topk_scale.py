@@ -64,7 +64,7 @@ def write_run(path, n_epochs, n_tokens, k, vocab, *, seed=0):
             ids = (targets[:, None] + shift + steps) % vocab
             ids[correct, 0] = targets[correct]
             top = rng.normal(5.0, 1.0, n_tokens).astype(np.float32)
-            gaps = rng.exponential(0.5, (n_tokens, k)).astype(np.float32)
+            gaps = 0.01 + rng.exponential(0.5, (n_tokens, k)).astype(np.float32)  # no ties
             gaps[:, 0] = 0
             logits = top[:, None] - np.cumsum(gaps, axis=1)
             records["logits"], records["ids"] = logits, ids

@@ -62,6 +62,7 @@ from .io import (
     load_cartography,
     save,
     summarize,
+    to_topk,
     verify,
 )
 from .report import explore, plots, write_report
@@ -129,6 +130,7 @@ __all__ = [
     "verify",
     "SummaryWriter",
     "TopKWriter",
+    "to_topk",
     "select",
     "select_coreset",
     "data_scores",

@@ -566,3 +566,20 @@ def test_a_reader_never_sees_one_runs_records_with_the_others_token_table(tmp_pa
     finally:
         stop.set()
         thread.join()
+
+
+def test_to_topk_of_a_logits_run(tmp_path):
+    full = token_run(n_epochs=3, n_tokens=80)
+    top = fk.to_topk(full, K)
+    assert np.array_equal(top.outputs.records, topk_of(full).outputs.records)
+    assert top.sequence_ids.tolist() == list(range(80)) and (top.positions == 0).all()
+    seq, pos = tokens(80)
+    for name in ("t.npy", "t.parquet"):
+        back = fk.to_topk(full, K, tmp_path / name, sequence_ids=seq, positions=pos)
+        assert back.source == tmp_path / name
+        assert np.array_equal(back.outputs.records, top.outputs.records)
+        assert np.array_equal(back.positions, pos)
+    with pytest.raises(fk.ForgetkitError, match="to_topk needs logits"):
+        fk.to_topk(full.replace(outputs=full.probs(), kind="probs"), K)
+    with pytest.raises(fk.ForgetkitError, match=r"k must lie in \[1, vocab_size=40\]"):
+        fk.to_topk(full, 41)

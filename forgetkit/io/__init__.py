@@ -46,13 +46,13 @@ from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
 from .record import format_of, load_labels_file, record_of, with_checksums
 from .summary import SummaryWriter, is_summary, load_summary, summarize
 from .summary_parquet import is_summary_parquet, load_summary_parquet
-from .topk import TopKWriter, is_topk, load_topk, save_topk
+from .topk import TopKWriter, is_topk, load_topk, save_topk, to_topk
 from .topk_parquet import is_topk_parquet, load_topk_parquet
 from .verification import verify_run
 from .writer import RunWriter
 
 __all__ = ["RunWriter", "SummaryWriter", "TopKWriter", "atomic_write", "convert", "load",
-           "load_cartography", "save", "summarize", "verify"]
+           "load_cartography", "save", "summarize", "to_topk", "verify"]
 
 
 def load(path, labels=None, *, kind=None, chunks=None, verify=True):

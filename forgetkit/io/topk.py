@@ -27,11 +27,20 @@ from pathlib import Path
 import numpy as np
 
 from .. import _topk
-from .._topk import TOKEN_DTYPE, TopKOutputs, check_records, is_topk_dtype, topk_dtype
+from .._progress import Progress
+from .._topk import (
+    DEFAULT_TOP_K,
+    TOKEN_DTYPE,
+    TopKOutputs,
+    check_records,
+    is_topk_dtype,
+    topk_dtype,
+)
 from .._validation import check_int, check_meta, check_option
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
 from ..run import Run
 from .atomic import atomic_write, fsync_path, remove_stale_temps
+from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
 from .integrity import (
     bad_epochs,
@@ -329,6 +338,59 @@ class EpochChecks:
             remember_verified(self.path)
             return True
         return False
+
+
+def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=None,
+            progress=False):
+    """The top-k run of a logits run (its samples taken as tokens), in memory or written.
+
+    Parameters
+    ----------
+    run : Run or str or Path
+        Logits of shape (n_epochs, n_tokens, vocab_size) (a Run, or a run file to load),
+        read one epoch at a time; labels are the target token ids.
+    k : int, default 8
+        The largest logits kept per epoch and token, 1 <= k <= vocab_size.
+    path : str or Path, optional
+        ``.npy`` (with its token table and sidecar) or ``.parquet`` to write; None keeps the
+        run in memory.
+    sequence_ids, positions : array-like of int of shape (n_tokens,), optional
+        The token table; default: each token its own sequence (its index), at position 0.
+    progress : bool, default False
+
+    Returns
+    -------
+    Run of kind "topk"
+        Loaded from ``path`` when given. Correctness, `Run.label_probs` and
+        `Run.label_margins` equal those of ``run`` (`forgetkit._topk.topk_records`).
+    """
+    from . import load  # the package's loader, which imports this module
+
+    if not isinstance(run, Run):
+        if not isinstance(run, (str, os.PathLike)):
+            raise InputTypeError(f"run must be a forgetkit.Run or the path of a run file; got "
+                                 f"{type(run).__name__}")
+        run = load(run)
+    if run.kind != "logits":
+        raise ForgetkitError(f"to_topk needs logits (a top-k run holds the largest logits and "
+                             f"the log-sum-exp); got a run of kind {run.kind!r}")
+    n = run.n_samples
+    sequence_ids = np.arange(n) if sequence_ids is None else sequence_ids
+    positions = np.zeros(n, np.int32) if positions is None else positions
+    table = token_table(run.labels, sequence_ids, positions, run.n_classes)
+    records = np.empty((run.n_epochs, n), dtype=topk_dtype(k, run.n_classes))
+    bar = Progress(run.n_epochs, "top-k records", enabled=progress)
+    for e in range(run.n_epochs):
+        _topk.topk_records(run.epoch_values(e), run.labels, k, out=records[e])
+        bar.update()
+    top = Run(TopKOutputs(records, run.n_classes, table["sequence"], table["position"]),
+              run.labels, kind="topk", epochs=run.epochs, sample_ids=run.sample_ids,
+              meta=run.meta)
+    if path is None:
+        return top
+    refuse_overwrite({"the top-k run": path}, [run.source])
+    save_topk(top, path)
+    return load(path)
 
 
 def _write_tokens(file, table):
