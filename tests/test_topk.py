@@ -583,3 +583,20 @@ def test_to_topk_of_a_logits_run(tmp_path):
         fk.to_topk(full.replace(outputs=full.probs(), kind="probs"), K)
     with pytest.raises(fk.ForgetkitError, match=r"k must lie in \[1, vocab_size=40\]"):
         fk.to_topk(full, 41)
+
+
+def test_forgetkit_verify_and_convert_on_the_command_line(tmp_path, capsys):
+    from forgetkit.cli import main
+
+    path = tmp_path / "t.npy"
+    topk_of(token_run(n_epochs=3, n_tokens=50), path=path)
+    assert main(["convert", str(path), str(tmp_path / "t.parquet")]) == 0
+    assert main(["verify", str(path), str(tmp_path / "t.parquet")]) == 0
+    flip(path, 256 + topk_dtype(K, V).itemsize * 50 + 3)  # epoch index 1
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 1
+    assert "epoch 1 does not match its checksum" in capsys.readouterr().err
+    flip(tokens_path(path), 200)
+    assert main(["analyze", str(path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "token table" in err and len(err.strip().splitlines()) == 1
