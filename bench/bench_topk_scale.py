@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -84,13 +85,13 @@ def files_of(path):
 
 
 def cat(files):
-    """(wall, cpu) seconds of ``cat files > /dev/null``."""
-    before, wall = os.times(), time.perf_counter()
+    """(wall, cpu) seconds of ``cat files > /dev/null`` (CPU: user + system, from
+    getrusage, in microseconds)."""
+    before, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
-    after = os.times()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (time.perf_counter() - wall,
-            after.children_user - before.children_user
-            + after.children_system - before.children_system)
+            after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
 
 
 def child(path):
@@ -103,8 +104,13 @@ def child(path):
         loaded = time.perf_counter() - wall
         f = fk.forget_fraction(run)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    del run
+    again, again_cpu = time.perf_counter(), time.process_time()
+    fk.forget_fraction(fk.load(path))  # the file verified in this process: no checksums
+    again, again_cpu = time.perf_counter() - again, time.process_time() - again_cpu
     print(json.dumps({"wall": wall, "cpu": cpu, "load": loaded, "peak_mb": mem["peak_mb"],
-                      "start_mb": start, "max_forget": float(f.max())}))
+                      "start_mb": start, "max_forget": float(f.max()), "again": again,
+                      "again_cpu": again_cpu}))
 
 
 def forgetting_pass(path):
@@ -169,6 +175,10 @@ def main(argv=None):
     print(f"| `cat` of the files > /dev/null | {cat_wall:.2f} | {cat_cpu:.2f} | 1.00 | 1.00 |")
     print(f"| `fk.forget_fraction(fk.load(path))`, fresh process | {best['wall']:.2f} | "
           f"{cpu:.2f} | {best['wall'] / cat_wall:.2f} | {cpu / max(cat_cpu, 1e-9):.2f} |")
+    again = min(r["again"] for r in passes)
+    again_cpu = min(r["again_cpu"] for r in passes)
+    print(f"| the same again in that process (file verified: no checksum) | {again:.2f} | "
+          f"{again_cpu:.2f} | {again / cat_wall:.2f} | {again_cpu / max(cat_cpu, 1e-9):.2f} |")
     print(f"loading (sidecar, token table): {best['load']:.2f} s; peak RssAnon of the pass "
           f"{best['peak_mb']:.0f} MB ({best['start_mb']:.0f} MB before it); every wall time: "
           f"cat {[round(c[0], 2) for c in cats]}, pass {[round(r['wall'], 2) for r in passes]}")
