@@ -158,8 +158,12 @@ class RecordOutputs:
         key = key if isinstance(key, tuple) else (key,)
         if isinstance(key[0], (int, np.integer)) or len(key) > 2:
             raise ForgetkitError(f"reading per-class outputs: {self.HOLDS}")
-        out = self._select(self.records[key], slice(None) if len(key) < 2 else key[1])
-        return out
+        first = key[0]
+        if isinstance(first, (list, np.ndarray)) and np.asarray(first).dtype.kind in "iu":
+            idx = np.arange(len(self))[first]  # consecutive epochs: a view of a memmap
+            if len(idx) and np.all(np.diff(idx) == 1):
+                key = (slice(int(idx[0]), int(idx[-1]) + 1), *key[1:])
+        return self._select(self.records[key], slice(None) if len(key) < 2 else key[1])
 
     def _select(self, records, samples):
         """Outputs of ``records``, the selection of these outputs' samples ``samples``."""
