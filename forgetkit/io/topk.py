@@ -9,7 +9,12 @@ On disk (NPY), three files:
   sequence id, position and target token id, which is the run's label);
 - ``<name>.forgetkit.json``: the sidecar, ``"format": "forgetkit-topk"``, ``"kind": "topk"``,
   ``vocab_size`` (= ``n_classes``), ``k``, the epoch numbers, metadata, the CRC32C of every
-  stored epoch's records (`forgetkit.io.integrity`) and of the token table.
+  stored epoch's records (`forgetkit.io.integrity`) and of its argmax ids (``"argmax"``:
+  the forgetting pass reads and verifies only those), and of the token table with the
+  vocabulary size and k.
+
+Loading verifies each epoch on its first read (`EpochChecks`), once per process for an
+unchanged file.
 
 `TopKWriter` appends epoch by epoch as `SummaryWriter` does (lock, resume, replace,
 durable): each epoch's records are written and flushed, then the sidecar, then the header,
