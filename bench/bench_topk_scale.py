@@ -11,8 +11,12 @@ and in the same run, alternately (``--repeat`` times each):
 - ``cat`` of the run's files (records, token table, sidecar) to /dev/null: the floor of one
   sequential read of the bytes;
 - a fresh process that runs ``fk.forget_fraction(fk.load(path))``: loading (sidecar, token
-  table), the forgetting pass and the checksums of every checkpoint, which the pass verifies
-  as it reads them.
+  table), the forgetting pass and the checksums of what it reads (each checkpoint's argmax
+  ids), then the same again in that process (the file verified: no checksum; memory that
+  the first pass freed is reused).
+
+The written run is synced to disk before the measurements (writeback of the 5.6 GB of
+dirty pages slowed a first attempt's passes 3-4x).
 
 Reported: wall and CPU seconds of each (best of the repeats), their ratio, the peak
 anonymous RSS of the pass (RssAnon: the memory-mapped records are reclaimable file pages
@@ -146,6 +150,7 @@ def main(argv=None):
     path = folder / "run.npy"
     try:
         write_wall, write_cpu = write_run(path, args.epochs, args.tokens, args.k, args.vocab)
+        os.sync()  # the written pages on disk: no writeback during the measurements
         files = files_of(path)
         size_mb = sum(os.path.getsize(f) for f in files) / 1e6
         cat(files), cat(files)  # warm the page cache
