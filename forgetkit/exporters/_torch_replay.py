@@ -603,9 +603,9 @@ class _Graph:
     batch of its kind. The model instance receives every checkpoint's weights in place;
     evaluating a checkpoint copies each batch into its graph's static input, replays the
     graph and copies its outputs into the checkpoint's: one graph launch and a few copies
-    per batch instead of the batch's kernels launched from Python. Capturing costs one
-    batch per kind, not a whole pass (what a capture of every batch would cost, and on
-    several devices under one interpreter lock side by side).
+    per batch instead of the batch's kernels launched from Python. Capturing runs one batch
+    per kind through Python, not every batch (which on several devices side by side runs
+    under one interpreter lock).
 
     Captured before any checkpoint is loaded (the graph reads the parameters' memory, not
     their values), while the reader threads read the first checkpoints."""
