@@ -392,7 +392,7 @@ class SummaryWriter(LockedWriter):
                                      "(use mode='w' to start over, or another path)")
         stored, record, _ = open_pair(self.path, _open_records, _read_summary_sidecar)
         n = stored.shape[0]
-        if verify_tensor(self.path, stored, record):
+        if verify_tensor(self.path, stored, record)[0]:
             crcs = list(record[CRC_KEY]["outputs"][:n])
         else:  # written before checksums existed
             crcs = [crc_array(stored[e]) for e in range(n)]
