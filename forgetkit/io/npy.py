@@ -99,6 +99,8 @@ def load_npy(path, *, labels=None, kind=None, verify=True):
     record = record or {}
     check_sidecar_claims(path, outputs, record)
     predictions = None
+    if isinstance(record.get("labels"), list):  # (checked as integers) converted once: for
+        record["labels"] = np.asarray(record["labels"], dtype=np.int64)  # the CRC and the run
     if verify and record:
         # logits are verified by the forgetting pass, whose result the run keeps (a later
         # `predictions` reads nothing); probabilities are also checked as rows, per read

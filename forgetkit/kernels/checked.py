@@ -147,9 +147,10 @@ else:
     _crc_u8 = njit(inline="always")(crc_u8_table)
 
 
-@njit(inline="always")
+@njit
 def _crc_bytes(crc, data, start, stop):
-    """The CRC state ``crc`` continued over the bytes [start, stop) of ``data``."""
+    """The CRC state ``crc`` continued over the bytes [start, stop) of ``data`` (not
+    inlined: it ends a lane, and one compiled copy keeps the kernel quick to compile)."""
     p = start
     while p + 8 <= stop:
         crc = _crc_u64(crc, _load_u64(data, p))
@@ -160,15 +161,11 @@ def _crc_bytes(crc, data, start, stop):
     return crc
 
 
-@njit(inline="always")
-def _argmax_rows(bits, e, a, b, out, paired):
-    """out[e, a], out[e, b] = first argmax of rows a and b of epoch e (two at a time where
-    ``paired``, as ``argmax.argmax_f16`` does up to 256 classes, else one by one)."""
-    if paired:
-        out[e, a], out[e, b] = _argmax_pair_f16(bits[e, a], bits[e, b])
-    else:
-        out[e, a] = _argmax_pair_f16(bits[e, a], bits[e, a])[0]
-        out[e, b] = _argmax_pair_f16(bits[e, b], bits[e, b])[0]
+@njit
+def _argmax_row(row):
+    """First argmax of one float16 row (not inlined: a call costs little beside a row of
+    more than 256 classes, and one compiled copy keeps the kernel quick to compile)."""
+    return _argmax_pair_f16(row, row)[0]
 
 
 @kernel
@@ -180,7 +177,8 @@ def argmax_crc_f16(bits, out, n_blocks, crcs):
     (standard: initial and final value inverted) of the bytes of each lane. Block b of an
     epoch holds rows [b*N // n_blocks, (b+1)*N // n_blocks); lane j < LANES-1 of a block of
     n rows the q = n // LANES rows from j*q, the last lane the rest. The bytes of an epoch
-    are its lanes in order (`lane_bytes`).
+    are its lanes in order (`lane_bytes`). Rows of up to 256 classes are taken two at a
+    time (one from each of two lanes), wider ones one by one, as in ``argmax_f16``.
     """
     n_epochs, n_rows, n_classes = bits.shape
     row = 2 * n_classes
@@ -195,10 +193,15 @@ def argmax_crc_f16(bits, out, n_blocks, crcs):
         base = (e * n_rows + lo) * row  # the block's first byte
         c0 = c1 = c2 = c3 = np.uint32(0xFFFFFFFF)
         p = base  # lane 0's next byte; lane j's is p + j * step
-        for k in range(q):
+        for k in range(q):  # rows lo+k, lo+q+k, ... of the lanes
             r = lo + k
-            _argmax_rows(bits, e, r, r + q, out, paired)
-            _argmax_rows(bits, e, r + 2 * q, r + 3 * q, out, paired)
+            if paired:
+                out[e, r], out[e, r + q] = _argmax_pair_f16(bits[e, r], bits[e, r + q])
+                out[e, r + 2 * q], out[e, r + 3 * q] = _argmax_pair_f16(bits[e, r + 2 * q],
+                                                                        bits[e, r + 3 * q])
+            else:
+                for j in range(LANES):
+                    out[e, r + j * q] = _argmax_row(bits[e, r + j * q])
             stop = base + (k + 1) * row
             while p + 8 <= stop:
                 c0 = _crc_u64(c0, _load_u64(bits, p))
@@ -206,14 +209,13 @@ def argmax_crc_f16(bits, out, n_blocks, crcs):
                 c2 = _crc_u64(c2, _load_u64(bits, p + 2 * step))
                 c3 = _crc_u64(c3, _load_u64(bits, p + 3 * step))
                 p += 8
+        for r in range(lo + LANES * q, hi):  # the last lane's rest (fewer than LANES rows)
+            out[e, r] = _argmax_row(bits[e, r])
         end = base + step  # lane 0's end
         c0 = _crc_bytes(c0, bits, p, end)
         c1 = _crc_bytes(c1, bits, p + step, end + step)
         c2 = _crc_bytes(c2, bits, p + 2 * step, end + 2 * step)
-        p += 3 * step
-        for r in range(lo + LANES * q, hi):  # the last lane's rest (fewer than LANES rows)
-            out[e, r] = _argmax_pair_f16(bits[e, r], bits[e, r])[0]
-        c3 = _crc_bytes(c3, bits, p, base + (hi - lo) * row)
+        c3 = _crc_bytes(c3, bits, p + 3 * step, base + (hi - lo) * row)
         crcs[e, blk, 0] = ~c0
         crcs[e, blk, 1] = ~c1
         crcs[e, blk, 2] = ~c2
