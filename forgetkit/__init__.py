@@ -52,7 +52,7 @@ from .fusion import (
     snapshot,
     uniform,
 )
-from .fusion.distill import soft_targets, write_soft_targets
+from .fusion.distill import read_soft_targets, soft_targets, write_soft_targets
 from .io import RunWriter, SummaryWriter, convert, load, load_cartography, save, summarize, verify
 from .report import explore, plots, write_report
 from .run import Run
@@ -124,6 +124,7 @@ __all__ = [
     "soft_targets",
     "split_indices",
     "write_soft_targets",
+    "read_soft_targets",
 ]
 
 
