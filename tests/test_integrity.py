@@ -424,6 +424,32 @@ def test_shards_are_verified_on_the_workers_and_errors_name_the_shard(tmp_path, 
             fk.load(pattern).predictions().compute()
 
 
+def test_npy_shards_read_in_several_chunks_are_verified_from_their_parts(tmp_path):
+    """A shard split into chunks (8 samples in 3 + 3 + 2) is verified from the CRC32C of each
+    chunk, combined on a worker; a flipped byte in any chunk fails the pass, naming the
+    shard; verify=False reads the same values without the check."""
+    pytest.importorskip("dask")
+    import dask
+
+    paths = _shards(tmp_path, "npy")
+    pattern = str(tmp_path / "shard-*.npy")
+    original = paths[1].read_bytes()
+    epoch_bytes = 8 * C * 4
+    first = len(original) - E * epoch_bytes
+    with dask.config.set(scheduler="threads"):
+        run = fk.load(pattern, chunks=3)
+        assert np.array_equal(np.asarray(run.outputs), np.asarray(RUN.outputs))
+        assert np.array_equal(run.predictions().compute(), RUN.predictions())
+        for where in (first + 2, first + epoch_bytes + 3 * C * 4 + 1, len(original) - 3):
+            data = bytearray(original)  # in chunk 1, 2 and 3 of epochs 0, 1 and 2
+            data[where] ^= 0x01
+            paths[1].write_bytes(bytes(data))
+            with pytest.raises(fk.ForgetkitError, match=r"shard-1.*epoch index \d does not "
+                                                        r"match its checksum"):
+                fk.load(pattern, chunks=3).predictions().compute()
+            fk.load(pattern, chunks=3, verify=False).predictions().compute()
+
+
 def test_shard_labels_nan_and_duplicate_ids_name_the_shard(tmp_path):
     pytest.importorskip("dask")
     import dask
