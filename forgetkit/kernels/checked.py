@@ -66,19 +66,23 @@ def hardware_crc():
 HARDWARE = hardware_crc()
 
 
+def _byte_pointer(context, builder, signature, args):
+    """LLVM: the address of byte ``args[1]`` of the data of the array ``args[0]``."""
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+    return builder.gep(builder.bitcast(data, ir.IntType(8).as_pointer()), [args[1]])
+
+
 @intrinsic
 def _load_u64(typingctx, array, offset):
     """The 8 bytes at byte ``offset`` of ``array``'s data as a uint64 (unaligned load)."""
     if not isinstance(array, types.Array):
         return None
-    sig = types.uint64(array, types.intp)
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        ptr = builder.gep(builder.bitcast(data, ir.IntType(8).as_pointer()), [args[1]])
+        ptr = _byte_pointer(context, builder, signature, args)
         return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
 
-    return sig, codegen
+    return types.uint64(array, types.intp), codegen
 
 
 @intrinsic
@@ -86,14 +90,11 @@ def _load_u8(typingctx, array, offset):
     """The byte at byte ``offset`` of ``array``'s data."""
     if not isinstance(array, types.Array):
         return None
-    sig = types.uint8(array, types.intp)
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.load(builder.gep(builder.bitcast(data, ir.IntType(8).as_pointer()),
-                                        [args[1]]))
+        return builder.load(_byte_pointer(context, builder, signature, args))
 
-    return sig, codegen
+    return types.uint8(array, types.intp), codegen
 
 
 @intrinsic
