@@ -1,12 +1,16 @@
 """The cost of verifying checksums: the forgetting pass with ``verify=True`` against
 ``verify=False``, in the same process, on a float16 NPY run of about 1 GB.
 
-Each repetition loads the run both ways (alternating which goes first) and runs the
-forgetting pass (`Run.predictions`) on it; the verified-file cache is cleared before every
-verified load, so each one checks every epoch (CRC32C of the whole file, in threads). The
-page cache is warm (the run is read once first), so the cost is the checksum itself, not
-the disk. CPU seconds (`time.process_time`, all threads) and wall seconds, best of
-``--repeat``.
+Each repetition loads the run three ways (in a rotating order) and runs the forgetting pass
+(`Run.predictions`) on it: ``verify=False``; ``verify=True`` (the forgetting pass computes
+the CRC32C of the rows it reads, `forgetkit.kernels.argmax_crc`); and ``verify=True`` with a
+separate CRC32C pass over the file first (the `crc32c` package, in threads: how float32/64
+runs and `fk.verify` check). The verified-file cache is cleared before every verified load,
+so each one checks every epoch. The page cache is warm (the run is read once first), so the
+cost is the checksum itself, not the disk. CPU seconds (`time.process_time`, all threads)
+and wall seconds, best and median of ``--repeat``, the paired CPU cost (each repeat's
+verified pass against the plain one of the same repeat: median, and the ratio of the sums)
+and the load average.
 
     python -m bench.bench_integrity [--epochs 10 --samples 500000 --classes 100 --repeat 3]
 """
@@ -40,18 +44,30 @@ def throughput(seconds=1.0):
     return out
 
 
-def timed_pass(path, verify):
-    """(cpu s, wall s) of load + forgetting pass."""
-    import forgetkit as fk
-    from forgetkit.io.integrity import forget_verified
+MODES = ("verify=False", "verify=True", "separate CRC pass")
 
-    forget_verified(path)
-    cpu, wall = time.process_time(), time.perf_counter()
-    fk.load(path, verify=verify).predictions()
-    return time.process_time() - cpu, time.perf_counter() - wall
+
+def timed_pass(path, mode):
+    """(cpu s, wall s) of load + forgetting pass; ``mode`` one of MODES."""
+    import forgetkit as fk
+    from forgetkit.io import integrity
+
+    integrity.forget_verified(path)
+    fused = integrity.fused
+    if mode == MODES[2]:
+        integrity.fused = lambda array: False  # verify_epochs takes its separate pass
+    try:
+        cpu, wall = time.process_time(), time.perf_counter()
+        fk.load(path, verify=mode != MODES[0]).predictions()
+        return time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        integrity.fused = fused
 
 
 def main(argv=None):
+    import os
+    import statistics
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--samples", type=int, default=500_000)
@@ -61,20 +77,34 @@ def main(argv=None):
     path = Path(DATA) / f"integrity-{args.epochs}x{args.samples}x{args.classes}.npy"
     write_synthetic_npy(path, args.epochs, args.samples, args.classes)
     size = path.stat().st_size
-    timed_pass(path, False)  # warm: page cache, numba's kernels
-    best = {True: [float("inf")] * 2, False: [float("inf")] * 2}
+    for mode in MODES:  # warm: page cache, numba's kernels
+        timed_pass(path, mode)
+    times = {mode: [] for mode in MODES}
+    load = [os.getloadavg()[0]]
     for r in range(args.repeat):
-        for verify in ((True, False) if r % 2 == 0 else (False, True)):
-            got = timed_pass(path, verify)
-            best[verify] = [min(a, b) for a, b in zip(best[verify], got, strict=True)]
+        for i in range(len(MODES)):
+            mode = MODES[(r + i) % len(MODES)]
+            times[mode].append(timed_pass(path, mode))
+        load.append(os.getloadavg()[0])
     print(f"machine: {machine()}")
+    print(f"load average (1 min) during the runs: {min(load):.1f} to {max(load):.1f}")
     print("checksum throughput (GiB/s, one thread, in memory): " + ", ".join(
         f"{k} {v:.2f}" for k, v in throughput().items()))
-    print(f"run: {path.name}, {size / 1e9:.2f} GB float16; best of {args.repeat}")
+    print(f"run: {path.name}, {size / 1e9:.2f} GB float16; {args.repeat} repeats")
     for what, i in (("cpu", 0), ("wall", 1)):
-        off, on = best[False][i], best[True][i]
-        print(f"{what}: verify=False {off:.3f} s, verify=True {on:.3f} s, "
-              f"cost {100 * (on - off) / off:+.1f}%")
+        for stat, fn in (("best", min), ("median", statistics.median)):
+            off = fn(t[i] for t in times[MODES[0]])
+            print(f"{what} {stat}: " + ", ".join(
+                f"{mode} {fn(t[i] for t in times[mode]):.3f} s"
+                + ("" if mode == MODES[0] else
+                   f" ({100 * (fn(t[i] for t in times[mode]) - off) / off:+.1f}%)")
+                for mode in MODES))
+    for mode in MODES[1:]:  # paired: each repeat's verified pass against its own plain one
+        ratios = [on[0] / off[0] for on, off in zip(times[mode], times[MODES[0]], strict=True)]
+        total = sum(t[0] for t in times[mode]) / sum(t[0] for t in times[MODES[0]])
+        print(f"cpu, {mode} against verify=False of the same repeat: median "
+              f"{100 * (statistics.median(ratios) - 1):+.1f}%, sum over the repeats "
+              f"{100 * (total - 1):+.1f}%")
     import forgetkit as fk
 
     fk.load(path)  # verified once in this process: a later load of the unchanged file is free

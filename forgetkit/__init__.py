@@ -52,7 +52,7 @@ from .fusion import (
     snapshot,
     uniform,
 )
-from .fusion.distill import soft_targets, write_soft_targets
+from .fusion.distill import read_soft_targets, soft_targets, write_soft_targets
 from .io import (
     RunWriter,
     SummaryWriter,
@@ -137,6 +137,7 @@ __all__ = [
     "soft_targets",
     "split_indices",
     "write_soft_targets",
+    "read_soft_targets",
 ]
 
 

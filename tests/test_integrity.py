@@ -424,6 +424,32 @@ def test_shards_are_verified_on_the_workers_and_errors_name_the_shard(tmp_path, 
             fk.load(pattern).predictions().compute()
 
 
+def test_npy_shards_read_in_several_chunks_are_verified_from_their_parts(tmp_path):
+    """A shard split into chunks (8 samples in 3 + 3 + 2) is verified from the CRC32C of each
+    chunk, combined on a worker; a flipped byte in any chunk fails the pass, naming the
+    shard; verify=False reads the same values without the check."""
+    pytest.importorskip("dask")
+    import dask
+
+    paths = _shards(tmp_path, "npy")
+    pattern = str(tmp_path / "shard-*.npy")
+    original = paths[1].read_bytes()
+    epoch_bytes = 8 * C * 4
+    first = len(original) - E * epoch_bytes
+    with dask.config.set(scheduler="threads"):
+        run = fk.load(pattern, chunks=3)
+        assert np.array_equal(np.asarray(run.outputs), np.asarray(RUN.outputs))
+        assert np.array_equal(run.predictions().compute(), RUN.predictions())
+        for where in (first + 2, first + epoch_bytes + 3 * C * 4 + 1, len(original) - 3):
+            data = bytearray(original)  # in chunk 1, 2 and 3 of epochs 0, 1 and 2
+            data[where] ^= 0x01
+            paths[1].write_bytes(bytes(data))
+            with pytest.raises(fk.ForgetkitError, match=r"shard-1.*epoch index \d does not "
+                                                        r"match its checksum"):
+                fk.load(pattern, chunks=3).predictions().compute()
+            fk.load(pattern, chunks=3, verify=False).predictions().compute()
+
+
 def test_shard_labels_nan_and_duplicate_ids_name_the_shard(tmp_path):
     pytest.importorskip("dask")
     import dask
@@ -517,3 +543,44 @@ def test_sweep_checks_its_options_before_starting_a_cluster(tmp_path, capsys, mo
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and option[0].strip("-").replace("-", "_")[:4] in err[0], err
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_soft_targets_change_together_and_are_checked(tmp_path, monkeypatch):
+    """.npy soft targets and their sidecar are committed as one: a kill at any rename of a
+    rewrite leaves the old targets or the new ones with their own ids; a flipped byte is
+    refused."""
+    val = make_run(3)
+    kf = fk.KnowledgeFusion().fit(val)
+    old = fk.Run(RUN.outputs, RUN.labels, epochs=RUN.epochs,
+                 sample_ids=[f"a{i}" for i in range(N)])
+    new = fk.Run(make_run(4).outputs[:, ::-1], RUN.labels[::-1].copy(), epochs=RUN.epochs,
+                 sample_ids=[f"b{i}" for i in range(N)])
+    expected = {name: (run.sample_ids.tolist(), run.labels.tolist(),
+                       fk.soft_targets(kf, run).astype(np.float32))
+                for name, run in (("old", old), ("new", new))}
+    seen = set()
+    for k in range(4):
+        path = tmp_path / f"t{k}.npy"
+        fk.write_soft_targets(path, kf, old)
+        with monkeypatch.context() as m:
+            calls = _kill_at_rename(m, k)
+            try:
+                fk.write_soft_targets(path, kf, new)
+            except Killed:
+                pass
+        ids, labels, targets = fk.read_soft_targets(path)
+        got = [name for name, (i, y, t) in expected.items()
+               if ids == i and labels.tolist() == y and np.array_equal(targets, t)]
+        assert got, f"kill at rename {k}: a mix"
+        seen.add(got[0])
+        if calls["n"] <= k:
+            break
+    assert seen == {"old", "new"}
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x20
+    path.write_bytes(bytes(data))
+    with pytest.raises(fk.errors.CorruptFileError, match="does not match the checksum"):
+        fk.read_soft_targets(path)
+    fk.write_soft_targets(tmp_path / "t.parquet", kf, old)
+    ids, labels, targets = fk.read_soft_targets(tmp_path / "t.parquet")
+    assert ids == expected["old"][0] and np.array_equal(targets, expected["old"][2])

@@ -109,6 +109,102 @@ def test_several_devices_share_checkpoints_by_who_is_free(tmp_path, monkeypatch)
         assert len(slow) <= 2 if balance else slow == [0, 2, 4]
 
 
+class FakeCapture:
+    """The CUDA graph capture's stand-in on the CPU (`_torch_replay.CAPTURE`), so that the
+    GPU path runs here: a "graph" runs its call again when replayed and writes the results
+    into the outputs it gave when captured, in place (the same work on the same memory, as
+    a CUDA graph's replay: it reads its static input and the model's weights as they are
+    then)."""
+
+    graphs = []
+    fail = False
+
+    @staticmethod
+    def supports(device):
+        return True
+
+    def __init__(self, device):
+        pass
+
+    def warm(self, fn):
+        fn()
+
+    def graph(self, fn):
+        if FakeCapture.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        graph = FakeGraph(fn)
+        FakeCapture.graphs.append(graph)
+        return graph, graph.out
+
+    def abandon(self):
+        pass
+
+
+class FakeGraph:
+    def __init__(self, fn):
+        self.fn, self.out, self.replays = fn, fn(), 0
+
+    def replay(self):
+        self.replays += 1
+        for k, v in self.fn().items():
+            if isinstance(v, torch.Tensor):
+                self.out[k].copy_(v)
+
+
+def test_the_graph_path_replays_a_graph_of_one_batch_per_batch(tmp_path, monkeypatch):
+    """The GPU path on the CPU (the capture stood in by FakeCapture): one graph per batch
+    shape (90 samples in batches of 32: 32, 32 and 26, so two per device), replayed once per
+    batch of every checkpoint with the batch copied into its input; the run equals the
+    eager one bit for bit on one and two devices, also with device summaries (where the
+    labels copied in enter the outputs). A capture that fails falls back to eager, with a
+    warning."""
+    from forgetkit.exporters import _torch_replay as R
+
+    _, files = train_and_save(tmp_path, epochs=(8, 9, 10, 11))
+    arrays = data()
+    common = dict(batch_size=32, dtype="float32")
+    eager = replay(small_net(), files, arrays, tmp_path / "eager.npy", **common)
+    eager_summary = replay(small_net(), files, arrays, tmp_path / "eager_s.npy", summary=True,
+                           **common)
+    monkeypatch.setattr(R, "CAPTURE", FakeCapture)
+    for devices in (["cpu"], ["cpu", "cpu"]):
+        FakeCapture.graphs = []
+        run = replay(small_net(), files, arrays, tmp_path / f"g{len(devices)}.npy",
+                     devices=devices, **common)
+        assert_same_run(run, eager)
+        assert len(FakeCapture.graphs) == 2 * len(devices)
+        assert sorted(len(g.out["values"]) for g in FakeCapture.graphs) == \
+            [26] * len(devices) + [32] * len(devices)
+        per_kind = {32: 0, 26: 0}
+        for g in FakeCapture.graphs:
+            per_kind[len(g.out["values"])] += g.replays
+        assert per_kind == {32: 2 * len(files), 26: len(files)}
+    summary = replay(small_net(), files, arrays, tmp_path / "g_s.npy", summary=True, **common)
+    assert summary.kind == eager_summary.kind == "summary"
+    assert np.load(tmp_path / "g_s.npy").tobytes() == np.load(tmp_path / "eager_s.npy").tobytes()
+    FakeCapture.fail = True
+    try:
+        with pytest.warns(UserWarning, match="could not be captured as a CUDA graph"):
+            run = replay(small_net(), files, arrays, tmp_path / "f.npy", **common)
+    finally:
+        FakeCapture.fail = False
+    assert_same_run(run, eager)
+
+
+def test_a_graph_input_has_the_layout_and_alignment_of_its_batch():
+    from forgetkit.exporters._torch_replay import ALIGN, static_like
+
+    base = torch.randn(64, 40)
+    for t in (base[3:9], base[:, 5:11], base.t(), torch.zeros(5, dtype=torch.bool)[1:],
+              torch.zeros((0, 3)), base.double()[1:, :3]):
+        s = static_like(t)
+        assert (s.shape, s.stride(), s.dtype, s.device) == \
+            (t.shape, t.stride(), t.dtype, t.device)
+        assert s.data_ptr() % ALIGN == t.data_ptr() % ALIGN or t.numel() == 0
+        s.copy_(t)
+        assert torch.equal(s, t)
+
+
 def test_checkpoint_containers_prefixes_and_safetensors(tmp_path):
     test, files = train_and_save(tmp_path, epochs=(0, 1))
     states = [torch.load(f, weights_only=True) for f in files]

@@ -133,3 +133,87 @@ def test_summary_writer_appends_resumes_and_refuses(tmp_path):
     with pytest.raises(ValueError, match="NaN or inf"):
         fk.SummaryWriter(tmp_path / "n.npy", 30, 5, labels=run.labels).append(
             0, np.full((30, 5), np.nan))
+
+
+def _summary_records(run):
+    return np.asarray(run.outputs.records)
+
+
+def test_a_parquet_summary_writer_appends_stages_resumes_and_finishes(tmp_path):
+    """SummaryWriter to .parquet: epochs staged (loadable while it writes), the Parquet file
+    written on close and the staging removed; resumed, replaced, refused like the NPY one."""
+    from forgetkit.io.parquet import staging_path
+
+    run = make_run(n_epochs=4, n_samples=30, n_classes=5)
+    path = tmp_path / "w.parquet"
+    with fk.SummaryWriter(path, 30, 5, labels=run.labels) as w:
+        w.append(0, run.outputs[0])
+        w.append(1, summarize_outputs(run.outputs[1], run.labels))
+        staged = fk.load(path)  # while it writes: the staged epochs
+        assert staged.epochs.tolist() == [0, 1] and not path.exists()
+        assert fk.verify(path)["verifiable"]
+    assert path.exists() and not staging_path(path).exists()
+    back = fk.load(path)
+    expected = fk.summarize(run.isel(epochs=[0, 1]))
+    assert np.array_equal(_summary_records(back), _summary_records(expected))
+    with fk.SummaryWriter(path, 30, 5, labels=run.labels) as w:  # resumes the finished file
+        assert w.epochs == [0, 1]
+        w.append(2, run.outputs[2])
+        w.append(1, run.outputs[3], replace=True)
+    back = fk.load(path)
+    assert back.epochs.tolist() == [0, 1]
+    expected = fk.summarize(run.isel(epochs=[0, 3]))
+    assert np.array_equal(_summary_records(back), _summary_records(expected))
+    assert fk.verify(path) == {"path": str(path), "verifiable": True, "epochs": 2, "bad": []}
+    with pytest.raises(fk.errors.RunExistsError):
+        fk.SummaryWriter(path, 30, 5, labels=run.labels, mode="x")
+    with pytest.raises(ValueError, match="n_classes=5; this writer has 30, 6"):
+        fk.SummaryWriter(path, 30, 6, labels=run.labels)
+    with fk.SummaryWriter(path, 30, 5, labels=run.labels, mode="w") as w:  # starts over
+        w.append(7, run.outputs[0])
+    assert fk.load(path).epochs.tolist() == [7]
+    w = fk.SummaryWriter(tmp_path / "a.parquet", 30, 5, labels=run.labels)
+    w.append(0, run.outputs[0])
+    w.abort()  # no Parquet file; the staged epoch is resumed
+    assert not (tmp_path / "a.parquet").exists()
+    with fk.SummaryWriter(tmp_path / "a.parquet", 30, 5, labels=run.labels) as w:
+        assert w.epochs == [0]
+
+
+class Killed(BaseException):
+    pass
+
+
+def test_a_kill_while_a_parquet_summary_is_finished_loses_nothing(tmp_path, monkeypatch):
+    """A kill at any rename of `close` leaves the staged epochs (loaded, and resumed) or
+    the finished file: every appended epoch loads either way."""
+    import os
+
+    run = make_run(n_epochs=3, n_samples=30, n_classes=5)
+    expected = _summary_records(fk.summarize(run))
+    finished = set()
+    for k in range(4):
+        path = tmp_path / f"k{k}.parquet"
+        w = fk.SummaryWriter(path, 30, 5, labels=run.labels)
+        for e in range(3):
+            w.append(e, run.outputs[e])
+        calls, real = {"n": 0}, os.replace
+
+        def replace(src, dst, calls=calls, real=real, k=k):
+            calls["n"] += 1
+            if calls["n"] == k + 1:
+                raise Killed
+            return real(src, dst)
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "replace", replace)
+            try:
+                w.close()
+            except Killed:
+                pass  # close released the lock on its way out
+        finished.add(path.exists())
+        assert np.array_equal(_summary_records(fk.load(path)), expected), f"kill at {k}"
+        with fk.SummaryWriter(path, 30, 5, labels=run.labels) as again:
+            assert again.epochs == [0, 1, 2]
+        assert np.array_equal(_summary_records(fk.load(path)), expected)
+    assert finished == {False, True}

@@ -23,7 +23,7 @@ from .._topk import TOKEN_DTYPE, TopKOutputs, check_records, topk_dtype
 from .._validation import FLOAT_DTYPES, check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import KEY as CRC_KEY
-from ..io.integrity import crc_array
+from ..io.integrity import combine_lanes, crc_array
 from ..io.parquet import CRC_METADATA_KEY, PARQUET_KEY, _column_to_numpy
 from ..io.record import SIDECAR_SUFFIX, duplicate_id, load_labels_file
 from ..io.topk import FORMAT as TOPK_FORMAT
@@ -133,10 +133,12 @@ def _check_block(out, name, start, crcs, whole):
                                  f"index {e} (sample {start + bad} of the shard)")
 
 
-def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, crcs=None):
+def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, crcs=None,
+                   parts=False):
     """Samples start..stop of every epoch of an NPY shard: (E, stop - start, C), one read
     per epoch; checked by `_check_block` (a block of the whole shard is verified against
-    its checksums)."""
+    its checksums). ``parts``: returns (block, the CRC32C of each epoch's rows of the
+    block) instead, for `check_npy_parts` (a shard read in several blocks)."""
     n_epochs, n_samples, n_classes = shape
     row = n_classes * dtype.itemsize
     out = np.empty((n_epochs, stop - start, n_classes), dtype=dtype)
@@ -151,7 +153,26 @@ def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, crcs=No
     except FileNotFoundError:
         raise missing_shard(name) from None
     _check_block(out, name, start, crcs, start == 0 and stop == n_samples)
-    return out.astype(dtype.newbyteorder("="), copy=False)
+    block = out.astype(dtype.newbyteorder("="), copy=False)
+    return (block, [crc_array(out[e]) for e in range(n_epochs)]) if parts else block
+
+
+def check_npy_parts(parts, lengths, crcs, name):
+    """On a worker: the CRC32C of each epoch of an NPY shard read in several blocks, from
+    the blocks' CRCs ``parts`` (one list per block, in order) and their bytes per epoch
+    ``lengths``, against the stored ``crcs``; CorruptFileError naming the shard and the
+    first bad epoch. Returns True."""
+    got = combine_lanes(np.asarray(parts, dtype=np.uint64).T, lengths)
+    for e in range(min(len(got), len(crcs))):
+        if got[e] != crcs[e]:
+            raise CorruptFileError(f"shard {name!r}: epoch index {e} does not match its "
+                                   "checksum: the file is corrupt")
+    return True
+
+
+def _after(block, checked):
+    """``block``, once the check it is given has passed."""
+    return block
 
 
 # ----------------------------------------------------------------------- Parquet
@@ -404,9 +425,11 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
     kind : {"logits", "probs"}, optional
         Overrides the stored kind.
     verify : bool, default True
-        Check each shard's stored checksums on the workers (a Parquet shard's every epoch,
-        an NPY shard's when one chunk holds the whole shard); NaN or inf and mismatches
-        name the shard.
+        Check each shard's stored checksums on the workers: a Parquet shard's every epoch
+        as its row group is read; an NPY shard's when one chunk holds it, else from the
+        CRC32C of each of its chunks, combined in one small task per shard that the
+        shard's last chunk waits for (a pass over part of a shard is not verified); NaN or
+        inf and mismatches name the shard.
 
     Returns
     -------
@@ -438,9 +461,12 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
         names += [name] * shape[1]
         n = shape[1]
         step = n if chunks is None else chunks
-        for a in range(0, n, step):
-            b = min(a + step, n)
-            task = dask.delayed(read_block, pure=True)(a, b, **reader)
+        spans = [(a, min(a + step, n)) for a in range(0, n, step)]
+        if read_block is read_npy_block and len(spans) > 1 and reader["crcs"] is not None:
+            tasks = _checked_npy_blocks(spans, reader)  # each epoch's checksum from its parts
+        else:
+            tasks = [dask.delayed(read_block, pure=True)(a, b, **reader) for a, b in spans]
+        for (a, b), task in zip(spans, tasks, strict=True):
             blocks.append(da.from_delayed(task, shape=(shape[0], b - a, shape[2]), dtype=dtype))
     name, shape, dtype, record = first
     if labels is None:
@@ -455,6 +481,23 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
     return Run(da.concatenate(blocks, axis=1), labels, kind=kind or record.get("kind", "logits"),
                epochs=record.get("epochs"), sample_ids=sample_ids,
                class_names=record.get("class_names"), meta=record.get("meta"))
+
+
+def _checked_npy_blocks(spans, reader):
+    """Delayed blocks of an NPY shard read in several ``spans`` (start, stop) of samples,
+    verified on the workers: each block's task also gives the CRC32C of its rows of each
+    epoch, one small task per shard combines them (`check_npy_parts`) and the shard's last
+    block waits for it, so that a pass over the whole shard fails on a mismatch. Memory
+    stays one block per task: the check holds only the CRCs."""
+    row = reader["shape"][2] * reader["dtype"].itemsize
+    read = [dask.delayed(read_npy_block, pure=True, nout=2)(a, b, parts=True, **reader)
+            for a, b in spans]
+    check = dask.delayed(check_npy_parts, pure=True)(
+        [parts for _, parts in read], [(b - a) * row for a, b in spans], reader["crcs"],
+        reader["name"])
+    blocks = [block for block, _ in read]
+    blocks[-1] = dask.delayed(_after, pure=True)(blocks[-1], check)
+    return blocks
 
 
 def _refuse_duplicate_ids(sample_ids, names):

@@ -5,11 +5,11 @@ device once (kept resident when it fits in half the free memory, else kept in pi
 memory and copied batch by batch); each device has one model instance that receives every
 checkpoint's weights in place; a reader thread per device reads, checks and hashes the next
 checkpoints and copies them to the device on a side stream while the current one is
-evaluated; on a GPU the evaluation is captured as a CUDA graph before the first checkpoint
-(while the first ones are read) and replayed for every checkpoint. With several devices
-each evaluates whole checkpoints (the next one goes to the device that asks first); the
-main thread stores them in epoch order through `LogitRecorder` (whose background thread
-copies the outputs to the host and writes them).
+evaluated; on a GPU the evaluation of one batch is captured as a CUDA graph (one per batch
+shape) before the first checkpoint, while the first ones are read, and replayed for every
+batch of every checkpoint. With several devices each evaluates whole checkpoints (the next
+one goes to the device that asks first); the main thread stores them in epoch order through
+`LogitRecorder` (whose background thread copies the outputs to the host and writes them).
 """
 
 from __future__ import annotations
@@ -271,7 +271,8 @@ class _Device:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.reader = ThreadPoolExecutor(READERS, thread_name_prefix="forgetkit-replay-read")
         # a graph replays fixed memory: the batches must be resident on the device
-        self.graphable = bool(cuda_graph) and self.cuda and _resident(batches, device)
+        self.graphable = bool(cuda_graph) and CAPTURE.supports(device) and \
+            _resident(batches, device)
 
     def evaluate_graphable(self, recorder, epoch, batches=None):
         """The recorder's evaluation (of ``batches``, default all) with nothing waiting for
@@ -498,32 +499,154 @@ class _Results:
             self._cond.notify_all()
 
 
+#: Kernels may be chosen by the address of their inputs: a batch's graph is captured with its
+#: input at the same address modulo ALIGN as the batch it replays (the eager choice).
+ALIGN = 256
+
+#: Values of a batch other than tensors that are told apart by value; others by identity.
+_PLAIN = (int, float, bool, str, bytes, type(None))
+
+
+def _signature(batch):
+    """What one graph serves: the batch's structure, each tensor's shape, strides, dtype,
+    device and address modulo `ALIGN`, and its other values (plain ones by value, others by
+    identity: that batch alone)."""
+    items = batch.items() if isinstance(batch, Mapping) else enumerate(batch)
+    sig = [type(batch)]
+    for k, v in items:
+        if isinstance(v, torch.Tensor):
+            sig.append((k, tuple(v.shape), v.stride(), v.dtype, v.device,
+                        v.data_ptr() % ALIGN))
+        elif isinstance(v, _PLAIN):
+            sig.append((k, type(v), v))
+        else:
+            sig.append((k, "id", id(v)))
+    return tuple(sig)
+
+
+def static_like(t):
+    """An uninitialised tensor with the shape, strides, dtype and device of ``t``, at the
+    same address modulo `ALIGN` (where the dtype allows)."""
+    size = t.element_size()
+    span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))) * size \
+        if t.numel() else 0
+    raw = torch.empty(span + ALIGN, dtype=torch.uint8, device=t.device)
+    shift = (t.data_ptr() - raw.data_ptr()) % ALIGN
+    shift = shift if shift % size == 0 else 0
+    return raw[shift:shift + span].view(t.dtype).as_strided(t.shape, t.stride())
+
+
+def _tensor_items(batch):
+    items = batch.items() if isinstance(batch, Mapping) else enumerate(batch)
+    return [(k, v) for k, v in items if isinstance(v, torch.Tensor)]
+
+
+def _static_batch(batch):
+    """``batch`` (a dict or tuple) with each tensor replaced by a `static_like` copy."""
+    static = dict(batch) if isinstance(batch, Mapping) else list(batch)
+    for k, v in _tensor_items(batch):
+        static[k] = static_like(v)
+        static[k].copy_(v)
+    return static if isinstance(batch, Mapping) else type(batch)(static)
+
+
+class _CudaCapture:
+    """Captures calls as CUDA graphs on a side stream of ``device`` that waits for the work
+    queued so far (the data placed): without `torch.cuda.graph`'s device-wide
+    synchronisation and emptying of the memory caches, which reach the other devices. The
+    graphs share one memory pool (they replay one after another on one stream, and each
+    one's outputs are copied out before the next replays)."""
+
+    @staticmethod
+    def supports(device):
+        return device.type == "cuda"
+
+    def __init__(self, device):
+        self.device = device
+        self.side = torch.cuda.Stream(device)
+        self.side.wait_stream(torch.cuda.current_stream(device))
+        self.pool = None
+
+    def warm(self, fn):
+        """Run ``fn`` eagerly on the side stream and wait for it (cuDNN and cuBLAS set
+        themselves up outside the capture)."""
+        with torch.cuda.stream(self.side):
+            fn()
+        self.side.synchronize()
+
+    def graph(self, fn):
+        """``(graph, outputs)``: ``fn`` captured; ``graph.replay()`` runs it again on the
+        current stream, writing the same output tensors."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.side):
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                out = fn()
+            finally:
+                graph.capture_end()
+        if self.pool is None:
+            self.pool = graph.pool()
+        return graph, out
+
+    def abandon(self):
+        """After a failed capture: wait for the device before going on eagerly."""
+        torch.cuda.synchronize(self.device)
+
+
+#: How evaluations are captured (tests put a stand-in here to run the graph path on the CPU).
+CAPTURE = _CudaCapture
+
+
 class _Graph:
-    """One device's evaluation captured as a CUDA graph: the model instance receives every
-    checkpoint's weights in place, so that replaying the graph evaluates the new weights
-    with no kernel launched from Python (an eager pass over small batches is bound by its
-    launches, not by the GPU).
+    """One device's evaluation as CUDA graphs of one batch each: a graph per kind of batch
+    (`_signature`: with a smaller last batch, two), captured on a static copy of the first
+    batch of its kind. The model instance receives every checkpoint's weights in place;
+    evaluating a checkpoint copies each batch into its graph's static input, replays the
+    graph and copies its outputs into the checkpoint's: one graph launch and a few copies
+    per batch instead of the batch's kernels launched from Python. Capturing runs one batch
+    per kind through Python, not every batch (which on several devices side by side runs
+    under one interpreter lock).
 
     Captured before any checkpoint is loaded (the graph reads the parameters' memory, not
-    their values), while the reader threads read the first checkpoints: the warm-up that
-    lets cuDNN and cuBLAS set themselves up runs on the first batch and on the last (the
-    two batch sizes), not on the whole data, and the capture does not wait for the other
-    devices (no device-wide synchronisation, no emptying of the memory caches)."""
+    their values), while the reader threads read the first checkpoints."""
 
-    def __init__(self, dev, recorder, epoch, autocast, side):
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(side), _autocast(dev, autocast):
-            self.graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                self.static = dev.evaluate_graphable(recorder, epoch)
-            finally:
-                self.graph.capture_end()
+    def __init__(self, dev, recorder, epoch, autocast, capture, signatures, statics):
+        graphs = {}
+        for sig, static in statics.items():
+            with _autocast(dev, autocast):
+                graphs[sig] = capture.graph(
+                    partial(dev.evaluate_graphable, recorder, epoch, [static]))
+        self.plan, rows = [], 0  # per batch: (its tensors, static's tensors, graph, out, rows)
+        for batch, sig in zip(dev.batches, signatures, strict=True):
+            graph, out = graphs[sig]
+            n = len(out["values"])
+            self.plan.append(([v for _, v in _tensor_items(batch)],
+                              [v for _, v in _tensor_items(statics[sig])], graph, out,
+                              slice(rows, rows + n)))
+            rows += n
+        first = self.plan[0][3]
+        self.shape = (rows, *first["values"].shape[1:])
+        self.dtype, self.device = first["values"].dtype, first["values"].device
+        self.classes = first["classes"]
+        self.labels = None  # the same for every checkpoint: gathered once
 
     def evaluate(self):
-        """The outputs of the weights now in the model (a copy of the graph's), queued on
-        the device: nothing waits for it."""
-        self.graph.replay()
-        return dict(self.static, values=self.static["values"].clone())
+        """The outputs of the weights now in the model, in a tensor of their own, queued
+        on the device: nothing waits for it."""
+        gather = self.labels is None
+        with torch.inference_mode():
+            values = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            if gather:
+                self.labels = torch.empty(self.shape[0], dtype=torch.int64,
+                                          device=self.device)
+            for tensors, static, graph, out, rows in self.plan:
+                for s, t in zip(static, tensors, strict=True):
+                    s.copy_(t)
+                graph.replay()
+                values[rows].copy_(out["values"])
+                if gather:
+                    self.labels[rows].copy_(out["labels"])
+        return {"values": values, "labels": self.labels, "classes": self.classes}
 
 
 def _autocast(dev, autocast):
@@ -584,18 +707,20 @@ def _work(dev, d, checkpoints, recorder, results, autocast):
 
 def _capture(dev, recorder, epoch, autocast):
     """A _Graph of the device's evaluation, or False (with a warning) where the model
-    cannot be captured; the eager evaluation then goes on. The warm-up's errors are the
-    evaluation's own: raised."""
-    side = torch.cuda.Stream(dev.device)
-    side.wait_stream(torch.cuda.current_stream(dev.device))  # the data placed
-    warm = dev.batches if len(dev.batches) <= 2 else [dev.batches[0], dev.batches[-1]]
-    with torch.cuda.stream(side), _autocast(dev, autocast):
-        dev.evaluate_graphable(recorder, epoch, warm)
-    side.synchronize()
+    cannot be captured; the eager evaluation then goes on. The warm-up (eager, on the
+    first batch of each kind) raises its errors as the evaluation's own."""
+    signatures = [_signature(b) for b in dev.batches]
+    firsts = {}
+    for sig, b in zip(signatures, dev.batches, strict=True):
+        firsts.setdefault(sig, b)
+    capture = CAPTURE(dev.device)
+    with _autocast(dev, autocast):
+        capture.warm(partial(dev.evaluate_graphable, recorder, epoch, list(firsts.values())))
     try:
-        return _Graph(dev, recorder, epoch, autocast, side)
+        statics = {sig: _static_batch(b) for sig, b in firsts.items()}
+        return _Graph(dev, recorder, epoch, autocast, capture, signatures, statics)
     except Exception as err:
-        torch.cuda.synchronize(dev.device)
+        capture.abandon()
         warnings.warn(f"the evaluation on {dev.device} could not be captured as a CUDA graph "
                       f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); it runs "
                       "eagerly (cuda_graph=False says so without trying)", stacklevel=2)
@@ -656,10 +781,12 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
         Evaluate under ``torch.autocast`` with this dtype (default: none, the model's own
         precision, as the recorder evaluated it).
     cuda_graph : bool, default True
-        On a GPU with the data resident, capture the evaluation (every batch) as one CUDA
-        graph before the first checkpoint and replay it for every checkpoint (the weights
-        are copied into the captured model in place): no Python launches per batch. A
-        model that cannot be captured is evaluated eagerly, with a warning.
+        On a GPU with the data resident, capture the evaluation of one batch as a CUDA
+        graph (one per batch shape: the last batch may be smaller) before the first
+        checkpoint and replay it for every batch of every checkpoint (the weights are
+        copied into the captured model in place, each batch into the graph's input): one
+        launch per batch instead of the batch's kernels launched from Python. A model that
+        cannot be captured is evaluated eagerly, with a warning.
     progress : bool, default True
         Checkpoints done / total on a terminal.
     **recorder_options

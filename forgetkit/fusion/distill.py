@@ -10,11 +10,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ForgetkitError
-from ..io.atomic import atomic_write, write_json_atomic
+from ..errors import CorruptFileError, ForgetkitError, MissingFileError
+from ..io.atomic import atomic_write
 from ..io.guard import refuse_overwrite
-from ..io.record import sidecar_path
+from ..io.integrity import crc_array
+from ..io.pair import commit_pair, open_pair
+from ..io.record import parse_record, sidecar_path
 from ..probs import LOG_FLOOR
+
+#: The ``format`` of the sidecar of .npy soft targets.
+FORMAT = "forgetkit-soft-targets"
 
 
 def soft_targets(fuser, train_run, *, temperature=1.0):
@@ -36,9 +41,12 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
     """Write soft targets keyed by sample id, atomically.
 
     ``.parquet``: columns ``sample_id``, ``label``, ``targets`` (list of float32).
-    ``.npy``: targets float32 (N, C), with ``sample_id`` and ``label`` in the sidecar
-    ``<name>.forgetkit.json``. Refuses a ``path`` (or sidecar) that is the file
-    ``train_run`` was loaded from or a file kept beside it.
+    ``.npy``: targets float32 (N, C), with ``sample_id``, ``label`` and the targets' CRC32C
+    (``crc32c``) in the sidecar ``<name>.forgetkit.json``; the two files change together
+    (`forgetkit.io.pair.commit_pair`: a reader that finds ``<name>.forgetkit.json.next``
+    takes the sidecar whose ``crc32c`` the targets match, as `read_soft_targets` does).
+    Refuses a ``path`` (or sidecar) that is the file ``train_run`` was loaded from or a file
+    kept beside it.
     """
     path = Path(path)
     if path.suffix not in (".parquet", ".npy"):
@@ -47,8 +55,8 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
     q = soft_targets(fuser, train_run, temperature=temperature).astype(np.float32)
     ids = train_run.sample_ids if train_run.sample_ids is not None else \
         np.arange(train_run.n_samples)
-    with atomic_write(path) as tmp:
-        if path.suffix == ".parquet":
+    if path.suffix == ".parquet":
+        with atomic_write(path) as tmp:
             table = pa.table({
                 "sample_id": pa.array(np.asarray(ids).tolist()),
                 "label": pa.array(train_run.labels),
@@ -56,11 +64,58 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
                                                              q.shape[1]),
             }, metadata={b"forgetkit": json.dumps({"temperature": temperature}).encode()})
             pq.write_table(table, tmp)
-        else:
-            with open(tmp, "wb") as f:
-                np.save(f, q)
-            write_json_atomic(sidecar_path(path), {
-                "format": "forgetkit-soft-targets", "temperature": temperature,
-                "sample_id": np.asarray(ids).tolist(), "label": train_run.labels.tolist()})
+        return path
+
+    def write_tensor(tmp):
+        with open(tmp, "wb") as f:
+            np.save(f, q)
+        return crc_array(q)
+
+    commit_pair(path, write_tensor, lambda crc: {
+        "format": FORMAT, "temperature": temperature, "sample_id": np.asarray(ids).tolist(),
+        "label": train_run.labels.tolist(), "crc32c": crc})
     return path
 
+
+def read_soft_targets(path):
+    """(sample_id, label, targets float32 (N, C)) of the soft targets at ``path`` written by
+    `write_soft_targets`. For ``.npy``, the targets are checked against the sidecar's CRC32C
+    (CorruptFileError if they differ), and a pair being rewritten gives the old targets or the
+    new ones with their own ids and labels, never a mix."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        table = pq.read_table(path)
+        targets = np.stack(table.column("targets").to_numpy(zero_copy_only=False))
+        return (table.column("sample_id").to_pylist(),
+                np.asarray(table.column("label").to_numpy()),
+                targets.astype(np.float32, copy=False))
+    if not path.exists():
+        raise MissingFileError(f"no such soft targets file: {str(path)!r}")
+
+    def read_record(file):
+        try:
+            record = parse_record(Path(file).read_bytes(), f"the sidecar {str(file)!r}")
+        except FileNotFoundError:
+            return None
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            raise CorruptFileError(f"the sidecar {str(file)!r} is not that of soft targets "
+                                   f"(format {FORMAT!r})")
+        return record
+
+    def matches(targets, record):
+        return record.get("crc32c") == crc_array(targets)
+
+    targets, record, settled = open_pair(path, lambda p: np.load(p, allow_pickle=False),
+                                         read_record, matches=matches)
+    if record is None:
+        raise MissingFileError(f"the soft targets {str(path)!r} have no sidecar "
+                               f"{str(sidecar_path(path))!r}")
+    if settled and "crc32c" in record and not matches(targets, record):
+        raise CorruptFileError(f"{str(path)!r} does not match the checksum in its sidecar: "
+                               "the targets are corrupt")
+    ids, labels = record.get("sample_id"), record.get("label")
+    if not (isinstance(ids, list) and isinstance(labels, list)
+            and len(ids) == len(labels) == len(targets)):
+        raise CorruptFileError(f"the sidecar of {str(path)!r} must hold 'sample_id' and "
+                               f"'label' for each of the {len(targets)} rows")
+    return ids, np.asarray(labels, dtype=np.int64), targets

@@ -44,7 +44,7 @@ from .npz import load_npz, write_npz
 from .pair import commit_pair
 from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
 from .record import format_of, load_labels_file, record_of, with_checksums
-from .summary import SummaryWriter, is_summary, load_summary, summarize
+from .summary import SummaryWriter, is_summary, load_summary, staged_summary, summarize
 from .summary_parquet import is_summary_parquet, load_summary_parquet
 from .topk import TopKWriter, is_topk, load_topk, save_topk, to_topk
 from .topk_parquet import is_topk_parquet, load_topk_parquet
@@ -98,6 +98,8 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
     wait_for_writes(path)  # epochs this process recorded to path and still writes
     if fmt == "npy" and kind in (None, "summary") and is_summary(path):
         return load_summary(path, labels=labels, verify=verify)
+    if fmt == "parquet" and not path.exists() and staged_summary(path).exists():
+        return load_summary(staged_summary(path), labels=labels, verify=verify)  # writing
     if fmt == "npy" and kind in (None, "topk") and is_topk(path):
         return load_topk(path, labels=labels, verify=verify)
     if fmt == "parquet" and kind in (None, "topk") and is_topk_parquet(path):

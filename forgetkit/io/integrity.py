@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 
 import crc32c as _crc32c
 import numpy as np
 
+from .. import kernels
 from ..errors import CorruptFileError
 
 #: The metadata record's key of the checksums.
@@ -54,6 +56,53 @@ def crc_array(values, value=0):
     for start in range(0, len(flat), BLOCK_BYTES):
         crc = crc_bytes(memoryview(flat[start: start + BLOCK_BYTES]), crc)
     return crc
+
+
+#: The reflected CRC32C (Castagnoli) polynomial.
+POLY = 0x82F63B78
+
+
+def _multiply(a, b):
+    """a * b modulo the CRC32C polynomial (reflected bit order), for a Python int ``a`` and
+    an int or a uint64 array ``b`` (zlib's multmodp)."""
+    m, p = 1 << 31, b ^ b
+    while m:
+        if a & m:
+            p = p ^ b
+            if not a & (m - 1):
+                break
+        m >>= 1
+        b = (b >> 1) ^ (POLY * (b & 1))
+    return p
+
+
+@lru_cache(maxsize=256)
+def _shift(n_bytes):
+    """x^(8 n_bytes) modulo the polynomial: what moves a CRC past ``n_bytes`` zero bytes."""
+    p, square, n = 1 << 31, 1 << 30, 8 * n_bytes  # x^0, x^1
+    while n:
+        if n & 1:
+            p = _multiply(square, p)
+        square = _multiply(square, square)
+        n >>= 1
+    return p
+
+
+def combine(crc_a, crc_b, len_b):
+    """CRC32C of the bytes A + B from the CRC32C of A, that of B and the length of B
+    (zlib's crc32_combine); ``crc_a``/``crc_b`` may be uint64 arrays of many pairs."""
+    return _multiply(_shift(int(len_b)), crc_a) ^ crc_b
+
+
+def combine_lanes(parts, lengths):
+    """CRC32C of each row's bytes from the CRC32Cs of its consecutive pieces: ``parts``
+    (rows, K) the pieces' CRCs in order, ``lengths`` (K,) their bytes. Returns int64 (rows,)."""
+    parts = np.asarray(parts, dtype=np.uint64).reshape(len(parts), -1)
+    total = np.zeros(len(parts), dtype=np.uint64)
+    for k, n in enumerate(np.asarray(lengths).reshape(-1).tolist()):
+        if n:
+            total = combine(total, parts[:, k], n)
+    return total.astype(np.int64)
 
 
 def crc_ints(values):
@@ -112,21 +161,48 @@ def _stat_key(path):
             st.st_ctime_ns)
 
 
-def verify_epochs(path, array, epochs, crcs, *, threads=None):
+def verify_epochs(path, array, epochs, crcs, *, threads=None, predict=False):
     """Verify the epochs of a memory-mapped ``array`` (first axis: epochs) of the file
     ``path`` against ``crcs``, in threads (CRC32C releases the GIL); skipped when the
-    unchanged file was verified in this process. Raises `mismatch` for the first bad epoch."""
+    unchanged file was verified in this process. Raises `mismatch` for the first bad epoch.
+
+    ``predict``: float16 outputs (E, N, C) are verified by the forgetting pass itself
+    (`forgetkit.kernels.argmax_crc`: the checksum of the rows it reads, no second read), whose
+    predictions, int32 (E, N) as `forgetkit.Run.predictions` gives them, are returned. Returns
+    None otherwise, and when the file was not read here."""
     key = _stat_key(path)
     with _verified_lock:
         if key in _verified:
-            return
-    n = len(array)
-    bad = bad_epochs(array, crcs, threads=threads)
+            return None
+    predictions = None
+    if predict and fused(array):
+        predictions = np.empty(array.shape[:2], dtype=np.int32)
+        got = epoch_crcs_and_predictions(array, predictions)
+        bad = [e for e in range(min(len(array), len(crcs))) if got[e] != crcs[e]]
+    else:
+        bad = bad_epochs(array, crcs, threads=threads)
     if bad:
         raise mismatch(path, epochs[bad[0]], bad[0])
-    if n == len(crcs):  # the whole file holds
+    if len(array) == len(crcs):  # the whole file holds
         with _verified_lock:
             _verified.add(key)
+    return predictions
+
+
+def fused(array):
+    """Whether the forgetting pass checksums ``array`` as it reads it (`verify_epochs`):
+    little-endian float16 outputs (E, N, C), C-contiguous, at most 0xFFFF classes."""
+    return (array.ndim == 3 and array.dtype == np.dtype("<f2") and array.shape[2] <= 0xFFFF
+            and array.flags.c_contiguous and np.little_endian)
+
+
+def epoch_crcs_and_predictions(array, out):
+    """The CRC32C of each epoch of float16 outputs ``array`` (E, N, C) (`fused`), and their
+    predictions written into ``out`` int32 (E, N), from one read. Returns int64 (E,)."""
+    if array.size == 0:
+        return np.zeros(len(array), dtype=np.int64)
+    parts, lengths = kernels.argmax_crc(array, out)
+    return combine_lanes(parts, lengths)
 
 
 def bad_epochs(array, crcs, *, threads=None):

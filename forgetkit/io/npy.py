@@ -72,33 +72,44 @@ def _read_sidecar(file):
         return None
 
 
-def verify_tensor(path, tensor, record, n_epochs=None):
+def verify_tensor(path, tensor, record, n_epochs=None, *, predict=False):
     """Verify the labels, epoch numbers and the first ``n_epochs`` (default all) epochs of
-    the memory-mapped ``tensor`` against the checksums in ``record``; returns whether the
-    record has checksums (False: written before checksums existed)."""
+    the memory-mapped ``tensor`` against the checksums in ``record``. Returns (whether the
+    record has checksums (False: written before checksums existed), the predictions of the
+    forgetting pass that verified them or None; see `integrity.verify_epochs`'s
+    ``predict``)."""
     sums = stored_checksums(record, f"the sidecar of {str(path)!r}")
     if sums is None:
         if needs_checksums(record):
             raise CorruptFileError(f"the sidecar of {str(path)!r} lacks its checksums "
                                    f"(field {CRC_KEY!r})")
-        return False
+        return False, None
     n = len(tensor) if n_epochs is None else n_epochs
     check_fields(record, sums, path)
     if len(sums["outputs"]) < n:
         raise CorruptFileError(f"the sidecar of {str(path)!r} has checksums of "
                                f"{len(sums['outputs'])} epochs; the file holds {n}")
-    verify_epochs(path, tensor[:n], record.get("epochs") or list(range(n)),
-                  sums["outputs"][:n])
-    return True
+    predictions = verify_epochs(path, tensor[:n], record.get("epochs") or list(range(n)),
+                                sums["outputs"][:n], predict=predict)
+    return True, predictions
 
 
 def load_npy(path, *, labels=None, kind=None, verify=True):
     outputs, record, _ = open_pair(path, open_memmap, _read_sidecar)
     record = record or {}
     check_sidecar_claims(path, outputs, record)
+    predictions = None
+    if isinstance(record.get("labels"), list):  # (checked as integers) converted once: for
+        record["labels"] = np.asarray(record["labels"], dtype=np.int64)  # the CRC and the run
     if verify and record:
-        verify_tensor(path, outputs, record)
-    return make_run(outputs, record, labels, kind, source=path)
+        # logits are verified by the forgetting pass, whose result the run keeps (a later
+        # `predictions` reads nothing); probabilities are also checked as rows, per read
+        predict = (kind or record.get("kind", "logits")) == "logits"
+        predictions = verify_tensor(path, outputs, record, predict=predict)[1]
+    run = make_run(outputs, record, labels, kind, source=path)
+    if predictions is not None and predictions.size and predictions.min() >= 0:
+        run._inherit_predictions(predictions)  # else `predictions` names the bad epoch
+    return run
 
 
 def check_sidecar_claims(path, outputs, record):
@@ -158,7 +169,7 @@ class NpyAppender:
             raise ForgetkitError(f"the existing run at {str(self.path)!r} stores "
                                  f"{existing.dtype}; this writer has dtype={self.dtype}")
         n = existing.shape[0]
-        if verify_tensor(self.path, existing, record):
+        if verify_tensor(self.path, existing, record)[0]:
             crcs = list(record[CRC_KEY]["outputs"][:n])
         else:
             crcs = [crc_array(existing[e]) for e in range(n)]

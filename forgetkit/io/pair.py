@@ -59,12 +59,14 @@ def _identity(file):
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def open_pair(path, open_tensor, read_record):
+def open_pair(path, open_tensor, read_record, *, matches=None):
     """(tensor, record, settled) of the pair at ``path``: ``open_tensor(path)`` opens the
     tensor (an array of epochs), ``read_record(file)`` reads a sidecar file (None if absent).
 
     ``settled`` is False when a write was under way: the record returned is then the one whose
-    checksums the tensor's epochs match (verified here, in full)."""
+    checksums the tensor's epochs match (verified here, in full); ``matches(tensor, record)``
+    says whether they do (default: a run's record, the CRC32C of every epoch)."""
+    matches = matches or (lambda tensor, record: _matches(tensor, record, path))
     path = Path(path)
     sidecar, pending = sidecar_path(path), pending_path(path)
     for _ in range(READ_ATTEMPTS):
@@ -75,7 +77,7 @@ def open_pair(path, open_tensor, read_record):
             return tensor, record, True
         candidates = [read_record(pending), read_record(sidecar)]
         for candidate in candidates:
-            if candidate is not None and _matches(tensor, candidate, path):
+            if candidate is not None and matches(tensor, candidate):
                 return tensor, candidate, False
     raise CorruptFileError(f"{str(path)!r} does not match its sidecar or the pending one "
                            f"{str(pending)!r}: the run is being rewritten without pause, or "

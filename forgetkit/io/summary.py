@@ -6,7 +6,10 @@ On disk: ``<name>.npy`` holds a structured array of shape (n_epochs, n_samples) 
 on load; the sidecar ``<name>.forgetkit.json`` has ``"kind": "summary"``, the class count,
 labels, epoch numbers, sample ids, class names and metadata. `SummaryWriter` appends epoch by
 epoch as `RunWriter` does: each epoch's records are written and flushed, then the sidecar,
-then the header, so the file always loads as the epochs completed.
+then the header, so the file always loads as the epochs completed. A `SummaryWriter` of a
+``.parquet`` summary stages its epochs so, as ``summary.npy`` in the staging folder
+``<name>.parquet.partial``, and writes the Parquet file on `close` (atomically), then
+removes the staging; until then `forgetkit.load` reads the staged epochs.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from .._validation import (
 )
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
 from ..run import Run
-from .atomic import atomic_write, write_json_atomic
+from .atomic import atomic_write, remove, write_json_atomic
 from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
 from .integrity import crc_array
 from .lock import RunLock
 from .npy import open_memmap, verify_tensor
-from .pair import commit_pair, open_pair
+from .pair import commit_pair, open_pair, pending_path
+from .parquet import staging_path
 from .record import (
     RECORD_VERSION,
     check_record,
@@ -63,6 +67,12 @@ def summary_record(*, n_samples, n_classes, epochs, labels, sample_ids=None,
         "class_names": class_names,
         "meta": meta,
     }
+
+
+def staged_summary(path):
+    """Where a `SummaryWriter` of the Parquet summary ``path`` appends its epochs (the
+    staging folder's ``summary.npy``, with its sidecar)."""
+    return staging_path(path) / "summary.npy"
 
 
 def summary_header(n_epochs, n_samples, dtype=SUMMARY_DTYPE):
@@ -237,11 +247,14 @@ def summarize(run, path=None, *, progress=False):
 
 class SummaryWriter(LockedWriter):
     """Append a summary run epoch by epoch while the model trains (the `RunWriter` of
-    summaries; same options, ``.npy`` only).
+    summaries; same options).
 
     Parameters
     ----------
-    path : str or Path, ``.npy``
+    path : str or Path, ``.npy`` or ``.parquet``
+        A ``.parquet`` summary's epochs are staged as ``summary.npy`` in the staging folder
+        ``<name>.parquet.partial`` (loaded by `forgetkit.load` meanwhile), and the Parquet
+        file is written on `close`; mode "a" resumes a finished file or the staging.
     n_samples, n_classes : int
     labels : array-like of shape (n_samples,)
     sample_ids, class_names, meta : optional, stored in the sidecar
@@ -260,10 +273,13 @@ class SummaryWriter(LockedWriter):
 
     def __init__(self, path, n_samples, n_classes, *, labels, sample_ids=None,
                  class_names=None, meta=None, mode="a", durable=True):
-        self.path = Path(path)
-        if self.path.suffix.lower() != ".npy":
-            raise ForgetkitError(f"summaries are written as .npy (with a sidecar); got "
-                                 f"{str(self.path)!r}")
+        self.target = Path(path)  # the file `close` leaves
+        if self.target.suffix.lower() not in (".npy", ".parquet"):
+            raise ForgetkitError(f"summaries are written as .npy (with a sidecar) or .parquet; "
+                                 f"got {str(self.target)!r}")
+        self.parquet = self.target.suffix.lower() == ".parquet"
+        # where the epochs are appended: the file itself, or a Parquet summary's staging
+        self.path = staged_summary(self.target) if self.parquet else self.target
         check_option("mode", mode, ("a", "w", "x"))
         (self.n_samples, self.n_classes, self.labels, self.sample_ids, self.class_names,
          self.meta) = check_run_fields(n_samples, n_classes, labels, sample_ids, class_names,
@@ -279,7 +295,15 @@ class SummaryWriter(LockedWriter):
     dtype = SUMMARY_DTYPE
 
     def _open(self, mode):
-        exists = self._claim(mode, self._files())
+        if self.parquet:
+            exists = self._claim(mode, (self.path, self.target))
+            if mode == "w":
+                remove(self.target)
+            self.path.parent.mkdir(exist_ok=True)
+            if exists and not self.path.exists():  # a finished Parquet summary: resumed
+                self._stage(self.target)
+        else:
+            exists = self._claim(mode, self._files())
         if exists:
             self.epochs, self.crcs = self._existing_epochs()
             self._file = open(self.path, "r+b")
@@ -389,7 +413,20 @@ class SummaryWriter(LockedWriter):
             os.fsync(self._file.fileno())
 
     def close(self):
-        """Finish the file and release the lock (idempotent)."""
+        """Finish the file (a ``.parquet`` summary: written from the staged epochs, the
+        staging then removed) and release the lock (idempotent)."""
+        if not self._closed:
+            try:
+                self._file.close()
+                if self.parquet:
+                    self._finish_parquet()
+            finally:
+                self._lock.release()
+        self._closed = True
+
+    def abort(self):
+        """Close without writing a ``.parquet`` summary (used on errors) and release the
+        lock; the staged epochs stay on disk, and a writer in mode "a" resumes them."""
         if not self._closed:
             try:
                 self._file.close()
@@ -397,7 +434,46 @@ class SummaryWriter(LockedWriter):
                 self._lock.release()
         self._closed = True
 
-    abort = close
+    def _stage(self, source):
+        """Stage the epochs of the finished Parquet summary ``source`` (verified) to resume
+        it: the records and the sidecar, committed as one."""
+        from .summary_parquet import load_summary_parquet
+
+        run = load_summary_parquet(source)
+        if run.n_samples != self.n_samples or run.n_classes != self.n_classes:
+            raise ForgetkitError(f"the existing summary at {str(source)!r} has n_samples="
+                                 f"{run.n_samples}, n_classes={run.n_classes}; this writer has "
+                                 f"{self.n_samples}, {self.n_classes} (use mode='w' to start "
+                                 "over, or another path)")
+        records = run.outputs.records
+        crcs = [crc_array(records[e]) for e in range(len(records))]
+
+        def write_tensor(tmp):
+            with open(tmp, "wb") as f:
+                f.write(summary_header(*records.shape))
+                f.write(np.ascontiguousarray(records).tobytes())
+
+        record = with_checksums(summary_record(
+            n_samples=run.n_samples, n_classes=run.n_classes, epochs=run.epochs,
+            labels=run.labels, sample_ids=run.sample_ids, class_names=run.class_names,
+            meta=run.meta), crcs)
+        commit_pair(self.path, write_tensor, lambda _: record)
+
+    def _finish_parquet(self):
+        """Write the staged epochs to the Parquet file (atomically), then remove the
+        staging: a kill before the rename leaves the staging (loaded, and resumed), after it
+        the finished file."""
+        from .summary_parquet import write_summary_parquet
+
+        records = _open_records(self.path)[: len(self.epochs)]
+        with atomic_write(self.target) as tmp:
+            write_summary_parquet(tmp, records, self._record())
+        for staged in (self.path, sidecar_path(self.path), pending_path(self.path)):
+            remove(staged)
+        try:
+            self.path.parent.rmdir()
+        except OSError:
+            pass  # another file there (a killed write's temporary): left
 
     def _record(self):
         if self._encoder is None:  # every field but the epochs is fixed: encoded once
@@ -419,7 +495,7 @@ class SummaryWriter(LockedWriter):
                                      "(use mode='w' to start over, or another path)")
         stored, record, _ = open_pair(self.path, _open_records, _read_summary_sidecar)
         n = stored.shape[0]
-        if verify_tensor(self.path, stored, record):
+        if verify_tensor(self.path, stored, record)[0]:
             crcs = list(record[CRC_KEY]["outputs"][:n])
         else:  # written before checksums existed
             crcs = [crc_array(stored[e]) for e in range(n)]

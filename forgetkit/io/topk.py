@@ -475,7 +475,8 @@ class TopKWriter(SummaryWriter):
 
     def __init__(self, path, *, vocab_size, k, targets, sequence_ids, positions, meta=None,
                  mode="a", durable=True):
-        self.path = Path(path)
+        self.path = self.target = Path(path)
+        self.parquet = False  # (SummaryWriter's staging of Parquet files)
         if self.path.suffix.lower() != ".npy":
             raise ForgetkitError(f"top-k runs are written as .npy (with a sidecar and a token "
                                  f"table); got {str(self.path)!r}")

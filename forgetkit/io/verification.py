@@ -11,7 +11,7 @@ from .npz import load_npz
 from .pair import open_pair
 from .parquet import open_parquet_run, staging_path
 from .record import format_of
-from .summary import _open_records, _read_summary_sidecar, is_summary
+from .summary import _open_records, _read_summary_sidecar, is_summary, staged_summary
 from .summary_parquet import is_summary_parquet, load_summary_parquet
 from .topk import ARGMAX_KEY, _read_topk_sidecar, argmax_crc, is_topk, read_tokens
 from .topk_parquet import is_topk_parquet, load_topk_parquet
@@ -24,6 +24,8 @@ def verify_run(path):
     if not path.exists() and not (fmt == "parquet" and staging_path(path).is_dir()):
         raise MissingFileError(f"no such run: {str(path)!r}")
     result = {"path": str(path), "verifiable": False, "epochs": 0, "bad": []}
+    if fmt == "parquet" and not path.exists() and staged_summary(path).exists():
+        path, fmt = staged_summary(path), "npy"  # a SummaryWriter's staged epochs
     if fmt == "npy":
         summary, topk = is_summary(path), is_topk(path)
         tensor, record, _ = open_pair(

@@ -42,7 +42,9 @@ class LockedWriter:
     ``close`` and ``abort``."""
 
     def _lock_and_open(self, mode):
-        self._lock = RunLock(self.path)  # before anything on disk is read or touched
+        # the run's lock (of the file the writer leaves: ``target`` where it stages
+        # elsewhere), taken before anything on disk is read or touched
+        self._lock = RunLock(getattr(self, "target", self.path))
         try:
             self._open(mode)
         except BaseException:

@@ -1,6 +1,8 @@
 """numba kernels, private to forgetkit, by domain:
 
 - ``argmax``: the forgetting pass (row-wise argmax) and correct counts of mixed rows;
+- ``checked``: the forgetting pass of float16 outputs that also checksums (CRC32C) what it
+  reads, so that verifying a stored run costs no second read;
 - ``softmax``: softmax rows, window means and weighted sums of softmaxes, label probabilities;
 - ``eps_search``: Knowledge Fusion's exact epsilon search and fusion update;
 - ``selection``: greedy ensemble selection on logits;
@@ -28,6 +30,7 @@ import numba
 import numpy as np
 
 from . import argmax as _argmax
+from . import checked as _checked
 from . import dynamics as _dynamics
 from . import eps_search as _eps
 from . import mixture as _mixture
@@ -71,6 +74,20 @@ def argmax_rows(values, out):
     else:
         call(_argmax.argmax_float, values.size, source(values), out)
     return out
+
+
+def argmax_crc(values, out):
+    """``argmax_rows`` of every row of float16 outputs values (E, N, C) (C-contiguous, at
+    most 0xFFFF classes) into out int32 (E, N), and the CRC32C of the bytes it read: returns
+    (parts uint32 (E, K), lengths int64 (K,)), the CRCs and byte counts of K consecutive
+    pieces of each epoch's bytes, in order (combine them with
+    `forgetkit.io.integrity.combine_lanes`)."""
+    n_epochs, n_rows, n_classes = values.shape
+    blocks = max(1, min(-(-n_blocks() // max(n_epochs, 1)), n_rows // _checked.LANES or 1))
+    parts = np.empty((n_epochs, blocks, _checked.LANES), dtype=np.uint32)
+    call(_checked.argmax_crc_f16, values.size, source(values), out, blocks, parts)
+    return (parts.reshape(n_epochs, -1),
+            _checked.lane_bytes(n_rows, n_classes, blocks).reshape(-1))
 
 
 def read_order(src):

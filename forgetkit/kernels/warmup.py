@@ -43,12 +43,13 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
     """The library's passes on tiny runs of ``dtypes`` (files written to ``folder``):
     forgetting, training dynamics, label issues, every fuser's fit and prediction through
     `compare` (probabilities held; softmax statistics and gathered values; streamed), the
-    exact eps search, a sample subset read in place and the EM pass. Returns their results,
+    exact eps search, a sample subset read in place, the checksumming forgetting pass (that
+    of a verified load) and the EM pass. Returns their results,
     a list of arrays and tables."""
     import forgetkit as fk
     from forgetkit.run import DEFAULT_MEMORY_BUDGET
 
-    from . import argmax_rows_at, em_pass, sum_correct_count_rows
+    from . import argmax_crc, argmax_rows_at, em_pass, sum_correct_count_rows
 
     results = []
     for run in _runs(folder, dtypes):
@@ -63,6 +64,9 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
         src = np.arange(0, run.n_samples, 2)  # the forgetting pass on rows read in place
         results.append(argmax_rows_at(np.asarray(run.outputs), src,
                                       np.empty((run.n_epochs, src.size), np.int32)))
+        if run.outputs.dtype == np.float16:  # the pass that verifies a loaded .npy
+            pred = np.empty(run.shape[:2], np.int32)
+            results += [argmax_crc(np.asarray(run.outputs), pred)[0], pred]
     rng = np.random.default_rng(1)
     q = rng.random((300, 4)) + 0.1
     results.append(em_pass(q, np.full(4, 0.25)))
