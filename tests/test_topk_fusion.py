@@ -32,14 +32,14 @@ def records_of(logits, targets, k):
 
 
 def data_of(logits, targets, k):
-    return ft.TopKData.from_arrays(records_of(logits, targets, k), targets, logits.shape[2])
+    return ft.TopKData(records_of(logits, targets, k), targets, logits.shape[2])
 
 
 # ------------------------------------------------------------ kernels vs references
 def test_layout_and_bounds_match_the_reference():
     logits, targets = make_logits(1, n_epochs=4, n_tokens=60, vocab=12, ties=True)
     rec = records_of(logits, targets, 3)
-    data = ft.TopKData.from_arrays(rec, targets, 12)
+    data = ft.TopKData(rec, targets, 12)
     cls, label_col, unstored_col = ft.Layout(data, range(4), slice(None)).parts
     rows = layout_ref(rec, targets, 12)
     for n, row in enumerate(rows):

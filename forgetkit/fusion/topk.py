@@ -45,26 +45,24 @@ class TopKData:
 
     Parameters
     ----------
-    read : callable, epoch index -> records (n_tokens,) of that epoch (fields ``target``,
-        ``lse``, ``logits`` (k,), ``ids`` (k,))
+    records : ndarray or memmap (n_epochs, n_tokens) of the top-k record dtype (fields
+        ``target``, ``lse``, ``logits`` (k,), ``ids`` (k,)); read a chunk of tokens at a time
     targets : ndarray of int (n_tokens,)
-    vocab_size, top_k, n_epochs : int
+    vocab_size : int
     """
 
-    def __init__(self, read, targets, vocab_size, top_k, n_epochs):
-        self.read = read
+    def __init__(self, records, targets, vocab_size):
+        dtype = getattr(records, "dtype", None)
+        if getattr(records, "ndim", 0) != 2 or dtype is None or dtype.names is None \
+                or "ids" not in dtype.names:
+            raise ForgetkitError("top-k records must be an (epochs, tokens) array of the top-k "
+                                 f"record dtype; got {dtype} of shape "
+                                 f"{getattr(records, 'shape', None)}")
+        self.records = records
         self.targets = np.asarray(targets, dtype=np.int64)
-        self.vocab_size, self.top_k, self.n_epochs = int(vocab_size), int(top_k), int(n_epochs)
-
-    @classmethod
-    def from_arrays(cls, records, targets, vocab_size):
-        """From records (E, N) of the top-k dtype held in memory or memory-mapped."""
-        records = np.asarray(records) if not isinstance(records, np.ndarray) else records
-        if records.ndim != 2 or records.dtype.names is None or "ids" not in records.dtype.names:
-            raise ForgetkitError("records must be an (epochs, tokens) array of the top-k "
-                                 f"record dtype; got {records.dtype} of shape {records.shape}")
-        top_k = records.dtype["ids"].shape[0] if records.dtype["ids"].shape else 1
-        return cls(records.__getitem__, targets, vocab_size, top_k, records.shape[0])
+        self.vocab_size = int(vocab_size)
+        self.top_k = dtype["ids"].shape[0] if dtype["ids"].shape else 1
+        self.n_epochs = records.shape[0]
 
     @property
     def n_tokens(self):
@@ -76,32 +74,31 @@ class TopKData:
         return self.top_k >= self.vocab_size
 
     def rows(self, e, rows):
-        """Records of epoch index ``e`` at tokens ``rows`` (a slice)."""
-        return self.read(int(e))[rows]
+        """Records (n,) of epoch index ``e`` at tokens ``rows`` (a slice)."""
+        return np.asarray(self.records[int(e), rows])
 
     def correctness(self):
         """Whether the target is the argmax at each epoch: bool (E, N) (exact)."""
         out = np.empty((self.n_epochs, self.n_tokens), dtype=bool)
         for e in range(self.n_epochs):
-            out[e] = np.asarray(self.read(e)["ids"])[:, 0] == self.targets
+            out[e] = self.rows(e, slice(None))["ids"][:, 0] == self.targets
         return out
 
     def chunks(self, size=CHUNK_TOKENS):
         """Slices of tokens, ``size`` at a time."""
         n = self.n_tokens
-        return [slice(s, min(s + size, n)) for s in range(0, max(n, 1), size)] if n else []
+        return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
 def topk_data(run):
-    """The `TopKData` of a run of kind "topk" (or the `TopKData` itself)."""
-    if isinstance(run, TopKData):
-        return run
-    if getattr(run, "kind", None) != "topk":
+    """The `TopKData` of a Run of kind "topk" held in memory or on disk."""
+    if run.kind != "topk":
         raise ForgetkitError(f"expected a top-k run; this run holds {run.kind}")
-    if executor_for(run).lazy:
+    records = run.outputs.records
+    if executor_for(run).lazy or not isinstance(records, np.ndarray):
         raise ForgetkitError("certified fusion reads a top-k run's records here: load the run "
                              "from its files without chunks=")
-    return TopKData(run.epoch_values, run.labels, run.n_classes, run.top_k, run.n_epochs)
+    return TopKData(records, run.labels, run.n_classes)
 
 
 class Layout:
@@ -316,3 +313,28 @@ class TopKFitState:
             p.mix(window, eps)
         self.missed = sum(p.missed for p in self.parts)
         self.n_mixed += 1
+
+
+def topk_selection(data, k):
+    """Greedy ensemble selection with replacement on a top-k run: k rounds, each adding the
+    checkpoint whose inclusion gives the most tokens certified correct by the sum of the
+    picks' bounds (ties: the earlier epoch), the arithmetic of the full-vocabulary
+    selection. Returns the picks (epoch indices). Each round reads every epoch's records."""
+    parts = []
+    for rows in data.chunks():
+        layout = Layout(data, range(data.n_epochs), rows)
+        parts.append((layout, np.zeros(layout.shape), np.arange(layout.shape[0])))
+    picks = []
+    for i in range(k):
+        scores = np.zeros(data.n_epochs, dtype=np.int64)
+        for layout, total, every in parts:
+            tmp = np.empty(layout.shape)
+            for e in range(data.n_epochs):
+                epoch_values(data, e, layout, tmp)
+                scores[e] += kernels.sum_correct_count_rows(total, tmp, layout.label_col, every)
+        picks.append(int(np.argmax(scores)))
+        if i + 1 < k:
+            for layout, total, _ in parts:
+                kernels.add_into(total, epoch_values(data, picks[-1], layout,
+                                                     np.empty(layout.shape))[0])
+    return picks
