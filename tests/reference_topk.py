@@ -41,14 +41,16 @@ def tie_floor_ref(records, y):
 
 
 def unstored_bound_ref(record, y):
-    """min(p_k, max(0, 1 - the sum of the stored probabilities, the target's included))."""
+    """min(p_k, max(0, 1 - the sum of the stored probabilities, the target's included) +
+    2**-21 * max(|lse|, |largest logit|, 1))."""
     p = np.exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
     total = 0.0
     for v in p:
         total += v
     if y not in record["ids"].tolist():
         total += np.exp(np.float64(record["target"]) - np.float64(record["lse"]))
-    return min(p[-1], max(0.0, 1.0 - total))
+    slack = 2.0 ** -21 * max(abs(float(record["lse"])), abs(float(record["logits"][0])), 1.0)
+    return min(p[-1], max(0.0, 1.0 - total) + slack)
 
 
 def layout_ref(records, targets, vocab):

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 import forgetkit as fk
 from forgetkit import kernels
 from forgetkit.fusion import topk as ft
-from tests.reference_topk import bounds_ref, certify_ref, layout_ref, topk_records_ref
+from tests.reference_topk import (
+    bounds_ref,
+    certify_ref,
+    layout_ref,
+    topk_records_ref,
+    unstored_bound_ref,
+)
 
 
 def make_logits(seed=0, n_epochs=8, n_tokens=300, vocab=20, ties=False):
@@ -78,38 +84,112 @@ def test_certificate_matches_the_reference_on_ties():
 
 
 # ------------------------------------------------------------------ soundness
-def full_mixture(logits, recipe):
-    """The fused probabilities (N, V) of a recipe on full logits (plain numpy)."""
-    p = fk.probs.softmax
-    out = None
-    for kind, pos, value in recipe:
-        if kind == kernels.MEAN:
-            out = sum(p(logits[e]) for e in pos) / len(pos)
-        elif kind == kernels.WEIGHTED:
-            out = sum(w * p(logits[e]) for e, w in zip(pos, value, strict=True))
+def completion(logits, records, targets, mode):
+    """Probabilities (E, N, V) that the records allow: exp(z - lse) for the stored classes and
+    the target, and for the others a value in [0, u_e] (``mode`` "records": exp(z - lse),
+    checked to be within; "max":
+    u_e where no stored logit ties the k-th one below it; "zero": 0)."""
+    n_epochs, n_tokens, vocab = logits.shape
+    out = np.empty((n_epochs, n_tokens, vocab))
+    for e in range(n_epochs):
+        rec = records[e]
+        lse = rec["lse"].astype(np.float64)[:, None]
+        u = np.array([unstored_bound_ref(r, y) for r, y in zip(rec, targets, strict=True)])
+        p = np.exp(logits[e].astype(np.float64) - lse)
+        free = np.ones((n_tokens, vocab), dtype=bool)
+        np.put_along_axis(free, rec["ids"].astype(np.int64), False, axis=1)
+        free[np.arange(n_tokens), targets] = False
+        if mode == "records":  # the bound holds for the records' own probabilities
+            assert (np.where(free, p, 0.0) <= u[:, None]).all()
+            fill = p
+        elif mode == "max":  # ids below the k-th stored one cannot reach p_k
+            below = np.arange(vocab)[None, :] < rec["ids"][:, -1:].astype(np.int64)
+            p_k = np.exp(rec["logits"][:, -1].astype(np.float64) - lse[:, 0])
+            fill = np.where(below & (u == p_k)[:, None], 0.0, u[:, None])
         else:
-            a = sum(p(logits[e]) for e in pos) / len(pos)
-            out = value * a + (1 - value) * out
+            fill = np.zeros_like(p)
+        p_stored = np.exp(rec["logits"].astype(np.float64) - lse)
+        np.put_along_axis(p, rec["ids"].astype(np.int64), p_stored, axis=1)
+        p[np.arange(n_tokens), targets] = np.exp(rec["target"].astype(np.float64) - lse[:, 0])
+        out[e] = np.where(free, fill, p)
     return out
 
 
+def mixture(probs, recipe):
+    """The fused probabilities (N, V) of a recipe on probabilities (E, N, V), with the
+    arithmetic of the fusers."""
+    out = None
+    for kind, pos, value in recipe:
+        if kind == kernels.MEAN:
+            out = sum(probs[e] for e in pos) / len(pos)
+        elif kind == kernels.WEIGHTED:
+            out = sum(w * probs[e] for e, w in zip(pos, value, strict=True))
+        else:
+            out = value * (sum(probs[e] for e in pos) / len(pos)) + (1 - value) * out
+    return out
+
+
+def check_sound(logits, targets, k, recipe):
+    """The certificates of ``recipe`` hold for several completions of the records."""
+    records = records_of(logits, targets, k)
+    pred, certified, state, label_prob = ft.certify(
+        ft.TopKData(records, targets, logits.shape[2]), recipe, chunk=128)
+    for mode in ("records", "max", "zero"):
+        q = mixture(completion(logits, records, targets, mode), recipe)
+        truth = np.argmax(q, axis=1)
+        assert (truth[certified] == pred[certified]).all(), mode
+        assert (truth[state == 1] == targets[state == 1]).all(), mode
+        assert (truth[state == 0] != targets[state == 0]).all(), mode
+        assert np.array_equal(label_prob, q[np.arange(len(targets)), targets])
+    return pred, certified, state, label_prob
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_certificates_hold_for_the_true_logits(k):
+def test_certificates_hold_for_every_completion(k):
     logits, targets = make_logits(4, n_epochs=6, n_tokens=400, vocab=16)
-    data = data_of(logits, targets, k)
     recipes = [[(kernels.MEAN, [5], None)], [(kernels.MEAN, [2, 3, 4, 5], None)],
                [(kernels.WEIGHTED, [0, 3, 5], np.array([0.2, 0.3, 0.5]))],
                [(kernels.MEAN, [5], None), (kernels.MIX, [1, 2, 3], 0.4),
                 (kernels.MIX, [0, 1], 0.25)]]
     for recipe in recipes:
-        pred, certified, state, label_prob = ft.certify(data, recipe, chunk=128)
-        q = full_mixture(logits, recipe)
-        truth = np.argmax(q, axis=1)
-        assert (truth[certified] == pred[certified]).all()
-        assert (truth[state == 1] == targets[state == 1]).all()
-        assert (truth[state == 0] != targets[state == 0]).all()
-        np.testing.assert_allclose(label_prob, q[np.arange(len(targets)), targets],
-                                   rtol=1e-6)
-        if recipe[0][1] == [5] and len(recipe) == 1:  # one checkpoint: exact correctness
-            assert ((state == 1) == (records_of(logits, targets, k)["ids"][5, :, 0]
-                                     == targets)).all()
+        _, _, state, label_prob = check_sound(logits, targets, k, recipe)
+        # the target's probability is the model's up to the float32 rounding of lse
+        softmax = np.stack([fk.probs.softmax(z) for z in logits])
+        q = mixture(softmax, recipe)
+        np.testing.assert_allclose(label_prob, q[np.arange(len(targets)), targets], rtol=1e-6)
+        if len(recipe) == 1 and recipe[0][1] == [5]:  # one checkpoint: exactly its argmax
+            assert ((state == 1) == (np.argmax(logits[5], axis=1) == targets)).all()
+            assert (state != -1).all()
+
+
+# -------------------------------------------------------- larger k, tighter interval
+RECIPES = [lambda E: [(kernels.MEAN, [E - 1], None)],
+           lambda E: [(kernels.MEAN, list(range(E)), None)],
+           lambda E: [(kernels.WEIGHTED, list(range(E)), np.linspace(1, 2, E) / np.linspace(1, 2, E).sum())],
+           lambda E: [(kernels.MEAN, [E - 1], None), (kernels.MIX, [0], 0.5),
+                      (kernels.MIX, list(range(E)), 0.25)]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n_epochs=st.integers(1, 4), vocab=st.integers(2, 9),
+       recipe=st.sampled_from(RECIPES), spread=st.sampled_from([1, 3, 20]))
+def test_larger_k_never_widens_the_interval(seed, n_epochs, vocab, recipe, spread):
+    rng = np.random.default_rng(seed)
+    n_tokens = 25
+    # small integers: exact ties between logits (and between bounds) are common
+    logits = rng.integers(-spread, spread + 1, (n_epochs, n_tokens, vocab)).astype(np.float32)
+    targets = rng.integers(0, vocab, n_tokens)
+    steps = recipe(n_epochs)
+    before, widths = None, []
+    for k in range(1, vocab + 1):
+        if k < vocab:
+            state = check_sound(logits, targets, k, steps)[2]
+            if before is not None:  # certified tokens stay certified, with the same answer
+                kept = before != -1
+                assert (state[kept] == before[kept]).all()
+            before = state
+        else:  # the softmax of the logits: the same answers up to the rounding of lse
+            state = ft.certify(data_of(logits, targets, k), steps)[2]
+            assert (state != -1).all()  # every token certified
+        widths.append(int((state == -1).sum()))
+    assert widths == sorted(widths, reverse=True)

@@ -53,10 +53,17 @@ def layout_widths(ids, targets, vocab, width):
         width[n] = count + (1 if count < vocab else 0)
 
 
+#: The slack of the unstored mass, relative to max(|lse|, |largest logit|, 1): the records'
+#: probabilities exp(z - lse) sum over the vocabulary to 1 only up to the float32 rounding of
+#: lse and of the logits (half a float32 step each, 2**-24 relative); four times that.
+MASS_SLACK = 2.0 ** -21
+
+
 @njit(inline="always")
 def _unstored_bound(logits, ids, target, lse, y, n):
-    """(p_y, u) of one record: the target's exact probability and the bound of the classes
-    it did not store, min(p_k, max(0, 1 - the sum of the stored probabilities))."""
+    """(p_y, u, p_k) of one record: the target's exact probability, the bound of the classes
+    it did not store, min(p_k, max(0, 1 - the sum of the stored probabilities) + slack)
+    (slack: MASS_SLACK * max(|lse|, |largest logit|, 1)), and its k-th probability."""
     k = logits.shape[1]
     top = np.float64(lse[n])
     p_y = np.exp(np.float64(target[n]) - top)
@@ -68,7 +75,8 @@ def _unstored_bound(logits, ids, target, lse, y, n):
     if not stored_y:
         total += p_y
     p_k = np.exp(np.float64(logits[n, k - 1]) - top)
-    return p_y, min(p_k, max(0.0, 1.0 - total)), p_k
+    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
+    return p_y, min(p_k, max(0.0, 1.0 - total) + slack), p_k
 
 
 @kernel
@@ -140,7 +148,7 @@ def bound_values(logits, ids, target, lse, targets, vocab, cls, label_col, unsto
     """One checkpoint's bounds in the layout: for the classes it stored and the target, the
     exact p = exp(z - lse) (upper = lower); for every other class of the layout and the
     unstored slot, upper = u = min(p of its k-th stored class, max(0, 1 - the sum of its
-    stored probabilities)) and lower = 0; padding 0.
+    stored probabilities) + slack) (see ``_unstored_bound``) and lower = 0; padding 0.
 
     The stored probabilities are the k top ones (summed in order) and the target's when it
     is not among them. logits (N, k) float32, ids (N, k), target (N,) float32, lse (N,)
