@@ -1,31 +1,10 @@
 """Plain-numpy references of certified fusion on top-k runs (docs/definitions.md, "Certified
-fusion on top-k runs"), written for clarity, not speed: the records of full logits, each
-token's class layout, each checkpoint's bounds, and the certificate of a mixture."""
+fusion on top-k runs"), written for clarity, not speed: each token's class layout, each
+checkpoint's bounds, and the certificate of a mixture."""
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def records_dtype(k, vocab):
-    ids = "<u2" if vocab <= 65536 else "<u4"
-    return np.dtype([("target", "<f4"), ("lse", "<f4"), ("logits", "<f4", (k,)),
-                     ("ids", ids, (k,))])
-
-
-def topk_records_ref(logits, targets, k):
-    """Records (N,) of one checkpoint's logits (N, V): the target's logit, the log-sum-exp,
-    the k largest logits (descending; equal ones by ascending id) and their ids."""
-    z = np.asarray(logits, dtype=np.float64)
-    n, vocab = z.shape
-    out = np.empty(n, dtype=records_dtype(k, vocab))
-    order = np.lexsort((np.broadcast_to(np.arange(vocab), z.shape), -z), axis=1)[:, :k]
-    top = z.max(axis=1, keepdims=True)
-    out["target"] = z[np.arange(n), targets]
-    out["lse"] = (top + np.log(np.exp(z - top).sum(axis=1, keepdims=True)))[:, 0]
-    out["logits"] = np.take_along_axis(z, order, axis=1)
-    out["ids"] = order
-    return out
 
 
 def tie_floor_ref(records, y):

@@ -11,12 +11,13 @@ from hypothesis import strategies as st
 
 import forgetkit as fk
 from forgetkit import kernels
+from forgetkit._topk import TopKOutputs, topk_records
+from forgetkit.errors import ForgetkitError
 from forgetkit.fusion import topk as ft
 from tests.reference_topk import (
     bounds_ref,
     certify_ref,
     layout_ref,
-    topk_records_ref,
     unstored_bound_ref,
 )
 
@@ -34,7 +35,7 @@ def make_logits(seed=0, n_epochs=8, n_tokens=300, vocab=20, ties=False):
 
 
 def records_of(logits, targets, k):
-    return np.stack([topk_records_ref(z, targets, k) for z in logits])
+    return np.stack([topk_records(z, targets, k) for z in logits])
 
 
 def data_of(logits, targets, k):
@@ -163,9 +164,14 @@ def test_certificates_hold_for_every_completion(k):
 
 
 # -------------------------------------------------------- larger k, tighter interval
+def _weights(n):
+    w = np.linspace(1, 2, n)
+    return w / w.sum()
+
+
 RECIPES = [lambda E: [(kernels.MEAN, [E - 1], None)],
            lambda E: [(kernels.MEAN, list(range(E)), None)],
-           lambda E: [(kernels.WEIGHTED, list(range(E)), np.linspace(1, 2, E) / np.linspace(1, 2, E).sum())],
+           lambda E: [(kernels.WEIGHTED, list(range(E)), _weights(E))],
            lambda E: [(kernels.MEAN, [E - 1], None), (kernels.MIX, [0], 0.5),
                       (kernels.MIX, list(range(E)), 0.25)]]
 
@@ -193,3 +199,85 @@ def test_larger_k_never_widens_the_interval(seed, n_epochs, vocab, recipe, sprea
             assert (state != -1).all()  # every token certified
         widths.append(int((state == -1).sum()))
     assert widths == sorted(widths, reverse=True)
+
+
+# ------------------------------------------------------------------ fusers on runs
+def topk_run(logits, targets, k):
+    n = len(targets)
+    outputs = TopKOutputs(records_of(logits, targets, k), logits.shape[2], np.arange(n) // 10,
+                          np.arange(n) % 10)
+    return fk.Run(outputs, targets, kind="topk")
+
+
+def fusers():
+    return [fk.KnowledgeFusion(), fk.KnowledgeFusion(grid=None, rule="paper"),
+            fk.KnowledgeFusion(window=0, grid=11, stop_when_no_gain=True),
+            fk.EnsembleSelection(max_checkpoints=4), fk.LikelihoodFusion(max_checkpoints=3),
+            fk.EarlyStopping(), fk.CheckpointAverage("horizontal", max_checkpoints=3)]
+
+
+def test_k_equal_to_the_vocabulary_gives_the_full_runs_results_bit_for_bit():
+    logits, targets = make_logits(5, n_epochs=8, n_tokens=300, vocab=20)
+    full, top = fk.Run(logits, targets), topk_run(logits, targets, 20)
+    val, test = np.arange(150), np.arange(150, 300)
+    for fuser in fusers():
+        a = fuser.fit(full.isel(samples=val))
+        b = type(fuser)(**fuser.get_params()).fit(top.isel(samples=val))
+        assert a.checkpoints_ == b.checkpoints_
+        if isinstance(a, fk.KnowledgeFusion):
+            assert a.plan_ == b.plan_ and a.val_accuracy_ == b.val_accuracy_
+            assert a.initial_accuracy_ == b.initial_accuracy_
+            assert any(eps > 0 for _, eps in a.plan_)
+        if a.weights_ is not None:
+            assert np.array_equal(a.weights_, b.weights_)
+        t_full, t_top = full.isel(samples=test), top.isel(samples=test)
+        assert np.array_equal(a.predict_proba(t_full), b.predict_proba(t_top))
+        assert np.array_equal(a.predict(t_full), b.predict(t_top))
+        table = b.certified(t_top)
+        assert table["certified"].all() and table["correct"].notna().all()
+        low, high = b.certified_accuracy(t_top)
+        assert low == high == np.mean(a.predict(t_full) == t_full.labels)
+    table = fk.compare(top, seeds=(0, 1))
+    expected = fk.compare(full, seeds=(0, 1))
+    for column in ("k", "accuracy", "gain", "nll", "p_max"):
+        assert np.array_equal(table[column], expected[column]), column
+    assert np.array_equal(table["accuracy_low"], table["accuracy_high"])
+
+
+def test_fit_on_a_topk_run_counts_certified_tokens():
+    logits, targets = make_logits(6, n_epochs=8, n_tokens=400, vocab=30)
+    run = topk_run(logits, targets, 3)
+    kf = fk.KnowledgeFusion().fit(run)
+    low, high = kf.certified_accuracy(run)
+    # the eps search's counts are the certificates' counts (no exact ties in these logits)
+    assert kf.val_accuracy_[-1] == low < high
+    assert kf.initial_accuracy_ == np.mean(np.argmax(logits[-1], axis=1) == targets)
+    table = kf.certified(run)
+    assert list(table.columns) == ["target", "prediction", "certified", "correct", "label_prob"]
+    assert table["correct"].isna().sum() == round((high - low) * len(targets))
+    assert set(table["correct"].dropna().unique()) <= {True, False}
+    assert np.array_equal(kf.predict(run), table["prediction"].to_numpy())
+    # the target's fused probability is exact: the full run's up to the rounding of lse
+    np.testing.assert_allclose(table["label_prob"],
+                               kf.predict_proba(fk.Run(logits, targets))[np.arange(400), targets],
+                               rtol=1e-6)
+    # a plan fitted on the full run applies to the top-k run, inside its interval
+    full = fk.KnowledgeFusion().fit(fk.Run(logits, targets))
+    truth = np.mean(full.predict(fk.Run(logits, targets)) == targets)
+    low, high = full.certified_accuracy(run)
+    assert low <= truth <= high
+    with pytest.raises(ForgetkitError, match="predict_proba needs every class"):
+        kf.predict_proba(run)
+
+
+def test_compare_on_a_topk_run_reports_the_interval():
+    logits, targets = make_logits(7, n_epochs=6, n_tokens=300, vocab=25)
+    table = fk.compare(topk_run(logits, targets, 4), seeds=(0,))
+    assert (table["accuracy"] == table["accuracy_low"]).all()
+    assert (table["accuracy_low"] <= table["accuracy_high"]).all()
+    assert table.loc["single", "accuracy_low"] == table.loc["single", "accuracy_high"]
+    assert table["nll"].notna().all() and table["ece"].isna().all()
+    text = fk.format_table(table)
+    assert "certified interval (%)" in text and "[" in text
+    curve = fk.evaluate.ensemble_size_curve(topk_run(logits, targets, 4), seeds=(0,))
+    assert curve["windows"].iloc[0] == 0

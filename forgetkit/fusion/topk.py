@@ -221,6 +221,25 @@ def certify(data, recipe, *, chunk=CHUNK_TOKENS):
     return pred, certified, state, label_prob
 
 
+def label_probs(data):
+    """The targets' probabilities at every epoch, float64 (N, E): exp(target - lse), or with
+    k == vocabulary the softmax of the logits (the arithmetic of a logits run)."""
+    if not data.exact:
+        out = np.empty((data.n_epochs, data.n_tokens))
+        for e in range(data.n_epochs):
+            rec = data.rows(e, slice(None))
+            out[e] = np.exp(rec["target"].astype(np.float64) - rec["lse"].astype(np.float64))
+        return out.T
+    out = np.empty((data.n_tokens, data.n_epochs))
+    for rows in data.chunks():
+        layout = Layout(data, (), rows)
+        values = np.empty(layout.shape)
+        for e in range(data.n_epochs):
+            epoch_values(data, e, layout, values)
+            out[rows, e] = values[np.arange(values.shape[0]), layout.label_col]
+    return out
+
+
 def exact_probs(data, recipe):
     """The fused probabilities (N, V) of a top-k run whose records hold every class."""
     if not data.exact:

@@ -425,8 +425,8 @@ def topk_bounds(records, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
     records (N,) (fields logits, ids, target, lse); ``lower`` None: upper only."""
     cls, label_col, unstored_col = layout
-    call(_topk.bound_values, upper.size, *_fields(records), targets, vocab, cls, label_col, unstored_col, upper,
-         np.empty((0, 0)) if lower is None else lower)
+    call(_topk.bound_values, upper.size, *_fields(records), targets, vocab, cls, label_col,
+         unstored_col, upper, np.empty((0, 0)) if lower is None else lower)
     return upper, lower
 
 
