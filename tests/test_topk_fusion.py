@@ -268,6 +268,10 @@ def test_fit_on_a_topk_run_counts_certified_tokens():
     assert low <= truth <= high
     with pytest.raises(ForgetkitError, match="predict_proba needs every class"):
         kf.predict_proba(run)
+    # the fitted plan's JSON says it was fitted on a top-k run, and reads back
+    again = fk.load_fuser(kf.to_json())
+    assert again.kind_ == "topk" and again.plan_ == kf.plan_
+    assert again.certified_accuracy(run) == kf.certified_accuracy(run)
 
 
 def test_compare_on_a_topk_run_reports_the_interval():
@@ -281,3 +285,21 @@ def test_compare_on_a_topk_run_reports_the_interval():
     assert "certified interval (%)" in text and "[" in text
     curve = fk.evaluate.ensemble_size_curve(topk_run(logits, targets, 4), seeds=(0,))
     assert curve["windows"].iloc[0] == 0
+
+
+def test_cli_fuse_compare_and_apply_on_a_topk_run(tmp_path, capsys):
+    from forgetkit.cli import main
+
+    logits, targets = make_logits(8, n_epochs=6, n_tokens=200, vocab=20)
+    path = tmp_path / "tokens.npy"
+    fk.save(topk_run(logits, targets, 3), path)
+    plan = tmp_path / "plan.json"
+    assert main(["fuse", str(path), "--plan", str(plan), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "(fused, certified)" in out and "certified interval" in out
+    assert main(["compare", str(path), "--seeds", "0", "--quiet"]) == 0
+    assert "certified interval (%)" in capsys.readouterr().out
+    assert main(["apply", str(plan), str(path), "--out", str(tmp_path / "p.npy"),
+                 "--quiet"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "predict_proba needs every class" in err and len(err.splitlines()) == 1

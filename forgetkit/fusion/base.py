@@ -128,7 +128,8 @@ class Fuser:
             return run
         outputs = np.asarray(run) if not hasattr(run, "shape") else run
         n_samples = outputs.shape[1] if getattr(outputs, "ndim", 0) == 3 else 0
-        return Run(outputs, np.zeros(n_samples, dtype=np.int64), kind=self.kind_,
+        kind = "logits" if self.kind_ == "topk" else self.kind_  # a bare array: logits
+        return Run(outputs, np.zeros(n_samples, dtype=np.int64), kind=kind,
                    epochs=self.epochs_ if outputs.shape[0] == len(self.epochs_) else None)
 
     def _positions(self, run, indices):

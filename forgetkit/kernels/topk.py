@@ -24,20 +24,28 @@ from .jit import kernel
 @njit(cache=True)
 def _row_classes(ids, targets, n, buf):
     """Sorted distinct classes of token n: ids[e, n, :] over every e, and targets[n]; written
-    to buf's start; returns their count."""
+    to buf's start (insertion into the sorted prefix: checkpoints store mostly the same
+    ids); returns their count."""
     n_epochs, _, k = ids.shape
-    m = 0
+    buf[0] = targets[n]
+    count = 1
     for e in range(n_epochs):
         for j in range(k):
-            buf[m] = ids[e, n, j]
-            m += 1
-    buf[m] = targets[n]
-    m += 1
-    row = np.sort(buf[:m])
-    count = 0
-    for i in range(m):
-        if count == 0 or row[i] != buf[count - 1]:
-            buf[count] = row[i]
+            c = np.int64(ids[e, n, j])
+            if e > 0 and ids[e - 1, n, j] == ids[e, n, j]:
+                continue  # inserted already (consecutive checkpoints often agree)
+            lo, hi = 0, count
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if buf[mid] < c:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < count and buf[lo] == c:
+                continue
+            for i in range(count, lo, -1):
+                buf[i] = buf[i - 1]
+            buf[lo] = c
             count += 1
     return count
 
@@ -156,27 +164,40 @@ def bound_values(logits, ids, target, lse, targets, vocab, cls, label_col, unsto
     only)."""
     n_tokens, k = logits.shape
     width = cls.shape[1]
+    both = lower.shape[0] > 0
     for n in prange(n_tokens):
-        top = np.float64(lse[n])
-        p_y, u, _ = _unstored_bound(logits, ids, target, lse, targets[n], n)
+        # the arithmetic of _unstored_bound, each probability computed once
+        y, top = targets[n], np.float64(lse[n])
         end = width
         while end > 0 and cls[n, end - 1] > vocab:
             end -= 1
-        both = lower.shape[0] > 0
         for c in range(width):
-            upper[n, c] = u if c < end else 0.0
+            upper[n, c] = -1.0 if c < end else 0.0  # -1: not stored, set to u below
             if both:
                 lower[n, c] = 0.0
+        total = 0.0
+        stored_y = False
+        p = 0.0
         for j in range(k):
-            col = _column(cls[n], ids[n, j], end)
-            if col >= 0 and col != unstored_col[n]:
-                p = np.exp(np.float64(logits[n, j]) - top)
+            p = np.exp(np.float64(logits[n, j]) - top)
+            total += p
+            stored_y = stored_y or ids[n, j] == y
+            col = _column(cls[n], np.int64(ids[n, j]), end)
+            if col >= 0:
                 upper[n, col] = p
                 if both:
                     lower[n, col] = p
+        p_y = np.exp(np.float64(target[n]) - top)
+        if not stored_y:
+            total += p_y
+        slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
+        u = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
         upper[n, label_col[n]] = p_y
         if both:
             lower[n, label_col[n]] = p_y
+        for c in range(end):
+            if upper[n, c] < 0.0:
+                upper[n, c] = u
 
 
 @kernel
