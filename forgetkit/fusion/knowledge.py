@@ -205,6 +205,10 @@ class KnowledgeFusion(Fuser):
         Each stage is a new array; on a run on a dask array, a lazy dask array
         (``with_windows(i).predict_proba(run)``, computed on the workers)."""
         self._check_fitted()
+        if self._as_input(run).kind == "topk":  # exact only with k = vocabulary (else raises)
+            for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
+                yield self.with_windows(i).predict_proba(run)
+            return
         if executor_for(self._as_input(run)).lazy:
             for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
                 yield self.with_windows(i).predict_proba(run)
