@@ -21,6 +21,19 @@ from numba import njit, prange
 from .jit import kernel
 
 
+@njit(inline="always")
+def _lower_bound(row, c, end):
+    """The first index i of row[:end] (ascending) with row[i] >= c (end if none)."""
+    lo, hi = 0, end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if row[mid] < c:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @njit(cache=True)
 def _row_classes(ids, targets, n, buf):
     """Sorted distinct classes of token n: ids[e, n, :] over every e, and targets[n]; written
@@ -34,13 +47,7 @@ def _row_classes(ids, targets, n, buf):
             c = np.int64(ids[e, n, j])
             if e > 0 and ids[e - 1, n, j] == ids[e, n, j]:
                 continue  # inserted already (consecutive checkpoints often agree)
-            lo, hi = 0, count
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if buf[mid] < c:
-                    lo = mid + 1
-                else:
-                    hi = mid
+            lo = _lower_bound(buf, c, count)
             if lo < count and buf[lo] == c:
                 continue
             for i in range(count, lo, -1):
@@ -140,13 +147,7 @@ def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col):
 @njit(inline="always")
 def _column(row, c, end):
     """Column of class c in row[:end] (ascending), or -1."""
-    lo, hi = 0, end
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if row[mid] < c:
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = _lower_bound(row, c, end)
     return lo if lo < end and row[lo] == c else -1
 
 
