@@ -287,6 +287,11 @@ def test_fit_on_a_topk_run_counts_certified_tokens():
     truth = np.mean(full.predict(fk.Run(logits, targets)) == targets)
     low, high = full.certified_accuracy(run)
     assert low <= truth <= high
+    # on a full run every prediction is certified
+    exact = full.certified(fk.Run(logits, targets))
+    assert exact.index.name == "sample" and exact["certified"].all()
+    assert (exact["correct"] == (exact["prediction"] == targets)).all()
+    assert full.certified_accuracy(fk.Run(logits, targets)) == (truth, truth)
     with pytest.raises(ForgetkitError, match="predict_proba needs every class"):
         kf.predict_proba(run)
     with pytest.raises(ForgetkitError, match="use certified"):

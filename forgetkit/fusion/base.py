@@ -201,7 +201,8 @@ class Fuser:
         run = self._as_input(run)
         pred, certified, state, label_prob = self._certificate(run)
         return topk.certificate_frame(pred, certified, state, label_prob, run.labels,
-                                      run.sample_ids)
+                                      run.sample_ids,
+                                      name="token" if run.kind == "topk" else "sample")
 
     def certified_accuracy(self, run):
         """(low, high): the fused accuracy on ``run`` lies in [certified correct, certified

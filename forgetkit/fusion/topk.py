@@ -251,14 +251,15 @@ def exact_probs(data, recipe):
     return recipe_bounds(data, recipe, layout)[0]
 
 
-def certificate_frame(pred, certified, state, label_prob, targets, index=None):
-    """The per-token table of `Fuser.certified`."""
+def certificate_frame(pred, certified, state, label_prob, targets, index=None, name="token"):
+    """The per-token (per-sample: ``name``) table of `Fuser.certified`."""
     correct = np.full(state.shape, None, dtype=object)
     correct[state == 1] = True
     correct[state == 0] = False
+    index = np.arange(len(pred)) if index is None else index
     return pd.DataFrame({"target": targets, "prediction": pred, "certified": certified,
                          "correct": correct, "label_prob": label_prob},
-                        index=pd.Index(index, name="token") if index is not None else None)
+                        index=pd.Index(index, name=name))
 
 
 class TopKFitChunk:
