@@ -112,7 +112,7 @@ class Layout:
         self.targets = targets
         if data.exact:
             n = targets.shape[0]
-            self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int64),
+            self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
                                        (n, data.vocab_size))
             self.label_col = targets.copy()
             self.unstored_col = np.full(n, -1, dtype=np.int64)

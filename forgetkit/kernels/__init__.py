@@ -396,13 +396,15 @@ def em_pass(q, w):
 # ------------------------------------------------------------- certified fusion (top-k runs)
 def topk_layout(ids, targets, vocab, floor):
     """The class layout of tokens whose checkpoints stored ``ids`` (E, N, k), the unstored
-    slot above ``floor`` (int64 (N,), see `topk_tie_floor`): (cls int64 (N, M), label_col
+    slot above ``floor`` (int64 (N,), see `topk_tie_floor`): (cls int32 (N, M) (int64 for
+    vocabularies beyond int32), label_col
     int64 (N,), unstored_col int64 (N,), -1 where none); see ``topk``'s module docstring."""
     targets = np.asarray(targets, dtype=np.int64)
     n = targets.shape[0]
     width = np.empty(n, dtype=np.int64)
     call(_topk.layout_widths, ids.size, ids, targets, vocab, width)
-    cls = np.empty((n, int(width.max()) if n else 0), dtype=np.int64)
+    cls = np.empty((n, int(width.max()) if n else 0),
+                   dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
     label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     call(_topk.layout_fill, ids.size, ids, targets, vocab, floor, cls, label_col,
          unstored_col)

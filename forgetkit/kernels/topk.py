@@ -108,7 +108,7 @@ def tie_floor(logits, ids, target, lse, targets, floor):
 
 @kernel
 def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col):
-    """Fill the layout: cls (N, M) int64 (see the module; the unstored slot's id is the
+    """Fill the layout: cls (N, M) int32 or int64 (see the module; the unstored slot's id is the
     smallest class no checkpoint stored above floor[n], or ``vocab`` if none; padding
     ``vocab + 1``), label_col[n] = the target's column, unstored_col[n] = the unstored
     slot's column (-1: none)."""
