@@ -331,3 +331,17 @@ def test_cli_fuse_compare_and_apply_on_a_topk_run(tmp_path, capsys):
                  "--quiet"]) != 0
     err = capsys.readouterr().err.strip()
     assert "predict_proba needs every class" in err and len(err.splitlines()) == 1
+
+
+def test_a_topk_run_on_dask_is_refused_with_a_clear_message(tmp_path):
+    pytest.importorskip("dask")
+    logits, targets = make_logits(9, n_epochs=3, n_tokens=60, vocab=12)
+    top = topk_run(logits, targets, 3)
+    (tmp_path / "s").mkdir()
+    for i, (a, b) in enumerate([(0, 30), (30, 60)]):
+        fk.save(top.isel(samples=np.arange(a, b)), tmp_path / "s" / f"shard-{i}.npy")
+    run = fk.load(str(tmp_path / "s" / "shard-*.npy"))
+    kf = fk.KnowledgeFusion().fit(top)
+    for call in (lambda: fk.KnowledgeFusion().fit(run), lambda: kf.certified(run)):
+        with pytest.raises(ForgetkitError, match="not on dask workers"):
+            call()

@@ -96,8 +96,9 @@ def topk_data(run):
         raise ForgetkitError(f"expected a top-k run; this run holds {run.kind}")
     records = run.outputs.records
     if executor_for(run).lazy or not isinstance(records, np.ndarray):
-        raise ForgetkitError("certified fusion reads a top-k run's records here: load the run "
-                             "from its files without chunks=")
+        raise ForgetkitError("certified fusion reads a top-k run's records here, not on dask "
+                             "workers: load the run from one file (not a glob of shards, "
+                             "without chunks=)")
     return TopKData(records, run.labels, run.n_classes)
 
 
