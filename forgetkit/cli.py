@@ -209,16 +209,22 @@ def _cmd_fuse(args):
     kf.to_json(args.plan)
     used = [(a, eps) for a, eps in kf.plan_ if eps > 0]
     print(f"fitted on {how}: {val.n_samples} samples, {val.n_epochs} epochs")
+    certified = ", certified" if val.kind == "topk" else ""
     print(f"validation accuracy: {percent(kf.initial_accuracy_)} (final epoch) -> "
-          f"{percent(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} (fused)")
+          f"{percent(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} "
+          f"(fused{certified})")
     print(f"windows used: {len(used)} of {len(kf.plan_)} tried; ensemble size k = "
           f"{kf.ensemble_size_} checkpoints")
     for a, eps in used:
         print(f"  epoch {kf.epochs_[a]} (window {args.window}): eps = {eps:.4g}")
     if test is not None:
         single = np.mean(single_hit(test))
-        fused = np.mean(kf.predict(test) == test.labels)
-        print(f"held-out accuracy: {percent(single)} (final epoch) -> {percent(fused)} (fused), "
+        if test.kind == "topk":  # bounded probabilities: the certified interval
+            low, high = kf.certified_accuracy(test)
+            fused = f"[{percent(low)}, {percent(high)}] (fused, certified interval)"
+        else:
+            fused = f"{percent(np.mean(kf.predict(test) == test.labels))} (fused)"
+        print(f"held-out accuracy: {percent(single)} (final epoch) -> {fused}, "
               f"{test.n_samples} samples")
     print(f"wrote {args.plan}")
 

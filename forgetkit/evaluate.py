@@ -118,6 +118,17 @@ def score_fusers(fusers, run):
     return out
 
 
+def score_certified(fusers, run):
+    """On a top-k run: per fitted fuser, (certified correct (bool (N,)), NLL of the exact
+    target probabilities, ECE (nan: the top class's probability is bounded, not known),
+    not certified wrong (bool (N,))) from `Fuser.certified`'s certificates."""
+    out = []
+    for f in fusers:
+        _, _, state, label_prob = f._certificate(run)
+        out.append((state == 1, _nll(label_prob), float("nan"), state != 0))
+    return out
+
+
 def mcnemar(correct_a, correct_b):
     """Exact McNemar test (two-sided binomial on the discordant pairs): p-value that two
     classifiers scored on the same samples have the same accuracy.
@@ -136,7 +147,8 @@ def mcnemar(correct_a, correct_b):
 def _prepare(run, memory_budget):
     """A probabilities Run of ``run`` kept in memory when it fits ``memory_budget`` bytes,
     so that each split and method reuses one softmax pass."""
-    if run.kind == "probs" or run.n_epochs * run.n_samples * run.n_classes * 8 > memory_budget:
+    if run.kind in ("probs", "topk") \
+            or run.n_epochs * run.n_samples * run.n_classes * 8 > memory_budget:
         return run
     # forgetkit's own softmax: finite and normalised, no need to check again
     return run.replace(outputs=run.probs(), kind="probs", validate=False)
@@ -164,6 +176,8 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
 def single_hit(test):
     """Whether the single network (the final epoch's probabilities, as the fusers compare
     them) classifies each test sample correctly: bool (n_samples,)."""
+    if test.kind == "topk":  # exact from the records
+        return np.asarray(test.correctness()[-1])
     return kernels.row_top(test.probs(-1), test.labels)[0] == test.labels
 
 
@@ -192,6 +206,13 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
     ``memory_budget``: bytes of probabilities kept in memory (the run's, then each
     ensemble selection's); larger runs are streamed. ``progress``: show the forgetting
     pass's and each KF fit's progress on a terminal.
+
+    On a top-k token run every method is scored by its certificates (`Fuser.certified`):
+    accuracy, gain and p_value count the certified correct tokens (uncertain ones as
+    wrong), columns accuracy_low and accuracy_high give the interval [certified correct,
+    certified correct + uncertain] in percent, nll is exact (the target's fused
+    probability is), ece is nan. Likelihood fusion uses only the targets' probabilities,
+    exact on such runs.
     """
     methods = list(methods)
     for m in methods:
@@ -216,15 +237,19 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
                 fusers.append(kf if m == "kf" else kf.with_windows(1))
             else:
                 fusers.append(BASELINES[m](k, memory_budget).fit(val))
-        for m, fuser, (hit, nll_, ece_) in zip(methods, fusers, score_fusers(fusers, test),
-                                               strict=True):
-            rows.append({
+        topk = test.kind == "topk"
+        scored = score_certified(fusers, test) if topk else score_fusers(fusers, test)
+        for m, fuser, (hit, nll_, ece_, *high) in zip(methods, fusers, scored, strict=True):
+            row = {
                 "split": seed, "method": m, "k": fuser.ensemble_size_,
                 "accuracy": 100 * hit.mean(),
                 "gain": 100 * (hit.mean() - single.mean()),
                 "nll": nll_, "ece": ece_,
                 "p_value": mcnemar(hit, single),
-            })
+            }
+            if topk:  # the certified interval; accuracy (and gain, p) is its low end
+                row.update(accuracy_low=row["accuracy"], accuracy_high=100 * high[0].mean())
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -238,6 +263,9 @@ def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_
     gain and gain_se (over the single network, percentage points), nll, ece, and p_max (the
     largest McNemar p-value over splits of the difference with the single network) with
     significant = p_max < 0.05 on every split. Options as in `compare_splits`.
+
+    On a top-k token run, accuracy is the certified accuracy and columns accuracy_low and
+    accuracy_high give the interval (see `compare_splits`).
 
     Returns
     -------
@@ -262,11 +290,16 @@ def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_
             "p_max": g["p_value"].max(),
             "significant": bool((g["p_value"] < 0.05).all()) and m != "single",
         })
+        if "accuracy_low" in g:  # a top-k run: the certified interval
+            rows[-1].update(accuracy_low=g["accuracy_low"].mean(),
+                            accuracy_high=g["accuracy_high"].mean())
     return pd.DataFrame(rows).set_index("method")
 
 
 TABLE_FORMATS = ("text", "markdown", "html")
 TABLE_HEADER = ("method", "k", "test accuracy (%)", "gain (pp)", "NLL", "ECE", "McNemar p")
+#: The column a top-k run's table adds: the certified accuracy interval.
+INTERVAL_HEADER = "certified interval (%)"
 
 
 def percent(x):
@@ -280,13 +313,16 @@ def _pm(mean, se):
 
 def table_cells(table):
     """The comparison table's rows as strings, in paper style (mean ± standard error, in
-    percent; the single network has no p-value)."""
+    percent; the single network has no p-value); a top-k run's rows end with the certified
+    interval."""
     rows = []
     for method, r in table.iterrows():
         p = "" if method == "single" else f"{r['p_max']:.3g}{' *' if r['significant'] else ''}"
         rows.append([r["label"], f"{r['k']:.1f}".rstrip("0").rstrip("."),
                      _pm(r["accuracy"], r["accuracy_se"]), _pm(r["gain"], r["gain_se"]),
                      f"{r['nll']:.4f}", f"{r['ece']:.4f}", p])
+        if "accuracy_low" in table:
+            rows[-1].append(f"[{r['accuracy_low']:.2f}, {r['accuracy_high']:.2f}]")
     return rows
 
 
@@ -296,6 +332,8 @@ def format_table(table, *, fmt="text"):
     "markdown" or "html" (a ``<table>``, cells escaped)."""
     check_option("fmt", fmt, TABLE_FORMATS)
     header, rows = list(TABLE_HEADER), table_cells(table)
+    if "accuracy_low" in table:
+        header.append(INTERVAL_HEADER)
     if fmt == "markdown":
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -325,9 +363,14 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
         kf = _fitted_kf(kf_fits, s, val, window, progress)
-        accs = [np.mean(np.argmax(prob, axis=1) == test.labels)
-                for prob in kf.staged_predict_proba(test)]
-        final = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
+        if test.kind == "topk":  # certified accuracies
+            n_used = sum(eps > 0 for _, eps in kf.plan_)
+            accs = [kf.with_windows(i).certified_accuracy(test)[0] for i in range(n_used + 1)]
+            final = float(np.mean(single_hit(test)))
+        else:
+            accs = [np.mean(np.argmax(prob, axis=1) == test.labels)
+                    for prob in kf.staged_predict_proba(test)]
+            final = np.mean(np.argmax(test.probs(-1), axis=1) == test.labels)
         # lazy stages and single network (a run on dask) computed together on the workers
         *accs, single = executor_for(test).compute(*accs, final)
         for i, acc in enumerate(accs):
@@ -347,7 +390,7 @@ def window_curve(run, *, windows=(0, 1, 2, 3, 4), seeds=(0, 1, 2), val_frac=0.5,
         single = np.mean(single_hit(test))
         for w in windows:
             kf = _fitted_kf(kf_fits, s, val, w, progress)
-            acc = np.mean(kf.predict(test) == test.labels)
+            acc = kf.certified_accuracy(test)[0]  # on a top-k run: certified
             rows.append({"split": s, "window": w, "k": kf.ensemble_size_,
                          "accuracy": 100 * acc, "gain": 100 * (acc - single)})
     return pd.DataFrame(rows)

@@ -22,6 +22,7 @@ from ..execution import executor_for
 from ..io.atomic import write_json_atomic
 from ..io.record import parse_record
 from ..run import Run
+from . import topk
 from .schema import FORMAT, FORMAT_VERSION, MAX_FUSER_BYTES, fuser_from_record
 
 
@@ -127,7 +128,8 @@ class Fuser:
             return run
         outputs = np.asarray(run) if not hasattr(run, "shape") else run
         n_samples = outputs.shape[1] if getattr(outputs, "ndim", 0) == 3 else 0
-        return Run(outputs, np.zeros(n_samples, dtype=np.int64), kind=self.kind_,
+        kind = "logits" if self.kind_ == "topk" else self.kind_  # a bare array: logits
+        return Run(outputs, np.zeros(n_samples, dtype=np.int64), kind=kind,
                    epochs=self.epochs_ if outputs.shape[0] == len(self.epochs_) else None)
 
     def _positions(self, run, indices):
@@ -143,9 +145,13 @@ class Fuser:
         """Fused probabilities (n_samples, n_classes) of ``run`` (a Run or an outputs array
         (E, N, C)) holding the fitted epochs: all of them, or only ``checkpoints_``. For a
         run on a dask array, a dask array computed chunk by chunk on the workers (the same
-        values as in memory)."""
+        values as in memory). A top-k run gives them only when k is the vocabulary size
+        (else ForgetkitError: the unstored classes' probabilities are bounded, not known;
+        `certified` gives the predictions and the target's exact probability)."""
         self._check_fitted()
         run = self._as_input(run)
+        if run.kind == "topk":  # exact only where the records hold every class
+            return topk.exact_probs(topk.topk_data(run), self.recipe(run))
         return executor_for(run).map_samples(run, self._predict_proba, (None, self.n_classes_),
                                              np.float64)
 
@@ -168,8 +174,51 @@ class Fuser:
         return [(kernels.WEIGHTED, pos, np.asarray(self.weights_, dtype=np.float64))]
 
     def predict(self, run):
-        """Fused class predictions: int64 (n_samples,)."""
+        """Fused class predictions: int64 (n_samples,). On a top-k run, the class of largest
+        lower bound (the prediction of `certified`)."""
+        self._check_fitted()
+        run = self._as_input(run)
+        if run.kind == "topk":
+            return self._certificate(run)[0]
         return np.argmax(self.predict_proba(run), axis=1)
+
+    def certified(self, run):
+        """Per sample (token), the fused prediction and whether it is certified.
+
+        On a top-k run the fused probabilities are known exactly for the target only, and
+        bounded for the other classes (docs/definitions.md, "Certified fusion on top-k
+        runs"); on any other run every prediction is exact, hence certified.
+
+        Returns
+        -------
+        pandas.DataFrame indexed by the run's sample ids, columns ``target`` (the label),
+        ``prediction`` (the class of largest lower bound, ties to the lowest id),
+        ``certified`` (bool: the prediction holds for every completion of the unstored
+        probabilities), ``correct`` (True: certified correct, False: certified wrong, None:
+        uncertain) and ``label_prob`` (the fused probability of the target, exact).
+        """
+        self._check_fitted()
+        run = self._as_input(run)
+        pred, certified, state, label_prob = self._certificate(run)
+        return topk.certificate_frame(pred, certified, state, label_prob, run.labels,
+                                      run.sample_ids,
+                                      name="token" if run.kind == "topk" else "sample")
+
+    def certified_accuracy(self, run):
+        """(low, high): the fused accuracy on ``run`` lies in [certified correct, certified
+        correct + uncertain] / n_samples (equal ends on a run that is not top-k)."""
+        self._check_fitted()
+        state = self._certificate(self._as_input(run))[2]
+        return float(np.mean(state == 1)), float(np.mean(state != 0))
+
+    def _certificate(self, run):
+        """(prediction, certified, state, label_prob) arrays of `certified`."""
+        if run.kind == "topk":
+            return topk.certify(topk.topk_data(run), self.recipe(run))
+        prob = self.predict_proba(run)
+        pred, _, label_prob = kernels.row_top(prob, run.labels)
+        hit = pred == run.labels
+        return pred, np.ones(pred.shape, dtype=bool), hit.astype(np.int8), label_prob
 
     # ---------------------------------------------------------------- persistence
     def _state_record(self):

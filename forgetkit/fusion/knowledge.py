@@ -14,6 +14,7 @@ from .._progress import Progress
 from .._validation import check_bool, check_int, check_option
 from ..errors import ForgetkitError
 from ..execution import combine, executor_for
+from . import topk
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_checkpoints, check_weights_present
 
@@ -55,6 +56,14 @@ class KnowledgeFusion(Fuser):
         option like every fuser option (``fit`` takes data only, scikit-learn's rule).
 
     Every parameter is keyword-only.
+
+    On a top-k token run the fit counts certified tokens (docs/definitions.md, "Certified
+    fusion on top-k runs"): F'_e counts the tokens correct at epoch e (exact) and not
+    certified correct under the current fusion, and the eps search (exact on these counts,
+    grid or continuous) maximises the number of certified correct tokens; uncertain tokens
+    count as wrong, so the fit maximises the lower end of the accuracy interval.
+    ``val_accuracy_`` are then certified accuracies; `certified_accuracy` gives the whole
+    interval. With k equal to the vocabulary the plan is the full-vocabulary run's.
 
     Attributes
     ----------
@@ -196,6 +205,10 @@ class KnowledgeFusion(Fuser):
         Each stage is a new array; on a run on a dask array, a lazy dask array
         (``with_windows(i).predict_proba(run)``, computed on the workers)."""
         self._check_fitted()
+        if self._as_input(run).kind == "topk":  # exact only with k = vocabulary (else raises)
+            for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
+                yield self.with_windows(i).predict_proba(run)
+            return
         if executor_for(self._as_input(run)).lazy:
             for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
                 yield self.with_windows(i).predict_proba(run)
@@ -250,7 +263,12 @@ class KnowledgeFusion(Fuser):
 
 
 def _fit_state(run, grid):
-    """The fit's state of ``run``: a `ChunkedFitState` on the run's executor."""
+    """The fit's state of ``run``: a `ChunkedFitState` on the run's executor (a
+    `topk.TopKFitState` on a top-k run)."""
+    if run.kind == "topk":
+        data = topk.topk_data(run)
+        return topk.TopKFitState(data, REL_BAND,
+                                 chunk=max(data.n_tokens, 1) if grid is None else topk.CHUNK_TOKENS)
     executor = executor_for(run)
     if grid is None and not executor.whole(run):
         raise ForgetkitError("grid=None (the continuous eps search) needs a run held in memory "

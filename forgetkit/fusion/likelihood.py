@@ -12,6 +12,7 @@ from .._deprecation import keyword_options
 from .._validation import check_int, check_number
 from ..execution import executor_for
 from ..probs import LOG_FLOOR
+from . import topk
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_weights_present
 
@@ -38,7 +39,8 @@ class LikelihoodFusion(Fuser):
     maximise sum_n log(sum_e w_e P[e, n, y_n]) over the simplex (concave), by EM accelerated
     with SQUAREM (plain EM had not converged after 2,000 iterations on the sample runs).
     Weights below ``min_weight`` times the largest are dropped, or with ``max_checkpoints``
-    only the k largest kept, and the rest refitted. Beyond the paper.
+    only the k largest kept, and the rest refitted. Beyond the paper. It uses the labels'
+    probabilities only, which a top-k token run holds exactly: the fit is the same there.
 
     Attributes
     ----------
@@ -60,7 +62,9 @@ class LikelihoodFusion(Fuser):
         run = as_run(run, labels)
         self._check_params()
         check_validation_run(run)
-        q = run.label_probs()  # (N, E): on a dask run, computed on the workers
+        # (N, E): on a dask run, computed on the workers; on a top-k run exact (with k equal
+        # to the vocabulary, the softmax of the logits: the full run's bits)
+        q = topk.label_probs(topk.topk_data(run)) if run.kind == "topk" else run.label_probs()
         # C order whatever the source (a transposed view of the softmax stats, a dask
         # result): the BLAS products' bits depend on the layout
         q = np.ascontiguousarray(np.maximum(executor_for(run).compute(q)[0], LOG_FLOOR))

@@ -16,6 +16,9 @@ import numpy as np
 from .._validation import KINDS
 from ..errors import ForgetkitError, PlanError
 
+#: The kinds of run a fuser is fitted on (a top-k token run: certified fusion).
+FITTED_KINDS = (*KINDS, "topk")
+
 FORMAT = "forgetkit-fuser"
 #: The format of a fitted fuser; version 1 was Knowledge Fusion's plan alone.
 FORMAT_VERSION = 2
@@ -136,8 +139,8 @@ def fuser_from_record(record, classes, where, what="fuser"):
                         "(epoch numbers increase)", e)
     n_classes = fields.integer(fields.get("n_classes"), "n_classes", 2, MAX_CLASSES)
     kind = fields.get("kind", "logits")
-    if kind not in KINDS:
-        fields.fail("kind", f"one of {', '.join(KINDS)}", kind)
+    if kind not in FITTED_KINDS:
+        fields.fail("kind", f"one of {', '.join(FITTED_KINDS)}", kind)
     refs = fields.list(fields.get("checkpoints"), "checkpoints", nonempty=True)
     checkpoints = [fields.epoch_ref(c, f"checkpoints[{i}]", epochs) for i, c in enumerate(refs)]
     if checkpoints != sorted(set(checkpoints)):

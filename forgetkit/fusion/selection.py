@@ -12,6 +12,7 @@ from ..backends import epoch_parts, stored_order, stored_rows
 from ..errors import ForgetkitError
 from ..execution import executor_for
 from ..run import DEFAULT_MEMORY_BUDGET
+from . import topk
 from .base import Fuser, as_run, check_validation_run
 from .schema import WEIGHT_SUM_TOLERANCE, check_checkpoints, check_weights_present
 
@@ -33,6 +34,9 @@ class EnsembleSelection(Fuser):
     overtake the sample's leading class are compared, and a sample with one such class (or
     whose label is not among them) is scored once for every candidate (on large runs only
     those rows' and classes' probabilities are computed).
+
+    On a top-k token run each round counts the tokens certified correct by the average
+    (docs/definitions.md, "Certified fusion on top-k runs"); uncertain ones count as wrong.
     """
 
     _state = ("selection",)
@@ -51,6 +55,8 @@ class EnsembleSelection(Fuser):
             raise ForgetkitError("ensemble selection needs a run held in memory or on disk "
                                  "(each round reads its outputs); load the run from its "
                                  "files without chunks=, or run fk.sweep on a cluster")
+        if run.kind == "topk":  # certified counts of the bounds (see fusion.topk)
+            return self._fit_picks(run, topk.topk_selection(topk.topk_data(run), k))
         cached = run.cache_probs(memory_budget=self.memory_budget)
         if cached is not None:
             scorer = _CachedScorer(run, cached)
@@ -72,6 +78,10 @@ class EnsembleSelection(Fuser):
             picks.append(e)
             if i + 1 < k:
                 rows, ptr, cand, n_right = scorer.add(total, picks)
+        return self._fit_picks(run, picks)
+
+    def _fit_picks(self, run, picks):
+        k = self.max_checkpoints
         self.selection_ = picks
         checkpoints = sorted(set(picks))
         self._fit_shape(run, checkpoints, [picks.count(e) / k for e in checkpoints])

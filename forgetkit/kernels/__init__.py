@@ -8,6 +8,8 @@
 - ``selection``: greedy ensemble selection on logits;
 - ``mixture``: likelihood fusion's EM pass on large validation sets;
 - ``recipes``: every fuser's prediction of a row from one softmax per epoch, scored at once;
+- ``topk``: certified fusion on top-k token runs (each token's class layout, each
+  checkpoint's bounds in it, the certificate of a mixture);
 - ``dynamics``: per-sample label probability, margin and correctness of an epoch (data
   maps, AUM, label issues);
 - ``floats``: float16-bit and float64-key helpers shared by the others;
@@ -37,6 +39,7 @@ from . import mixture as _mixture
 from . import recipes as _recipes
 from . import selection as _selection
 from . import softmax as _softmax
+from . import topk as _topk
 from .jit import KERNELS, call, compile_notice, forced  # noqa: F401
 from .softmax import f16_exp_table
 
@@ -405,3 +408,54 @@ def em_pass(q, w):
     grad = np.empty(q.shape[1])
     total = call(_mixture.em_pass, q.size, q, np.ascontiguousarray(w, dtype=np.float64), grad)
     return total / q.shape[0], grad
+
+
+# ------------------------------------------------------------- certified fusion (top-k runs)
+def topk_layout(ids, targets, vocab, floor):
+    """The class layout of tokens whose checkpoints stored ``ids`` (E, N, k), the unstored
+    slot above ``floor`` (int64 (N,), see `topk_tie_floor`): (cls int32 (N, M) (int64 for
+    vocabularies beyond int32), label_col
+    int64 (N,), unstored_col int64 (N,), -1 where none); see ``topk``'s module docstring."""
+    targets = np.asarray(targets, dtype=np.int64)
+    n = targets.shape[0]
+    width = np.empty(n, dtype=np.int64)
+    call(_topk.layout_widths, ids.size, ids, targets, vocab, width)
+    cls = np.empty((n, int(width.max()) if n else 0),
+                   dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
+    label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    call(_topk.layout_fill, ids.size, ids, targets, vocab, floor, cls, label_col,
+         unstored_col)
+    return cls, label_col, unstored_col
+
+
+def _fields(records):
+    return tuple(np.ascontiguousarray(records[f]) for f in ("logits", "ids", "target", "lse"))
+
+
+def topk_tie_floor(records, targets, floor):
+    """floor = min(floor, this checkpoint's tie floor) per token (``topk.tie_floor``) from
+    its records (N,)."""
+    call(_topk.tie_floor, floor.size * records.dtype["ids"].shape[0], *_fields(records),
+         targets, floor)
+    return floor
+
+
+def topk_bounds(records, targets, vocab, layout, upper, lower=None):
+    """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
+    records (N,) (fields logits, ids, target, lse); ``lower`` None: upper only."""
+    cls, label_col, unstored_col = layout
+    call(_topk.bound_values, upper.size, *_fields(records), targets, vocab, cls, label_col,
+         unstored_col, upper, np.empty((0, 0)) if lower is None else lower)
+    return upper, lower
+
+
+def topk_certify(upper, lower, layout, vocab):
+    """(prediction int64 (N,), certified bool (N,), state int8 (N,): 1 certified correct, 0
+    certified wrong, -1 uncertain) of a mixture's bounds in ``layout``."""
+    cls, label_col, unstored_col = layout
+    n = upper.shape[0]
+    pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    state = np.empty(n, dtype=np.int8)
+    call(_topk.certify_rows, upper.size, upper, lower, cls, label_col, unstored_col, vocab,
+         pred, certified, state)
+    return pred, certified, state

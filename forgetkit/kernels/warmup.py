@@ -44,8 +44,8 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
     forgetting, training dynamics, label issues, every fuser's fit and prediction through
     `compare` (probabilities held; softmax statistics and gathered values; streamed), the
     exact eps search, a sample subset read in place, the checksumming forgetting pass (that
-    of a verified load) and the EM pass. Returns their results,
-    a list of arrays and tables."""
+    of a verified load), the EM pass, and certified fusion on a top-k token run. Returns
+    their results, a list of arrays and tables."""
     import forgetkit as fk
     from forgetkit.run import DEFAULT_MEMORY_BUDGET
 
@@ -72,7 +72,25 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
     results.append(em_pass(q, np.full(4, 0.25)))
     total, p = rng.random((300, 5)), rng.random((300, 5))
     results.append(sum_correct_count_rows(total, p, rng.integers(0, 5, 300), np.arange(300)))
-    return results
+    return results + _topk_workload()
+
+
+def _topk_workload():
+    """Certified fusion on a tiny top-k token run: every fuser through `compare`, and the
+    certificates of a Knowledge Fusion plan."""
+    import forgetkit as fk
+    from forgetkit._topk import TopKOutputs, topk_records
+
+    rng = np.random.default_rng(2)
+    n_epochs, n_tokens, vocab, k = 4, 200, 30, 3
+    targets = rng.integers(0, vocab, n_tokens)
+    z = rng.normal(size=(n_epochs, n_tokens, vocab))
+    z[:, np.arange(n_tokens), targets] += np.linspace(0, 3, n_epochs)[:, None]
+    records = np.stack([topk_records(x, targets, k) for x in z])
+    run = fk.Run(TopKOutputs(records, vocab, np.arange(n_tokens) // 10,
+                             np.arange(n_tokens) % 10), targets, kind="topk")
+    return [fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,)),
+            fk.KnowledgeFusion().fit(run).certified(run)]
 
 
 def missing():

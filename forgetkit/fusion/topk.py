@@ -1,0 +1,361 @@
+"""Certified fusion on top-k token runs: every fuser's prediction is a mixture
+q = sum_e w_e p_e of checkpoints, and a top-k run holds each checkpoint's k largest
+probabilities and the target's, not the others. For each token this module bounds q for
+every class (exact for the target), and certifies the fused prediction where it holds for
+every completion of the unstored probabilities.
+
+For checkpoint e and a class c it did not store, 0 <= p_e(c) <= u_e = min(p_e(its k-th
+stored class), max(0, 1 - the sum of its stored probabilities)) (the k top ones and the
+target's). Each fuser's recipe (`Fuser.recipe`: means, weighted sums and Knowledge Fusion's
+mixing steps, all with nonnegative coefficients) applied to the upper values (p_e(c) where
+stored, else u_e) and to the lower values (p_e(c) where stored, else 0) gives U(c) and L(c)
+for the classes some checkpoint stored, B (the upper bound of every class stored by none),
+and the target's q(y) exactly. The prediction is the class of largest lower bound (ties: the
+lowest id); it is *certified* when that bound beats every other class's upper bound and B;
+the token is *certified correct* when q(y) beats every other upper bound, *certified wrong*
+when some class's lower bound beats q(y), else *uncertain*. Accuracy is then the interval
+[certified correct, N - certified wrong] / N.
+
+With k equal to the vocabulary every class is stored, the values are the softmax of the
+stored logits (the arithmetic of a logits run), and every result equals the full run's.
+
+See docs/definitions.md ("Certified fusion on top-k runs").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .. import kernels
+from ..errors import ForgetkitError
+from ..execution import executor_for
+
+#: Tokens per chunk of the passes that stream a top-k run (certificates, predictions):
+#: each holds a few float64 arrays of (chunk, layout width).
+CHUNK_TOKENS = 1 << 14
+#: What a top-k run cannot give, for the errors of the methods that need every class.
+TOPK_HOLDS = ("a top-k run holds, per checkpoint and token, the k largest logits with their "
+              "ids, the target's logit and the log-sum-exp: the probabilities of the other "
+              "classes are bounded, not known")
+
+
+class TopKData:
+    """The records of a top-k run that fusion reads.
+
+    Parameters
+    ----------
+    records : ndarray or memmap (n_epochs, n_tokens) of the top-k record dtype (fields
+        ``target``, ``lse``, ``logits`` (k,), ``ids`` (k,)); read a chunk of tokens at a time
+    targets : ndarray of int (n_tokens,)
+    vocab_size : int
+    """
+
+    def __init__(self, records, targets, vocab_size):
+        dtype = getattr(records, "dtype", None)
+        if getattr(records, "ndim", 0) != 2 or dtype is None or dtype.names is None \
+                or "ids" not in dtype.names:
+            raise ForgetkitError("top-k records must be an (epochs, tokens) array of the top-k "
+                                 f"record dtype; got {dtype} of shape "
+                                 f"{getattr(records, 'shape', None)}")
+        self.records = records
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self.vocab_size = int(vocab_size)
+        self.top_k = dtype["ids"].shape[0] if dtype["ids"].shape else 1
+        self.n_epochs = records.shape[0]
+
+    @property
+    def n_tokens(self):
+        return self.targets.shape[0]
+
+    @property
+    def exact(self):
+        """Whether every class is stored (k == the vocabulary): every value is exact."""
+        return self.top_k >= self.vocab_size
+
+    def rows(self, e, rows):
+        """Records (n,) of epoch index ``e`` at tokens ``rows`` (a slice)."""
+        return np.asarray(self.records[int(e), rows])
+
+    def correctness(self):
+        """Whether the target is the argmax at each epoch: bool (E, N) (exact)."""
+        out = np.empty((self.n_epochs, self.n_tokens), dtype=bool)
+        for e in range(self.n_epochs):
+            out[e] = self.rows(e, slice(None))["ids"][:, 0] == self.targets
+        return out
+
+    def chunks(self, size=CHUNK_TOKENS):
+        """Slices of tokens, ``size`` at a time."""
+        n = self.n_tokens
+        return [slice(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def topk_data(run):
+    """The `TopKData` of a Run of kind "topk" held in memory or on disk."""
+    if run.kind != "topk":
+        raise ForgetkitError(f"expected a top-k run; this run holds {run.kind}")
+    records = run.outputs.records
+    if executor_for(run).lazy or not isinstance(records, np.ndarray):
+        raise ForgetkitError("certified fusion reads a top-k run's records here, not on dask "
+                             "workers: load the run from one file (not a glob of shards, "
+                             "without chunks=)")
+    return TopKData(records, run.labels, run.n_classes)
+
+
+class Layout:
+    """The classes of tokens ``rows`` that a mixture of checkpoints ``epochs`` can hold:
+    ``cls`` (n, M) ascending class ids per token (every class stored by one of the epochs,
+    the target, the unstored slot, padding), ``label_col`` and ``unstored_col`` (n,)."""
+
+    def __init__(self, data, epochs, rows):
+        self.rows, self.vocab = rows, data.vocab_size
+        targets = data.targets[rows]
+        self.targets = targets
+        if data.exact:
+            n = targets.shape[0]
+            self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
+                                       (n, data.vocab_size))
+            self.label_col = targets.copy()
+            self.unstored_col = np.full(n, -1, dtype=np.int64)
+        else:
+            floor = np.full(targets.shape[0], data.vocab_size, dtype=np.int64)
+            ids = []
+            for e in epochs:
+                records = data.rows(e, rows)
+                kernels.topk_tie_floor(records, targets, floor)
+                ids.append(np.asarray(records["ids"]))
+            self.cls, self.label_col, self.unstored_col = kernels.topk_layout(
+                np.stack(ids), targets, data.vocab_size, floor)
+        self.cls = np.ascontiguousarray(self.cls)
+
+    @property
+    def parts(self):
+        return self.cls, self.label_col, self.unstored_col
+
+    @property
+    def shape(self):
+        return self.cls.shape
+
+
+def epoch_values(data, e, layout, upper, lower=None):
+    """Checkpoint ``e``'s upper (and lower) bounds in ``layout``, written into the float64
+    arrays (n, M). With k == vocabulary: the softmax of its logits (upper and lower equal;
+    ``lower`` is then filled with a copy)."""
+    records = data.rows(e, layout.rows)
+    if data.exact:
+        n = layout.targets.shape[0]
+        dense = np.empty((n, data.vocab_size), dtype=np.asarray(records["logits"]).dtype)
+        np.put_along_axis(dense, np.asarray(records["ids"], dtype=np.int64),
+                          np.asarray(records["logits"]), axis=1)
+        if kernels.softmax_rows(dense, upper):
+            raise ForgetkitError(f"the records of epoch index {e} hold NaN or inf")
+        if lower is not None:
+            lower[...] = upper
+        return upper, lower
+    return kernels.topk_bounds(records, layout.targets, data.vocab_size, layout.parts, upper,
+                               lower)
+
+
+def window_mean(data, epochs, layout, out, lower_out=None, scratch=None):
+    """The mean of the bounds of ``epochs`` (summed in order, then divided: a logits run's
+    `Run.mean_probs` arithmetic) into ``out`` (and ``lower_out``)."""
+    epochs = list(epochs)
+    epoch_values(data, epochs[0], layout, out, lower_out)
+    if len(epochs) > 1:
+        tmp = np.empty_like(out) if scratch is None else scratch
+        tmp_low = None if lower_out is None else np.empty_like(out)
+        for e in epochs[1:]:
+            epoch_values(data, e, layout, tmp, tmp_low)
+            out += tmp
+            if lower_out is not None:
+                lower_out += tmp_low
+        out /= len(epochs)
+        if lower_out is not None:
+            lower_out /= len(epochs)
+    return out, lower_out
+
+
+def recipe_bounds(data, recipe, layout):
+    """(upper, lower) float64 (n, M) of the mixture that ``recipe`` (`Fuser.recipe`: steps
+    (kind, epoch positions, value)) makes of the checkpoints, at the tokens of ``layout``,
+    with the arithmetic of each fuser's predict_proba."""
+    shape = layout.shape
+    upper, lower = np.empty(shape), np.empty(shape)
+    for kind, pos, value in recipe:
+        if kind == kernels.MEAN:
+            window_mean(data, pos, layout, upper, lower)
+        elif kind == kernels.WEIGHTED:
+            upper[...] = 0.0
+            lower[...] = 0.0
+            tmp, tmp_low = np.empty(shape), np.empty(shape)
+            for e, w in zip(pos, value, strict=True):
+                epoch_values(data, e, layout, tmp, tmp_low)
+                upper += w * tmp
+                lower += w * tmp_low
+        else:  # MIX: b <- eps * mean(window) + (1 - eps) * b
+            a, a_low = window_mean(data, pos, layout, np.empty(shape), np.empty(shape))
+            kernels.mix(a, upper, value)
+            kernels.mix(a_low, lower, value)
+    return upper, lower
+
+
+def recipe_epochs(recipe):
+    """Every epoch position a recipe reads, ascending."""
+    return sorted({int(e) for _, pos, _ in recipe for e in pos})
+
+
+def certify(data, recipe, *, chunk=CHUNK_TOKENS):
+    """The certificate of the mixture ``recipe`` on every token of ``data``: (prediction
+    int64 (N,), certified bool (N,), state int8 (N,) (1 certified correct, 0 certified
+    wrong, -1 uncertain), label_prob float64 (N,): the exact q(y)). Streams tokens in
+    chunks."""
+    n = data.n_tokens
+    pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
+    epochs = recipe_epochs(recipe)
+    for rows in data.chunks(chunk):
+        layout = Layout(data, epochs, rows)
+        upper, lower = recipe_bounds(data, recipe, layout)
+        pred[rows], certified[rows], state[rows] = kernels.topk_certify(
+            upper, lower, layout.parts, data.vocab_size)
+        label_prob[rows] = upper[np.arange(upper.shape[0]), layout.label_col]
+    return pred, certified, state, label_prob
+
+
+def label_probs(data):
+    """The targets' probabilities at every epoch, float64 (N, E): exp(target - lse), or with
+    k == vocabulary the softmax of the logits (the arithmetic of a logits run)."""
+    if not data.exact:
+        out = np.empty((data.n_epochs, data.n_tokens))
+        for e in range(data.n_epochs):
+            rec = data.rows(e, slice(None))
+            out[e] = np.exp(rec["target"].astype(np.float64) - rec["lse"].astype(np.float64))
+        return out.T
+    out = np.empty((data.n_tokens, data.n_epochs))
+    for rows in data.chunks():
+        layout = Layout(data, (), rows)
+        values = np.empty(layout.shape)
+        for e in range(data.n_epochs):
+            epoch_values(data, e, layout, values)
+            out[rows, e] = values[np.arange(values.shape[0]), layout.label_col]
+    return out
+
+
+def exact_probs(data, recipe):
+    """The fused probabilities (N, V) of a top-k run whose records hold every class."""
+    if not data.exact:
+        raise ForgetkitError(f"predict_proba needs every class's probability; {TOPK_HOLDS} "
+                             f"(k={data.top_k} of {data.vocab_size}); use certified(run) for "
+                             "the predictions with their certificates and the target's exact "
+                             "probability")
+    layout = Layout(data, recipe_epochs(recipe), slice(None))
+    return recipe_bounds(data, recipe, layout)[0]
+
+
+def certificate_frame(pred, certified, state, label_prob, targets, index=None, name="token"):
+    """The per-token (per-sample: ``name``) table of `Fuser.certified`."""
+    correct = np.full(state.shape, None, dtype=object)
+    correct[state == 1] = True
+    correct[state == 0] = False
+    index = np.arange(len(pred)) if index is None else index
+    return pd.DataFrame({"target": targets, "prediction": pred, "certified": certified,
+                         "correct": correct, "label_prob": label_prob},
+                        index=pd.Index(index, name=name))
+
+
+class TopKFitChunk:
+    """Knowledge Fusion's fit state on a chunk of tokens of a top-k run: the current fusion's
+    upper bounds ``prob`` (n, M) in the layout of every epoch (the target's column exact),
+    its label leads and certified correctness, and the forget counts against it. The kernels
+    of the full-vocabulary fit run on these rows with the target's column as the label, so a
+    token counts as correct exactly when it is certified correct."""
+
+    def __init__(self, data, rows, correct):
+        self.data, self.rows = data, rows
+        self.layout = Layout(data, range(data.n_epochs), rows)
+        self.labels = self.layout.label_col
+        self.correct = correct[:, rows]
+        self.prob = np.empty(self.layout.shape)
+        epoch_values(data, data.n_epochs - 1, self.layout, self.prob)
+        self.stats, self.cur = kernels.label_leads(self.prob, self.labels)
+        self.mean, self.window = np.empty_like(self.prob), None
+        self.missed = self.correct[:, ~self.cur].sum(axis=1)
+        self.n_correct = int(self.cur.sum())
+        self.n_final_correct = int(self.correct[-1].sum())
+
+    def window_mean(self, window):
+        if self.window != window:
+            window_mean(self.data, window, self.layout, self.mean)
+            self.window = window
+        return self.mean
+
+    def grid_counts(self, window, grid, rel_band):
+        return kernels.grid_correct_counts(self.window_mean(window), self.prob, self.labels,
+                                           self.stats, grid, rel_band)
+
+    def mix(self, window, eps):
+        was_correct = self.cur.copy()
+        kernels.mix_into(self.window_mean(window), self.prob, eps, self.labels, self.stats,
+                         self.cur)
+        flipped = np.flatnonzero(was_correct != self.cur)
+        self.missed += (self.correct[:, flipped[was_correct[flipped]]].sum(axis=1)
+                        - self.correct[:, flipped[self.cur[flipped]]].sum(axis=1))
+
+
+class TopKFitState:
+    """Knowledge Fusion's fit state on a top-k run (the interface of
+    ``knowledge.ChunkedFitState``): F'_e counts the tokens correct at epoch e and not
+    certified correct under the current fusion, and the eps search counts the certified
+    correct tokens (uncertain ones count as wrong: the fit maximises the lower end of the
+    accuracy interval). Tokens are held in chunks of ``chunk`` (one chunk for the continuous
+    eps search)."""
+
+    def __init__(self, data, rel_band, *, chunk=CHUNK_TOKENS):
+        self.data, self.rel_band = data, rel_band
+        correct = data.correctness()
+        self.parts = [TopKFitChunk(data, rows, correct) for rows in data.chunks(chunk)]
+        self.missed = sum(p.missed for p in self.parts)
+        self.n_correct = sum(p.n_correct for p in self.parts)
+        self.n_final_correct = sum(p.n_final_correct for p in self.parts)
+        self.n_mixed = 0
+
+    def grid_counts(self, window, grid):
+        return sum(p.grid_counts(window, grid, self.rel_band) for p in self.parts)
+
+    def continuous_eps(self, window, rule, base):
+        from .knowledge import best_continuous_eps
+
+        (part,) = self.parts
+        return best_continuous_eps(part.window_mean(window), part.prob, part.labels, rule=rule,
+                                   base=base)
+
+    def mix(self, window, eps):
+        for p in self.parts:
+            p.mix(window, eps)
+        self.missed = sum(p.missed for p in self.parts)
+        self.n_mixed += 1
+
+
+def topk_selection(data, k):
+    """Greedy ensemble selection with replacement on a top-k run: k rounds, each adding the
+    checkpoint whose inclusion gives the most tokens certified correct by the sum of the
+    picks' bounds (ties: the earlier epoch), the arithmetic of the full-vocabulary
+    selection. Returns the picks (epoch indices). Each round reads every epoch's records."""
+    parts = []
+    for rows in data.chunks():
+        layout = Layout(data, range(data.n_epochs), rows)
+        parts.append((layout, np.zeros(layout.shape), np.arange(layout.shape[0])))
+    picks = []
+    for i in range(k):
+        scores = np.zeros(data.n_epochs, dtype=np.int64)
+        for layout, total, every in parts:
+            tmp = np.empty(layout.shape)
+            for e in range(data.n_epochs):
+                epoch_values(data, e, layout, tmp)
+                scores[e] += kernels.sum_correct_count_rows(total, tmp, layout.label_col, every)
+        picks.append(int(np.argmax(scores)))
+        if i + 1 < k:
+            for layout, total, _ in parts:
+                kernels.add_into(total, epoch_values(data, picks[-1], layout,
+                                                     np.empty(layout.shape))[0])
+    return picks
