@@ -26,11 +26,16 @@ from .analysis import (
     double_descent,
     forget_fraction,
     learn_fraction,
+    mean_surprisal,
+    memorization,
+    memorized_spans,
     pred_probs,
     predictions,
     sample_dynamics,
     select,
     select_coreset,
+    sequence_dynamics,
+    surprisal,
 )
 from .analysis.label_issues import label_issues
 from .errors import ForgetkitError
@@ -138,6 +143,12 @@ __all__ = [
     "split_indices",
     "write_soft_targets",
     "read_soft_targets",
+    # token runs (language models)
+    "mean_surprisal",
+    "memorization",
+    "memorized_spans",
+    "sequence_dynamics",
+    "surprisal",
 ]
 
 
