@@ -1,5 +1,5 @@
 """Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|sweep|distill|report ...``
-(and ``scores|coreset``, ``replay``, ``warmup``).
+(and ``scores|coreset``, ``sequences``, ``replay``, ``warmup``).
 
 A thin layer: parse, refuse an output that is an input, load, one library call, write.
 Errors the user's input causes (`forgetkit.ForgetkitError`, and OSError such as a missing or
@@ -20,6 +20,7 @@ from ._validation import check_indices, check_int
 from .analysis import REGIONS, data_map, data_scores, forgetting, select, select_coreset
 from .analysis.scores import METHODS as CORESET_METHODS
 from .analysis.scores import SCORES, check_coreset_options, read_scores_csv
+from .analysis.tokens import memorization, sequence_dynamics
 from .errors import ForgetkitError
 from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent, single_hit
 from .fusion import KnowledgeFusion, load_fuser
@@ -181,6 +182,31 @@ def _cmd_coreset(args):
     if not args.quiet:
         print(f"wrote {out}: {len(ids)} of {len(table)} sample ids ({args.method} on "
               f"{args.score})")
+
+
+def _cmd_sequences(args):
+    outs = {"--out": Path(args.out), "--memorization": args.memorization}
+    refuse_overwrite(outs, [args.run, args.sequence_ids])
+    for option, path in outs.items():
+        if path is not None and Path(path).suffix != ".csv":
+            raise ForgetkitError(f"{option} must be a .csv file; got {str(path)!r}")
+    ids = np.load(args.sequence_ids, allow_pickle=False) if args.sequence_ids else None
+    run = load(args.run)
+    if ids is None and getattr(run, "sequence_ids", None) is None:
+        raise ForgetkitError(f"{args.run!r} holds no sequence ids (a top-k run does): pass "
+                             "--sequence-ids IDS.npy, each token's sequence id")
+    table = sequence_dynamics(run, sequence_ids=ids, progress=not args.quiet)
+    with atomic_write(outs["--out"]) as tmp:
+        table.to_csv(tmp)
+    if args.memorization:
+        with atomic_write(Path(args.memorization)) as tmp:
+            memorization(run, sequence_ids=ids).to_csv(tmp)
+    if not args.quiet:
+        print(f"{args.run}: {run.n_samples} tokens in {len(table)} sequences, "
+              f"{run.n_epochs} epochs; memorized at the final epoch: "
+              f"{percent(table['memorized_final'].mean())} of sequences, "
+              f"{percent(table['forgotten'].mean())} memorized earlier and forgotten")
+        print(f"wrote {args.out}" + (f" and {args.memorization}" if args.memorization else ""))
 
 
 def _validation_split(args, run):
@@ -614,6 +640,7 @@ def build_parser():
     p.set_defaults(func=_cmd_datamap)
 
     _add_score_commands(sub)
+    _add_token_commands(sub)
     _add_fusion_commands(sub)
     _add_replay_command(sub)
 
@@ -667,6 +694,19 @@ def _add_score_commands(sub):
     p.add_argument("--out", required=True, metavar="KEEP.npy")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_coreset)
+
+
+def _add_token_commands(sub):
+    p = sub.add_parser("sequences", help="per-sequence table of a token run (CSV)")
+    p.add_argument("run", metavar="RUN", help="a token run (top-k, or any run with "
+                                              "--sequence-ids)")
+    p.add_argument("--out", required=True, metavar="SEQUENCES.csv")
+    p.add_argument("--memorization", metavar="EPOCHS.csv",
+                   help="also write the shares of tokens and sequences memorized per epoch")
+    p.add_argument("--sequence-ids", metavar="IDS.npy",
+                   help="each token's sequence id, for a run that does not hold them")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_sequences)
 
 
 def main(argv=None):

@@ -258,3 +258,28 @@ def test_bad_token_input_is_named(tokens):
             fk.memorized_spans(run, bad, sequence_ids=seq, positions=pos)
     with pytest.raises(TypeError, match="run must be a forgetkit.Run"):
         fk.sequence_dynamics("run.npy")
+
+
+def test_sequences_command_writes_the_table(tokens, tmp_path, capsys):
+    from forgetkit.cli import main
+
+    run, seq, _ = tokens
+    fk.save(run, tmp_path / "r.npy")
+    np.save(tmp_path / "seq.npy", seq)
+    out, mem = tmp_path / "seq.csv", tmp_path / "mem.csv"
+    assert main(["sequences", str(tmp_path / "r.npy"), "--out", str(out), "--memorization",
+                 str(mem), "--sequence-ids", str(tmp_path / "seq.npy"), "--quiet"]) == 0
+    table = pd.read_csv(out, index_col="sequence")
+    ref = fk.sequence_dynamics(run, sequence_ids=seq)
+    assert table.index.tolist() == ref.index.tolist()
+    np.testing.assert_array_equal(table["surprisal_last"], ref["surprisal_last"])
+    np.testing.assert_array_equal(table["forgetting_events"], ref["forgetting_events"])
+    np.testing.assert_array_equal(pd.read_csv(mem, index_col="epoch")["sequences"],
+                                  fk.memorization(run, sequence_ids=seq)["sequences"])
+    capsys.readouterr()
+    assert main(["sequences", str(tmp_path / "r.npy"), "--out", str(tmp_path / "x.csv")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no sequence ids" in err and "--sequence-ids" in err
+    assert main(["sequences", str(tmp_path / "r.npy"), "--out", str(tmp_path / "x.txt")]) == 1
+    assert "--out must be a .csv file" in capsys.readouterr().err
+    assert not (tmp_path / "x.csv").exists()
