@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import forgetkit as fk
+from forgetkit.analysis import tokens as tokens_module
 from forgetkit.analysis.tokens import exact_means, exact_sums
 from forgetkit.execution import LocalExecutor, use_executor
 
@@ -67,7 +68,7 @@ def tokens():
     return token_run()
 
 
-def test_exact_sums_are_exact_and_add_up_over_parts():
+def test_exact_sums_are_exact_and_add_up_over_parts(monkeypatch):
     rng = np.random.default_rng(1)
     v = np.concatenate([rng.normal(size=400) * 10.0 ** rng.integers(-300, 300, 400),
                         [5e-324, -5e-324, 2.2e-308, 1.7e308, 1.7e308, -1.7e308, 0.0]])
@@ -80,6 +81,14 @@ def test_exact_sums_are_exact_and_add_up_over_parts():
         assert exact_means([sums[k]], [count])[0] == float(exact / count)
     parts = exact_sums(v[:150], g[:150], 3) + exact_sums(v[150:], g[150:], 3)
     assert (parts == sums).all()
+    # in steps whose limbs widen the cells, small blocks and flushes: the same integers
+    monkeypatch.setattr(tokens_module, "_SUM_BLOCK", 7)
+    monkeypatch.setattr(tokens_module, "_FLUSH_AFTER", 50)
+    acc = tokens_module.ExactSums(3)
+    order = np.argsort(np.abs(v))
+    for part in np.array_split(order, 9):
+        acc.add(v[part], g[part])
+    assert (acc.result() == sums).all()
     with pytest.raises(ValueError, match="finite values"):
         exact_sums([1.0, np.nan], [0, 0], 1)
 

@@ -33,11 +33,12 @@ from .dynamics import trajectory
 UNIT_EXPONENT = 1074
 _LIMB_BITS = 32
 _MASK = (1 << _LIMB_BITS) - 1
-#: Values per step of `exact_sums`: each adds less than 2**33 to an int64 cell.
-_SUM_BLOCK = 1 << 24
+#: Values per step of `ExactSums.add`: each adds less than 2**33 to an int64 cell.
+_SUM_BLOCK = 1 << 20
+#: Values an accumulator takes before its int64 cells are moved into Python ints.
+_FLUSH_AFTER = 1 << 29
 
 
-# ------------------------------------------------------------------ exact sums
 def exact_sums(values, groups, n_groups):
     """Exact sums of finite float64 ``values`` per group.
 
@@ -53,41 +54,82 @@ def exact_sums(values, groups, n_groups):
         Python ints K: the sum of group g is exactly K[g] * 2**-1074. Sums of parts add up
         to the sum of the whole, whatever the parts (chunks on any executor).
     """
-    values = np.asarray(values, dtype=np.float64).reshape(-1)
-    groups = np.asarray(groups, dtype=np.int64).reshape(-1)
-    if not np.isfinite(values).all():
-        raise ForgetkitError("exact_sums takes finite values; got NaN or inf")
-    out = np.zeros(n_groups, dtype=object)
-    keep = values != 0
-    values, groups = values[keep], groups[keep]
-    for start in range(0, len(values), _SUM_BLOCK):
-        _add_exact(out, values[start:start + _SUM_BLOCK], groups[start:start + _SUM_BLOCK])
-    return out
+    acc = ExactSums(n_groups)
+    acc.add(values, groups)
+    return acc.result()
 
 
-def _add_exact(out, values, groups):
-    """out[g] += the exact sum (in units of 2**-1074) of ``values`` in group g."""
-    frac, exp = np.frexp(values)
-    mant = (frac * 2.0 ** 53).astype(np.int64)  # exact: |mant| < 2**53
-    shift = exp.astype(np.int64) + (UNIT_EXPONENT - 53)  # value = mant * 2**shift units
-    low = shift < 0  # subnormals: mant ends in at least -shift zero bits
-    mant[low] >>= -shift[low]
-    shift[low] = 0
-    sign, mag = np.sign(mant), np.abs(mant)
-    limb, offset = shift // _LIMB_BITS, shift % _LIMB_BITS
-    lo, hi = (mag & _MASK) << offset, (mag >> _LIMB_BITS) << offset  # < 2**63, < 2**52
-    base = int(limb.min())
-    width = int(limb.max()) - base + 3
-    acc = np.zeros((len(out), width), dtype=np.int64)
-    at = groups * width + (limb - base)
-    for j, part in enumerate((lo & _MASK, (lo >> _LIMB_BITS) + (hi & _MASK),
-                              hi >> _LIMB_BITS)):
-        np.add.at(acc.reshape(-1), at + j, sign * part)
-    for j in range(width):
-        col = acc[:, j]
-        rows = np.flatnonzero(col)
-        if rows.size:
-            out[rows] += col[rows].astype(object) * (1 << (_LIMB_BITS * (base + j)))
+class ExactSums:
+    """Exact sums per group of float64 values added in any number of steps: each value is
+    an integer number of units 2**-1074, split into 32-bit limbs added into int64 cells
+    (n_groups, limbs present), moved into Python ints every `_FLUSH_AFTER` values and at
+    the end (`result`)."""
+
+    def __init__(self, n_groups):
+        self.n_groups = int(n_groups)
+        self.total = np.zeros(self.n_groups, dtype=object)
+        self.acc, self.base, self.added = None, 0, 0
+
+    def add(self, values, groups):
+        """Add ``values`` (n,) to their ``groups`` (n,); returns self."""
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        groups = np.asarray(groups, dtype=np.int64).reshape(-1)
+        if not np.isfinite(values).all():
+            raise ForgetkitError("exact_sums takes finite values; got NaN or inf")
+        keep = values != 0
+        values, groups = values[keep], groups[keep]
+        for start in range(0, len(values), _SUM_BLOCK):
+            self._add(values[start:start + _SUM_BLOCK], groups[start:start + _SUM_BLOCK])
+        return self
+
+    def _add(self, values, groups):
+        frac, exp = np.frexp(values)
+        mant = (frac * 2.0 ** 53).astype(np.int64)  # exact: |mant| < 2**53
+        shift = exp.astype(np.int64) + (UNIT_EXPONENT - 53)  # value = mant * 2**shift units
+        low = shift < 0  # subnormals: mant ends in at least -shift zero bits
+        mant[low] >>= -shift[low]
+        shift[low] = 0
+        sign, mag = np.sign(mant), np.abs(mant)
+        limb, offset = shift // _LIMB_BITS, shift % _LIMB_BITS
+        lo, hi = (mag & _MASK) << offset, (mag >> _LIMB_BITS) << offset  # < 2**63, < 2**52
+        self._cover(int(limb.min()), int(limb.max()) + 2)
+        width = self.acc.shape[1]
+        at = groups * width + (limb - self.base)
+        flat = self.acc.reshape(-1)
+        for j, part in enumerate((lo & _MASK, (lo >> _LIMB_BITS) + (hi & _MASK),
+                                  hi >> _LIMB_BITS)):
+            np.add.at(flat, at + j, sign * part)
+        self.added += len(values)
+        if self.added >= _FLUSH_AFTER:
+            self._flush()
+
+    def _cover(self, first, last):
+        """Make the cells hold limbs first..last."""
+        if self.acc is None:
+            self.acc, self.base = np.zeros((self.n_groups, last - first + 1), np.int64), first
+            return
+        top = self.base + self.acc.shape[1] - 1
+        if first >= self.base and last <= top:
+            return
+        base, top = min(first, self.base), max(last, top)
+        acc = np.zeros((self.n_groups, top - base + 1), np.int64)
+        acc[:, self.base - base:self.base - base + self.acc.shape[1]] = self.acc
+        self.acc, self.base = acc, base
+
+    def _flush(self):
+        if self.acc is None:
+            return
+        for j in range(self.acc.shape[1]):
+            col = self.acc[:, j]
+            rows = np.flatnonzero(col)
+            if rows.size:
+                self.total[rows] += col[rows].astype(object) * (1 << (_LIMB_BITS * (self.base + j)))
+        self.acc, self.added = None, 0
+
+    def result(self):
+        """The sums: object (n_groups,) of Python ints, in units of 2**-1074."""
+        self._flush()
+        return self.total
 
 
 def exact_means(sums, counts):
@@ -205,17 +247,17 @@ def _surprisal_step(chunk, *, tokens=None, progress=False):
     n_epochs, n = chunk.n_epochs, chunk.n_samples
     n_groups = 1 if tokens is None else tokens.n_sequences
     group = np.zeros(n, np.int64) if tokens is None else tokens.codes[tokens.rows(chunk)]
-    sums = np.zeros(n_epochs * n_groups, dtype=object)
+    sums = ExactSums(n_epochs * n_groups)
     n_inf = np.zeros(n_epochs * n_groups, dtype=np.int64)
     bar = Progress(n_epochs, "surprisal", enabled=progress)
     for start, stop in _epoch_blocks(chunk):
         with np.errstate(divide="ignore"):
             values, inf = _surprisal_sums(-np.log(_label_probs(chunk, start, stop)))
         at = (np.arange(start, stop)[:, None] * n_groups + group[None, :]).reshape(-1)
-        sums += exact_sums(values, at, len(sums))
+        sums.add(values, at)
         n_inf += np.bincount(at[inf.reshape(-1)], minlength=len(n_inf))
         bar.update(stop - start)
-    return sums, n_inf
+    return sums.result(), n_inf
 
 
 def _means(sums, n_inf, counts):
@@ -260,8 +302,9 @@ def _correct_counts(chunk, *, tokens, progress=False):
     correct = np.asarray(chunk.correctness(progress=progress))
     codes = tokens.codes[tokens.rows(chunk)]
     n_seq = tokens.n_sequences
-    counts = np.zeros((n_seq, chunk.n_epochs), dtype=np.int64)
-    np.add.at(counts, codes, correct.T.astype(np.int64))
+    counts = np.empty((n_seq, chunk.n_epochs), dtype=np.int64)
+    for e in range(chunk.n_epochs):  # float weights: exact counts
+        counts[:, e] = np.bincount(codes, weights=correct[e], minlength=n_seq)
     return np.bincount(codes, minlength=n_seq).astype(np.int64), counts
 
 
