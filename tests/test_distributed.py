@@ -261,6 +261,15 @@ def test_data_map_and_label_issues_on_dask_on_tie_heavy_data(mode, monkeypatch):
     assert 0 < ref_issues["is_issue"].to_numpy()[score == last].sum() < (score == last).sum()
 
 
+def test_token_analyses_on_dask_equal_in_memory(mode):
+    from .test_tokens import all_tables, assert_same, token_run
+
+    run, seq, pos = token_run(seed=5, sample_ids=True)
+    ref = all_tables(run, seq, pos)
+    n = run.n_samples  # chunks that cut sequences
+    assert_same(all_tables(chunked(mode, run, (3, n - 50, 47)), seq, pos), ref)
+
+
 # ------------------------------------------------------------ Knowledge Fusion
 def test_kf_on_dask_equals_in_memory_on_real_data(mode, real_run):
     val, test = real_run.split(0.5, seed=0)
