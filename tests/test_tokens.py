@@ -182,7 +182,9 @@ def test_memorization_of_tokens_sequences_and_spans(tokens):
 
 
 def all_tables(run, seq, pos):
-    spans = np.array([[s, 0, 4] for s in sorted(set(seq.tolist()))])
+    """Every token table of a run (seq and pos: None for a run that holds them)."""
+    held = run.sequence_ids if seq is None else seq
+    spans = np.array([[s, 0, 4] for s in sorted(set(held.tolist()))])
     return (fk.sequence_dynamics(run, sequence_ids=seq),
             fk.memorization(run, sequence_ids=seq, positions=pos, spans=spans),
             fk.mean_surprisal(run), fk.mean_surprisal(run, sequence_ids=seq, by="sequence"),
@@ -292,3 +294,84 @@ def test_sequences_command_writes_the_table(tokens, tmp_path, capsys):
     assert main(["sequences", str(tmp_path / "r.npy"), "--out", str(tmp_path / "x.txt")]) == 1
     assert "--out must be a .csv file" in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
+
+
+# ------------------------------------------------------------------ top-k twins
+def topk_twin(run, seq, pos, tmp_path=None, k=4):
+    """The top-k run (k largest logits, target logit, log-sum-exp) of the same logits, in
+    memory or written by TopKWriter and loaded (a memmap)."""
+    from forgetkit._topk import TopKOutputs, topk_records
+    from forgetkit.io.topk import TopKWriter
+
+    z = np.asarray(run.outputs)
+    if tmp_path is None:
+        records = np.stack([topk_records(z[e], run.labels, k) for e in range(run.n_epochs)])
+        return fk.Run(TopKOutputs(records, VOCAB, seq, pos), run.labels, kind="topk",
+                      epochs=run.epochs, sample_ids=run.sample_ids)
+    path = tmp_path / "topk.npy"
+    with TopKWriter(path, vocab_size=VOCAB, k=k, targets=run.labels, sequence_ids=seq,
+                    positions=pos) as writer:
+        for e in range(run.n_epochs):
+            writer.append(int(run.epochs[e]), z[e])
+    return fk.load(path)
+
+
+def test_a_topk_run_gives_the_full_runs_token_analyses(tokens, tmp_path):
+    run, seq, pos = tokens
+    spans = np.array([[s, 1, 5] for s in sorted(set(seq.tolist()))])
+    for twin in (topk_twin(run, seq, pos), topk_twin(run, seq, pos, tmp_path)):
+        assert twin.kind == "topk" and twin.top_k == 4 and twin.n_classes == VOCAB
+        # forgetting and per-token dynamics: exact
+        np.testing.assert_array_equal(twin.correctness(), run.correctness())
+        for f in (fk.forget_fraction, fk.learn_fraction, fk.accuracy):
+            np.testing.assert_array_equal(f(twin), f(run))
+        pd.testing.assert_frame_equal(fk.sample_dynamics(twin), fk.sample_dynamics(run))
+        # memorization: exact, the token table from the run itself
+        pd.testing.assert_frame_equal(fk.memorization(twin, spans=spans),
+                                      fk.memorization(run, sequence_ids=seq, positions=pos,
+                                                      spans=spans))
+        np.testing.assert_array_equal(fk.memorized_spans(twin, spans),
+                                      fk.memorized_spans(run, spans, sequence_ids=seq,
+                                                         positions=pos))
+        # AUM margins exact (float32 logits), data maps up to float32 lse
+        np.testing.assert_array_equal(twin.label_margins(), run.label_margins())
+        dm, ref_dm = fk.data_map(twin), fk.data_map(run)
+        np.testing.assert_array_equal(dm["aum"], ref_dm["aum"])
+        np.testing.assert_array_equal(dm["forgetfulness"], ref_dm["forgetfulness"])
+        np.testing.assert_allclose(dm[["confidence", "variability"]],
+                                   ref_dm[["confidence", "variability"]], rtol=2e-6,
+                                   atol=2e-6)
+        # surprisal: up to one float32 step of the stored logit and log-sum-exp
+        np.testing.assert_allclose(fk.surprisal(twin), fk.surprisal(run), rtol=2e-6,
+                                   atol=2e-6)
+        np.testing.assert_allclose(fk.mean_surprisal(twin), fk.mean_surprisal(run),
+                                   rtol=2e-6)
+        table, ref = fk.sequence_dynamics(twin), fk.sequence_dynamics(run, sequence_ids=seq)
+        floats = ["surprisal_first", "surprisal_last", "confidence", "variability"]
+        pd.testing.assert_frame_equal(table.drop(columns=floats), ref.drop(columns=floats))
+        np.testing.assert_allclose(table[floats], ref[floats], rtol=2e-6, atol=2e-6)
+        pd.testing.assert_frame_equal(fk.mean_surprisal(twin, by="sequence"),
+                                      fk.mean_surprisal(run, sequence_ids=seq, by="sequence"),
+                                      check_exact=False, rtol=2e-6, atol=2e-6)
+
+
+def test_a_topk_run_in_blocks_gives_the_same_bits(tokens):
+    run, seq, pos = tokens
+    twin = topk_twin(run, seq, pos)
+    ref = all_tables(twin, None, None)
+    with use_executor(LocalExecutor((9, twin.n_samples - 20, 11))):
+        assert_same(all_tables(twin, None, None), ref)
+
+
+def test_sequences_command_on_a_topk_run_reads_its_token_table(tokens, tmp_path, capsys):
+    from forgetkit.cli import main
+
+    run, seq, pos = tokens
+    twin = topk_twin(run, seq, pos, tmp_path)
+    out = tmp_path / "seq.csv"
+    assert main(["sequences", str(tmp_path / "topk.npy"), "--out", str(out)]) == 0
+    assert "tokens in" in capsys.readouterr().out
+    table = pd.read_csv(out, index_col="sequence")
+    ref = fk.sequence_dynamics(twin)
+    np.testing.assert_array_equal(table["memorization_losses"], ref["memorization_losses"])
+    np.testing.assert_array_equal(table["confidence"], ref["confidence"])
