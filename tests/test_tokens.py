@@ -165,6 +165,10 @@ def test_memorization_of_tokens_sequences_and_spans(tokens):
     np.testing.assert_array_equal(table["tokens"], correct.mean(axis=1))
     whole = np.stack([correct[:, seq == s].all(axis=1) for s in sids], axis=1)
     np.testing.assert_array_equal(table["sequences"], whole.mean(axis=1))
+    for column, mem in (("tokens_forgotten", correct), ("sequences_forgotten", whole)):
+        before = np.array([mem[:e].any(axis=0) & ~mem[e] for e in range(run.n_epochs)])
+        np.testing.assert_array_equal(table[column], before.mean(axis=1))
+    assert table["sequences_forgotten"].iloc[-1] > 0  # the planted sequence
     expected = np.stack([correct[:, (seq == s) & (pos >= a) & (pos < b)].all(axis=1)
                          for s, a, b in spans.to_numpy()], axis=1)
     got = fk.memorized_spans(run, spans, sequence_ids=seq, positions=pos)

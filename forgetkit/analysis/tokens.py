@@ -308,6 +308,19 @@ def _correct_counts(chunk, *, tokens, progress=False):
     return np.bincount(codes, minlength=n_seq).astype(np.int64), counts
 
 
+def _memorization_counts(chunk, *, tokens, progress=False):
+    """`_correct_counts` and, per epoch, the tokens memorized at an earlier epoch and not
+    at this one: int64 (E,)."""
+    n, counts = _correct_counts(chunk, tokens=tokens, progress=progress)
+    correct = np.asarray(chunk.correctness())
+    lost = np.zeros(chunk.n_epochs, dtype=np.int64)
+    earlier = np.zeros(chunk.n_samples, dtype=bool)
+    for e in range(chunk.n_epochs):
+        lost[e] = np.count_nonzero(earlier & ~correct[e])
+        earlier |= correct[e]
+    return n, counts, lost
+
+
 def check_spans(spans, tokens):
     """Spans as (codes, starts, stops) int64 (J,) each: the rows of a DataFrame with
     columns sequence, start, stop (or an int array (J, 3)), positions start <= p < stop."""
@@ -394,16 +407,23 @@ def memorization(run, *, sequence_ids=None, positions=None, spans=None, progress
 
     Returns
     -------
-    DataFrame, one row per epoch number: ``tokens``, ``sequences`` (and ``spans``) as
-    fractions; ``attrs`` holds ``n_tokens``, ``n_sequences`` (and ``n_spans``).
+    DataFrame, one row per epoch number, fractions: ``tokens``, ``sequences`` (and
+    ``spans``) memorized at that epoch; ``tokens_forgotten`` and ``sequences_forgotten``,
+    memorized at an earlier epoch and not at that one (forgotten after memorized). ``attrs``
+    holds ``n_tokens``, ``n_sequences`` (and ``n_spans``).
     """
     check_run("run", run)
     tokens = Tokens(run, sequence_ids=sequence_ids, positions=positions,
                     need_positions=spans is not None)
-    n, correct = executor_for(run).map_reduce(run, partial(_correct_counts, tokens=tokens),
-                                              progress=progress, desc="forgetting pass")
+    n, correct, lost = executor_for(run).map_reduce(
+        run, partial(_memorization_counts, tokens=tokens), progress=progress,
+        desc="forgetting pass")
+    memorized = correct == n[:, None]  # (S, E)
+    earlier = np.logical_or.accumulate(memorized, axis=1)
     table = pd.DataFrame({"tokens": correct.sum(axis=0) / run.n_samples,
-                          "sequences": (correct == n[:, None]).mean(axis=0)},
+                          "sequences": memorized.mean(axis=0),
+                          "tokens_forgotten": lost / run.n_samples,
+                          "sequences_forgotten": (earlier & ~memorized).mean(axis=0)},
                          index=pd.Index(run.epochs, name="epoch"))
     table.attrs.update(n_tokens=run.n_samples, n_sequences=tokens.n_sequences)
     if spans is not None:
