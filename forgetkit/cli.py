@@ -192,7 +192,7 @@ def _cmd_sequences(args):
             raise ForgetkitError(f"{option} must be a .csv file; got {str(path)!r}")
     ids = np.load(args.sequence_ids, allow_pickle=False) if args.sequence_ids else None
     run = load(args.run)
-    if ids is None and getattr(run, "sequence_ids", None) is None:
+    if ids is None and run.sequence_ids is None:
         raise ForgetkitError(f"{args.run!r} holds no sequence ids (a top-k run does): pass "
                              "--sequence-ids IDS.npy, each token's sequence id")
     table = sequence_dynamics(run, sequence_ids=ids, progress=not args.quiet)

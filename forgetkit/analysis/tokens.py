@@ -158,14 +158,14 @@ class Tokens:
     def __init__(self, run, *, sequence_ids=None, positions=None, need_positions=False):
         n = run.n_samples
         if sequence_ids is None:
-            sequence_ids = getattr(run, "sequence_ids", None)
+            sequence_ids = run.sequence_ids
         if sequence_ids is None:
             raise ForgetkitError("this analysis needs each token's sequence id: a top-k run "
                                  "holds them (run.sequence_ids); for another run pass "
                                  f"sequence_ids= (an int array of its {n} tokens)")
         seq = _check_ids("sequence_ids", sequence_ids, n)
         if positions is None:
-            positions = getattr(run, "positions", None)
+            positions = run.positions
         if positions is None and need_positions:
             raise ForgetkitError("spans need each token's position: a top-k run holds them "
                                  "(run.positions); for another run pass positions= (an int "
