@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .._progress import Progress
-from .._validation import check_run
+from .._validation import check_option, check_run
 from ..backends import epoch_chunks
 from ..errors import ForgetkitError, InputTypeError
 from ..execution import executor_for
@@ -283,8 +283,7 @@ def mean_surprisal(run, *, sequence_ids=None, by="token", progress=False):
     every executor; +inf where a token's p_y is 0.
     """
     check_run("run", run)
-    if by not in ("token", "sequence"):
-        raise ForgetkitError(f"by must be one of 'token', 'sequence'; got {by!r}")
+    check_option("by", by, ("token", "sequence"))
     tokens = None if by == "token" else Tokens(run, sequence_ids=sequence_ids)
     sums, n_inf = executor_for(run).map_reduce(run, partial(_surprisal_step, tokens=tokens),
                                                progress=progress, desc="surprisal")
