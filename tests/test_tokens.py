@@ -323,7 +323,9 @@ def topk_twin(run, seq, pos, tmp_path=None, k=4):
 def test_a_topk_run_gives_the_full_runs_token_analyses(tokens, tmp_path):
     run, seq, pos = tokens
     spans = np.array([[s, 1, 5] for s in sorted(set(seq.tolist()))])
-    for twin in (topk_twin(run, seq, pos), topk_twin(run, seq, pos, tmp_path)):
+    on_disk = topk_twin(run, seq, pos, tmp_path)
+    fk.save(on_disk, tmp_path / "topk.parquet")
+    for twin in (topk_twin(run, seq, pos), on_disk, fk.load(tmp_path / "topk.parquet")):
         assert twin.kind == "topk" and twin.top_k == 4 and twin.n_classes == VOCAB
         # forgetting and per-token dynamics: exact
         np.testing.assert_array_equal(twin.correctness(), run.correctness())
