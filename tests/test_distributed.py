@@ -261,13 +261,20 @@ def test_data_map_and_label_issues_on_dask_on_tie_heavy_data(mode, monkeypatch):
     assert 0 < ref_issues["is_issue"].to_numpy()[score == last].sum() < (score == last).sum()
 
 
-def test_token_analyses_on_dask_equal_in_memory(mode):
-    from .test_tokens import all_tables, assert_same, token_run
+def test_token_analyses_on_dask_equal_in_memory(mode, tmp_path):
+    from .test_tokens import all_tables, assert_same, token_run, topk_twin
 
     run, seq, pos = token_run(seed=5, sample_ids=True)
     ref = all_tables(run, seq, pos)
     n = run.n_samples  # chunks that cut sequences
     assert_same(all_tables(chunked(mode, run, (3, n - 50, 47)), seq, pos), ref)
+    # the top-k run of the same logits: its own token table, checked on the workers
+    topk = topk_twin(run.replace(sample_ids=None), seq, pos, tmp_path)
+    ref = all_tables(topk, None, None)
+    got = fk.load(tmp_path / "topk.npy", chunks=40) if mode == "dask" else \
+        chunked(mode, topk, (3, n - 50, 47))
+    assert got.is_distributed == (mode == "dask")
+    assert_same(all_tables(got, None, None), ref)
 
 
 # ------------------------------------------------------------ Knowledge Fusion

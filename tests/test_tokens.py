@@ -229,6 +229,23 @@ def test_dask_chunks_give_the_same_bits():
         np.testing.assert_array_equal(s.compute(), fk.surprisal(run))
 
 
+def test_topk_shards_on_dask_give_the_same_bits(tmp_path):
+    dask = import_real_part("dask", "dask (the forgetkit[dask] extra)")
+    run, seq, pos = token_run(seed=4)
+    twin = topk_twin(run, seq, pos, tmp_path)
+    ref = all_tables(twin, None, None)
+    bounds = [0, 7, twin.n_samples - 33, twin.n_samples]
+    (tmp_path / "shards").mkdir()
+    for i in range(3):  # shards that cut sequences
+        fk.save(twin.isel(samples=np.arange(bounds[i], bounds[i + 1])),
+                tmp_path / "shards" / f"shard-{i}.npy")
+    with dask.config.set(scheduler="synchronous"):
+        for got in (fk.load(str(tmp_path / "shards" / "shard-*.npy")),
+                    fk.load(tmp_path / "topk.npy", chunks=40)):
+            assert got.is_distributed and got.kind == "topk"
+            assert_same(all_tables(got, None, None), ref)
+
+
 def test_token_analyses_work_on_a_summary(tokens, tmp_path):
     run, seq, pos = tokens
     summary = fk.summarize(run, tmp_path / "s.npy")
