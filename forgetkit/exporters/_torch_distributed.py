@@ -264,3 +264,79 @@ def gather_epoch(ctx, epoch, local, shard, store):
     if err is not None:
         raise err
     return result
+
+
+def _padded(tensor, rows, fill, device):
+    """``tensor`` (n, ...) in a (rows, ...) tensor on ``device``, the rest ``fill``."""
+    out = torch.full((rows, *tensor.shape[1:]), fill, dtype=tensor.dtype, device=device)
+    out[:len(tensor)] = tensor.to(device)
+    return out
+
+
+def gather_tokens(ctx, epoch, local, shard, store):
+    """Gather one epoch of a token run on rank ``ctx.dst``, which calls ``store(index,
+    values, vocab)`` with every token once, in dataset order (sequences by dataset index,
+    positions ascending); return what ``store`` returned, on every rank.
+
+    ``local``: dict with ``values`` ((n, w) float32 rows, or None), ``index`` ((n, 3) int64:
+    dataset index of the sequence, position, target), ``seqs`` (the dataset indices this rank
+    evaluated), ``classes`` (the vocabulary size), ``finite`` and ``error``. The sequences
+    (not the tokens) are checked as `gather_epoch` checks samples; a sequence that
+    several ranks evaluated (a DistributedSampler's padding) keeps one rank's tokens.
+    """
+    values, index, seqs = local["values"], local["index"], np.asarray(local["seqs"])
+    n = len(index)
+    meta = {"n": n, "m": len(seqs), "classes": local["classes"], "finite": local["finite"],
+            "total": None if shard.expected is None else len(shard.expected),
+            "error": local["error"] and f"{type(local['error']).__name__}: {local['error']}",
+            "width": 0 if values is None else int(values.shape[1])}
+    metas = [None] * ctx.world
+    _collective(ctx, epoch, dist.all_gather_object, metas, meta)
+    if local["error"] is not None:
+        raise local["error"]
+    check_counts(epoch, metas, ctx.rank)
+    if not any(m["m"] for m in metas):
+        raise ForgetkitError(f"epoch {epoch}: the evaluation data yielded no batch on any "
+                             "rank (an empty loader or dataset); nothing to record")
+    width = max(m["width"] for m in metas)
+    rows = max(max(m["n"] for m in metas), 1)
+    device = ctx.device
+    raw = torch.zeros((rows, width), dtype=torch.float32, device=device)
+    if n and values is not None:
+        raw[:n] = values.to(device)
+    idx = _padded(torch.as_tensor(index, dtype=torch.int64), rows, -1, device)
+    sq = _padded(torch.as_tensor(seqs, dtype=torch.int64), max(m["m"] for m in metas), -1,
+                 device)
+    writes = ctx.rank == 0
+    lists = [[torch.empty_like(t) for _ in range(ctx.world)] if writes else None
+             for t in (raw, idx, sq)]
+    for t, out in zip((raw, idx, sq), lists, strict=True):
+        _collective(ctx, epoch, dist.gather, t, out, dst=ctx.dst)
+    verdict = [None]
+    if writes:
+        try:
+            ns, ms = [m["n"] for m in metas], [m["m"] for m in metas]
+            seq_all = torch.cat([t[:c] for t, c in zip(lists[2], ms, strict=True)]).cpu().numpy()
+            seq_rank = np.repeat(np.arange(ctx.world), ms)
+            first = dataset_order(epoch, seq_all, shard.expected, shard.padding)
+            owner = seq_rank[first]  # the rank whose tokens of each sequence are kept
+            tokens = torch.cat([t[:c] for t, c in zip(lists[1], ns, strict=True)]).cpu().numpy()
+            token_rank = np.repeat(np.arange(ctx.world), ns)
+            kept = owner[np.searchsorted(shard.expected, tokens[:, 0])] == token_rank
+            order = np.flatnonzero(kept)
+            order = order[np.lexsort((tokens[order, 1], tokens[order, 0]))]
+            same = np.zeros(len(order), dtype=bool)  # a sequence twice on one rank
+            same[1:] = (tokens[order[1:], :2] == tokens[order[:-1], :2]).all(axis=1)
+            order = order[~same]
+            gathered = torch.cat([t[:c] for t, c in zip(lists[0], ns, strict=True)])
+            vocab = next(m["classes"] for m in metas if m["classes"] is not None)
+            verdict[0] = (None, store(tokens[order],
+                                      gathered[torch.as_tensor(order, device=gathered.device)],
+                                      vocab))
+        except Exception as err:  # every rank raises it
+            verdict[0] = (err, None)
+    _collective(ctx, epoch, dist.broadcast_object_list, verdict, src=ctx.dst, device=ctx.device)
+    err, result = verdict[0]
+    if err is not None:
+        raise err
+    return result

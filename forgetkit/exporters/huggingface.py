@@ -13,6 +13,10 @@ keyword arguments; ``ModelOutput.logits`` taken). Under a multi-GPU Trainer (tor
 accelerate) each process evaluates its shard and the main process writes every sample once.
 
 `replay` writes the same run afterwards from the ``checkpoint-N`` folders a Trainer saved.
+
+For a causal language model, ``top_k=...`` (or ``tokens=True``) records a top-k token run
+instead (`forgetkit.exporters.torch.TokenRecorder`: per target token the target's logit, the
+log-sum-exp and the k largest logits with their ids), in the callback and in `replay`.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from ._torch_replay import (
     flat_bytes,
     place,
 )
-from .torch import LogitRecorder
+from .torch import LogitRecorder, TokenRecorder
 
 __all__ = ["LogitRecorderCallback", "replay"]
 
@@ -79,21 +83,32 @@ class LogitRecorderCallback(TrainerCallback):
     collate_fn : callable, optional
         Default: the Trainer's data collator (the ``collate_fn`` of the training DataLoader
         the Trainer passes to its callbacks).
+    tokens : bool, default False
+        Record a causal language model's next tokens as a top-k token run
+        (`forgetkit.exporters.torch.TokenRecorder`) instead of one output row per sample.
+    top_k : int, optional
+        The logits kept per token (default 8); giving it implies ``tokens=True``.
     **options
         Passed to `forgetkit.exporters.torch.LogitRecorder` (``dtype``, ``summary``,
-        ``label_key``, ``sample_ids``, ``meta``, ``mode``, ``durable``...).
+        ``label_key``, ``sample_ids``, ``meta``, ``mode``, ``durable``...), or in token mode
+        to `TokenRecorder` (``label_key``, ``sequence_ids``, ``meta``, ``mode``...).
 
     Attributes
     ----------
-    recorder : LogitRecorder, made when training begins
-    accuracy_ : list of float, the recorded accuracy of each epoch
+    recorder : LogitRecorder or TokenRecorder, made when training begins
+    accuracy_ : list of float, the recorded accuracy of each epoch (next-token accuracy in
+        token mode)
     """
 
-    def __init__(self, path, dataset=None, *, batch_size=None, collate_fn=None, **options):
+    def __init__(self, path, dataset=None, *, batch_size=None, collate_fn=None, tokens=False,
+                 top_k=None, **options):
         self.path = path
         self.dataset = dataset
         self.batch_size = batch_size
         self.collate_fn = collate_fn
+        self.tokens = bool(tokens) or top_k is not None
+        if self.tokens:
+            options["top_k"] = 8 if top_k is None else top_k
         self.options = options
         self.recorder = None
         self.accuracy_ = []
@@ -120,7 +135,8 @@ class LogitRecorderCallback(TrainerCallback):
         loader = DataLoader(dataset, batch_size=self.batch_size or args.eval_batch_size,
                             collate_fn=collate, num_workers=args.dataloader_num_workers,
                             pin_memory=args.dataloader_pin_memory)
-        self.recorder = LogitRecorder(self.path, loader, **self.options)
+        self.recorder = (TokenRecorder if self.tokens else LogitRecorder)(self.path, loader,
+                                                                          **self.options)
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
         # state.epoch is e + 1 (a float) when epoch e ends
@@ -228,7 +244,8 @@ class _Rows(Dataset):
 
 def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, epochs=None,
            device=None, devices=None, batch_size=256, collate_fn=None, label_key="labels",
-           on_duplicate="warn", autocast=None, progress=True, **recorder_options):
+           on_duplicate="warn", autocast=None, progress=True, tokens=False, top_k=None,
+           **recorder_options):
     """Evaluate every checkpoint a `transformers.Trainer` saved on ``dataset`` and write the
     run that `LogitRecorderCallback` would have written while it trained.
 
@@ -254,6 +271,10 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
         Trainer does with a tokenizer), else `transformers.default_data_collator`.
     label_key, on_duplicate, autocast, progress, **recorder_options
         As for `forgetkit.exporters.torch.replay`.
+    tokens : bool, default False; top_k : int, optional (default 8; implies ``tokens``)
+        Write the top-k token run that `LogitRecorderCallback` writes in token mode (a
+        causal language model's next tokens; ``recorder_options`` as `TokenRecorder` takes
+        them). A checkpoint whose vocabulary differs from the run's is refused.
 
     Returns
     -------
@@ -286,8 +307,12 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
         else [as_device(device or "cpu")]
     log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
                     recorder_options.get("meta"), on_duplicate, path)
-    recorder = LogitRecorder(path, batches, batch_size=batch_size, label_key=label_key,
-                             **recorder_options)
+    if tokens or top_k is not None:
+        recorder = TokenRecorder(path, batches, batch_size=batch_size, label_key=label_key,
+                                 top_k=8 if top_k is None else top_k, **recorder_options)
+    else:
+        recorder = LogitRecorder(path, batches, batch_size=batch_size, label_key=label_key,
+                                 **recorder_options)
     with hash_pool() as pool:
         devs = [_Pretrained(model_class, t, place(batches, t), pool) for t in targets]
         start = log.resume(order, lambda c: devs[0].read(0, c).digest)

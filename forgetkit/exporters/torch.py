@@ -28,7 +28,7 @@ from ..errors import ForgetkitError, InputTypeError
 from . import _torch_distributed as ddp
 from ._common import RecorderBase, check_class_counts
 
-__all__ = ["LogitRecorder", "replay"]
+__all__ = ["LogitRecorder", "TokenRecorder", "replay"]
 
 
 def default_output(out):
@@ -305,3 +305,4 @@ class LogitRecorder(RecorderBase):
 
 
 from ._torch_replay import replay  # noqa: E402  (it builds on LogitRecorder)
+from ._torch_tokens import TokenRecorder  # noqa: E402

@@ -1,0 +1,273 @@
+"""A small GPT-2-style language model trained on real text, recorded as top-k token runs.
+
+The text: the quotes of Debian's ``fortunes`` package (/usr/share/games/fortunes) and the
+reStructuredText sources of the Python 3.11 documentation (Debian's ``python3.11-doc``,
+/usr/share/doc/python3.11/html/_sources). Documents are the quotes and the paragraphs of
+the documentation; a random share of them is held out.
+
+    # here, on the CPU: the corpus, a byte-level BPE tokenizer trained on the training
+    # documents, and the token streams (uint16)
+    python examples/train_lm_fortunes.py prepare data_lm --vocab 8192 --heldout 1050000
+
+    # on a GPU: train from a GPT2Config (no download), record every --every steps with
+    # forgetkit.exporters.torch.TokenRecorder at k = 16 on the held-out tokens (and on a
+    # sample of the training tokens), then the figures
+    python examples/train_lm_fortunes.py train data_lm out_lm --steps 1500 --every 30
+
+    # the figures of a recorded run (also run at the end of `train`)
+    python examples/train_lm_fortunes.py figures out_lm
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+FORTUNES = "/usr/share/games/fortunes"
+PYDOCS = "/usr/share/doc/python3.11/html/_sources"
+EOS = "<|endoftext|>"
+
+
+# ---------------------------------------------------------------- prepare (CPU)
+def documents():
+    """(source, text) of every document: each fortune, each paragraph of the docs."""
+    docs = []
+    for f in sorted(glob.glob(f"{FORTUNES}/*")):
+        if f.endswith((".dat", ".u8")) or os.path.islink(f) or not os.path.isfile(f):
+            continue
+        text = Path(f).read_bytes().decode("utf-8", errors="replace")
+        docs += [("fortunes/" + Path(f).name, q.strip("\n"))
+                 for q in re.split(r"^%\n", text, flags=re.M) if q.strip()]
+    for f in sorted(glob.glob(f"{PYDOCS}/**/*.rst.txt", recursive=True)):
+        text = Path(f).read_text(errors="replace")
+        name = "python3.11-doc/" + os.path.relpath(f, PYDOCS)
+        docs += [(name, p.strip("\n")) for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return docs
+
+
+def prepare(out, *, vocab, heldout, seed=0, limit=None):
+    """The tokenizer and the token streams in ``out``."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    docs = documents()
+    if limit:
+        docs = docs[:: max(1, len(docs) // limit)][:limit]
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(docs))
+    chars = np.array([len(docs[i][1]) for i in order])
+    # held out: documents in random order until about ``heldout`` tokens (3.7 chars a token,
+    # checked after tokenizing; more documents are taken if short)
+    cut = int(np.searchsorted(np.cumsum(chars), heldout * 3.7))
+    held_docs, train_docs = sorted(order[:cut]), sorted(order[cut:])
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator((docs[i][1] for i in train_docs), vocab_size=vocab,
+                            min_frequency=2, special_tokens=[EOS], show_progress=False)
+    tok.save(str(out / "tokenizer.json"))
+    eos = tok.token_to_id(EOS)
+
+    def stream(indices):
+        enc = tok.encode_batch([docs[i][1] for i in indices])
+        lengths = np.array([len(e.ids) + 1 for e in enc])
+        ids = np.concatenate([np.array(e.ids + [eos], dtype=np.uint16) for e in enc])
+        return ids, lengths
+
+    held, held_len = stream(held_docs)
+    train, train_len = stream(train_docs)
+    np.save(out / "heldout.npy", held)
+    np.save(out / "train.npy", train)
+    info = {"vocab_size": tok.get_vocab_size(), "eos": eos, "documents": len(docs),
+            "heldout_documents": len(held_docs), "train_documents": len(train_docs),
+            "heldout_tokens": int(len(held)), "train_tokens": int(len(train)),
+            "sources": {"fortunes": FORTUNES, "python3.11-doc": PYDOCS}, "seed": seed}
+    (out / "corpus.json").write_text(json.dumps(info, indent=1))
+    print(json.dumps(info))
+    return info
+
+
+# ---------------------------------------------------------------- train (GPU)
+def blocks(stream, length, count=None):
+    """Consecutive blocks of ``length`` tokens (the tail dropped), at most ``count``."""
+    n = len(stream) // length if count is None else min(count, len(stream) // length)
+    return np.asarray(stream[: n * length], dtype=np.int64).reshape(n, length)
+
+
+def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=384,
+          heads=6, lr=1e-3, k=16, train_sample=2000, eval_batch=256, seed=0,
+          device="cuda"):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from forgetkit.exporters.torch import TokenRecorder
+
+    data, out = Path(data), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = json.loads((data / "corpus.json").read_text())
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    train_blocks = torch.from_numpy(blocks(np.load(data / "train.npy"), context))
+    held = blocks(np.load(data / "heldout.npy"), context)
+    sample = np.sort(rng.choice(len(train_blocks), min(train_sample, len(train_blocks)),
+                                replace=False))
+    config = GPT2Config(vocab_size=info["vocab_size"], n_positions=context, n_embd=width,
+                        n_layer=layers, n_head=heads, bos_token_id=info["eos"],
+                        eos_token_id=info["eos"], resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config).to(device)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the recorded logits: plain float32
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + np.cos(np.pi * min(s, steps) / steps)))
+    meta = {"model": config.to_dict(), "corpus": info, "steps": steps, "every": every,
+            "batch": batch, "lr": lr}
+    held_rec = TokenRecorder(out / "heldout.npy", {"input_ids": torch.from_numpy(held)},
+                             top_k=k, batch_size=eval_batch, meta=dict(meta, split="heldout"),
+                             mode="w", durable=False)
+    train_rec = TokenRecorder(out / "train.npy", {"input_ids": train_blocks[sample]}, top_k=k,
+                              batch_size=eval_batch, sequence_ids=sample,
+                              meta=dict(meta, split="train"), mode="w", durable=False)
+    log = {"step": [], "loss": [], "heldout_accuracy": [], "train_accuracy": [],
+           "record_seconds": []}
+    n = len(train_blocks)
+    perm, at = torch.randperm(n), 0
+    t0 = time.perf_counter()
+    loss = torch.zeros(())
+    for step in range(steps + 1):
+        if step % every == 0:
+            t = time.perf_counter()
+            acc_h = held_rec.record(model, step)
+            acc_t = train_rec.record(model, step)
+            log["step"].append(step)
+            log["loss"].append(float(loss))
+            log["heldout_accuracy"].append(acc_h)
+            log["train_accuracy"].append(acc_t)
+            log["record_seconds"].append(time.perf_counter() - t)
+            print(f"step {step} loss {float(loss):.3f} heldout acc {acc_h:.4f} train acc "
+                  f"{acc_t:.4f} record {time.perf_counter() - t:.2f}s "
+                  f"elapsed {time.perf_counter() - t0:.0f}s", flush=True)
+        if step == steps:
+            break
+        if at + batch > n:
+            perm, at = torch.randperm(n), 0
+        x = train_blocks[perm[at:at + batch]].to(device, non_blocking=True)
+        at += batch
+        model.train()
+        with torch.autocast("cuda" if "cuda" in str(device) else "cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    held_rec.close()
+    train_rec.close()
+    log["train_seconds"] = time.perf_counter() - t0
+    log["epochs_of_training_data"] = steps * batch / n
+    (out / "train_log.json").write_text(json.dumps(log))
+    return log
+
+
+# ---------------------------------------------------------------- figures
+def figures(out, *, small=None, small_tokens=24, small_every=2, small_k=8):
+    """The run's figures (numpy on the stored records) into ``out``/figures.json; with
+    ``small``, a small version of the held-out run (``small_tokens`` sequences, every
+    ``small_every``-th checkpoint, ``small_k`` logits) as arrays in an .npz."""
+    import forgetkit as fk
+
+    out = Path(out)
+    res = {}
+    for split in ("heldout", "train"):
+        run = fk.load(out / f"{split}.npy")
+        rec = np.load(out / f"{split}.npy", mmap_mode="r")
+        y = np.asarray(run.labels)
+        E, N = rec.shape
+        correct = np.empty((E, N), dtype=bool)
+        logp = np.empty(E)
+        for e in range(E):
+            r = rec[e]
+            correct[e] = r["ids"][:, 0] == y
+            logp[e] = float(np.mean(r["target"].astype(np.float64) - r["lse"]))
+        final = correct[-1]
+        forget = (correct & ~final).mean(axis=1)
+        learn = (~correct & final).mean(axis=1)
+        events = (correct[:-1] & ~correct[1:]).sum(axis=0)
+        seq = np.asarray(run.sequence_ids)
+        starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
+        seq_all = np.logical_and.reduceat(correct, starts, axis=1)  # every target correct
+        res[split] = {
+            "epochs": [int(e) for e in run.epochs], "tokens": int(N),
+            "sequences": int(len(starts)),
+            "accuracy": correct.mean(axis=1).tolist(),
+            "mean_log_likelihood": logp.tolist(),
+            "forget_fraction": forget.tolist(), "learn_fraction": learn.tolist(),
+            "max_forget_fraction": float(forget.max()),
+            "max_forget_epoch": int(run.epochs[int(forget.argmax())]),
+            "final_accuracy": float(final.mean()),
+            "ever_correct_then_wrong_at_end": float((correct.any(0) & ~final).mean()),
+            "tokens_with_forgetting_events": float((events > 0).mean()),
+            "mean_forgetting_events": float(events.mean()),
+            "sequences_fully_correct": seq_all.mean(axis=1).tolist(),
+        }
+        print(split, json.dumps({k: v for k, v in res[split].items()
+                                 if not isinstance(v, list)}), flush=True)
+        if split == "heldout" and small is not None:
+            keep = np.isin(seq, np.unique(seq)[:small_tokens])
+            epochs = np.arange(E)[::small_every]
+            if epochs[-1] != E - 1:
+                epochs = np.r_[epochs, E - 1]
+            part = np.asarray(rec[epochs][:, keep])
+            np.savez_compressed(small, target=part["target"], lse=part["lse"],
+                                logits=part["logits"][..., :small_k],
+                                ids=part["ids"][..., :small_k], targets=y[keep],
+                                sequence_ids=seq[keep],
+                                positions=np.asarray(run.positions)[keep],
+                                epochs=np.asarray(run.epochs)[epochs],
+                                vocab_size=run.n_classes, meta=json.dumps(run.meta))
+    (out / "figures.json").write_text(json.dumps(res))
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("prepare")
+    a.add_argument("out")
+    a.add_argument("--vocab", type=int, default=8192)
+    a.add_argument("--heldout", type=int, default=1_050_000)
+    a.add_argument("--limit", type=int, default=None, help="documents (a quick test)")
+    b = sub.add_parser("train")
+    b.add_argument("data")
+    b.add_argument("out")
+    for name, default in (("steps", 1500), ("every", 30), ("context", 128), ("batch", 128),
+                          ("layers", 6), ("width", 384), ("heads", 6), ("k", 16),
+                          ("train_sample", 2000), ("eval_batch", 256)):
+        b.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    b.add_argument("--lr", type=float, default=1e-3)
+    b.add_argument("--device", default="cuda")
+    b.add_argument("--small", default=None, help="write the small version here (.npz)")
+    c = sub.add_parser("figures")
+    c.add_argument("out")
+    c.add_argument("--small", default=None)
+    args = p.parse_args(argv)
+    if args.cmd == "prepare":
+        prepare(args.out, vocab=args.vocab, heldout=args.heldout, limit=args.limit)
+    elif args.cmd == "train":
+        opts = {k: getattr(args, k) for k in ("steps", "every", "context", "batch", "layers",
+                                              "width", "heads", "k", "train_sample",
+                                              "eval_batch", "lr", "device")}
+        train(args.data, args.out, **opts)
+        figures(args.out, small=args.small)
+    else:
+        figures(args.out, small=args.small)
+
+
+if __name__ == "__main__":
+    main()
