@@ -101,8 +101,8 @@ def blocks(stream, length, count=None):
 
 
 def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=384,
-          heads=6, lr=1e-3, k=16, train_sample=2000, eval_batch=256, seed=0,
-          device="cuda"):
+          heads=6, lr=1e-3, k=16, train_sample=2000, eval_batch=256, heldout_blocks=None,
+          seed=0, device="cuda"):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -114,7 +114,7 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     train_blocks = torch.from_numpy(blocks(np.load(data / "train.npy"), context))
-    held = blocks(np.load(data / "heldout.npy"), context)
+    held = blocks(np.load(data / "heldout.npy"), context, heldout_blocks)
     sample = np.sort(rng.choice(len(train_blocks), min(train_sample, len(train_blocks)),
                                 replace=False))
     config = GPT2Config(vocab_size=info["vocab_size"], n_positions=context, n_embd=width,
@@ -146,11 +146,11 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
             acc_h = held_rec.record(model, step)
             acc_t = train_rec.record(model, step)
             log["step"].append(step)
-            log["loss"].append(float(loss))
+            log["loss"].append(float(loss.detach()))
             log["heldout_accuracy"].append(acc_h)
             log["train_accuracy"].append(acc_t)
             log["record_seconds"].append(time.perf_counter() - t)
-            print(f"step {step} loss {float(loss):.3f} heldout acc {acc_h:.4f} train acc "
+            print(f"step {step} loss {float(loss.detach()):.3f} heldout acc {acc_h:.4f} train acc "
                   f"{acc_t:.4f} record {time.perf_counter() - t:.2f}s "
                   f"elapsed {time.perf_counter() - t0:.0f}s", flush=True)
         if step == steps:
@@ -248,7 +248,7 @@ def main(argv=None):
     b.add_argument("out")
     for name, default in (("steps", 1500), ("every", 30), ("context", 128), ("batch", 128),
                           ("layers", 6), ("width", 384), ("heads", 6), ("k", 16),
-                          ("train_sample", 2000), ("eval_batch", 256)):
+                          ("train_sample", 2000), ("eval_batch", 256), ("heldout_blocks", 0)):
         b.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     b.add_argument("--lr", type=float, default=1e-3)
     b.add_argument("--device", default="cuda")
@@ -262,7 +262,8 @@ def main(argv=None):
     elif args.cmd == "train":
         opts = {k: getattr(args, k) for k in ("steps", "every", "context", "batch", "layers",
                                               "width", "heads", "k", "train_sample",
-                                              "eval_batch", "lr", "device")}
+                                              "eval_batch", "lr", "device", "heldout_blocks")}
+        opts["heldout_blocks"] = opts["heldout_blocks"] or None
         train(args.data, args.out, **opts)
         figures(args.out, small=args.small)
     else:
