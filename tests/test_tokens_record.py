@@ -18,7 +18,6 @@ from .conftest import ROOT, import_real_part
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 
 from forgetkit._topk import topk_records  # noqa: E402
-
 from forgetkit.exporters._torch_tokens import topk_rows  # noqa: E402
 from forgetkit.exporters.torch import TokenRecorder  # noqa: E402
 
