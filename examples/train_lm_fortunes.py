@@ -169,6 +169,7 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
         sched.step()
     held_rec.close()
     train_rec.close()
+    torch.save(model.state_dict(), out / "final.pt")
     log["train_seconds"] = time.perf_counter() - t0
     log["epochs_of_training_data"] = steps * batch / n
     (out / "train_log.json").write_text(json.dumps(log))
@@ -176,15 +177,18 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
 
 
 # ---------------------------------------------------------------- figures
-def figures(out, *, small=None, small_tokens=24, small_every=2, small_k=8):
+def figures(out, *, small=None, small_tokens=24, small_every=2, small_k=8, seeds=(0, 1, 2),
+            kf_sequences=None):
     """The run's figures (numpy on the stored records) into ``out``/figures.json; with
     ``small``, a small version of the held-out run (``small_tokens`` sequences, every
-    ``small_every``-th checkpoint, ``small_k`` logits) as arrays in an .npz."""
+    ``small_every``-th checkpoint, ``small_k`` logits) as arrays in an .npz. The training
+    tokens first, then the held-out ones with Knowledge Fusion (``seeds``: its splits;
+    ``kf_sequences``: fit on at most that many sequences of each validation half)."""
     import forgetkit as fk
 
     out = Path(out)
     res = {}
-    for split in ("heldout", "train"):
+    for split in ("train", "heldout"):
         run = fk.load(out / f"{split}.npy")
         rec = np.load(out / f"{split}.npy", mmap_mode="r")
         y = np.asarray(run.labels)
@@ -231,8 +235,169 @@ def figures(out, *, small=None, small_tokens=24, small_every=2, small_k=8):
                                 positions=np.asarray(run.positions)[keep],
                                 epochs=np.asarray(run.epochs)[epochs],
                                 vocab_size=run.n_classes, meta=json.dumps(run.meta))
-    (out / "figures.json").write_text(json.dumps(res))
+
+        def save():
+            (out / "figures.json").write_text(json.dumps(res))
+
+        save()
+        _library_figures(run, forget, into=res[split], save=save, seeds=seeds,
+                         kf_sequences=kf_sequences)
     return res
+
+
+def spans_of(run, width=32):
+    """Windows of ``width`` target positions of every sequence: int (J, 3) (sequence id,
+    start, stop)."""
+    seq, pos = np.asarray(run.sequence_ids), np.asarray(run.positions)
+    out = []
+    stops = {int(s): int(p) + 1 for s, p in zip(seq, pos, strict=True)}  # last position + 1
+    for s in np.unique(seq).tolist():
+        for start in range(1, stops[s], width):
+            out.append((s, start, min(start + width, stops[s])))
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+def _timed(fn, what, into):
+    """``fn()``; its seconds into ``into[what + '_seconds']``, its error into
+    ``into[what + '_error']`` (the figures go on without it)."""
+    t = time.perf_counter()
+    try:
+        return fn()
+    except Exception as err:  # a figure of the library that failed: say so, go on
+        into[what + "_error"] = f"{type(err).__name__}: {err}"
+        print(f"{what} failed: {into[what + '_error']}", flush=True)
+        return None
+    finally:
+        into[what + "_seconds"] = time.perf_counter() - t
+
+
+def _library_figures(run, forget, *, into, save=lambda: None, seeds=(0, 1, 2),
+                     kf_sequences=None):
+    """The same figures through forgetkit (F_e checked against the numpy ones), memorization
+    of 32-token spans, and Knowledge Fusion against the final checkpoint under the paper's
+    protocol (fit on the tokens of a random half of the sequences, score on the others).
+    Each figure goes into ``into`` as soon as it is known (then ``save()``)."""
+    import forgetkit as fk
+
+    res = into
+    fe = _timed(lambda: np.asarray(fk.forget_fraction(run)), "forget_fraction", res)
+    if fe is not None:
+        res["forget_fraction_equal"] = bool(np.allclose(fe, forget, rtol=0, atol=1e-12))
+    table = _timed(lambda: fk.memorization(run, spans=spans_of(run)), "memorization", res)
+    if table is not None:
+        res["memorization"] = {c: table[c].tolist() for c in table.columns}
+        res["memorization_attrs"] = {k: int(v) for k, v in table.attrs.items()}
+    save()
+    if run.meta.get("split") != "heldout":
+        return res
+    seq = np.asarray(run.sequence_ids)
+    uniq = np.unique(seq)
+    kf = []
+    for seed in seeds:
+        order = np.random.default_rng(seed).permutation(uniq)
+        half = order[: len(uniq) // 2]
+        in_val = np.isin(seq, half)
+        fit_on = in_val if kf_sequences is None else np.isin(seq, half[:kf_sequences])
+        val = run.isel(samples=np.flatnonzero(fit_on))
+        test = run.isel(samples=np.flatnonzero(~in_val))
+
+        def fused(val=val, test=test, seed=seed):
+            fuser = fk.KnowledgeFusion().fit(val)
+            low, high = fuser.certified_accuracy(test)
+            frame = fuser.certified(test)
+            prob = np.asarray(frame["label_prob"], dtype=np.float64)
+            rec = test.outputs.records[-1]
+            final_ll = float(np.mean(rec["target"].astype(np.float64) - rec["lse"]))
+            return {"seed": seed, "val_tokens": int(val.n_samples),
+                    "test_tokens": int(test.n_samples),
+                    "checkpoints": [int(run.epochs[i]) for i in fuser.checkpoints_],
+                    "certified_accuracy": [low, high],
+                    "uncertain": float(np.mean(~frame["certified"].to_numpy(bool))),
+                    "final_accuracy": float(np.mean(np.asarray(test.correctness())[-1])),
+                    "fused_log_likelihood": float(np.mean(np.log(prob))),
+                    "final_log_likelihood": final_ll}
+
+        one = _timed(fused, f"kf_seed{seed}", res)
+        if one is not None:
+            kf.append(one)
+            print("KF", json.dumps(one), flush=True)
+        res["knowledge_fusion"] = kf
+        save()
+    return res
+
+
+def warm(out, *, k=16, vocab=8192):
+    """Compile the numba kernels of the figures (on a small synthetic top-k run of the same
+    record type), so that they are cached when the real run's figures start."""
+    import forgetkit as fk
+    from forgetkit._topk import topk_records
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    g = np.random.default_rng(0)
+    n = 127 * 8
+    y = g.integers(0, vocab, n)
+    seq, pos = np.repeat(np.arange(8), 127), np.tile(np.arange(1, 128), 8).astype(np.int32)
+    with fk.TopKWriter(out / "warm.npy", vocab_size=vocab, k=k, targets=y, sequence_ids=seq,
+                       positions=pos, meta={"split": "heldout"}, mode="w") as w:
+        for e in range(4):
+            z = g.normal(size=(n, vocab)).astype(np.float32)
+            z[np.arange(n), y] += 4 * e * (g.random(n) < 0.5)
+            w.append(e * 10, topk_records(z, y, k))
+    run = fk.load(out / "warm.npy")
+    into = {}
+    _library_figures(run, np.zeros(4), into=into, seeds=(0,))
+    print("warm", {k: v for k, v in into.items() if "seconds" in k or "error" in k}, flush=True)
+
+
+def ddp_check(data, out, *, blocks_n=1000, k=16, context=128):
+    """Under torchrun: the final model's top-k run of the first ``blocks_n`` held-out
+    sequences recorded by every rank (NCCL, a DistributedSampler), against rank 0's own
+    recording of the same sequences on one GPU."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import forgetkit as fk
+    from forgetkit.exporters.torch import TokenRecorder
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = f"cuda:{rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(rank)
+    data, out = Path(data), Path(out)
+    meta = fk.load(out / "heldout.npy").meta
+    model = GPT2LMHeadModel(GPT2Config(**{k_: v for k_, v in meta["model"].items()
+                                          if k_ not in ("architectures",)}))
+    model.load_state_dict(torch.load(out / "final.pt", map_location="cpu"))
+    model.to(device)
+    held = torch.from_numpy(blocks(np.load(data / "heldout.npy"), context, blocks_n))
+    rows = [{"input_ids": r} for r in held]
+    loader = DataLoader(rows, batch_size=100, sampler=DistributedSampler(rows, shuffle=False))
+    t = time.perf_counter()
+    with TokenRecorder(out / "ddp.npy", loader, top_k=k, mode="w") as rec:
+        acc = rec.record(model, 0)
+    seconds = time.perf_counter() - t
+    alone = dist.new_group([0])  # rank 0 by itself: a one-process recording
+    if rank == 0:
+        with TokenRecorder(out / "one.npy", {"input_ids": held}, top_k=k, batch_size=100,
+                           mode="w", group=alone) as rec:
+            acc1 = rec.record(model, 0)
+        a, b = np.load(out / "ddp.npy")[0], np.load(out / "one.npy")[0]
+        two, one = fk.load(out / "ddp.npy"), fk.load(out / "one.npy")
+        res = {"world": dist.get_world_size(), "tokens": int(len(a)),
+               "same_token_table": bool(np.array_equal(two.sequence_ids, one.sequence_ids)
+                                        and np.array_equal(two.positions, one.positions)),
+               "ids_equal": float(np.mean((a["ids"] == b["ids"]).all(axis=1))),
+               "bitwise_equal": bool(a.tobytes() == b.tobytes()),
+               "max_abs_logit_diff": float(np.abs(a["logits"] - b["logits"]).max()),
+               "accuracy": [acc, acc1], "seconds": seconds}
+        (out / "ddp_check.json").write_text(json.dumps(res))
+        print("ddp", json.dumps(res), flush=True)
+    dist.destroy_process_group()
 
 
 def main(argv=None):
@@ -253,9 +418,19 @@ def main(argv=None):
     b.add_argument("--lr", type=float, default=1e-3)
     b.add_argument("--device", default="cuda")
     b.add_argument("--small", default=None, help="write the small version here (.npz)")
+    b.add_argument("--no-figures", action="store_true")
+    d = sub.add_parser("ddp-check")
+    d.add_argument("data")
+    d.add_argument("out")
+    d.add_argument("--blocks", type=int, default=1000)
+    w = sub.add_parser("warm")
+    w.add_argument("out")
     c = sub.add_parser("figures")
     c.add_argument("out")
     c.add_argument("--small", default=None)
+    c.add_argument("--seeds", default="0,1,2", help="the splits of Knowledge Fusion")
+    c.add_argument("--kf-sequences", type=int, default=None,
+                   help="fit on at most this many sequences of each validation half")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.out, vocab=args.vocab, heldout=args.heldout, limit=args.limit)
@@ -265,9 +440,15 @@ def main(argv=None):
                                               "eval_batch", "lr", "device", "heldout_blocks")}
         opts["heldout_blocks"] = opts["heldout_blocks"] or None
         train(args.data, args.out, **opts)
-        figures(args.out, small=args.small)
+        if not args.no_figures:
+            figures(args.out, small=args.small)
+    elif args.cmd == "ddp-check":
+        ddp_check(args.data, args.out, blocks_n=args.blocks)
+    elif args.cmd == "warm":
+        warm(args.out)
     else:
-        figures(args.out, small=args.small)
+        figures(args.out, small=args.small, kf_sequences=args.kf_sequences,
+                seeds=[int(x) for x in args.seeds.split(",") if x])
 
 
 if __name__ == "__main__":
