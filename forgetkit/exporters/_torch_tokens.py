@@ -118,8 +118,9 @@ class TokenRecorder(RecorderBase):
     Parameters
     ----------
     path : str or Path
-        ``.npy`` or ``.parquet`` top-k run; an existing run there is appended to (mode "a")
-        when it holds the same tokens and vocabulary.
+        ``.npy`` top-k run (with its sidecar and token table; `forgetkit.convert` makes a
+        Parquet copy); an existing run there is appended to (mode "a") when it holds the
+        same tokens and vocabulary.
     data : DataLoader or iterable of dict batches, a dict of columns, or input ids
         Batches hold ``input_ids`` (B, T) and optionally ``attention_mask`` and labels (under
         ``label_key``; -100 marks an ignored position); the dict less its labels goes to the
