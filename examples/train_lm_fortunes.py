@@ -15,7 +15,10 @@ the documentation; a random share of them is held out.
     python examples/train_lm_fortunes.py train data_lm out_lm --steps 1500 --every 30
 
     # the figures of a recorded run (also run at the end of `train`)
-    python examples/train_lm_fortunes.py figures out_lm
+    python examples/train_lm_fortunes.py figures out_lm --small small.npz
+
+    # the small version as a top-k run (data_samples/lm_fortunes_gpt2_heldout_top8.npy)
+    python examples/train_lm_fortunes.py sample small.npz lm_fortunes_gpt2_heldout_top8.npy
 """
 
 from __future__ import annotations
@@ -400,6 +403,33 @@ def ddp_check(data, out, *, blocks_n=1000, k=16, context=128):
     dist.destroy_process_group()
 
 
+def write_sample(npz, path):
+    """The small version written by ``figures --small`` (an .npz of arrays) as a top-k run
+    at ``path`` (what data_samples/lm_fortunes_gpt2_heldout_top8.npy holds)."""
+    import forgetkit as fk
+    from forgetkit._topk import topk_dtype
+
+    z = np.load(npz)
+    k, vocab = z["ids"].shape[-1], int(z["vocab_size"])
+    source = json.loads(str(z["meta"]))
+    meta = {"description": "held-out tokens of a GPT-2-style model trained on Debian's "
+                           "fortunes and the Python 3.11 docs' reST sources, recorded by "
+                           "TokenRecorder (examples/train_lm_fortunes.py); this sample: the "
+                           f"first held-out sequences, every other checkpoint, top {k}",
+            "tokenizer": "lm_fortunes_tokenizer.json",
+            **{key: source.get(key) for key in ("model", "corpus", "steps", "every", "batch",
+                                                "lr")}}
+    with fk.TopKWriter(path, vocab_size=vocab, k=k, targets=z["targets"],
+                       sequence_ids=z["sequence_ids"], positions=z["positions"], meta=meta,
+                       mode="w") as w:
+        for i, epoch in enumerate(z["epochs"]):
+            r = np.empty(z["target"].shape[1], topk_dtype(k, vocab))
+            r["target"], r["lse"] = z["target"][i], z["lse"][i]
+            r["logits"], r["ids"] = z["logits"][i], z["ids"][i]
+            w.append(int(epoch), r)
+    return fk.load(path)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -423,6 +453,9 @@ def main(argv=None):
     d.add_argument("data")
     d.add_argument("out")
     d.add_argument("--blocks", type=int, default=1000)
+    m = sub.add_parser("sample")
+    m.add_argument("npz")
+    m.add_argument("path")
     w = sub.add_parser("warm")
     w.add_argument("out")
     c = sub.add_parser("figures")
@@ -444,6 +477,8 @@ def main(argv=None):
             figures(args.out, small=args.small)
     elif args.cmd == "ddp-check":
         ddp_check(args.data, args.out, blocks_n=args.blocks)
+    elif args.cmd == "sample":
+        print(write_sample(args.npz, args.path))
     elif args.cmd == "warm":
         warm(args.out)
     else:
