@@ -282,3 +282,23 @@ def test_trainer_token_mode_and_replay_of_its_checkpoints_are_the_same_run(tmp_p
     with pytest.raises(fk.ForgetkitError, match=r"top_k=40 is larger than the vocabulary"):
         replay(tmp_path / "out", test.data, tmp_path / "big.npy", top_k=40, progress=False)
     assert not (tmp_path / "big.npy").exists()
+
+
+def test_replay_of_state_dict_checkpoints_in_token_mode_equals_the_recording(tmp_path):
+    from forgetkit.exporters.torch import replay
+
+    data = token_data()
+    with TokenRecorder(tmp_path / "rec.npy", data, top_k=K, batch_size=4) as rec:
+        for e in (0, 1, 2):
+            rec.record(TinyLM(e), e)
+            torch.save(TinyLM(e).state_dict(), tmp_path / f"ckpt-{e}.pt")
+    run = replay(TinyLM(9), str(tmp_path / "ckpt-*.pt"), data, tmp_path / "rep.npy", top_k=K,
+                 batch_size=4, progress=False)
+    assert run.kind == "topk" and run.epochs.tolist() == [0, 1, 2]
+    assert np.load(tmp_path / "rep.npy").tobytes() == np.load(tmp_path / "rec.npy").tobytes()
+    assert np.array_equal(run.sequence_ids, fk.load(tmp_path / "rec.npy").sequence_ids)
+    torch.save(TinyLM(3, vocab=V + 1).state_dict(), tmp_path / "ckpt-3.pt")
+    with pytest.raises(fk.ForgetkitError, match="does not fit the model"):
+        replay(TinyLM(9), str(tmp_path / "ckpt-*.pt"), data, tmp_path / "rep.npy", top_k=K,
+               progress=False)
+    assert fk.load(tmp_path / "rep.npy").epochs.tolist() == [0, 1, 2]

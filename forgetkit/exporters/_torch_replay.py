@@ -341,7 +341,8 @@ def _is_array(x):
 def batches_of(data, *, batch_size, label_key):
     """The evaluation batches of ``data`` as a list, read once: an (inputs, labels) pair of
     arrays or tensors, a dict of arrays (the labels under ``label_key``), a map-style
-    Dataset, a DataLoader (not shuffling), or an iterable of batches."""
+    Dataset, a DataLoader (not shuffling), or an iterable of batches (each checked to hold
+    its labels under ``label_key``, unless it is None)."""
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(map(_is_array, data)):
         inputs, labels = map(_as_tensor, data)
         if len(inputs) != len(labels):
@@ -372,7 +373,7 @@ def batches_of(data, *, batch_size, label_key):
         raise ForgetkitError("data yielded no batch")
     from .torch import split_batch  # (torch.py imports this module at its end)
 
-    for b in batches:
+    for b in batches if label_key is not None else ():
         split_batch(b, label_key)  # the batch shape is checked before any checkpoint is read
     return [_map_tensors(b, _as_tensor_or_keep) for b in batches]
 
@@ -739,8 +740,8 @@ def autocast_dtype(autocast):
 
 def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=None,
            batch_size=256, trust_pickle=False, on_duplicate="warn", output_fn=None,
-           label_key="labels", autocast=None, cuda_graph=True, progress=True,
-           **recorder_options):
+           label_key="labels", autocast=None, cuda_graph=True, progress=True, tokens=False,
+           top_k=None, **recorder_options):
     """Evaluate every saved checkpoint of a training on ``data`` and write the run that
     `LogitRecorder` would have written while it trained.
 
@@ -789,6 +790,11 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
         cannot be captured is evaluated eagerly, with a warning.
     progress : bool, default True
         Checkpoints done / total on a terminal.
+    tokens : bool, default False; top_k : int, optional (default 8; implies ``tokens``)
+        Write the top-k token run of a causal language model that
+        `forgetkit.exporters.torch.TokenRecorder` writes (``data`` as it takes it: dict
+        batches or columns of ``input_ids``, ``attention_mask``, labels); evaluated eagerly
+        (no CUDA graph); a checkpoint of another vocabulary is refused.
     **recorder_options
         `forgetkit.exporters._common.RecorderOptions` (``dtype``, ``summary``, ``meta``,
         ``mode``...). With ``mode="a"`` (default) a replay into an existing run continues
@@ -817,27 +823,39 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
                        batch_size=batch_size, trust_pickle=trust_pickle,
                        on_duplicate=on_duplicate, output_fn=output_fn, label_key=label_key,
                        autocast=autocast, cuda_graph=cuda_graph, progress=progress,
-                       **recorder_options)
+                       tokens=tokens or top_k is not None, top_k=top_k, **recorder_options)
     finally:
         pool.shutdown(wait=False)
 
 
 def _replay(model, order, data, path, pool, *, device, devices, batch_size, trust_pickle,
-            on_duplicate, output_fn, label_key, autocast, cuda_graph, progress,
-            **recorder_options):
-    from .torch import LogitRecorder
+            on_duplicate, output_fn, label_key, autocast, cuda_graph, progress, tokens=False,
+            top_k=None, **recorder_options):
+    from ._torch_tokens import _as_batches
+    from .torch import LogitRecorder, TokenRecorder
 
     recorder_options.setdefault("max_pending", 4)  # epochs of small outputs may queue
     log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
                     recorder_options.get("meta"), on_duplicate, path)
     targets = _devices(device, devices, model)
-    batches = batches_of(data, batch_size=batch_size, label_key=label_key)
+    if tokens:  # the token data's forms: columns or an (N, T) tensor are batched first;
+        # the recorder checks each batch (labels are optional)
+        batches = batches_of(_as_batches(data, batch_size, "input_ids", label_key),
+                             batch_size=batch_size, label_key=None)
+        cuda_graph = False  # the token evaluation waits for the device (ties, masks)
+    else:
+        batches = batches_of(data, batch_size=batch_size, label_key=label_key)
     keys = list(model.state_dict())
     replicas = [model.to(targets[0])] + [copy.deepcopy(model).to(t) for t in targets[1:]]
     for m in replicas:
         m.eval()
-    recorder = LogitRecorder(path, batches, output_fn=output_fn, batch_size=batch_size,
-                             label_key=label_key, **recorder_options)
+    if tokens:
+        recorder = TokenRecorder(path, batches, top_k=8 if top_k is None else top_k,
+                                 output_fn=output_fn, batch_size=batch_size,
+                                 label_key=label_key, **recorder_options)
+    else:
+        recorder = LogitRecorder(path, batches, output_fn=output_fn, batch_size=batch_size,
+                                 label_key=label_key, **recorder_options)
     devs = [_Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle, pool=pool,
                     cuda_graph=cuda_graph) for m, t in zip(replicas, targets, strict=False)]
     with ThreadPoolExecutor(2, thread_name_prefix="forgetkit-replay-resume") as ahead:
