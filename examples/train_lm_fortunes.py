@@ -134,9 +134,9 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
     held_rec = TokenRecorder(out / "heldout.npy", {"input_ids": torch.from_numpy(held)},
                              top_k=k, batch_size=eval_batch, meta=dict(meta, split="heldout"),
                              mode="w", durable=False)
-    train_rec = TokenRecorder(out / "train.npy", {"input_ids": train_blocks[sample]}, top_k=k,
-                              batch_size=eval_batch, sequence_ids=sample,
-                              meta=dict(meta, split="train"), mode="w", durable=False)
+    train_rec = None if not len(sample) else TokenRecorder(
+        out / "train.npy", {"input_ids": train_blocks[sample]}, top_k=k, batch_size=eval_batch,
+        sequence_ids=sample, meta=dict(meta, split="train"), mode="w", durable=False)
     log = {"step": [], "loss": [], "heldout_accuracy": [], "train_accuracy": [],
            "record_seconds": []}
     n = len(train_blocks)
@@ -147,7 +147,7 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
         if step % every == 0:
             t = time.perf_counter()
             acc_h = held_rec.record(model, step)
-            acc_t = train_rec.record(model, step)
+            acc_t = float("nan") if train_rec is None else train_rec.record(model, step)
             log["step"].append(step)
             log["loss"].append(float(loss.detach()))
             log["heldout_accuracy"].append(acc_h)
@@ -171,7 +171,8 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
         opt.step()
         sched.step()
     held_rec.close()
-    train_rec.close()
+    if train_rec is not None:
+        train_rec.close()
     torch.save(model.state_dict(), out / "final.pt")
     log["train_seconds"] = time.perf_counter() - t0
     log["epochs_of_training_data"] = steps * batch / n
@@ -181,18 +182,27 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
 
 # ---------------------------------------------------------------- figures
 def figures(out, *, small=None, small_tokens=24, small_every=2, small_k=8, seeds=(0, 1, 2),
-            kf_sequences=None):
+            kf_sequences=None, only_kf=False):
     """The run's figures (numpy on the stored records) into ``out``/figures.json; with
     ``small``, a small version of the held-out run (``small_tokens`` sequences, every
     ``small_every``-th checkpoint, ``small_k`` logits) as arrays in an .npz. The training
     tokens first, then the held-out ones with Knowledge Fusion (``seeds``: its splits;
-    ``kf_sequences``: fit on at most that many sequences of each validation half)."""
+    ``kf_sequences``: fit on at most that many sequences of each validation half;
+    ``only_kf``: Knowledge Fusion on the held-out tokens alone)."""
     import forgetkit as fk
 
     out = Path(out)
     res = {}
     for split in ("train", "heldout"):
+        if not (out / f"{split}.npy").exists() or (only_kf and split != "heldout"):
+            continue
         run = fk.load(out / f"{split}.npy")
+        if only_kf:
+            res[split] = {}
+            _library_figures(run, None, into=res[split], seeds=seeds, kf_sequences=kf_sequences,
+                             save=lambda: (out / "figures.json").write_text(json.dumps(res)),
+                             only_kf=True)
+            continue
         rec = np.load(out / f"{split}.npy", mmap_mode="r")
         y = np.asarray(run.labels)
         E, N = rec.shape
@@ -275,7 +285,7 @@ def _timed(fn, what, into):
 
 
 def _library_figures(run, forget, *, into, save=lambda: None, seeds=(0, 1, 2),
-                     kf_sequences=None):
+                     kf_sequences=None, only_kf=False):
     """The same figures through forgetkit (F_e checked against the numpy ones), memorization
     of 32-token spans, and Knowledge Fusion against the final checkpoint under the paper's
     protocol (fit on the tokens of a random half of the sequences, score on the others).
@@ -283,6 +293,8 @@ def _library_figures(run, forget, *, into, save=lambda: None, seeds=(0, 1, 2),
     import forgetkit as fk
 
     res = into
+    if only_kf:
+        return _fusion_figures(run, res, save, seeds, kf_sequences)
     fe = _timed(lambda: np.asarray(fk.forget_fraction(run)), "forget_fraction", res)
     if fe is not None:
         res["forget_fraction_equal"] = bool(np.allclose(fe, forget, rtol=0, atol=1e-12))
@@ -293,6 +305,13 @@ def _library_figures(run, forget, *, into, save=lambda: None, seeds=(0, 1, 2),
     save()
     if run.meta.get("split") != "heldout":
         return res
+    return _fusion_figures(run, res, save, seeds, kf_sequences)
+
+
+def _fusion_figures(run, res, save, seeds, kf_sequences):
+    """Knowledge Fusion against the final checkpoint, one split per seed, into ``res``."""
+    import forgetkit as fk
+
     seq = np.asarray(run.sequence_ids)
     uniq = np.unique(seq)
     kf = []
@@ -462,6 +481,8 @@ def main(argv=None):
     c.add_argument("out")
     c.add_argument("--small", default=None)
     c.add_argument("--seeds", default="0,1,2", help="the splits of Knowledge Fusion")
+    c.add_argument("--only-kf", action="store_true",
+                   help="Knowledge Fusion on the held-out tokens alone")
     c.add_argument("--kf-sequences", type=int, default=None,
                    help="fit on at most this many sequences of each validation half")
     args = p.parse_args(argv)
@@ -482,7 +503,7 @@ def main(argv=None):
     elif args.cmd == "warm":
         warm(args.out)
     else:
-        figures(args.out, small=args.small, kf_sequences=args.kf_sequences,
+        figures(args.out, small=args.small, kf_sequences=args.kf_sequences, only_kf=args.only_kf,
                 seeds=[int(x) for x in args.seeds.split(",") if x])
 
 
