@@ -840,7 +840,7 @@ def _replay(model, order, data, path, pool, *, device, devices, batch_size, trus
     targets = _devices(device, devices, model)
     if tokens:  # the token data's forms: columns or an (N, T) tensor are batched first;
         # the recorder checks each batch (labels are optional)
-        batches = batches_of(_as_batches(data, batch_size, "input_ids", label_key),
+        batches = batches_of(_as_batches(data, batch_size, "input_ids"),
                              batch_size=batch_size, label_key=None)
         cuda_graph = False  # the token evaluation waits for the device (ties, masks)
     else:

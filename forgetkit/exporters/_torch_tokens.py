@@ -78,7 +78,7 @@ def token_targets(batch, *, input_key, label_key):
     return target, kept
 
 
-def _as_batches(data, batch_size, input_key, label_key):
+def _as_batches(data, batch_size, input_key):
     """The evaluation batches of ``data``: a tensor or array of input ids (N, T), a dict of
     such columns (``input_ids``, ``attention_mask``, labels), or an iterable of dict
     batches (a DataLoader) as it is."""
@@ -163,7 +163,7 @@ class TokenRecorder(RecorderBase):
         self.top_k = int(top_k)
         self.batch_size = int(batch_size)
         self.input_key, self.label_key = input_key, label_key
-        self.data = _as_batches(data, self.batch_size, input_key, label_key)
+        self.data = _as_batches(data, self.batch_size, input_key)
         self.output_fn = output_fn or default_output
         self.sequence_ids = None if sequence_ids is None else np.asarray(sequence_ids)
         self.group = group
