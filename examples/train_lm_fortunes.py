@@ -117,7 +117,11 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     train_blocks = torch.from_numpy(blocks(np.load(data / "train.npy"), context))
-    held = blocks(np.load(data / "heldout.npy"), context, heldout_blocks)
+    held = blocks(np.load(data / "heldout.npy"), context)
+    held_ids = np.arange(len(held))
+    if heldout_blocks:  # evenly spread over the held-out stream (its documents are sorted)
+        held_ids = np.unique(np.linspace(0, len(held) - 1, heldout_blocks).astype(np.int64))
+        held = held[held_ids]
     sample = np.sort(rng.choice(len(train_blocks), min(train_sample, len(train_blocks)),
                                 replace=False))
     config = GPT2Config(vocab_size=info["vocab_size"], n_positions=context, n_embd=width,
@@ -132,8 +136,8 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
     meta = {"model": config.to_dict(), "corpus": info, "steps": steps, "every": every,
             "batch": batch, "lr": lr}
     held_rec = TokenRecorder(out / "heldout.npy", {"input_ids": torch.from_numpy(held)},
-                             top_k=k, batch_size=eval_batch, meta=dict(meta, split="heldout"),
-                             mode="w", durable=False)
+                             top_k=k, batch_size=eval_batch, sequence_ids=held_ids,
+                             meta=dict(meta, split="heldout"), mode="w", durable=False)
     train_rec = None if not len(sample) else TokenRecorder(
         out / "train.npy", {"input_ids": train_blocks[sample]}, top_k=k, batch_size=eval_batch,
         sequence_ids=sample, meta=dict(meta, split="train"), mode="w", durable=False)
