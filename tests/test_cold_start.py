@@ -23,21 +23,40 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(a, b)
 
 
-def test_serial_and_parallel_builds_give_the_same_bits(tmp_path):
+#: The kernels whose two builds tests/test_parallel_kernels.py compares (each of its tests
+#: runs on both): the test below compiles the parallel builds of the others only.
+BOTH_BUILDS_ELSEWHERE = {
+    "argmax_f16", "argmax_f16_at", "argmax_float_at", "row_top", "softmax_rows",
+    "combine_softmax", "softmax_stats", "take_samples", "label_leads", "window_grid_counts",
+    "mix_window_into", "em_pass", "score_recipes", "live_rows", "add_softmax_live_rows",
+    "class_max", "add_into", "selection_cached_counts"}
+
+
+def test_parallel_builds_and_numpy_twins_give_the_same_bits(tmp_path, monkeypatch):
     """The warmup's passes (forgetting, dynamics, label issues, compare with every fuser and
     the probability cache on and off, the exact eps search, the EM pass) on float16 runs in
-    memory and memory-mapped give the same bits on either build, and reach every kernel's
-    both builds but the float32/64 argmax ones."""
+    memory and memory-mapped give the same bits on the numpy twins (the serial build where
+    a kernel has none) as on the parallel builds (the serial ones of the kernels
+    test_parallel_kernels compares on both builds), and reach every kernel but the
+    float32/64 argmax ones."""
     (tmp_path / "s").mkdir(), (tmp_path / "p").mkdir()
-    with jit.forced("serial"):
-        serial = warmup.workload(tmp_path / "s", dtypes=(np.float16,))
+    with jit.forced("numpy"):
+        twins = warmup.workload(tmp_path / "s", dtypes=(np.float16,))
+    reached, choose = set(), jit.choose
+
+    def parallel_where_not_compared_elsewhere(parallel, work, args):
+        reached.add(parallel.__name__)
+        if parallel.__name__ in BOTH_BUILDS_ELSEWHERE:
+            return parallel.serial
+        return choose(parallel, work, args)
+
+    monkeypatch.setattr(jit, "choose", parallel_where_not_compared_elsewhere)
     with jit.forced("parallel"):
         parallel = warmup.workload(tmp_path / "p", dtypes=(np.float16,))
-    assert len(serial) == len(parallel) > 10
-    for a, b in zip(serial, parallel, strict=True):
+    assert len(twins) == len(parallel) > 10
+    for a, b in zip(twins, parallel, strict=True):
         _assert_same(a, b)
-    left = {name.rsplit(".", 1)[1] for name, _ in warmup.missing()}
-    assert left <= {"argmax_float", "argmax_float_at"}
+    assert {k.__name__ for k in jit.KERNELS} - reached <= {"argmax_float", "argmax_float_at"}
 
 
 def test_choose_runs_small_calls_serially_and_large_ones_in_parallel(monkeypatch):
@@ -62,7 +81,8 @@ def test_choose_runs_small_calls_serially_and_large_ones_in_parallel(monkeypatch
         assert jit.choose(k, 0, args) is k
     with jit.forced("serial"):
         assert jit.choose(k, jit.COMPILE_WORK, args) is k.serial
-    with pytest.raises(ValueError, match="build must be 'serial', 'parallel' or None; got 'gpu'"):
+    with pytest.raises(ValueError, match="build must be 'serial', 'parallel', 'numpy' or None; "
+                                         "got 'gpu'"):
         with jit.forced("gpu"):
             pass
 

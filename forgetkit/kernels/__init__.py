@@ -17,13 +17,15 @@
   ``n_blocks`` (and the EM pass) claim their blocks;
 - ``jit``: each kernel's two builds (parallel for large calls, serial for small ones: they
   compile 3-4x faster), which one a call runs, and the compile notice;
+- ``twins``: exact numpy twins of the kernels of the Knowledge Fusion fit and `compare`,
+  which small calls run while the kernel is not compiled (``jit.use_twin``);
 - ``warmup``: compiles every kernel into numba's cache (``forgetkit warmup``).
 
 The functions below are the one layer the rest of the package calls: they pass float16 data
 as its raw int16 bits (numba has no float16 arithmetic), hand the float16 exp table to the
 softmax kernels, choose the number of thread blocks and, from the work of the call, the
-kernel's build (``jit.choose``). The kernels themselves take plain
-contiguous arrays and do not validate their inputs.
+kernel's build (``jit.choose``) or its numpy twin (``jit.use_twin``). The kernels
+themselves take plain contiguous arrays and do not validate their inputs.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from . import argmax as _argmax
 from . import checked as _checked
 from . import dynamics as _dynamics
 from . import eps_search as _eps
+from . import jit
 from . import mixture as _mixture
 from . import recipes as _recipes
 from . import selection as _selection
 from . import softmax as _softmax
 from . import topk as _topk
-from .jit import KERNELS, call, compile_notice, forced  # noqa: F401
+from . import twins as _twins
+from .jit import KERNELS, call, compile_notice, forced, use_twin  # noqa: F401
 from .softmax import f16_exp_table
 
 #: Row blocks per thread of the block-parallel kernels (each block keeps its own counts,
@@ -53,6 +57,17 @@ BLOCKS_PER_THREAD = 8
 def n_blocks():
     """Number of row blocks for the block-parallel kernels."""
     return BLOCKS_PER_THREAD * numba.get_num_threads()
+
+
+def _run(parallel, work, args, twin):
+    """Kernel ``parallel`` on ``args`` (the build `jit.choose` picks), or where
+    `jit.use_twin` says so its exact numpy twin on the same arguments (``twins``); a twin
+    that does not apply to them (returns None) leaves the call to the kernel."""
+    if use_twin(parallel, work, args):
+        result = twin(*args)
+        if result is not None:
+            return result
+    return call(parallel, work, *args)
 
 
 def stored(values):
@@ -124,15 +139,25 @@ def row_top(p, labels):
     in one parallel pass."""
     n = p.shape[0]
     pred, top, at_label = np.empty(n, dtype=np.int64), np.empty(n), np.empty(n)
-    call(_argmax.row_top, p.size, np.ascontiguousarray(p), np.asarray(labels, dtype=np.int64),
-         pred, top, at_label)
+    _run(_argmax.row_top, p.size, (np.ascontiguousarray(p),
+                                   np.asarray(labels, dtype=np.int64), pred, top, at_label),
+         _twins.row_top)
     return pred, top, at_label
 
 
 def softmax_rows(values, out):
     """out = row-wise float64 softmax of values (rows, C); returns the number of rows that
-    hold inf or nan."""
-    return call(_softmax.softmax_rows, values.size, source(values), f16_exp_table(), out)
+    hold inf or nan. Where its twin runs but does not apply (not float16 within the exp
+    table) and the kernel is not compiled, ``combine_softmax`` of one epoch: the same bits,
+    from a kernel the fit and `compare` compile anyway."""
+    args = (source(values), f16_exp_table(), out)
+    if use_twin(_softmax.softmax_rows, values.size, args):
+        n_bad = _twins.softmax_rows(*args)
+        if n_bad is not None:
+            return n_bad
+        if jit._FORCED is None:
+            return combine_softmax(values[None], [0], np.arange(values.shape[0]), out)
+    return call(_softmax.softmax_rows, values.size, *args)
 
 
 def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False, order=None):
@@ -144,9 +169,9 @@ def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False, o
     rows = np.asarray(rows, dtype=np.int64)
     order = read_order(rows) if order is None else order
     epochs = np.asarray(epochs, dtype=np.int64)
-    return call(_softmax.combine_softmax, out.size * epochs.size, source(values), epochs, w,
-                rows, order, f16_exp_table(), out, bool(accumulate and weights is not None),
-                n_blocks())
+    return _run(_softmax.combine_softmax, out.size * epochs.size,
+                (source(values), epochs, w, rows, order, f16_exp_table(), out,
+                 bool(accumulate and weights is not None), n_blocks()), _twins.combine_softmax)
 
 
 def label_probs(values, rows, labels, out):
@@ -199,7 +224,7 @@ def label_margins(values, labels, p, margin, correct, *, softmax=True, total=Non
 
 def mean_first_axis(stack, out):
     """out = mean of float64 stack (k, rows, C) over its first axis, summed in order."""
-    call(_softmax.mean_first_axis, stack.size, stack, out)
+    _run(_softmax.mean_first_axis, stack.size, (stack, out), _twins.mean_first_axis)
     return out
 
 
@@ -209,15 +234,16 @@ def label_leads(p, labels):
     n = len(labels)
     lead, magnitude = np.empty(n), np.empty(n)
     top, correct = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
-    call(_eps.label_leads, p.size, p, labels, lead, magnitude, top, correct)
+    _run(_eps.label_leads, p.size, (p, labels, lead, magnitude, top, correct),
+         _twins.label_leads)
     return (lead, magnitude, top), correct
 
 
 def grid_correct_counts(a, b, labels, leads, grid, rel_band):
     """Correct counts of eps*a + (1-eps)*b for every eps of ``grid``; ``leads``: the first
     value of ``label_leads(b, labels)``. int64 (G,)."""
-    return call(_eps.grid_correct_counts, a.size, a, b, labels, *leads, grid, rel_band,
-                n_blocks())
+    return _run(_eps.grid_correct_counts, a.size,
+                (a, b, labels, *leads, grid, rel_band, n_blocks()), _twins.grid_correct_counts)
 
 
 def window_grid_counts(values, epochs, src, b, labels, leads, grid, rel_band, order=None):
@@ -246,12 +272,12 @@ def mix_window_into(values, epochs, src, b, eps, labels, leads, correct, order=N
 
 def mix(a, b, eps):
     """b <- eps*a + (1-eps)*b in place (float64 (N, C))."""
-    call(_eps.mix, a.size, a, b, eps)
+    _run(_eps.mix, a.size, (a, b, eps), _twins.mix)
 
 
 def mix_into(a, b, eps, labels, leads, correct):
     """``mix``, then ``label_leads`` of the new b into ``leads`` and ``correct``."""
-    call(_eps.mix_into, a.size, a, b, eps, labels, *leads, correct)
+    _run(_eps.mix_into, a.size, (a, b, eps, labels, *leads, correct), _twins.mix_into)
 
 
 def win_intervals(a, b, labels):
@@ -262,7 +288,8 @@ def win_intervals(a, b, labels):
 
 def mixture_correct_count(a, b, labels, eps):
     """Number of samples that eps*a + (1-eps)*b classifies correctly (float64 (N, C))."""
-    return call(_argmax.mixture_correct_count, a.size, a, b, labels, eps)
+    return _run(_argmax.mixture_correct_count, a.size, (a, b, labels, eps),
+                _twins.mixture_correct_count)
 
 
 def sum_correct_count_rows(s, p, labels, rows):
@@ -272,14 +299,14 @@ def sum_correct_count_rows(s, p, labels, rows):
 
 def add_into(total, p):
     """total += p (float64 (N, C)), numpy's arithmetic."""
-    call(_selection.add_into, total.size, total, p)
+    _run(_selection.add_into, total.size, (total, p), _twins.add_into)
 
 
 def class_max(probs):
     """The largest value of each class of each row over every epoch of float64 probs
     (E, N, C): (N, C)."""
     out = np.empty(probs.shape[1:])
-    call(_selection.class_max, probs.size, probs, out)
+    _run(_selection.class_max, probs.size, (probs, out), _twins.class_max)
     return out
 
 

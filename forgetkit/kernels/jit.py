@@ -18,6 +18,11 @@ argument types (in this process or in numba's cache, e.g. by ``forgetkit warmup`
 that a mid-sized run does not pay a parallel compile to save milliseconds. Both builds give
 the same bits (the block-parallel kernels merge their blocks' sums in block order; tested).
 
+The kernels of the Knowledge Fusion fit and of `compare` also have exact numpy twins
+(``twins``): a call reading fewer than ``TWIN_WORK`` values whose build is not compiled
+runs the twin instead (`use_twin`), so that a first run on a sample-sized run compiles
+only the kernels without one (on the clean sample run, the forgetting pass's argmax).
+
 `compile_notice` turns the pause of a first run into one line on a terminal, and
 `warmup` (``forgetkit warmup``, ``python -m forgetkit.kernels``) compiles both builds of
 every kernel into the cache, for images and CI.
@@ -40,6 +45,11 @@ PARALLEL_WORK = 1 << 18
 #: Calls reading at least this many values run the parallel build even where it must be
 #: compiled first (about 4 s of compiling per kernel saves more than that in a few calls).
 COMPILE_WORK = 1 << 24
+
+#: Calls reading fewer values than this whose kernel build is not compiled yet run the
+#: kernel's exact numpy twin where it has one (``twins``): on a sample-sized run compiling
+#: costs seconds, the twin milliseconds more than the kernel.
+TWIN_WORK = 1 << 22
 
 #: Every kernel's parallel build, in definition order (``warmup`` and the tests use it).
 KERNELS = []
@@ -77,17 +87,20 @@ def _compiled(dispatcher, args):
         return False
 
 
-#: "serial" or "parallel": every call runs that build (`forced`); None: `choose` decides.
+#: "serial", "parallel" or "numpy": every call runs that build, "numpy" the kernels' numpy
+#: twins where they have one and the serial build otherwise (`forced`); None: chosen.
 _FORCED = None
+_BUILDS = ("serial", "parallel", "numpy", None)
 
 
 @contextmanager
 def forced(build):
-    """Within the block every kernel call runs ``build`` ("serial" or "parallel"; None:
-    chosen by work): for the tests, which compare the builds, and for `warmup`."""
+    """Within the block every kernel call runs ``build`` ("serial", "parallel" or "numpy":
+    the numpy twins, the serial build where a kernel has none; None: chosen by work): for
+    the tests, which compare the builds, and for `warmup`."""
     global _FORCED
-    if build not in ("serial", "parallel", None):
-        raise ValueError(f"build must be 'serial', 'parallel' or None; got {build!r}")
+    if build not in _BUILDS:
+        raise ValueError(f"build must be 'serial', 'parallel', 'numpy' or None; got {build!r}")
     before, _FORCED = _FORCED, build
     try:
         yield
@@ -105,6 +118,17 @@ def choose(parallel, work, args):
     if work >= COMPILE_WORK or _compiled(parallel, args):
         return parallel
     return parallel.serial
+
+
+def use_twin(parallel, work, args):
+    """Whether a call of kernel ``parallel`` that has a numpy twin runs the twin: forced
+    "numpy", or (not forced) a call reading fewer than ``TWIN_WORK`` values for which the
+    build `choose` picks is not compiled, in this process or in numba's cache. A first run
+    on a small run so compiles nothing the twins cover; after ``forgetkit warmup`` (or a
+    large call) the compiled kernels run."""
+    if _FORCED is not None:
+        return _FORCED == "numpy"
+    return work < TWIN_WORK and not _compiled(choose(parallel, work, args), args)
 
 
 def call(parallel, work, *args):
