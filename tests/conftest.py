@@ -15,6 +15,35 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RUN = ROOT / "data_samples" / "fmnist_resnet18_clean_seed100.npz"
 
 
+def _lock_numba_cache_saves():
+    """numba saves a compiled function by reading its cache index, taking a data file name
+    free in it and writing both, unlocked: two processes saving two signatures of one
+    function at once can leave the index pairing one signature with the other's code (numba
+    issues 4807 and 10128: segfaults). The workers of ``pytest -n 2`` (pytest-xdist) share
+    the cache, so each save holds a lock file beside the index."""
+    import fcntl
+
+    from numba.core import caching
+
+    save = caching.IndexDataCacheFile.save
+    if getattr(save, "locked", False):
+        return
+
+    def locked_save(self, key, data):
+        with open(self._index_path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return save(self, key, data)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    locked_save.locked = True
+    caching.IndexDataCacheFile.save = locked_save
+
+
+_lock_numba_cache_saves()
+
+
 def require_real_part(what, available):
     """Skip a test whose real part (a system package, an optional framework) is missing, or
     fail it on CI (environment variable CI=true), where `.ci/run` installs every real part:

@@ -146,3 +146,26 @@ def test_cli_warmup_compiles_the_workload_and_reports(monkeypatch, capsys):
     assert "compiling forgetkit's kernels (serial) ..." in err
     assert cli.main(["warmup", "--quiet"]) == 0
     assert capsys.readouterr() == ("", "")
+
+
+def test_the_tests_lock_numba_cache_saves(tmp_path, monkeypatch):
+    """conftest's lock around numba's cache saves (the workers of ``pytest -n 2`` share the
+    cache): a cached function's two signatures are saved under the lock and load back."""
+    import importlib
+    import subprocess
+    import sys
+
+    from numba.core import caching
+
+    assert caching.IndexDataCacheFile.save.locked
+    (tmp_path / "cached_probe.py").write_text(
+        "from numba import njit\n\n@njit(cache=True)\ndef probe(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = importlib.import_module("cached_probe").probe
+    assert (probe(1), probe(1.5)) == (2, 2.5)
+    assert list((tmp_path / "__pycache__").glob("cached_probe.probe-*.nbi.lock"))
+    loaded = subprocess.run(
+        [sys.executable, "-c", "from cached_probe import probe; probe(1); probe(1.5); "
+         "print(sum(probe.stats.cache_hits.values()))"],
+        cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "2"
