@@ -193,12 +193,14 @@ def main(argv=None):
     if args.child:
         return child(args.child[0], json.loads(args.child[1]), args.child[2])
     trees = [Path(t).resolve() for t in (args.tree or [ROOT])]
+    load = os.getloadavg()[0]
     results = []
     for name in args.cases:
         for tree in trees:
             results.append(run_case(name, tree))
             print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(f"{os.cpu_count()} cores; NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS', '-')}")
+    print(f"{os.cpu_count()} cores; NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS', '-')}; "
+          f"load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     print(table(results))
     print()
     print(kernel_table(results))
