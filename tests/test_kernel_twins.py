@@ -44,15 +44,16 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("n_classes", [1, 2, 3, 7, 10, 16, 33, 100, 257])
 def test_float16_softmaxes_equal_the_kernels(n_classes):
-    """Softmax rows, window means (1 to 7 epochs: the kernel adds 3 at a time), weighted
-    sums (negative weights too) and accumulated sums of float16 rows read through the exp
-    table, on a permuted subset of rows."""
+    """Softmax rows, label probabilities, window means (1 to 7 epochs: the kernel adds 3
+    at a time), weighted sums (negative weights too) and accumulated sums of float16 rows
+    read through the exp table, on a permuted subset of rows."""
     values = f16_logits((7, 120, n_classes), n_classes)
     rows = np.random.default_rng(0).permutation(120)[:77]
     table = f16_exp_table()
     src = kernels.source(values)
     out = np.empty((120, n_classes))
     assert twins.softmax_rows(src[3], table, out) == 0  # the twin applies
+    assert twins.label_probs(src[3], rows, rows % n_classes, table, np.empty(77), 1) == 0
     for k in (1, 2, 3, 4, 7):
         epochs = np.arange(7 - k, 7)
         assert twins.combine_softmax(src, epochs, np.empty(0), rows, rows, table,
@@ -68,6 +69,9 @@ def test_float16_softmaxes_equal_the_kernels(n_classes):
         total = np.full((77, n_classes), 0.125)
         results += [K.combine_softmax(values, [0, 2, 5, 6], rows, total, weights=weights,
                                       accumulate=True), total]
+        labels = np.arange(77) % n_classes
+        q = np.empty(77)
+        results += [K.label_probs(values[2], rows, labels, q), q]
         fresh = np.empty((77, n_classes))
         results += [K.combine_softmax(values, [1, 4], rows, fresh, weights=[0.75, 0.25]),
                     fresh]
@@ -89,6 +93,8 @@ def test_softmax_twins_decline_rows_outside_the_table_and_other_floats():
         assert twins.softmax_rows(src[1], table, out) is None
         assert twins.combine_softmax(src, np.arange(3), np.empty(0), np.arange(40),
                                      np.arange(40), table, out, False, 1) is None
+        assert twins.label_probs(src[1], np.arange(40), np.zeros(40, np.int64), table,
+                                 np.empty(40), 1) is None
         assert (out == 5.0).all()
 
         def passes(bad=bad):

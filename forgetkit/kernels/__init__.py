@@ -177,8 +177,9 @@ def combine_softmax(values, epochs, rows, out, weights=None, accumulate=False, o
 def label_probs(values, rows, labels, out):
     """out[i] = softmax(values[rows[i]])[labels[i]] for values (M, C); returns the number of
     rows holding inf or nan."""
-    return call(_softmax.label_probs, len(rows) * values.shape[1], source(values), rows,
-                labels, f16_exp_table(), out, n_blocks())
+    return _run(_softmax.label_probs, len(rows) * values.shape[1],
+                (source(values), rows, labels, f16_exp_table(), out, n_blocks()),
+                _twins.label_probs)
 
 
 def softmax_stats(values, src, labels, shift, inv, pred, label_prob, class_max=None):

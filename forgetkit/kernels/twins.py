@@ -2,8 +2,8 @@
 
 A first run compiles every kernel it calls (0.3 to 6 s of CPU each, see ``jit``), where the
 work of a call on a sample-sized run takes milliseconds. So the kernels of the Knowledge
-Fusion fit and of `compare` have numpy twins here that give the same bits, by
-construction:
+Fusion fit and of `compare` (and the label probabilities of the training dynamics) have
+numpy twins here that give the same bits, by construction:
 
 - they run the kernel's arithmetic operation by operation (numpy's elementwise float
   operations round as the kernels' do: none of these kernels contracts to fused
@@ -60,6 +60,18 @@ def softmax_rows(values, table, out):
     if exp is None:
         return None
     np.multiply(exp[0], (1.0 / exp[1])[:, None], out=out)
+    return 0
+
+
+def label_probs(values, src, labels, table, out, n_blocks):
+    """``softmax.label_probs``: out[i] = softmax(values[src[i]])[labels[i]]; 0, or None
+    unless every row is float16 within the table."""
+    if values.dtype != np.int16:
+        return None
+    exp = _table_exp(values[src], table)
+    if exp is None:
+        return None
+    out[...] = exp[0][np.arange(len(src)), labels] * (1.0 / exp[1])
     return 0
 
 
