@@ -80,6 +80,29 @@ def test_float16_softmaxes_equal_the_kernels(n_classes):
     assert_same(*both(passes))
 
 
+@pytest.mark.parametrize("n_classes", [1, 2, 10, 33])
+def test_label_margins_of_float16_logits_equal_the_kernel(n_classes):
+    """Label probability, margin, correctness (ties of the label and the largest other
+    class) and the sums of probabilities and log-probabilities of float16 logits."""
+    values = f16_logits((300, n_classes), n_classes, scale=0.25)
+    labels = np.random.default_rng(3).integers(0, n_classes, 300)
+    assert twins.label_margins(kernels.source(values), labels, f16_exp_table(), True,
+                               *(np.empty(300),) * 2, np.empty(300, bool),
+                               np.empty((0, 0)), np.empty((0, 0)), 1) == 0
+
+    def passes():
+        p, margin, correct = np.empty(300), np.empty(300), np.empty(300, bool)
+        total, total_log = np.full((300, n_classes), 0.5), np.full((300, n_classes), -1.25)
+        n_bad = K.label_margins(values, labels, p, margin, correct, total=total,
+                                total_log=total_log)
+        return n_bad, p, margin, correct, total, total_log
+
+    serial, twin = both(passes)
+    assert_same(serial, twin)
+    if n_classes > 1:
+        assert (serial[2] == 0).sum() > 5  # ties of the label and the other class
+
+
 def test_softmax_twins_decline_rows_outside_the_table_and_other_floats():
     """A float16 row holding a value above 600, inf or nan, and float32/64 rows, take the
     kernels (the twin returns None, leaving ``out`` as it was), with the kernels' bits."""
@@ -105,6 +128,10 @@ def test_softmax_twins_decline_rows_outside_the_table_and_other_floats():
         assert_same(*both(passes))
     assert twins.softmax_rows(kernels.source(values[0].astype(np.float32)), table,
                               np.empty((40, 6))) is None
+    empty = np.empty((0, 0))
+    probs = kernels.source(values[0])  # probabilities (softmax=False): the kernel
+    assert twins.label_margins(probs, np.zeros(40, np.int64), table, False, np.empty(40),
+                               np.empty(40), np.empty(40, bool), empty, empty, 1) is None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

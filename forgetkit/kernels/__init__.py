@@ -217,10 +217,10 @@ def label_margins(values, labels, p, margin, correct, *, softmax=True, total=Non
     given; ``softmax``: the values are logits. See ``dynamics.label_margins``. Returns the
     number of rows holding inf or nan."""
     none = np.empty((0, 0))
-    return call(_dynamics.label_margins, values.size, source(values), labels,
-                f16_exp_table(), softmax, p, margin, correct,
-                none if total is None else total, none if total_log is None else total_log,
-                n_blocks())
+    return _run(_dynamics.label_margins, values.size,
+                (source(values), labels, f16_exp_table(), softmax, p, margin, correct,
+                 none if total is None else total, none if total_log is None else total_log,
+                 n_blocks()), _twins.label_margins)
 
 
 def mean_first_axis(stack, out):

@@ -22,6 +22,8 @@ call takes its twin: calls below ``jit.TWIN_WORK`` whose kernel build is not com
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -72,6 +74,34 @@ def label_probs(values, src, labels, table, out, n_blocks):
     if exp is None:
         return None
     out[...] = exp[0][np.arange(len(src)), labels] * (1.0 / exp[1])
+    return 0
+
+
+def label_margins(values, labels, table, softmax, p, margin, correct, total, total_log,
+                  n_blocks):
+    """``dynamics.label_margins`` of one epoch's float16 logits (N, C) within the exp table
+    (shift 0: the log-probabilities are x + log(inv), with the C library's log as the
+    kernels call it); 0, or None for probabilities, float32/64 and rows outside the table."""
+    if values.dtype != np.int16 or not softmax:
+        return None
+    exp = _table_exp(values, table)
+    if exp is None:
+        return None
+    inv = 1.0 / exp[1]
+    rows = np.arange(values.shape[0])
+    x = values.view(np.float16).astype(np.float64)
+    others = x.copy()
+    others[rows, labels] = -np.inf
+    other = others.argmax(axis=1)  # the lowest index among equals, as the kernel's
+    best, zy = others[rows, other], x[rows, labels]
+    correct[...] = (zy > best) | ((zy == best) & (labels < other))
+    p[...] = exp[0][rows, labels] * inv
+    margin[...] = zy - best
+    if total.shape[0]:
+        total += exp[0] * inv[:, None]
+    if total_log.shape[0]:
+        log_inv = np.array([math.log(v) for v in inv.tolist()])
+        total_log += (x - 0.0) + log_inv[:, None]
     return 0
 
 
