@@ -2,12 +2,13 @@
 
 A first run compiles every kernel it calls (0.3 to 6 s of CPU each, see ``jit``), where the
 work of a call on a sample-sized run takes milliseconds. So the kernels of the Knowledge
-Fusion fit and of `compare` (and the label probabilities of the training dynamics) have
-numpy twins here that give the same bits, by construction:
+Fusion fit, of `compare` and of the training dynamics' pass (label probabilities and
+margins) have numpy twins here that give the same bits, by construction:
 
 - they run the kernel's arithmetic operation by operation (numpy's elementwise float
   operations round as the kernels' do: none of these kernels contracts to fused
-  multiply-adds), and the reductions they take are exact (max, argmax, integer keys);
+  multiply-adds; a log is the C library's, as the kernels call it), and the reductions
+  they take are exact (max, argmax, integer keys);
 - the one order-dependent reduction, the float16 softmax's row sum (``softmax._sum``, in
   vector lanes), is that same compiled function, called from `row_sums` (a few tenths of a
   second to compile);
