@@ -225,3 +225,28 @@ def test_use_twin_runs_twins_for_small_calls_whose_kernel_is_not_compiled(monkey
     for build in ("serial", "parallel"):
         with kernels.forced(build):
             assert not jit.use_twin(k, 10, args)
+
+
+@pytest.mark.parametrize("per_class", [True, False])
+def test_selection_twins_equal_the_kernels(per_class):
+    """Ensemble selection's live rows (bounds per class or per row, ties of the max) and
+    the correct counts over their candidates, or over whole rows."""
+    rng = np.random.default_rng(5)
+    probs = np.round(rng.dirichlet(np.ones(8) * 0.3, size=(6, 700)) * 32) / 32
+    total = probs[0] + probs[1] + probs[2]
+    y = rng.integers(0, 8, 700)
+    bound = probs.max(axis=0) if per_class else probs.max(axis=(0, 2))[:, None]
+    order = rng.permutation(700)
+
+    def passes():
+        rows, ptr, cand, n_right = K.live_rows(total, y, bound, 1e-9, order=order)
+        whole = K.selection_cached_counts(probs, total, np.arange(700), y,
+                                          np.zeros(701, np.int64), np.empty(0, np.int64))
+        return (rows, ptr, cand, n_right,
+                K.selection_cached_counts(probs, total, rows, y, ptr, cand), whole)
+
+    serial, twin = both(passes)
+    assert_same(serial, twin)
+    lens = np.diff(serial[1])
+    assert len(serial[0]) > 20 and serial[3] > 0 and (2 * lens > 8).any() and \
+        (2 * lens <= 8).any()  # live and settled rows, short and long candidate lists

@@ -315,8 +315,10 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand):
     """Per epoch of float64 probs (E, N, C): the ``rows`` of total whose argmax of total +
     probs[e] is the label, comparing each row's candidate classes only; see
     ``selection.selection_cached_counts``. int64 (E,)."""
-    return call(_selection.selection_cached_counts, probs.shape[0] * len(rows) * total.shape[1],
-                probs, total, rows, labels, cand_ptr, cand, n_blocks())
+    return _run(_selection.selection_cached_counts,
+                probs.shape[0] * len(rows) * total.shape[1],
+                (probs, total, rows, labels, cand_ptr, cand, n_blocks()),
+                _twins.selection_cached_counts)
 
 
 def live_rows(total, labels, bound, slack, order=None):
@@ -325,8 +327,9 @@ def live_rows(total, labels, bound, slack, order=None):
     (rows int64 (R,) in the order of ``order`` (default ascending), cand_ptr (R+1,), cand),
     and the number of the other rows that stay right; see ``selection.live_rows``."""
     order = np.arange(total.shape[0]) if order is None else np.asarray(order, dtype=np.int64)
-    rows, ptr, cand, n_right = call(_selection.live_rows, order.size * total.shape[1], total,
-                                    labels, bound, slack, order, n_blocks())
+    rows, ptr, cand, n_right = _run(_selection.live_rows, order.size * total.shape[1],
+                                    (total, labels, bound, slack, order, n_blocks()),
+                                    _twins.live_rows)
     return rows, ptr, cand, int(n_right)
 
 

@@ -220,6 +220,38 @@ def class_max(probs, out):
     return np.max(probs, axis=0, out=out)
 
 
+def live_rows(total, labels, bound, slack, order, n_blocks):
+    """``selection.live_rows``: (live rows in the order of ``order``, cand_ptr, cand, the
+    number of rows right for every vector added)."""
+    t = total[order]
+    y = labels[order]
+    top = t.max(axis=1)
+    candidate = t + bound[order] >= (top - slack)[:, None]
+    count = candidate.sum(axis=1)
+    at = np.arange(order.shape[0])
+    live = candidate[at, y] & (count > 1)
+    always = ~live & (count == 1) & (t.argmax(axis=1) == y)
+    ptr = np.zeros(np.count_nonzero(live) + 1, dtype=np.int64)
+    np.cumsum(count[live], out=ptr[1:])
+    cand = np.nonzero(candidate[live])[1].astype(np.int64)  # ascending within each row
+    return order[live], ptr, cand, np.int64(np.count_nonzero(always))
+
+
+def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks):
+    """``selection.selection_cached_counts``: per epoch, the rows whose first argmax of
+    total + probs[e] (over the row's candidates, unless none or more than C/2) is the
+    label. int64 (E,)."""
+    n_classes = total.shape[1]
+    n = np.diff(cand_ptr)
+    keep = np.ones((rows.shape[0], n_classes), dtype=bool)
+    listed = (n > 0) & (2 * n <= n_classes)
+    keep[listed] = False
+    keep[np.repeat(np.arange(rows.shape[0]), n)[np.repeat(listed, n)],
+         cand[np.repeat(listed, n)]] = True
+    sums = np.where(keep, total[rows] + probs[:, rows], -np.inf)  # (E, R, C)
+    return np.count_nonzero(sums.argmax(axis=2) == labels[rows], axis=1).astype(np.int64)
+
+
 def mixture_correct_count(a, b, labels, eps):
     """``argmax.mixture_correct_count``: rows whose first argmax of eps*a + (1-eps)*b is
     the label."""
