@@ -105,15 +105,15 @@ def test_label_margins_of_float16_logits_equal_the_kernel(n_classes):
 
 def test_softmax_twins_decline_rows_outside_the_table_and_other_floats():
     """A float16 row holding a value above 600, inf or nan, and float32/64 rows, take the
-    kernels (the twin returns None, leaving ``out`` as it was), with the kernels' bits."""
+    kernels (the twin returns None; a sum's ``out`` as it was), with the kernels' bits."""
     table = f16_exp_table()
     values = f16_logits((3, 40, 6), 1)
     for special in (700.0, np.inf, np.nan):
         bad = values.copy()
         bad[1, 7, 2] = special
         src = kernels.source(bad)
-        out = np.full((40, 6), 5.0)
-        assert twins.softmax_rows(src[1], table, out) is None
+        assert twins.softmax_rows(src[1], table, np.empty((40, 6))) is None
+        out = np.full((40, 6), 5.0)  # an accumulated sum must stay as it was
         assert twins.combine_softmax(src, np.arange(3), np.empty(0), np.arange(40),
                                      np.arange(40), table, out, False, 1) is None
         assert twins.label_probs(src[1], np.arange(40), np.zeros(40, np.int64), table,

@@ -55,14 +55,17 @@ def _table_exp(bits, table):
 
 
 def softmax_rows(values, table, out):
-    """``softmax.softmax_rows`` of stored values (R, C) into out; 0 (rows with inf or nan
-    are outside the table), or None unless every row is float16 within the table."""
+    """``softmax.softmax_rows`` of stored values (R, C) into out, in place; 0 (rows with
+    inf or nan are outside the table), or None unless every row is float16 within the
+    table (out then undefined, as the kernel leaves it for such rows)."""
     if values.dtype != np.int16:
         return None
-    exp = _table_exp(values, table)
-    if exp is None:
+    np.take(table, values.view(np.uint16), out=out)
+    s = np.empty(out.shape[0])
+    row_sums(out, s)
+    if np.isnan(s).any():
         return None
-    np.multiply(exp[0], (1.0 / exp[1])[:, None], out=out)
+    out *= (1.0 / s)[:, None]
     return 0
 
 
