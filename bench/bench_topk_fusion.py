@@ -35,7 +35,7 @@ TASKS = ("forgetting", "kf_fit", "kf_certified")
 def write_run(path, n_epochs, n_tokens, vocab, k, *, seed=0):
     """The synthetic top-k run at ``path`` (kept when it already holds every epoch)."""
     import forgetkit as fk
-    from forgetkit._topk import topk_dtype
+    from forgetkit._topk import set_token_ids, topk_dtype
     from forgetkit.io.topk import TopKWriter
 
     if path.exists():
@@ -65,7 +65,7 @@ def write_run(path, n_epochs, n_tokens, vocab, k, *, seed=0):
             order = np.argsort(-z, axis=1, kind="stable")[:, :k]
             top = z[rows, order]
             records["logits"] = top
-            records["ids"] = pool[rows, order]
+            set_token_ids(records, pool[rows, order])
             records["target"] = z[np.arange(n_tokens), target_at]
             records["lse"] = np.logaddexp(np.log(np.exp(z).sum(axis=1)), rest)
             w.append(e, records)

@@ -52,7 +52,7 @@ STRIDE = 7919  # distinct ids (y + s + j * STRIDE) % V for j < k at V = 50,257
 def write_run(path, n_epochs, n_tokens, k, vocab, *, seed=0):
     """The synthetic top-k run at ``path``; returns (wall, cpu) seconds of writing it."""
     import forgetkit as fk
-    from forgetkit._topk import topk_dtype
+    from forgetkit._topk import set_token_ids, topk_dtype
 
     rng = np.random.default_rng(seed)
     targets = rng.integers(0, vocab, n_tokens)
@@ -72,7 +72,8 @@ def write_run(path, n_epochs, n_tokens, k, vocab, *, seed=0):
             gaps = 0.01 + rng.exponential(0.5, (n_tokens, k)).astype(np.float32)  # no ties
             gaps[:, 0] = 0
             logits = top[:, None] - np.cumsum(gaps, axis=1)
-            records["logits"], records["ids"] = logits, ids
+            records["logits"] = logits
+            set_token_ids(records, ids)
             records["target"] = np.where(correct, logits[:, 0],
                                          logits[:, -1] - np.float32(1.0))
             records["lse"] = top + np.log1p(np.exp(rng.normal(1.0, 1.0, n_tokens))).astype(

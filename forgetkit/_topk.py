@@ -8,9 +8,13 @@ top-k record holds
 - ``target``: z[y], the target's logit;
 - ``lse``: log(sum_v exp(z[v])), the log-sum-exp over the vocabulary;
 - ``logits``: the k largest logits, descending (equal logits by ascending id);
-- ``ids``: their token ids (uint16 for vocabularies up to 65,536 ids, else uint32);
+- ``ids``: their token ids: uint16 for vocabularies up to 65,536 ids, else 24-bit
+  little-endian (three bytes per id, a (k, 3) uint8 field) up to 2**24 ids, read and
+  written only through `token_ids` and `set_token_ids` (files written before 24-bit ids
+  hold uint32 ids, which these read too);
 
-computed from the model's logits before rounding to float32: 8 + 6k bytes (56 at k = 8).
+computed from the model's logits before rounding to float32: 8 + 6k bytes at most 65,536
+ids (56 at k = 8), 8 + 7k above (64 at k = 8).
 From these, exactly as from the full logits:
 
 - correct = (ids[0] == y): the argmax, ties to the lowest id, is the target;
@@ -41,6 +45,11 @@ from .errors import ForgetkitError
 DEFAULT_TOP_K = 8
 #: Largest vocabulary whose ids are stored as uint16.
 U16_VOCAB = 1 << 16
+#: Largest vocabulary whose ids are stored in three bytes (above: uint32).
+U24_VOCAB = 1 << 24
+#: How a top-k record stores its token ids: its ``ids`` field's (base dtype, shape after k).
+#: "uint32" is what runs of vocabularies above 65,536 held before 24-bit ids.
+ID_ENCODINGS = {"uint16": ("<u2", ()), "uint24": ("u1", (3,)), "uint32": ("<u4", ())}
 #: The token table of a top-k run: per token its sequence id, the position of its target
 #: token in that sequence, and the target token id (the run's label).
 TOKEN_DTYPE = np.dtype([("sequence", "<i8"), ("position", "<i4"), ("target", "<i4")])
@@ -54,19 +63,88 @@ HOLDS = ("this run is a top-k run (per checkpoint and token: the target's logit,
          "and every other class's probability only within bounds")
 
 
-def topk_dtype(k, vocab_size):
+def topk_dtype(k, vocab_size, *, ids=None):
     """The record dtype of a top-k run: fields ``target`` <f4, ``lse`` <f4, ``logits``
-    <f4 (k,), ``ids`` (k,) <u2 (vocab_size <= 65,536) or <u4.
+    <f4 (k,), ``ids`` (k,) <u2 (vocab_size <= 65,536) or (k, 3) uint8 (24-bit
+    little-endian ids, vocab_size <= 2**24; above, (k,) <u4).
 
     Parameters
     ----------
     k : int, 1 <= k <= vocab_size
     vocab_size : int >= 2
+    ids : {"uint16", "uint24", "uint32"}, optional
+        The id encoding (`ID_ENCODINGS`); default `id_encoding` (vocab_size). It must hold
+        every id of the vocabulary.
     """
     k, vocab_size = _check_k(k, vocab_size)
-    ids = "<u2" if vocab_size <= U16_VOCAB else "<u4"
+    ids = id_encoding(vocab_size) if ids is None else ids
+    if ids not in ID_ENCODINGS or vocab_size > _capacity(ids):
+        raise ForgetkitError(f"ids must be one of {', '.join(ID_ENCODINGS)} holding "
+                             f"vocab_size={vocab_size} ids; got {ids!r}")
+    base, tail = ID_ENCODINGS[ids]
     return np.dtype([("target", "<f4"), ("lse", "<f4"), ("logits", "<f4", (k,)),
-                     ("ids", ids, (k,))])
+                     ("ids", base, (k, *tail))])
+
+
+def id_encoding(vocab_size):
+    """The id encoding of new records of a vocabulary: "uint16" up to 65,536 ids, "uint24"
+    up to 2**24, else "uint32"."""
+    return "uint16" if vocab_size <= U16_VOCAB else "uint24" if vocab_size <= U24_VOCAB \
+        else "uint32"
+
+
+def _capacity(encoding):
+    return {"uint16": U16_VOCAB, "uint24": U24_VOCAB, "uint32": 1 << 32}[encoding]
+
+
+def ids_of(dtype):
+    """The id encoding ("uint16", "uint24" or "uint32") of a `topk_dtype`."""
+    field = np.dtype(dtype)["ids"]
+    return "uint24" if field.base == np.dtype("u1") else \
+        "uint16" if field.base == np.dtype("<u2") else "uint32"
+
+
+def token_ids(records, j=None):
+    """The token ids of top-k ``records`` (..., ) of any id encoding: (..., k), or (...,)
+    the j-th stored id (j = 0: the argmax) when ``j`` is given; uint16, uint32 or int32
+    (24-bit ids, decoded). The one reader of the ``ids`` field."""
+    ids = records["ids"]
+    if ids.dtype != np.uint8:
+        return ids if j is None else ids[..., j]
+    if j is not None:
+        ids = ids[..., j, :]
+    out = np.zeros(ids.shape[:-1] + (4,), dtype=np.uint8)
+    out[..., :3] = ids
+    return out.view("<i4")[..., 0]
+
+
+def set_token_ids(records, ids):
+    """Write token ids (..., k) into ``records["ids"]`` in the records' encoding
+    (`token_ids` reads them back); ids that the encoding cannot hold are refused."""
+    ids = np.asarray(ids)
+    field = records["ids"]
+    encoding = ids_of(records.dtype)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= _capacity(encoding)):
+        raise ForgetkitError(f"token ids must lie in [0, {_capacity(encoding)}) to be stored "
+                             f"as {encoding}; got ids in [{ids.min()}, {ids.max()}]")
+    if encoding != "uint24":
+        field[...] = ids
+        return records
+    wide = np.ascontiguousarray(ids, dtype="<u4")
+    field[...] = wide.view(np.uint8).reshape(wide.shape + (4,))[..., :3]
+    return records
+
+
+def convert_records(records, dtype):
+    """``records`` in the `topk_dtype` ``dtype`` (same k, ids re-encoded); the records
+    themselves when they have it."""
+    dtype = np.dtype(dtype)
+    if records.dtype == dtype:
+        return records
+    out = np.empty(records.shape, dtype=dtype)
+    for field in ("target", "lse", "logits"):
+        out[field] = records[field]
+    return set_token_ids(out, token_ids(records))
 
 
 def _check_k(k, vocab_size):
@@ -81,15 +159,16 @@ def _check_k(k, vocab_size):
 
 
 def is_topk_dtype(dtype):
-    """Whether ``dtype`` is a `topk_dtype` (any k, either id width)."""
+    """Whether ``dtype`` is a `topk_dtype` (any k, any id encoding)."""
     dtype = np.dtype(dtype)
     if dtype.names != ("target", "lse", "logits", "ids"):
         return False
     k = dtype["logits"].shape
+    ids = dtype["ids"]
     return (len(k) == 1 and dtype["target"] == np.dtype("<f4") and
             dtype["lse"] == np.dtype("<f4") and dtype["logits"].base == np.dtype("<f4")
-            and dtype["ids"].shape == k and dtype["ids"].base in (np.dtype("<u2"),
-                                                                  np.dtype("<u4")))
+            and any(ids.base == np.dtype(base) and ids.shape == k + tail
+                    for base, tail in ID_ENCODINGS.values()))
 
 
 def top_k_of(dtype):
@@ -144,7 +223,7 @@ def topk_records(logits, targets, k, *, vocab_size=None, out=None):
         part["target"] = z[rows, targets[start: start + step]]
         part["lse"] = lse
         part["logits"] = np.take_along_axis(z, order, axis=1)
-        part["ids"] = order
+        set_token_ids(part, order)
         if not (np.isfinite(part["lse"]).all() and np.isfinite(part["logits"]).all()):
             raise ForgetkitError("logits hold values beyond the float32 range; no records "
                                  "made")
@@ -154,12 +233,12 @@ def topk_records(logits, targets, k, *, vocab_size=None, out=None):
 # ------------------------------------------------------------- derived quantities
 def correct(records, targets):
     """Whether the target is the argmax (ties to the lowest id): bool (..., n_tokens)."""
-    return records["ids"][..., 0] == np.asarray(targets)
+    return token_ids(records, 0) == np.asarray(targets)
 
 
 def predictions(records):
     """The argmax token id (ties to the lowest id): int64 (..., n_tokens)."""
-    return records["ids"][..., 0].astype(np.int64)
+    return token_ids(records, 0).astype(np.int64)
 
 
 def label_probs(records):
@@ -180,8 +259,8 @@ def label_margins(records, targets):
 
 def _largest_other(records, targets):
     """(largest other logit, its id) of records with k >= 2."""
-    first = records["ids"][..., 0] == np.asarray(targets)
-    logits, ids = records["logits"], records["ids"]
+    logits, ids = records["logits"], token_ids(records)
+    first = ids[..., 0] == np.asarray(targets)
     return (np.where(first, logits[..., 1], logits[..., 0]),
             np.where(first, ids[..., 1], ids[..., 0]))
 
@@ -229,7 +308,7 @@ def check_records(records, targets, vocab_size, *, where="records"):
         if not np.isfinite(values).all():
             bad = np.argwhere(~np.isfinite(values))[0].tolist()
             raise ForgetkitError(f"{where}: field {field!r} holds NaN or inf (at index {bad})")
-    ids = records["ids"]
+    ids = token_ids(records)
     if ids.size and int(ids.max()) >= vocab_size:
         bad = np.argwhere(ids >= vocab_size)[0].tolist()
         raise ForgetkitError(f"{where}: token id {int(ids[tuple(bad)])} lies outside the "
@@ -345,7 +424,7 @@ class TopKOutputs(RecordOutputs):
         out = np.empty(records.shape, dtype=np.int32)
 
         def epoch(e):
-            out[e] = records[e]["ids"][:, 0]
+            out[e] = token_ids(records[e], 0)
             if checks is not None:
                 checks.check_argmax(records, e, out[e])
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from forgetkit._topk import token_ids
+
 
 def tie_floor_ref(records, y):
     """The lowest id over checkpoints (records (E,) of one token) under which no unstored
@@ -15,7 +17,7 @@ def tie_floor_ref(records, y):
     for record in records:
         p = np.exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
         u = unstored_bound_ref(record, y)
-        floors.append(int(record["ids"][-1]) if u == p[-1] else -1)
+        floors.append(int(token_ids(record)[-1]) if u == p[-1] else -1)
     return min(floors)
 
 
@@ -26,7 +28,7 @@ def unstored_bound_ref(record, y):
     total = 0.0
     for v in p:
         total += v
-    if y not in record["ids"].tolist():
+    if y not in token_ids(record).tolist():
         total += np.exp(np.float64(record["target"]) - np.float64(record["lse"]))
     slack = 2.0 ** -21 * max(abs(float(record["lse"])), abs(float(record["logits"][0])), 1.0)
     return min(p[-1], max(0.0, 1.0 - total) + slack)
@@ -37,7 +39,7 @@ def layout_ref(records, targets, vocab):
     "unstored" (the slot at the smallest class no checkpoint stored above the tie floor,
     or the vocabulary size if none)."""
     rows = []
-    ids = records["ids"]
+    ids = token_ids(records)
     for n, y in enumerate(targets):
         classes = sorted(set(int(c) for c in ids[:, n].ravel()) | {int(y)})
         row = [(c, "class") for c in classes]
@@ -54,7 +56,7 @@ def bounds_ref(record, y, row):
     """(upper, lower) lists of one checkpoint's record at one token over its layout row."""
     p = np.exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
     p_y = np.exp(np.float64(record["target"]) - np.float64(record["lse"]))
-    stored = dict(zip(record["ids"].tolist(), p.tolist(), strict=True))
+    stored = dict(zip(token_ids(record).tolist(), p.tolist(), strict=True))
     u = unstored_bound_ref(record, y)
     upper, lower = [], []
     for c, kind in row:

@@ -17,7 +17,7 @@ from .conftest import ROOT, import_real_part
 
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 
-from forgetkit._topk import topk_records  # noqa: E402
+from forgetkit._topk import token_ids, topk_records  # noqa: E402
 from forgetkit.exporters._torch_tokens import topk_rows  # noqa: E402
 from forgetkit.exporters.torch import TokenRecorder  # noqa: E402
 
@@ -50,6 +50,22 @@ def test_topk_rows_equal_numpy_with_ties_by_ascending_id(dtype):
         assert np.array_equal(rows[:, 2:2 + k], ref[2].astype(np.float32))
         assert np.array_equal(rows[:, 0], ref[0].astype(np.float32))
         np.testing.assert_allclose(rows[:, 1], ref[1], rtol=1e-6, atol=1e-6)
+
+
+def test_rows_of_a_vocabulary_above_65536_become_24_bit_records():
+    from forgetkit.exporters._torch_tokens import rows_to_records
+
+    vocab, k = 70_000, 8
+    g = np.random.default_rng(2)
+    z = g.normal(size=(12, vocab)).astype(np.float32)
+    z[:, 65_536:] += 3.0  # top ids above 2**16
+    y = g.integers(0, vocab, len(z))
+    records = rows_to_records(topk_rows(torch.from_numpy(z), torch.from_numpy(y), k).numpy(),
+                              k, vocab)
+    assert records.dtype.itemsize == 64 and token_ids(records).max() >= 1 << 16
+    ref = topk_records(z, y, k)
+    assert np.array_equal(token_ids(records), token_ids(ref))
+    assert np.array_equal(records["logits"], ref["logits"])
 
 
 # ------------------------------------------------------------------ a tiny causal LM
@@ -109,8 +125,8 @@ def test_token_recorder_stores_the_top_k_of_every_kept_next_token(tmp_path):
         for field in ("target", "logits", "ids"):
             assert np.array_equal(stored[i][field], records[field]), field
         np.testing.assert_allclose(stored[i]["lse"], records["lse"], rtol=1e-6)
-        assert accuracy[i] == pytest.approx(np.mean(records["ids"][:, 0] == y))
-    assert np.array_equal(run.correctness(), stored["ids"][..., 0] == run.labels)
+        assert accuracy[i] == pytest.approx(np.mean(token_ids(records, 0) == y))
+    assert np.array_equal(run.correctness(), token_ids(stored, 0) == run.labels)
     # user sequence ids, a tensor of input ids (every position a target), and resuming
     TokenRecorder(tmp_path / "ids.npy", data, top_k=2, sequence_ids=np.arange(11) * 10 + 5,
                   batch_size=3).record(TinyLM(0), 0)
@@ -257,10 +273,10 @@ def test_trainer_token_mode_and_replay_of_its_checkpoints_are_the_same_run(tmp_p
                        attention_mask=test.data["attention_mask"]).logits
     records, seq, pos, y = expected_run(lambda ids: {"logits": logits}, test.data, K)
     final = np.load(tmp_path / "rec.npy")[-1]
-    assert np.array_equal(final["ids"], records["ids"])
+    assert np.array_equal(token_ids(final), token_ids(records))
     np.testing.assert_allclose(final["logits"], records["logits"], rtol=1e-5, atol=1e-5)
     assert np.array_equal(recorded.sequence_ids, seq) and np.array_equal(recorded.labels, y)
-    assert callback.accuracy_[-1] == pytest.approx(np.mean(records["ids"][:, 0] == y))
+    assert callback.accuracy_[-1] == pytest.approx(np.mean(token_ids(records, 0) == y))
     # the checkpoints replayed: the recorded run bit for bit (the Trainer's steps as epochs)
     run = replay(tmp_path / "out", test.data, tmp_path / "replayed.npy", top_k=K, batch_size=3,
                  progress=False)

@@ -9,7 +9,7 @@ import pytest
 
 import forgetkit as fk
 from forgetkit import _topk
-from forgetkit._topk import TOKEN_DTYPE, topk_dtype, topk_records
+from forgetkit._topk import TOKEN_DTYPE, set_token_ids, token_ids, topk_dtype, topk_records
 from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
 from forgetkit.io.topk import tokens_path
 
@@ -46,11 +46,18 @@ def topk_of(run, k=K, path=None, **options):
 
 
 # --------------------------------------------------------------------- the records
-def test_dtype_is_56_bytes_at_k8_and_widens_ids_past_65536():
+def test_dtype_is_56_bytes_at_k8_and_64_with_24_bit_ids_past_65536():
     assert topk_dtype(8, 50_257).itemsize == 56
     assert topk_dtype(8, 65_536)["ids"].base == np.dtype("<u2")
-    assert topk_dtype(8, 65_537)["ids"].base == np.dtype("<u4")
+    for vocab in (65_537, 70_000, 256_000, 1 << 24):  # language models' 32k-256k
+        assert topk_dtype(8, vocab).itemsize == 64
+        assert topk_dtype(8, vocab)["ids"].shape == (8, 3)
+        assert _topk.is_topk_dtype(topk_dtype(8, vocab))
+    assert topk_dtype(8, (1 << 24) + 1)["ids"].base == np.dtype("<u4")
     assert topk_dtype(16, 50_000).itemsize == 8 + 6 * 16
+    assert topk_dtype(8, 70_000, ids="uint32").itemsize == 72  # runs written before
+    with pytest.raises(fk.ForgetkitError, match="holding vocab_size=70000 ids"):
+        topk_dtype(8, 70_000, ids="uint16")
     with pytest.raises(fk.ForgetkitError, match=r"k must lie in \[1, vocab_size=5\]"):
         topk_dtype(6, 5)
 
@@ -62,7 +69,7 @@ def test_topk_records_match_a_plain_sort():
     rows = np.arange(len(y))
     # descending logits, equal logits by ascending id: lexsort on (id, -logit)
     order = np.array([np.lexsort((np.arange(V), -row))[:K] for row in z])
-    assert np.array_equal(rec["ids"], order)
+    assert np.array_equal(token_ids(rec), order)
     assert np.array_equal(rec["logits"], z[rows[:, None], order].astype(np.float32))
     assert np.array_equal(rec["target"], z[rows, y].astype(np.float32))
     lse = np.log(np.exp(z).sum(axis=1))
@@ -88,7 +95,7 @@ def test_every_derived_quantity_equals_the_full_run(dtype):
     # stored probabilities and the unstored bound against the full softmax
     probs = full.probs()  # (E, N, V)
     recs = np.asarray(top.outputs.records)
-    ids = recs["ids"].astype(np.int64)
+    ids = token_ids(recs).astype(np.int64)
     stored = np.take_along_axis(probs, ids, axis=2)
     np.testing.assert_allclose(top.outputs.stored_probs(), stored, rtol=2e-6, atol=1e-12)
     u = top.outputs.unstored_bound()
@@ -248,11 +255,8 @@ def test_verified_once_per_process(tmp_path):
 def test_parquet_round_trip_and_conversions(tmp_path, vocab):
     full = token_run(n_epochs=3, n_tokens=120, vocab=V)
     top = topk_of(full, path=tmp_path / "a.npy")
-    if vocab != V:  # the same records over a larger vocabulary: uint32 ids
-        recs = np.asarray(top.outputs.records)
-        wide = np.empty(recs.shape, topk_dtype(K, vocab))
-        for f in recs.dtype.names:
-            wide[f] = recs[f]
+    if vocab != V:  # the same records over a larger vocabulary: 24-bit ids
+        wide = _topk.convert_records(np.asarray(top.outputs.records), topk_dtype(K, vocab))
         top = fk.Run(_topk.TopKOutputs(wide, vocab, top.sequence_ids, top.positions),
                      top.labels, kind="topk", epochs=top.epochs)
         fk.save(top, tmp_path / "a.npy")
@@ -273,6 +277,114 @@ def test_parquet_round_trip_and_conversions(tmp_path, vocab):
     cols = pq.read_table(tmp_path / "t.parquet").column_names
     assert cols == ["epoch", "sample", "sequence", "position", "target_id", "target", "lse",
                     "logits", "ids"]
+
+
+# ------------------------------------------------- vocabularies above 65,536 ids
+WIDE = 70_000
+
+
+def wide_run(n_epochs=3, n_tokens=24, seed=5):
+    """A full run over WIDE ids whose largest logits and targets mostly lie above 65,535
+    (the third byte of a 24-bit id), some at id 0."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n_epochs, n_tokens, WIDE)).astype(np.float32)
+    z[:, :, 65_530:] += 2.5
+    z[:, :, 0] += 6.0 * (rng.random((n_epochs, n_tokens)) < 0.2)
+    labels = rng.integers(65_530, WIDE, n_tokens)
+    z[:, np.arange(n_tokens), labels] += 5.0 * (rng.random((n_epochs, n_tokens)) < 0.6)
+    return fk.Run(z, labels)
+
+
+def test_vocabulary_above_65536_stores_24_bit_ids_in_64_bytes_at_k8(tmp_path):
+    full = wide_run()
+    top = topk_of(full, k=8, path=tmp_path / "w.npy")
+    assert top.outputs.records.dtype.itemsize == 64 and top.n_classes == WIDE
+    assert json.loads((tmp_path / "w.forgetkit.json").read_text())["ids"] == "uint24"
+    assert (tmp_path / "w.npy").stat().st_size == 256 + 3 * 24 * 64
+    ids = token_ids(top.outputs.records)
+    assert ids.max() >= 1 << 16 and ids.min() == 0  # all three bytes in use
+    assert np.array_equal(top.outputs.records, topk_of(full, k=8).outputs.records)
+    # every derived quantity equals the full run's
+    assert np.array_equal(top.predictions(), full.predictions())
+    assert np.array_equal(top.correctness(), full.correctness())
+    assert 0 < top.correctness().mean() < 1
+    assert np.array_equal(fk.forget_fraction(top), fk.forget_fraction(full))
+    assert fk.sample_dynamics(top).equals(fk.sample_dynamics(full))
+    assert np.array_equal(top.label_margins(), full.label_margins())
+    np.testing.assert_allclose(top.label_probs(), full.label_probs(), rtol=2e-6, atol=1e-12)
+    stored = np.take_along_axis(full.probs(), ids.astype(np.int64), axis=2)
+    np.testing.assert_allclose(top.outputs.stored_probs(), stored, rtol=2e-6, atol=1e-12)
+    # Parquet (uint32 id column) and back to NPY: the same records and checksums
+    fk.save(top, tmp_path / "w.parquet")
+    back = fk.load(tmp_path / "w.parquet")
+    assert np.array_equal(back.outputs.records, top.outputs.records)
+    assert np.array_equal(back.correctness(), full.correctness())
+    import pyarrow.parquet as pq
+    column = pq.read_schema(tmp_path / "w.parquet").field("ids").type
+    assert column.list_size == 8 and str(column.value_type) == "uint32"
+    fk.convert(tmp_path / "w.parquet", tmp_path / "b.npy")
+    a, b = (json.loads((tmp_path / f"{n}.forgetkit.json").read_text()) for n in "wb")
+    assert a["crc32c"] == b["crc32c"] and b["ids"] == "uint24"
+
+
+def test_ids_outside_a_wide_vocabulary_are_refused(tmp_path):
+    full = wide_run(n_epochs=1)
+    good = topk_records(full.epoch_values(0), full.labels, 8)
+    w = fk.TopKWriter(tmp_path / "w.npy", **writer_args(full, k=8))
+    for bad_id in (WIDE, (1 << 24) - 1):
+        recs = good.copy()
+        ids = np.array(token_ids(recs))
+        ids[2, 7] = bad_id
+        set_token_ids(recs, ids)
+        with pytest.raises(fk.ForgetkitError,
+                           match=rf"token id {bad_id} lies outside the vocabulary \[0, {WIDE}\)"):
+            w.append(0, recs)
+    for bad_id in (1 << 24, -1):  # not storable in three bytes
+        with pytest.raises(fk.ForgetkitError, match=r"must lie in \[0, 16777216\)"):
+            set_token_ids(good.copy(), np.full((24, 8), bad_id))
+    w.append(0, good)
+    w.close()
+    assert np.array_equal(fk.load(tmp_path / "w.npy").outputs.records[0], good)
+
+
+def test_runs_written_with_uint32_ids_still_load_resume_and_convert(tmp_path, monkeypatch):
+    from forgetkit.io import topk as io_topk
+
+    full = wide_run()
+    seq, pos = tokens(full.n_samples)
+    args = dict(vocab_size=WIDE, k=8, targets=full.labels, sequence_ids=seq, positions=pos)
+    recs = [topk_records(full.epoch_values(e), full.labels, 8) for e in range(3)]
+    with monkeypatch.context() as m:  # the writer as it was before 24-bit ids
+        m.setattr(_topk, "id_encoding", lambda v: "uint16" if v <= 1 << 16 else "uint32")
+        record = io_topk.topk_record
+
+        def old_record(**kw):
+            return {k: v for k, v in record(**kw).items() if k != "ids"}
+
+        m.setattr(io_topk, "topk_record", old_record)
+        with fk.TopKWriter(tmp_path / "old.npy", **args) as w:
+            w.append(0, recs[0])
+            w.append(1, recs[1])
+        fk.save(fk.load(tmp_path / "old.npy"), tmp_path / "old.parquet")
+    assert "ids" not in json.loads((tmp_path / "old.forgetkit.json").read_text())
+    old = fk.load(tmp_path / "old.npy")
+    assert old.outputs.records.dtype == topk_dtype(8, WIDE, ids="uint32")
+    assert (tmp_path / "old.npy").stat().st_size == 256 + 2 * 24 * 72
+    assert np.array_equal(old.correctness(), full.correctness()[:2])
+    assert fk.verify(tmp_path / "old.npy")["bad"] == []
+    parquet = fk.load(tmp_path / "old.parquet")
+    assert parquet.outputs.records.dtype == old.outputs.records.dtype
+    assert np.array_equal(parquet.outputs.records, old.outputs.records)
+    with fk.TopKWriter(tmp_path / "old.npy", **args) as w:  # resumed: keeps uint32 ids
+        w.append(2, recs[2])
+    old = fk.load(tmp_path / "old.npy")
+    assert old.n_epochs == 3 and old.outputs.records.dtype.itemsize == 72
+    assert np.array_equal(old.predictions(), full.predictions())
+    fk.save(old, tmp_path / "new.npy")  # saved anew: 24-bit ids
+    new = fk.load(tmp_path / "new.npy")
+    assert new.outputs.records.dtype.itemsize == 64
+    assert np.array_equal(new.outputs.records, np.stack(recs))
+    assert np.array_equal(token_ids(new.outputs.records), token_ids(old.outputs.records))
 
 
 # ------------------------------------------------------------------ bad input
@@ -296,8 +408,15 @@ def test_bad_records_are_refused_and_nothing_is_written(tmp_path):
         change(recs)
         return recs
 
+    def ids_set(index, value):
+        def change(r):
+            ids = np.array(token_ids(r))
+            ids[index] = value(ids) if callable(value) else value
+            set_token_ids(r, ids)
+        return change
+
     cases = [
-        (lambda r: r["ids"].__setitem__((3, 1), V), rf"token id {V} lies outside the vocab"),
+        (ids_set((3, 1), V), rf"token id {V} lies outside the vocab"),
         (lambda r: r["lse"].__setitem__(5, r["logits"][5, 0] - 0.01),
          "log-sum-exp .* lies below its largest logit"),
         (lambda r: r["lse"].__setitem__(5, r["target"][5] - 1.0), "lies below"),
@@ -306,9 +425,9 @@ def test_bad_records_are_refused_and_nothing_is_written(tmp_path):
         (lambda r: r["lse"].__setitem__(1, -np.inf), "'lse' holds NaN or inf"),
         (lambda r: r["logits"].__setitem__((4, 3), r["logits"][4, 0] + 1),
          "not in descending order"),
-        (lambda r: r["ids"].__setitem__((6, 1), r["ids"][6, 0]), "stores one id twice"),
+        (ids_set((6, 1), lambda ids: ids[6, 0]), "stores one id twice"),
         (lambda r: (r["logits"].__setitem__((8, 1), r["logits"][8, 0]),
-                    r["ids"].__setitem__((8, 1), r["ids"][8, 0] - 1 if r["ids"][8, 0] else 0)),
+                    ids_set((8, 1), lambda ids: ids[8, 0] - 1 if ids[8, 0] else 0)(r)),
          "equal logits out of id order|stores one id twice"),
     ]
     for change, message in cases:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import forgetkit as fk
 from forgetkit import kernels
-from forgetkit._topk import TopKOutputs, topk_records
+from forgetkit._topk import TopKOutputs, token_ids, topk_records
 from forgetkit.errors import ForgetkitError
 from forgetkit.fusion import topk as ft
 from tests.reference_topk import (
@@ -100,19 +100,19 @@ def completion(logits, records, targets, mode):
         u = unstored_bounds(rec, targets)
         p = np.exp(logits[e].astype(np.float64) - lse)
         free = np.ones((n_tokens, vocab), dtype=bool)
-        np.put_along_axis(free, rec["ids"].astype(np.int64), False, axis=1)
+        np.put_along_axis(free, token_ids(rec).astype(np.int64), False, axis=1)
         free[np.arange(n_tokens), targets] = False
         if mode == "records":  # the bound holds for the records' own probabilities
             assert (np.where(free, p, 0.0) <= u[:, None]).all()
             fill = p
         elif mode == "max":  # ids below the k-th stored one cannot reach p_k
-            below = np.arange(vocab)[None, :] < rec["ids"][:, -1:].astype(np.int64)
+            below = np.arange(vocab)[None, :] < token_ids(rec)[:, -1:].astype(np.int64)
             p_k = np.exp(rec["logits"][:, -1].astype(np.float64) - lse[:, 0])
             fill = np.where(below & (u == p_k)[:, None], 0.0, u[:, None])
         else:
             fill = np.zeros_like(p)
         p_stored = np.exp(rec["logits"].astype(np.float64) - lse)
-        np.put_along_axis(p, rec["ids"].astype(np.int64), p_stored, axis=1)
+        np.put_along_axis(p, token_ids(rec).astype(np.int64), p_stored, axis=1)
         p[np.arange(n_tokens), targets] = np.exp(rec["target"].astype(np.float64) - lse[:, 0])
         out[e] = np.where(free, fill, p)
     return out
@@ -125,7 +125,7 @@ def unstored_bounds(rec, targets):
     total = np.zeros(len(rec))
     for j in range(p.shape[1]):
         total += p[:, j]
-    stored = (rec["ids"] == targets[:, None]).any(axis=1)
+    stored = (token_ids(rec) == targets[:, None]).any(axis=1)
     total += np.where(stored, 0.0, np.exp(rec["target"].astype(np.float64) - lse))
     slack = 2.0 ** -21 * np.maximum(np.maximum(np.abs(lse),
                                                np.abs(rec["logits"][:, 0].astype(np.float64))),
@@ -345,3 +345,26 @@ def test_a_topk_run_on_dask_is_refused_with_a_clear_message(tmp_path):
     for call in (lambda: fk.KnowledgeFusion().fit(run), lambda: kf.certified(run)):
         with pytest.raises(ForgetkitError, match="not on dask workers"):
             call()
+
+
+def test_fusion_reads_24_bit_and_uint32_ids_alike():
+    """A vocabulary above 65,536 ids: the records' 24-bit ids (and the uint32 ids of runs
+    written before them) give the same plan, certificates and predictions."""
+    from forgetkit._topk import convert_records, set_token_ids, token_ids, topk_dtype
+
+    logits, targets = make_logits(9, n_epochs=5, n_tokens=200, vocab=12)
+    small = records_of(logits, targets, 3)
+    vocab, shift = 70_000, 65_530  # the same tokens moved above 2**16
+    wide = convert_records(small, topk_dtype(3, vocab))
+    set_token_ids(wide, token_ids(small).astype(np.int64) + shift)
+    assert token_ids(wide).max() >= 1 << 16
+    runs = [fk.Run(TopKOutputs(recs, vocab, np.arange(200), np.zeros(200, np.int32)),
+                   targets + shift, kind="topk")
+            for recs in (wide, convert_records(wide, topk_dtype(3, vocab, ids="uint32")))]
+    assert runs[1].outputs.records.dtype.itemsize == 8 + 8 * 3
+    fits = [fk.KnowledgeFusion().fit(run) for run in runs]
+    assert fits[0].plan_ == fits[1].plan_
+    tables = [kf.certified(run) for kf, run in zip(fits, runs, strict=True)]
+    assert tables[0].equals(tables[1])
+    assert tables[0]["prediction"].min() >= shift
+    assert np.array_equal(fits[0].predict(runs[0]), fits[1].predict(runs[1]))

@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 from fsspec.core import url_to_fs
 
-from .._topk import TOKEN_DTYPE, TopKOutputs, check_records, topk_dtype
+from .._topk import TOKEN_DTYPE, TopKOutputs, check_records
 from .._validation import FLOAT_DTYPES, check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import KEY as CRC_KEY
@@ -265,7 +265,7 @@ def _topk_record(fs, path, name):
 def _open_topk_shard(fs, path, name, verify):
     """(records shape (E, n), dtype, record, token table, reader kwargs, read_block) of a
     top-k shard; the client reads its sidecar (or footer) and token table only."""
-    from ..io.topk import _check_topk_record, table_crc
+    from ..io.topk import _check_topk_record, record_dtype, table_crc
     from ..io.topk_parquet import TOKEN_COLUMNS
 
     record = _topk_record(fs, path, name)
@@ -277,7 +277,7 @@ def _open_topk_shard(fs, path, name, verify):
         n, vocab, k = _check_topk_record(record, f"the record of {where}")
     except ForgetkitError as err:
         raise CorruptFileError(str(err)) from None
-    dtype = topk_dtype(k, vocab)
+    dtype = record_dtype(record)
     p = PurePosixPath(path)
     if p.suffix.lower() == ".npy":
         shape, _, stored, offset = _npy_header(fs, path, name, records=dtype)

@@ -53,15 +53,14 @@ def topk_rows(logits, targets, k):
 def rows_to_records(rows, k, vocab_size):
     """Host (n, 2k + 2) float32 rows of `topk_rows` as records of
     `forgetkit._topk.topk_dtype`."""
-    from .._topk import topk_dtype
+    from .._topk import set_token_ids, topk_dtype
 
     rows = np.asarray(rows, dtype=np.float32).reshape(-1, 2 * k + 2)
     out = np.empty(len(rows), dtype=topk_dtype(k, vocab_size))
     out["target"] = rows[:, 0]
     out["lse"] = rows[:, 1]
     out["logits"] = rows[:, 2:2 + k]
-    out["ids"] = np.ascontiguousarray(rows[:, 2 + k:]).view(np.int32)
-    return out
+    return set_token_ids(out, np.ascontiguousarray(rows[:, 2 + k:]).view(np.int32))
 
 
 def token_targets(batch, *, input_key, label_key):

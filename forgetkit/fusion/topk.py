@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .. import kernels
+from .._topk import token_ids, top_k_of
 from ..errors import ForgetkitError
 from ..execution import executor_for
 
@@ -61,7 +62,7 @@ class TopKData:
         self.records = records
         self.targets = np.asarray(targets, dtype=np.int64)
         self.vocab_size = int(vocab_size)
-        self.top_k = dtype["ids"].shape[0] if dtype["ids"].shape else 1
+        self.top_k = top_k_of(dtype)
         self.n_epochs = records.shape[0]
 
     @property
@@ -81,7 +82,7 @@ class TopKData:
         """Whether the target is the argmax at each epoch: bool (E, N) (exact)."""
         out = np.empty((self.n_epochs, self.n_tokens), dtype=bool)
         for e in range(self.n_epochs):
-            out[e] = self.rows(e, slice(None))["ids"][:, 0] == self.targets
+            out[e] = token_ids(self.rows(e, slice(None)), 0) == self.targets
         return out
 
     def chunks(self, size=CHUNK_TOKENS):
@@ -123,7 +124,7 @@ class Layout:
             for e in epochs:
                 records = data.rows(e, rows)
                 kernels.topk_tie_floor(records, targets, floor)
-                ids.append(np.asarray(records["ids"]))
+                ids.append(np.asarray(token_ids(records), dtype=np.int32))  # any vocabulary
             self.cls, self.label_col, self.unstored_col = kernels.topk_layout(
                 np.stack(ids), targets, data.vocab_size, floor)
         self.cls = np.ascontiguousarray(self.cls)
@@ -145,7 +146,7 @@ def epoch_values(data, e, layout, upper, lower=None):
     if data.exact:
         n = layout.targets.shape[0]
         dense = np.empty((n, data.vocab_size), dtype=np.asarray(records["logits"]).dtype)
-        np.put_along_axis(dense, np.asarray(records["ids"], dtype=np.int64),
+        np.put_along_axis(dense, np.asarray(token_ids(records), dtype=np.int64),
                           np.asarray(records["logits"]), axis=1)
         if kernels.softmax_rows(dense, upper):
             raise ForgetkitError(f"the records of epoch index {e} hold NaN or inf")

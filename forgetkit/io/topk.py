@@ -4,11 +4,14 @@ vocabulary and the k largest logits with their token ids (`forgetkit._topk`).
 On disk (NPY), three files:
 
 - ``<name>.npy``: the records, a structured array of shape (n_epochs, n_tokens) of
-  `forgetkit._topk.topk_dtype` (56 bytes per record at k = 8), memory-mapped on load;
+  `forgetkit._topk.topk_dtype` (at k = 8: 56 bytes per record up to 65,536 token ids, 64
+  above, with 24-bit ids), memory-mapped on load;
 - ``<name>.tokens.npy``: the token table (`forgetkit._topk.TOKEN_DTYPE`: per token its
   sequence id, position and target token id, which is the run's label);
 - ``<name>.forgetkit.json``: the sidecar, ``"format": "forgetkit-topk"``, ``"kind": "topk"``,
-  ``vocab_size`` (= ``n_classes``), ``k``, the epoch numbers, metadata, the CRC32C of every
+  ``vocab_size`` (= ``n_classes``), ``k``, ``ids`` (the id encoding, "uint16" or "uint24";
+  absent in runs written before 24-bit ids: "uint16" up to 65,536 ids, else "uint32"), the
+  epoch numbers, metadata, the CRC32C of every
   stored epoch's records (`forgetkit.io.integrity`) and of its argmax ids (``"argmax"``:
   the forgetting pass reads and verifies only those), and of the token table with the
   vocabulary size and k.
@@ -35,10 +38,17 @@ from .. import _topk
 from .._progress import Progress
 from .._topk import (
     DEFAULT_TOP_K,
+    ID_ENCODINGS,
     TOKEN_DTYPE,
+    U16_VOCAB,
     TopKOutputs,
     check_records,
+    convert_records,
+    id_encoding,
+    ids_of,
     is_topk_dtype,
+    token_ids,
+    top_k_of,
     topk_dtype,
 )
 from .._validation import check_int, check_meta, check_option
@@ -108,8 +118,9 @@ def table_crc(table, vocab_size, k):
     return crc_array(np.asarray([vocab_size, k], dtype="<i8"), crc_array(table))
 
 
-def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None):
-    """The sidecar record of a top-k run (without the epochs' checksums)."""
+def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None, ids=None):
+    """The sidecar record of a top-k run (without the epochs' checksums); ``ids``: the id
+    encoding (default `forgetkit._topk.id_encoding`)."""
     return {
         "format": FORMAT,
         "version": RECORD_VERSION,
@@ -119,6 +130,7 @@ def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None):
         "n_classes": int(vocab_size),
         "vocab_size": int(vocab_size),
         "k": int(k),
+        "ids": id_encoding(vocab_size) if ids is None else ids,
         "epochs": [int(e) for e in epochs],
         "tokens": {"crc32c": table_crc(table, vocab_size, k), "n_tokens": int(n_tokens)},
         "sample_ids": None,
@@ -137,9 +149,9 @@ def _encoder(record, table):
 
 
 def argmax_crc(records):
-    """The CRC32C of one epoch's argmax ids, ``records["ids"][:, 0]`` as little-endian int32
-    (what the forgetting pass reads)."""
-    return crc_array(np.ascontiguousarray(records["ids"][:, 0], dtype="<i4"))
+    """The CRC32C of one epoch's argmax ids (`forgetkit._topk.token_ids` (records, 0)) as
+    little-endian int32 (what the forgetting pass reads; the same for every id encoding)."""
+    return crc_array(np.ascontiguousarray(token_ids(records, 0), dtype="<i4"))
 
 
 def epoch_crcs(records):
@@ -186,7 +198,24 @@ def _check_topk_record(record, where):
         raise CorruptFileError(f"{where}: fields 'vocab_size', 'k' and 'tokens' must be a "
                                f"vocabulary >= 2, 1 <= k <= vocab_size and the token table's "
                                f"checksum; got vocab_size={vocab!r}, k={k!r}")
+    try:
+        record_dtype(record)
+    except ForgetkitError:
+        raise CorruptFileError(f"{where}: field 'ids' must be an id encoding ("
+                               f"{', '.join(ID_ENCODINGS)}) that holds vocab_size={vocab} "
+                               f"ids; got {record.get('ids')!r}") from None
     return n, vocab, k
+
+
+def record_dtype(record):
+    """The records' dtype that a top-k run's (checked) sidecar record names: its ``ids``
+    encoding, or for runs written before it was recorded uint16 ids up to 65,536 ids, else
+    uint32."""
+    vocab = record["vocab_size"]
+    ids = record.get("ids", "uint16" if vocab <= U16_VOCAB else "uint32")
+    if not isinstance(ids, str):
+        raise ForgetkitError(f"not an id encoding: {ids!r}")
+    return topk_dtype(record["k"], vocab, ids=ids)
 
 
 def read_tokens(path, record, *, verify=True):
@@ -248,7 +277,7 @@ def topk_run(path, records, record, table, labels, where, *, verify=True, verifi
     values were checked when written); otherwise the values are checked here.
     ``verified``: the caller verified every epoch already."""
     n, vocab, k = _check_topk_record(record, where)
-    dtype = topk_dtype(k, vocab)
+    dtype = record_dtype(record)
     if records.dtype != dtype or records.ndim != 2 or records.shape[1] != n:
         raise CorruptFileError(f"{str(path)!r} must hold top-k records of shape (epochs, {n}) "
                                f"and dtype {dtype.descr}; got {records.dtype} of shape "
@@ -405,7 +434,8 @@ def _write_tokens(file, table):
 
 def save_topk(run, path):
     """Write the top-k ``run`` to ``path`` (.npy with its token table and sidecar, committed
-    as one; or .parquet); returns ``path``."""
+    as one; or .parquet), its ids in the vocabulary's encoding (`topk_dtype`: a run read
+    with uint32 ids is written with 24-bit ones); returns ``path``."""
     path = Path(path)
     outputs = run.outputs
     table = token_table(run.labels, outputs.sequence_ids, outputs.positions, run.n_classes)
@@ -422,13 +452,14 @@ def save_topk(run, path):
     if path.suffix.lower() != ".npy":
         raise ForgetkitError(f"a top-k run is saved as .npy or .parquet; got {str(path)!r}")
     records = outputs.records
+    dtype = record_dtype(record)
 
     def write_tensor(tmp):
         crcs = []
         with open(tmp, "wb") as f:
-            f.write(summary_header(*records.shape, records.dtype))
+            f.write(summary_header(*records.shape, dtype))
             for e in range(len(records)):
-                epoch = np.ascontiguousarray(records[e])
+                epoch = convert_records(np.ascontiguousarray(records[e]), dtype)
                 crcs.append(epoch_crcs(epoch))
                 f.write(memoryview(epoch.reshape(-1).view(np.uint8)))
         return crcs
@@ -482,7 +513,7 @@ class TopKWriter(SummaryWriter):
                                  f"table); got {str(self.path)!r}")
         check_option("mode", mode, ("a", "w", "x"))
         self.n_classes = check_int("vocab_size", vocab_size, minimum=2)
-        self.dtype = topk_dtype(k, self.n_classes)
+        self.dtype = topk_dtype(k, self.n_classes)  # (a resumed run's own: _existing_epochs)
         self.top_k = int(k)
         self.table = token_table(targets, sequence_ids, positions, self.n_classes)
         self.n_samples = len(self.table)
@@ -506,7 +537,8 @@ class TopKWriter(SummaryWriter):
         _pending_tokens(self.path).unlink(missing_ok=True)
 
     def append(self, epoch, records, *, replace=False, meta=None):
-        """Store epoch number ``epoch``: records (n_tokens,) of this run's `topk_dtype`, or
+        """Store epoch number ``epoch``: records (n_tokens,) of a `topk_dtype` of this run's k
+        (stored in this run's id encoding), or
         the logits (n_tokens, vocab_size) to take them from (`topk_records`). The records
         are checked first (`forgetkit._topk.check_records`: finite, ids in the vocabulary,
         logits descending, the log-sum-exp at least the largest logit); nothing is written
@@ -524,23 +556,23 @@ class TopKWriter(SummaryWriter):
             if not is_topk_dtype(values.dtype):
                 raise InputTypeError(f"{where} must be of a topk_dtype ({self.dtype.descr}); "
                                      f"got {values.dtype}")
-            theirs = (_topk.top_k_of(values.dtype), values.dtype["ids"].base.name)
-            if values.dtype != self.dtype:
-                raise ForgetkitError(f"{where} hold k={theirs[0]} with {theirs[1]} ids; this run "
-                                     f"stores k={self.top_k} with "
-                                     f"{self.dtype['ids'].base.name} ids (vocab_size="
-                                     f"{self.n_classes})")
+            if top_k_of(values.dtype) != self.top_k:
+                raise ForgetkitError(f"{where} hold k={top_k_of(values.dtype)} with "
+                                     f"{ids_of(values.dtype)} ids; this run stores "
+                                     f"k={self.top_k} with {ids_of(self.dtype)} ids "
+                                     f"(vocab_size={self.n_classes})")
             if values.shape != (self.n_samples,):
                 raise ForgetkitError(f"{where} must be {self.n_samples} records (one per token); "
                                      f"got shape {values.shape}")
             check_records(values, self.labels, self.n_classes, where=where)
-            return values
+            return convert_records(values, self.dtype)
         if values.ndim == 2 and values.shape[0] == self.n_samples:
             if values.shape[1] != self.n_classes:
                 raise ForgetkitError(f"the logits of epoch {epoch} cover a vocabulary of "
                                      f"{values.shape[1]} ids; this run's is {self.n_classes}")
             try:
-                return _topk.topk_records(values, self.labels, self.top_k)
+                return convert_records(_topk.topk_records(values, self.labels, self.top_k),
+                                       self.dtype)
             except ForgetkitError as err:
                 raise ForgetkitError(f"logits of epoch {epoch}: {err}") from None
         raise ForgetkitError(f"epoch {epoch} must be {self.n_samples} top-k records or logits "
@@ -551,7 +583,7 @@ class TopKWriter(SummaryWriter):
         if self._encoder is None:
             self._encoder = _encoder(topk_record(
                 n_tokens=self.n_samples, vocab_size=self.n_classes, k=self.top_k, epochs=[],
-                table=self.table, meta=self.meta), self.table)
+                table=self.table, meta=self.meta, ids=ids_of(self.dtype)), self.table)
         return self._encoder(self.epochs, self.crcs)
 
     def _existing_epochs(self):
@@ -579,6 +611,10 @@ class TopKWriter(SummaryWriter):
                                  f"and {self.table[field][i]} here (a different tokenization; "
                                  "use mode='w' to start over, or another path)")
         _settle_tokens(self.path, record)
+        self.dtype = record_dtype(record)  # a run written before 24-bit ids keeps its ids
+        if stored.dtype != self.dtype:
+            raise CorruptFileError(f"{str(self.path)!r} holds records of {stored.dtype}; its "
+                                   f"sidecar names {self.dtype.descr}")
         n = stored.shape[0]
         verify_tensor(self.path, stored, record)
         argmax = record[CRC_KEY].get(ARGMAX_KEY) if isinstance(record.get(CRC_KEY), dict) \

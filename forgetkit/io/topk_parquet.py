@@ -4,7 +4,9 @@ Columns: ``epoch``, ``sample`` (int64: the token's index in the run), the token 
 ``sequence`` (int64), ``position`` (int32) and ``target_id`` (int32: the target token id,
 the run's label), and the record ``target`` (float32: the target's logit), ``lse``
 (float32), ``logits`` (FixedSizeList<float32, k>) and ``ids`` (FixedSizeList<uint16 or
-uint32, k>). Each row names its token, so any Parquet tool can filter by sequence. The
+uint32, k>: a Parquet column keeps uint32 ids for vocabularies above 65,536 ids, whose NPY
+records store them in 24 bits; Parquet's encodings and compression apply). Each row names
+its token, so any Parquet tool can filter by sequence. The
 run's record (vocabulary, k, epoch numbers, the token table's checksum, metadata) is JSON
 under the schema metadata key ``forgetkit``; the epochs' checksums (the CRC32C of each
 epoch's records in the NPY layout, the same numbers) under ``forgetkit.crc32c``, as for a
@@ -19,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._topk import TOKEN_DTYPE, topk_dtype
+from .._topk import TOKEN_DTYPE, convert_records, ids_of, set_token_ids, token_ids
 from ..errors import CorruptFileError
 from .integrity import KEY, checksums, crc_array, mismatch, stored_checksums
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
@@ -42,29 +44,35 @@ def _schema(k, ids_type, record):
 
 def write_topk_parquet(path, records, record, table):
     """Write top-k ``records`` (E, N) with their ``record`` (`topk_record`) and token
-    ``table`` to ``path``."""
-    n_epochs, n = records.shape
+    ``table`` to ``path``; the checksums are those of the records in the record's id
+    encoding (the NPY layout)."""
+    from .topk import record_dtype
+
+    n = records.shape[1]
     k = record["k"]
     rec = {key: v for key, v in record.items() if key != KEY}
-    ids_type = pa.uint16() if records.dtype["ids"].base == np.dtype("<u2") else pa.uint32()
+    dtype = record_dtype(rec)
+    ids_type = pa.uint16() if ids_of(dtype) == "uint16" else pa.uint32()
     schema = _schema(k, ids_type, rec)
     tokens = {col: table[field] for col, field in TOKEN_COLUMNS.items()}
-    crcs = []
+    crcs, argmax = [], []
     with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
         for e, epoch in enumerate(rec["epochs"]):
-            rows = np.ascontiguousarray(records[e])
+            rows = convert_records(np.ascontiguousarray(records[e]), dtype)
             crcs.append(crc_array(rows))
+            argmax.append(argmax_crc(rows))
             columns = [pa.array(np.full(n, epoch, np.int64)), pa.array(np.arange(n)),
                        *(pa.array(tokens[c]) for c in TOKEN_COLUMNS),
                        pa.array(rows["target"]), pa.array(rows["lse"]),
                        pa.FixedSizeListArray.from_arrays(
                            pa.array(np.ascontiguousarray(rows["logits"]).reshape(-1)), k),
                        pa.FixedSizeListArray.from_arrays(
-                           pa.array(np.ascontiguousarray(rows["ids"]).reshape(-1)), k)]
+                           pa.array(np.ascontiguousarray(token_ids(rows), dtype=np.dtype(
+                               ids_type.to_pandas_dtype())).reshape(-1)), k)]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema),
                                row_group_size=n)
         sums = checksums(table["target"], rec["epochs"], crcs)
-        sums[ARGMAX_KEY] = [argmax_crc(records[e]) for e in range(n_epochs)]
+        sums[ARGMAX_KEY] = argmax
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
 
 
@@ -95,7 +103,7 @@ def load_topk_parquet(path, *, labels=None, verify=True):
 def read_topk_parquet(path, *, name=None, verify=True):
     """(records (E, N), record, token table) of the top-k Parquet file ``path`` (a path
     or an open file, which messages call ``name``), every epoch verified as it is read."""
-    from .topk import _check_topk_record, table_crc
+    from .topk import _check_topk_record, record_dtype, table_crc
 
     name = str(path) if name is None else name
     where = f"the forgetkit metadata of {name!r}"
@@ -118,7 +126,7 @@ def read_topk_parquet(path, *, name=None, verify=True):
     if n_groups != len(record["epochs"]) or (sums and len(sums["outputs"]) != n_groups):
         raise CorruptFileError(f"{name!r} holds {n_groups} epochs; its metadata names "
                                f"{len(record['epochs'])}")
-    dtype = topk_dtype(k, vocab)
+    dtype = record_dtype(record)  # uint32 ids in a file written before 24-bit ones
     records = np.empty((n_groups, n), dtype=dtype)
     table = np.empty(n, dtype=TOKEN_DTYPE)
     for e in range(n_groups):
@@ -137,7 +145,7 @@ def read_topk_parquet(path, *, name=None, verify=True):
             for f in ("target", "lse"):
                 out[f] = part.column(f).to_numpy()[order]
             out["logits"] = _list_column(part, "logits", k, np.float32, where)[order]
-            out["ids"] = _list_column(part, "ids", k, dtype["ids"].base, where)[order]
+            set_token_ids(out, _list_column(part, "ids", k, np.int64, where)[order])
             if e == 0:
                 for col, field in TOKEN_COLUMNS.items():
                     table[field] = part.column(col).to_numpy()[order]

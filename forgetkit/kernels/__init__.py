@@ -460,13 +460,18 @@ def topk_layout(ids, targets, vocab, floor):
 
 
 def _fields(records):
-    return tuple(np.ascontiguousarray(records[f]) for f in ("logits", "ids", "target", "lse"))
+    """The fields of top-k records, contiguous; ids decoded as int32 whatever their encoding
+    (`forgetkit._topk.token_ids`): one compiled kernel for every vocabulary."""
+    from .._topk import token_ids
+
+    return tuple(np.ascontiguousarray(token_ids(records), dtype=np.int32) if f == "ids"
+                 else np.ascontiguousarray(records[f]) for f in ("logits", "ids", "target", "lse"))
 
 
 def topk_tie_floor(records, targets, floor):
     """floor = min(floor, this checkpoint's tie floor) per token (``topk.tie_floor``) from
     its records (N,)."""
-    call(_topk.tie_floor, floor.size * records.dtype["ids"].shape[0], *_fields(records),
+    call(_topk.tie_floor, floor.size * records.dtype["logits"].shape[0], *_fields(records),
          targets, floor)
     return floor
 
