@@ -35,12 +35,21 @@ def correctness(run, *, progress=False):
 def _epoch_counts(run, progress=False):
     """Counts of one run (or chunk of samples): int64 (3, n_epochs) of the samples correct at
     e, forgotten (correct at e, wrong at the final epoch) and learned (wrong at e, correct at
-    the final epoch); and the number of samples ever correct but wrong at the final epoch."""
-    correct = correctness(run, progress=progress)
-    final = correct[-1]
-    counts = np.stack([correct.sum(axis=1), (correct & ~final).sum(axis=1),
-                       (~correct & final).sum(axis=1)])
-    return counts, int(np.count_nonzero(correct.any(axis=0) & ~final))
+    the final epoch); and the number of samples ever correct but wrong at the final epoch.
+    Counted epoch by epoch from the predictions (`correctness` row by row, into two rows
+    of scratch: no (E, N) array beside the predictions)."""
+    pred = predictions(run, progress=progress)
+    labels = run.labels.astype(pred.dtype)  # as Run.correctness compares
+    final = pred[-1] == labels
+    ever, correct, scratch = final.copy(), np.empty_like(final), np.empty_like(final)
+    counts = np.empty((3, pred.shape[0]), dtype=np.int64)
+    for e, row in enumerate(pred):
+        np.equal(row, labels, out=correct)
+        counts[0, e] = np.count_nonzero(correct)
+        counts[1, e] = np.count_nonzero(np.greater(correct, final, out=scratch))  # & ~final
+        counts[2, e] = np.count_nonzero(np.less(correct, final, out=scratch))  # ~correct &
+        np.logical_or(ever, correct, out=ever)
+    return counts, int(np.count_nonzero(np.greater(ever, final, out=scratch)))
 
 
 def epoch_counts(run, *, progress=False):
