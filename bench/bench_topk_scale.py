@@ -1,6 +1,7 @@
 """The forgetting pass over a top-k run at language-model scale, against `cat` of its files.
 
     python -m bench.bench_topk_scale [--epochs 100 --tokens 1000000 --k 8 --vocab 50257]
+        [--run PATH] [--baseline CHECKOUT]
 
 A synthetic top-k run (56 bytes per checkpoint and token at k = 8: 5.6 GB at 100
 checkpoints x 1M tokens) is written checkpoint by checkpoint with
@@ -14,6 +15,11 @@ and in the same run, alternately (``--repeat`` times each):
   table), the forgetting pass and the checksums of what it reads (each checkpoint's argmax
   ids), then the same again in that process (the file verified: no checksum; memory that
   the first pass freed is reused).
+
+``--run PATH`` measures an existing top-k run instead (kept); ``--baseline CHECKOUT`` also
+times the fresh-process pass of another checkout of forgetkit (its own
+``bench.bench_topk_scale --child``, run with that checkout as the working directory) in the
+same alternation, for before/after figures from one run.
 
 The written run is synced to disk before the measurements (writeback of the 5.6 GB of
 dirty pages slowed a first attempt's passes 3-4x).
@@ -118,9 +124,10 @@ def child(path):
                       "again_cpu": again_cpu}))
 
 
-def forgetting_pass(path):
+def forgetting_pass(path, checkout=None):
     out = subprocess.run([sys.executable, "-m", "bench.bench_topk_scale", "--child",
-                          str(path)], capture_output=True, text=True)
+                          str(Path(path).resolve())], capture_output=True, text=True,
+                         cwd=checkout)
     if out.returncode:
         raise RuntimeError(f"the pass failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -143,35 +150,52 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dir", default=tempfile.gettempdir())
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--run", help="an existing top-k run to measure (not written, kept)")
+    p.add_argument("--baseline", help="another checkout whose pass is timed alongside")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args.child)
-    folder = Path(tempfile.mkdtemp(prefix="fk_topk_scale_", dir=args.dir))
-    path = folder / "run.npy"
+    if args.run:
+        path, folder, write_wall, write_cpu = Path(args.run), None, None, None
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="fk_topk_scale_", dir=args.dir))
+        path = folder / "run.npy"
     try:
-        write_wall, write_cpu = write_run(path, args.epochs, args.tokens, args.k, args.vocab)
-        os.sync()  # the written pages on disk: no writeback during the measurements
+        if folder is not None:
+            write_wall, write_cpu = write_run(path, args.epochs, args.tokens, args.k,
+                                              args.vocab)
+            os.sync()  # the written pages on disk: no writeback during the measurements
         files = files_of(path)
         size_mb = sum(os.path.getsize(f) for f in files) / 1e6
         cat(files), cat(files)  # warm the page cache
         load_before = os.getloadavg()
-        cats, passes = [], []
+        cats, passes, baselines = [], [], []
         for _ in range(args.repeat):
             cats.append(cat(files))
             passes.append(forgetting_pass(path))
+            if args.baseline:
+                baselines.append(forgetting_pass(path, args.baseline))
         load_after = os.getloadavg()
     finally:
-        if not args.keep:
+        if folder is not None and not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
+        elif folder is not None:
+            print(f"kept: {path}")
     cat_wall, cat_cpu = min(c[0] for c in cats), min(c[1] for c in cats)
     best = min(passes, key=lambda r: r["wall"])
     cpu = min(r["cpu"] for r in passes)
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; commit: {commit()}; "
           f"command: python -m bench.bench_topk_scale {' '.join(argv or sys.argv[1:])}".rstrip())
-    print(f"top-k run: {args.epochs} checkpoints x {args.tokens:,} tokens, k={args.k}, "
-          f"vocabulary {args.vocab:,}: {size_mb:,.0f} MB in 3 files, written by TopKWriter "
-          f"in {write_wall:.0f} s ({write_cpu:.0f} s CPU)")
+    import forgetkit as fk
+
+    shape = fk.load(path)
+    written = f"written by TopKWriter in {write_wall:.0f} s ({write_cpu:.0f} s CPU)" \
+        if write_wall is not None else f"the existing run {str(path)!r}"
+    print(f"top-k run: {shape.n_epochs} checkpoints x {shape.n_samples:,} tokens, "
+          f"k={shape.top_k}, vocabulary {shape.n_classes:,}: {size_mb:,.0f} MB in 3 files, "
+          f"{written}")
+    del shape
     print(f"load average (1, 5, 15 min) before {load_before[0]:.1f} {load_before[1]:.1f} "
           f"{load_before[2]:.1f}, after {load_after[0]:.1f} {load_after[1]:.1f} "
           f"{load_after[2]:.1f}")
@@ -185,6 +209,20 @@ def main(argv=None):
     again_cpu = min(r["again_cpu"] for r in passes)
     print(f"| the same again in that process (file verified: no checksum) | {again:.2f} | "
           f"{again_cpu:.2f} | {again / cat_wall:.2f} | {again_cpu / max(cat_cpu, 1e-9):.2f} |")
+    if baselines:
+        base = min(baselines, key=lambda r: r["wall"])
+        base_cpu = min(r["cpu"] for r in baselines)
+        b_again = min(r["again"] for r in baselines)
+        b_again_cpu = min(r["again_cpu"] for r in baselines)
+        print(f"| baseline {args.baseline}, fresh process | {base['wall']:.2f} | "
+              f"{base_cpu:.2f} | {base['wall'] / cat_wall:.2f} | "
+              f"{base_cpu / max(cat_cpu, 1e-9):.2f} |")
+        print(f"| baseline, the same again in that process | {b_again:.2f} | "
+              f"{b_again_cpu:.2f} | {b_again / cat_wall:.2f} | "
+              f"{b_again_cpu / max(cat_cpu, 1e-9):.2f} |")
+        print(f"baseline: peak RssAnon {base['peak_mb']:.0f} MB; every wall time "
+              f"{[round(r['wall'], 2) for r in baselines]}; same F_e: "
+              f"{all(r['max_forget'] == passes[0]['max_forget'] for r in baselines)}")
     print(f"loading (sidecar, token table): {best['load']:.2f} s; peak RssAnon of the pass "
           f"{best['peak_mb']:.0f} MB ({best['start_mb']:.0f} MB before it); every wall time: "
           f"cat {[round(c[0], 2) for c in cats]}, pass {[round(r['wall'], 2) for r in passes]}")
