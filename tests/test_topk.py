@@ -279,6 +279,30 @@ def test_parquet_round_trip_and_conversions(tmp_path, vocab):
                     "logits", "ids"]
 
 
+def test_forgetting_pass_result_in_fresh_mapped_memory(tmp_path, monkeypatch):
+    import mmap
+    import pickle
+
+    def owner(a):
+        while isinstance(a, np.ndarray) and a.base is not None:
+            a = a.base
+        return a.obj if isinstance(a, memoryview) else a
+
+    full = token_run(n_epochs=4, n_tokens=300)
+    topk_of(full, path=tmp_path / "t.npy")
+    monkeypatch.setattr(_topk, "FRESH_BYTES", 1024)
+    a = _topk.fresh_array((4, 300), np.int32)
+    assert isinstance(owner(a), mmap.mmap) and a.flags.writeable and a.shape == (4, 300)
+    assert _topk.fresh_array((4, 10), np.int32).base is None  # small: numpy's
+    run = fk.load(tmp_path / "t.npy")
+    pred = run.predictions()
+    assert isinstance(owner(pred), mmap.mmap) and not pred.flags.writeable
+    assert np.array_equal(pred, full.predictions())
+    assert np.array_equal(pickle.loads(pickle.dumps(pred)), pred)
+    assert np.array_equal(fk.forget_fraction(run), fk.forget_fraction(full))
+    assert fk.sample_dynamics(run).equals(fk.sample_dynamics(full))
+
+
 # ------------------------------------------------- vocabularies above 65,536 ids
 WIDE = 70_000
 
