@@ -194,3 +194,19 @@ def test_nan_is_reported_with_its_epoch(tmp_path):
     mm = fk.load(tmp_path / "o.npy", labels=run.labels)
     with pytest.raises(ValueError, match="NaN or inf at epoch index 3"):
         fk.forget_fraction(mm)
+
+
+def test_epoch_counts_in_threads_equal_the_boolean_reference(monkeypatch):
+    from forgetkit.analysis import forgetting
+
+    run = make_run(n_epochs=7, n_samples=500, n_classes=4, seed=3)
+    correct = run.correctness()
+    final = correct[-1]
+    want = np.stack([correct.sum(axis=1), (correct & ~final).sum(axis=1),
+                     (~correct & final).sum(axis=1)])
+    ever = int(np.count_nonzero(correct.any(axis=0) & ~final))
+    assert 0 < ever and want[1].any() and want[2].any()
+    for threshold in (1 << 24, 0):  # one thread; threads over the epochs
+        monkeypatch.setattr(forgetting, "THREADED_COUNTS", threshold)
+        counts, got = forgetting.epoch_counts(run)
+        assert np.array_equal(counts, want) and got == ever

@@ -10,6 +10,8 @@ results on every executor.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -19,6 +21,9 @@ import pandas as pd
 from .._validation import check_run
 from ..errors import ForgetkitError
 from ..execution import executor_for
+
+#: Predictions (epochs x samples) from which the F_e/L_e counts are taken in threads.
+THREADED_COUNTS = 1 << 24
 
 
 def predictions(run, *, progress=False):
@@ -37,19 +42,27 @@ def _epoch_counts(run, progress=False):
     e, forgotten (correct at e, wrong at the final epoch) and learned (wrong at e, correct at
     the final epoch); and the number of samples ever correct but wrong at the final epoch.
     Counted epoch by epoch from the predictions (`correctness` row by row, into two rows
-    of scratch: no (E, N) array beside the predictions)."""
+    of scratch: no (E, N) array beside the predictions), in threads over the epochs of a
+    large run (the comparisons release the GIL)."""
     pred = predictions(run, progress=progress)
     labels = run.labels.astype(pred.dtype)  # as Run.correctness compares
     final = pred[-1] == labels
-    ever, correct, scratch = final.copy(), np.empty_like(final), np.empty_like(final)
     counts = np.empty((3, pred.shape[0]), dtype=np.int64)
-    for e, row in enumerate(pred):
-        np.equal(row, labels, out=correct)
-        counts[0, e] = np.count_nonzero(correct)
-        counts[1, e] = np.count_nonzero(np.greater(correct, final, out=scratch))  # & ~final
-        counts[2, e] = np.count_nonzero(np.less(correct, final, out=scratch))  # ~correct &
-        np.logical_or(ever, correct, out=ever)
-    return counts, int(np.count_nonzero(np.greater(ever, final, out=scratch)))
+
+    def part(epochs):
+        ever, correct, scratch = final.copy(), np.empty_like(final), np.empty_like(final)
+        for e in epochs:
+            np.equal(pred[e], labels, out=correct)
+            counts[0, e] = np.count_nonzero(correct)
+            counts[1, e] = np.count_nonzero(np.greater(correct, final, out=scratch))  # & ~final
+            counts[2, e] = np.count_nonzero(np.less(correct, final, out=scratch))  # ~correct &
+            np.logical_or(ever, correct, out=ever)
+        return ever
+
+    n = 1 if pred.size < THREADED_COUNTS else max(1, min(os.cpu_count() or 1, len(pred)))
+    with ThreadPoolExecutor(n) as pool:
+        ever = np.logical_or.reduce(list(pool.map(part, np.array_split(range(len(pred)), n))))
+    return counts, int(np.count_nonzero(ever & ~final))
 
 
 def epoch_counts(run, *, progress=False):
