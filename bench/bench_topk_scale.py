@@ -167,6 +167,11 @@ def main(argv=None):
                                               args.vocab)
             os.sync()  # the written pages on disk: no writeback during the measurements
         files = files_of(path)
+        import forgetkit as fk
+
+        loaded = fk.load(path)
+        shape = (loaded.n_epochs, loaded.n_samples, loaded.top_k, loaded.n_classes)
+        del loaded
         size_mb = sum(os.path.getsize(f) for f in files) / 1e6
         cat(files), cat(files)  # warm the page cache
         load_before = os.getloadavg()
@@ -187,15 +192,10 @@ def main(argv=None):
     cpu = min(r["cpu"] for r in passes)
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; commit: {commit()}; "
           f"command: python -m bench.bench_topk_scale {' '.join(argv or sys.argv[1:])}".rstrip())
-    import forgetkit as fk
-
-    shape = fk.load(path)
     written = f"written by TopKWriter in {write_wall:.0f} s ({write_cpu:.0f} s CPU)" \
         if write_wall is not None else f"the existing run {str(path)!r}"
-    print(f"top-k run: {shape.n_epochs} checkpoints x {shape.n_samples:,} tokens, "
-          f"k={shape.top_k}, vocabulary {shape.n_classes:,}: {size_mb:,.0f} MB in 3 files, "
-          f"{written}")
-    del shape
+    print(f"top-k run: {shape[0]} checkpoints x {shape[1]:,} tokens, k={shape[2]}, "
+          f"vocabulary {shape[3]:,}: {size_mb:,.0f} MB in 3 files, {written}")
     print(f"load average (1, 5, 15 min) before {load_before[0]:.1f} {load_before[1]:.1f} "
           f"{load_before[2]:.1f}, after {load_after[0]:.1f} {load_after[1]:.1f} "
           f"{load_after[2]:.1f}")
