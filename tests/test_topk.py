@@ -351,6 +351,20 @@ def test_vocabulary_above_65536_stores_24_bit_ids_in_64_bytes_at_k8(tmp_path):
     assert a["crc32c"] == b["crc32c"] and b["ids"] == "uint24"
 
 
+def test_24_bit_ids_decode_alike_from_any_layout():
+    rng = np.random.default_rng(0)
+    for k in (1, 3, 8):
+        recs = np.zeros((3, 50), topk_dtype(k, WIDE))
+        ids = rng.integers(0, 1 << 24, (3, 50, k))
+        set_token_ids(recs, ids)
+        assert np.array_equal(token_ids(recs), ids)
+        for j in range(k):  # contiguous (one word per record), a row, a strided view
+            assert token_ids(recs, j).dtype == np.int32
+            assert np.array_equal(token_ids(recs, j), ids[..., j])
+            assert np.array_equal(token_ids(recs[1], j), ids[1, :, j])
+            assert np.array_equal(token_ids(recs[:, ::2], j), ids[:, ::2, j])
+
+
 def test_ids_outside_a_wide_vocabulary_are_refused(tmp_path):
     full = wide_run(n_epochs=1)
     good = topk_records(full.epoch_values(0), full.labels, 8)
