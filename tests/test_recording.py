@@ -200,7 +200,7 @@ DDP_WORKER = textwrap.dedent("""
 
     rank, world, tmp, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg-{scenario}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=20))
+                            world_size=world, timeout=datetime.timedelta(seconds=300))
     N, D, C = 301, 6, 5
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-3, 4, (N, D), generator=g).float()  # integer values: exact outputs
@@ -301,7 +301,7 @@ def run_ranks(tmp_path, scenario, world=2):
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(tmp_path),
                                scenario], env=env, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
-    errors = [p.communicate(timeout=180)[1] for p in procs]
+    errors = [p.communicate(timeout=600)[1] for p in procs]
     for r, (p, err) in enumerate(zip(procs, errors, strict=True)):
         assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{err[-3000:]}"
     return [json.loads((tmp_path / f"{scenario}-{r}.json").read_text()) for r in range(world)

@@ -194,7 +194,7 @@ DDP_TOKENS = textwrap.dedent("""
 
     rank, world, tmp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=30))
+                            world_size=world, timeout=datetime.timedelta(seconds=300))
     data = token_data()
     rows = [{k: v[i] for k, v in data.items()} for i in range(len(data["input_ids"]))]
     loader = DataLoader(rows, batch_size=2, sampler=DistributedSampler(rows, shuffle=False))
@@ -218,7 +218,7 @@ def test_token_recorder_under_torch_distributed_equals_one_process(tmp_path):
                                str(ROOT)], env=env, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     for r, p in enumerate(procs):
-        err = p.communicate(timeout=120)[1]
+        err = p.communicate(timeout=600)[1]
         assert p.returncode == 0, f"rank {r}:\n{err[-3000:]}"
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     with TokenRecorder(tmp_path / "one.npy", token_data(), top_k=4) as rec:
