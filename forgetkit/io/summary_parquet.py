@@ -3,6 +3,8 @@
 epoch; the summary's record (labels, epoch numbers, classes...) as JSON under the schema
 metadata key ``forgetkit`` and the epochs' checksums under ``forgetkit.crc32c``, as for a
 full Parquet run. Loaded into memory (16 bytes per sample and epoch), every epoch verified.
+The opening and epoch-by-epoch reading are shared with top-k runs (`open_record_parquet`,
+`read_epoch_groups`).
 """
 
 from __future__ import annotations
@@ -63,44 +65,76 @@ def load_summary_parquet(path, *, labels=None, verify=True):
     """A summary run from the Parquet file ``path`` (see the module docstring)."""
     from .summary import summary_run
 
-    where = f"the forgetkit metadata of {str(path)!r}"
+    pf, md, record, where = open_record_parquet(path, FORMAT, "summary", verify=verify)
+    n = record.get("n_samples")
+    if not isinstance(n, int) or n < 1 or not isinstance(record.get("epochs"), list):
+        raise CorruptFileError(f"{where} lacks valid n_samples and epochs")
+    sums = parquet_checksums(md, where, verify=verify)
+    if verify:
+        check_fields(record, sums, path)
+
+    def fill(out, e, part, order):
+        for f in FIELDS:
+            out[f] = part.column(f).to_numpy()[order]
+
+    records = read_epoch_groups(pf, str(path), record, sums, n, SUMMARY_DTYPE, fill,
+                                verify=verify)
+    return summary_run(path, records, record, labels, where)
+
+
+def open_record_parquet(path, fmt, what, *, name=None, verify=True):
+    """(ParquetFile, key-value metadata, record, ``where``) of the forgetkit Parquet file
+    ``path`` of format ``fmt`` (a summary's, a top-k run's; ``what`` names the kind and
+    ``name`` the file in errors; ``where`` names its metadata)."""
+    name = str(path) if name is None else name
+    where = f"the forgetkit metadata of {name!r}"
     try:
         pf = pq.ParquetFile(path, page_checksum_verification=bool(verify))
         md = pf.metadata.metadata or {}
     except Exception as err:
-        raise corrupt(path, err) from None
+        raise corrupt(name, err) from None
     record = parse_record(md.get(PARQUET_KEY, b"{}"), where)
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise CorruptFileError(f"{str(path)!r} is not a forgetkit summary")
-    n = record.get("n_samples")
-    if not isinstance(n, int) or n < 1 or not isinstance(record.get("epochs"), list):
-        raise CorruptFileError(f"{where} lacks valid n_samples and epochs")
+    if not isinstance(record, dict) or record.get("format") != fmt:
+        raise CorruptFileError(f"{name!r} is not a forgetkit {what}")
+    return pf, md, record, where
+
+
+def parquet_checksums(md, where, *, verify=True):
+    """The epochs' checksums stored in the key-value metadata ``md``, or None; required
+    when verifying."""
     sums = stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where) \
         if CRC_METADATA_KEY in md else None
     if sums is None and verify:
         raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
-    if verify:
-        check_fields(record, sums, path)
+    return sums
+
+
+def read_epoch_groups(pf, name, record, sums, n, dtype, fill, *, columns=None, verify=True):
+    """Records (E, n) of ``dtype`` from the row groups of ``pf``, one per epoch.
+
+    ``fill(out, e, part, order)`` stores row group ``e`` (a pyarrow Table of the columns
+    ``columns(e)``, every column if ``columns`` is None) in ``out`` (n,), rows taken at
+    ``order`` (the sample order of its ``sample`` column); each epoch is checked against its
+    stored checksum when verifying. Errors name the file ``name``."""
     n_groups = pf.metadata.num_row_groups
     if n_groups != len(record["epochs"]) or (sums and len(sums["outputs"]) != n_groups):
-        raise CorruptFileError(f"{str(path)!r} holds {n_groups} epochs; its metadata names "
+        raise CorruptFileError(f"{name!r} holds {n_groups} epochs; its metadata names "
                                f"{len(record['epochs'])}")
-    records = np.empty((n_groups, n), dtype=SUMMARY_DTYPE)
+    records = np.empty((n_groups, n), dtype=dtype)
     for e in range(n_groups):
         if pf.metadata.row_group(e).num_rows != n:
-            raise CorruptFileError(f"{str(path)!r}: epoch index {e} holds "
+            raise CorruptFileError(f"{name!r}: epoch index {e} holds "
                                    f"{pf.metadata.row_group(e).num_rows} rows; expected {n}")
         try:
-            table = pf.read_row_group(e)
-            sample = table.column("sample").to_numpy()
+            part = pf.read_row_group(e, columns=None if columns is None else columns(e))
+            sample = part.column("sample").to_numpy()
             order = np.argsort(sample, kind="stable")
             if not np.array_equal(sample[order], np.arange(n)):
                 raise ValueError("column 'sample' is not a permutation of 0..N-1")
-            for f in FIELDS:
-                records[e][f] = table.column(f).to_numpy()[order]
+            fill(records[e], e, part, order)
         except Exception as err:
-            raise CorruptFileError(f"cannot read epoch index {e} of {str(path)!r}: the file "
+            raise CorruptFileError(f"cannot read epoch index {e} of {name!r}: the file "
                                    f"is truncated or corrupt ({err})") from None
         if verify and crc_array(records[e]) != sums["outputs"][e]:
-            raise mismatch(path, record["epochs"][e], e)
-    return summary_run(path, records, record, labels, where)
+            raise mismatch(name, record["epochs"][e], e)
+    return records

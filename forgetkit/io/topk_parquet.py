@@ -23,10 +23,9 @@ import pyarrow.parquet as pq
 
 from .._topk import TOKEN_DTYPE, convert_records, ids_of, set_token_ids, token_ids
 from ..errors import CorruptFileError
-from .integrity import KEY, checksums, crc_array, mismatch, stored_checksums
+from .integrity import KEY, checksums, crc_array
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
-from .record import corrupt, parse_record
-from .summary_parquet import has_format
+from .summary_parquet import has_format, open_record_parquet, parquet_checksums, read_epoch_groups
 from .topk import ARGMAX_KEY, argmax_crc
 
 FORMAT = "forgetkit-topk"
@@ -106,54 +105,29 @@ def read_topk_parquet(path, *, name=None, verify=True):
     from .topk import _check_topk_record, record_dtype, table_crc
 
     name = str(path) if name is None else name
-    where = f"the forgetkit metadata of {name!r}"
-    try:
-        pf = pq.ParquetFile(path, page_checksum_verification=bool(verify))
-        md = pf.metadata.metadata or {}
-    except Exception as err:
-        raise corrupt(name, err) from None
-    record = parse_record(md.get(PARQUET_KEY, b"{}"), where)
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise CorruptFileError(f"{name!r} is not a forgetkit top-k run")
+    pf, md, record, where = open_record_parquet(path, FORMAT, "top-k run", name=name,
+                                                verify=verify)
     n, vocab, k = _check_topk_record(record, where)
     if not isinstance(n, int) or n < 1:
         raise CorruptFileError(f"{where} lacks a valid n_samples")
-    sums = stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where) \
-        if CRC_METADATA_KEY in md else None
-    if sums is None and verify:
-        raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
-    n_groups = pf.metadata.num_row_groups
-    if n_groups != len(record["epochs"]) or (sums and len(sums["outputs"]) != n_groups):
-        raise CorruptFileError(f"{name!r} holds {n_groups} epochs; its metadata names "
-                               f"{len(record['epochs'])}")
-    dtype = record_dtype(record)  # uint32 ids in a file written before 24-bit ones
-    records = np.empty((n_groups, n), dtype=dtype)
+    sums = parquet_checksums(md, where, verify=verify)
     table = np.empty(n, dtype=TOKEN_DTYPE)
-    for e in range(n_groups):
-        if pf.metadata.row_group(e).num_rows != n:
-            raise CorruptFileError(f"{name!r}: epoch index {e} holds "
-                                   f"{pf.metadata.row_group(e).num_rows} rows; expected {n}")
-        try:
-            columns = ["sample", "target", "lse", "logits", "ids"]
-            part = pf.read_row_group(e, columns=columns + (list(TOKEN_COLUMNS) if e == 0
-                                                           else []))
-            sample = part.column("sample").to_numpy()
-            order = np.argsort(sample, kind="stable")
-            if not np.array_equal(sample[order], np.arange(n)):
-                raise ValueError("column 'sample' is not a permutation of 0..N-1")
-            out = records[e]
-            for f in ("target", "lse"):
-                out[f] = part.column(f).to_numpy()[order]
-            out["logits"] = _list_column(part, "logits", k, np.float32, where)[order]
-            set_token_ids(out, _list_column(part, "ids", k, np.int64, where)[order])
-            if e == 0:
-                for col, field in TOKEN_COLUMNS.items():
-                    table[field] = part.column(col).to_numpy()[order]
-        except Exception as err:
-            raise CorruptFileError(f"cannot read epoch index {e} of {name!r}: the file "
-                                   f"is truncated or corrupt ({err})") from None
-        if verify and crc_array(records[e]) != sums["outputs"][e]:
-            raise mismatch(name, record["epochs"][e], e)
+
+    def fill(out, e, part, order):
+        for f in ("target", "lse"):
+            out[f] = part.column(f).to_numpy()[order]
+        out["logits"] = _list_column(part, "logits", k, np.float32, where)[order]
+        set_token_ids(out, _list_column(part, "ids", k, np.int64, where)[order])
+        if e == 0:
+            for col, field in TOKEN_COLUMNS.items():
+                table[field] = part.column(col).to_numpy()[order]
+
+    columns = ["sample", "target", "lse", "logits", "ids"]
+    # record_dtype: uint32 ids in a file written before 24-bit ones
+    records = read_epoch_groups(pf, name, record, sums, n, record_dtype(record), fill,
+                                columns=lambda e: columns + (list(TOKEN_COLUMNS) if e == 0
+                                                             else []),
+                                verify=verify)
     if verify and table_crc(table, vocab, k) != record["tokens"].get("crc32c"):
         raise CorruptFileError(f"{name!r}: the token table does not match its checksum")
     return records, dict(record, **({KEY: sums} if sums else {})), table
