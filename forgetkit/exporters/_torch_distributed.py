@@ -157,6 +157,32 @@ def use_rank0_buffers(ctx, epoch, model):
     return restore
 
 
+def evaluate_shard(recorder, model, epoch):
+    """(ctx, shard, local) of one recorded epoch: ``recorder._evaluate`` of ``model`` in eval
+    mode over this process's shard of ``recorder.data`` (all of it outside torch.distributed,
+    where ctx is None), with rank 0's buffers under torch.distributed; the model's mode and
+    own buffers are restored. A DDP or DataParallel wrapper is evaluated through its module:
+    a DDP forward would sync buffers while the ranks differ in batches."""
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        model = model.module
+    ctx = context(recorder.group)
+    rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world)
+    shard = Shard(recorder.data, rank, world, batch_size=recorder.batch_size,
+                  count=recorder._batch_length, cache=recorder._shard_loaders)
+    was_training = model.training
+    restore = use_rank0_buffers(ctx, epoch, model) if ctx is not None else None
+    model.eval()
+    try:
+        local = recorder._evaluate(model, epoch, shard if ctx is not None else
+                                   ((None, batch) for batch in recorder.data),
+                                   catch=ctx is not None)
+    finally:
+        model.train(was_training)
+        if restore is not None:
+            restore()
+    return ctx, shard, local
+
+
 def check_counts(epoch, metas, rank):
     """Raise the same error on every rank if the ranks' counts disagree or one failed."""
     failed = [r for r, m in enumerate(metas) if m["error"] is not None]

@@ -177,21 +177,9 @@ class TokenRecorder(RecorderBase):
         records as epoch ``epoch``; return the next-token accuracy (the target is the
         argmax). The model's train/eval mode is restored. Nothing is written for an epoch
         that fails a check (top_k above the vocabulary, a vocabulary or tokens other than at
-        the first recorded epoch, non-finite logits)."""
-        if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
-                              torch.nn.DataParallel)):
-            model = model.module
-        ctx = ddp.context(self.group)
-        rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world)
-        shard = ddp.Shard(self.data, rank, world, batch_size=self.batch_size,
-                          count=self._batch_length, cache=self._shard_loaders)
-        was_training = model.training
-        model.eval()
-        try:
-            local = self._evaluate(model, epoch, shard if ctx is not None else
-                                   ((None, b) for b in self.data), catch=ctx is not None)
-        finally:
-            model.train(was_training)
+        the first recorded epoch, non-finite logits). Under torch.distributed every rank
+        calls it and evaluates its shard with rank 0's buffers, as `LogitRecorder` does."""
+        ctx, shard, local = ddp.evaluate_shard(self, model, epoch)
         if ctx is None:
             if local["error"] is not None:
                 raise local["error"]

@@ -188,23 +188,7 @@ class LogitRecorder(RecorderBase):
         restored afterwards. Under torch.distributed every rank must call it; each evaluates
         its shard with rank 0's buffers (batch-norm statistics; its own are put back), rank 0
         writes, and every rank returns the accuracy over all samples."""
-        if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
-                              torch.nn.DataParallel)):
-            model = model.module  # a DDP forward would sync buffers: ranks differ in batches
-        ctx = ddp.context(self.group)
-        rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world)
-        shard = ddp.Shard(self.data, rank, world, batch_size=self.batch_size,
-                          count=self._batch_length, cache=self._shard_loaders)
-        was_training = model.training
-        restore = ddp.use_rank0_buffers(ctx, epoch, model) if ctx is not None else None
-        model.eval()
-        try:
-            local = self._evaluate(model, epoch, shard if ctx is not None else
-                                   ((None, batch) for batch in self.data), catch=ctx is not None)
-        finally:
-            model.train(was_training)
-            if restore is not None:
-                restore()
+        ctx, shard, local = ddp.evaluate_shard(self, model, epoch)
         if ctx is None:
             local = self._checked(local, epoch)
             return self._store(epoch, None, local["labels"], local["values"], local["classes"])
