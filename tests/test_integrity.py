@@ -3,7 +3,6 @@ together, locks that follow no symbolic link, summaries' fields range-checked.""
 
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from forgetkit.io import pair
 from forgetkit.io.pair import pending_path
 from forgetkit.io.record import sidecar_path
 
+from .crashes import Killed, kill_at_rename, saving_in_turn
 from .test_fuzz import write_format
 
 E, N, C = 3, 16, 4
@@ -142,26 +142,6 @@ def test_writers_store_checksums_that_verify(tmp_path, fmt):
 
 
 # ------------------------------------------------------------ pairs change together
-class Killed(BaseException):
-    """A kill of the writing process at an injected point."""
-
-
-def _kill_at_rename(monkeypatch, k):
-    """Make the k-th os.replace (0-based) of forgetkit's writes raise Killed first."""
-    calls = {"n": 0}
-    real = os.replace
-
-    def replace(src, dst):
-        if calls["n"] == k:
-            calls["n"] += 1
-            raise Killed
-        calls["n"] += 1
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-    return calls
-
-
 def _state(path):
     run = fk.load(path)
     return values_of(run), run.labels, run.epochs
@@ -186,7 +166,7 @@ def test_a_kill_at_any_rename_leaves_the_old_run_or_the_new(tmp_path, monkeypatc
         expected_old, expected_new = fk.load(path), (fk.summarize(new) if what == "summarize"
                                                      else new)
         with monkeypatch.context() as m:
-            calls = _kill_at_rename(m, k)
+            calls = kill_at_rename(m, k)
             try:
                 fk.save(new, path) if what == "save" else fk.summarize(new, path)
             except Killed:
@@ -242,7 +222,7 @@ def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(
         before = _state(path)
         w = make(path)
         with monkeypatch.context() as m:
-            calls = _kill_at_rename(m, k)
+            calls = kill_at_rename(m, k)
             try:
                 w.append(1, RUN.outputs[0], replace=True)
             except Killed:
@@ -270,26 +250,12 @@ def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(
 def test_a_reader_never_sees_one_runs_tensor_with_the_others_sidecar(tmp_path):
     path = tmp_path / "r.npy"
     runs = [make_run(1), make_run(2, n_epochs=2)]
-    fk.save(runs[0], path)
-    stop = threading.Event()
-
-    def writer():
-        i = 0
-        while not stop.is_set():
-            i += 1
-            fk.save(runs[i % 2], path)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
     loads = 0
-    try:
+    with saving_in_turn(runs, path):
         for _ in range(150):
             state = _state(path)
             assert _same(state, runs[0]) or _same(state, runs[1])
             loads += 1
-    finally:
-        stop.set()
-        thread.join()
     assert loads == 150
 
 
@@ -563,7 +529,7 @@ def test_soft_targets_change_together_and_are_checked(tmp_path, monkeypatch):
         path = tmp_path / f"t{k}.npy"
         fk.write_soft_targets(path, kf, old)
         with monkeypatch.context() as m:
-            calls = _kill_at_rename(m, k)
+            calls = kill_at_rename(m, k)
             try:
                 fk.write_soft_targets(path, kf, new)
             except Killed:

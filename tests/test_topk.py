@@ -14,6 +14,7 @@ from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
 from forgetkit.io.topk import tokens_path
 
 from .conftest import make_run
+from .crashes import Killed, kill_at_rename, saving_in_turn
 
 V, K = 40, 4
 
@@ -532,10 +533,6 @@ def test_a_token_table_that_does_not_match_is_refused(tmp_path):
 
 
 # --------------------------------------------------------------- crash safety
-class Killed(BaseException):
-    """A kill of the writing process at an injected point."""
-
-
 def _state(path):
     run = fk.load(path)
     return (np.asarray(run.outputs.records).copy(), run.labels.copy(), run.epochs.copy(),
@@ -544,23 +541,6 @@ def _state(path):
 
 def _same(a, b):
     return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def kill_at_rename(monkeypatch, k):
-    """Make the k-th os.replace (0-based) raise Killed first; returns the call count."""
-    import os
-
-    calls = {"n": 0}
-    real = os.replace
-
-    def replace(src, dst):
-        calls["n"] += 1
-        if calls["n"] - 1 == k:
-            raise Killed
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-    return calls
 
 
 def test_a_kill_at_any_rename_of_save_leaves_the_old_run_or_the_new(tmp_path, monkeypatch):
@@ -693,8 +673,6 @@ def test_a_corrupt_topk_shard_is_refused_on_the_worker_naming_it(tmp_path):
 
 
 def test_a_reader_never_sees_one_runs_records_with_the_others_token_table(tmp_path):
-    import threading
-
     path = tmp_path / "r.npy"
     runs = [topk_of(token_run(n_epochs=3, n_tokens=40, seed=1)),
             topk_of(token_run(n_epochs=2, n_tokens=60, seed=2))]
@@ -705,24 +683,10 @@ def test_a_reader_never_sees_one_runs_records_with_the_others_token_table(tmp_pa
     for i, run in enumerate(runs):
         fk.save(run, tmp_path / f"s{i}.npy")
         states.append(_state(tmp_path / f"s{i}.npy"))
-    fk.save(runs[0], path)
-    stop = threading.Event()
-
-    def writer():
-        i = 0
-        while not stop.is_set():
-            i += 1
-            fk.save(runs[i % 2], path)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
+    with saving_in_turn(runs, path):
         for _ in range(100):
             state = _state(path)
             assert _same(state, states[0]) or _same(state, states[1])
-    finally:
-        stop.set()
-        thread.join()
 
 
 def test_to_topk_of_a_logits_run(tmp_path):
