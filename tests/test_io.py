@@ -267,3 +267,23 @@ def test_atomic_write_keeps_the_target_on_error(tmp_path):
     with atomic_write(target) as tmp:
         tmp.write_bytes(b"new")
     assert target.read_bytes() == b"new" and sorted(tmp_path.iterdir()) == [target]
+
+
+def test_a_record_encoded_again_for_new_metadata_keeps_its_text(tmp_path):
+    """A writer given new metadata with an epoch (a replay's, every epoch) encodes only the
+    metadata again: the record's JSON text is the one encoding it all afresh gives."""
+    from forgetkit.io.record import record_encoder, run_record
+
+    fields = dict(kind="logits", dtype="float16", n_samples=4, n_classes=3, epochs=[],
+                  labels=[2, 0, 1, 2], sample_ids=["a", "b", "c", "é"], class_names=None)
+    encode = record_encoder(run_record(**fields, meta={"x": 1}))
+    for meta in ({"replay": {"checkpoints": [{"epoch": 3, "sha256": "ab"}]}}, {}, None):
+        again = encode.with_meta(meta)([3, 5], [11, 12])
+        fresh = record_encoder(run_record(**fields, meta=meta))([3, 5], [11, 12])
+        assert again.json_text == fresh.json_text
+        assert dict(again) == dict(fresh) == json.loads(again.json_text)
+    with fk.RunWriter(tmp_path / "r.npy", 4, 3, labels=[2, 0, 1, 2]) as w:
+        for e in range(3):
+            w.append(e, np.zeros((4, 3)), meta={"step": e})
+    run = fk.load(tmp_path / "r.npy")
+    assert run.meta == {"step": 2} and run.epochs.tolist() == [0, 1, 2]

@@ -363,6 +363,108 @@ def test_checkpoint_tensors_packed_into_one_buffer_come_back_as_views():
         assert b.dtype == t.dtype and b.shape == t.shape and torch.equal(b, t)
 
 
+def test_staged_checkpoints_load_as_bytes_or_converted(tmp_path, monkeypatch):
+    """The GPU's staging on the CPU (`STAGE_ALWAYS`): each checkpoint packed into one buffer
+    is copied into the model byte for byte from that buffer when its dtypes are the model's
+    and the model's tensors are contiguous; else (a float64 checkpoint for a float32 model,
+    a model with a transposed weight) tensor by tensor, converted. The run equals the
+    unstaged replay bit for bit every time, on one and two devices."""
+    from forgetkit.exporters import _torch_replay as R
+
+    test, files = train_and_save(tmp_path)
+    doubles = []
+    for f in files:
+        doubles.append(tmp_path / f"double_{f.name}")
+        torch.save({k: v.double() if v.is_floating_point() else v
+                    for k, v in torch.load(f, weights_only=True).items()}, doubles[-1])
+
+    def transposed():
+        net = small_net()
+        net[0].weight = nn.Parameter(torch.randn(6, 16).t())  # (16, 6), not contiguous
+        return net
+
+    cases = [(small_net, files, True), (small_net, doubles, False), (transposed, files, False)]
+    plain = [replay(make(), ckpts, test, tmp_path / f"plain{i}.npy", dtype="float32")
+             for i, (make, ckpts, _) in enumerate(cases)]
+    assert_same_run(plain[0], fk.load(tmp_path / "recorded.npy"))
+    load, bytewise = R._Device.load, []
+
+    def watched(self, item):
+        bytewise.append(item.tensors is None)
+        return load(self, item)
+
+    monkeypatch.setattr(R._Device, "load", watched)
+    monkeypatch.setattr(R, "STAGE_ALWAYS", True)
+    for i, (make, ckpts, as_bytes) in enumerate(cases):
+        for devices in (["cpu"], ["cpu", "cpu"]):
+            bytewise.clear()
+            run = replay(make(), ckpts, test, tmp_path / f"s{i}{len(devices)}.npy",
+                         dtype="float32", devices=devices)
+            assert_same_run(run, plain[i])
+            assert bytewise == [as_bytes] * len(files)
+
+
+def test_content_hashes_in_groups_and_pending_are_the_same(monkeypatch):
+    """Buffers hashed in groups on a pool, or handed back pending (`wait=False`), give the
+    digest of one hash after another."""
+    from forgetkit.exporters import _checkpoints as C
+
+    rng = np.random.default_rng(0)
+    items = [(f"t{i}", "float32", (n,), rng.random(n).astype(np.float32))
+             for i, n in enumerate([0, 3, 5000, 1, 70000, 2, 2, 90000])]
+    serial = C.content_hash(items)
+    monkeypatch.setattr(C, "HASH_GROUP", 10000)  # several groups of consecutive buffers
+    assert len(C._groups([it[3] for it in items])) == 3
+    with C.hash_pool() as pool:
+        assert C.content_hash(items, pool=pool) == serial
+        pending = C.content_hash(items, pool=pool, wait=False)
+        assert isinstance(pending, C.PendingHash)
+        assert C.resolved(pending) == serial == C.resolved(serial)
+    items[2][3][7] += 1
+    assert C.content_hash(items) != serial
+
+
+def test_own_epoch_reads_the_pickle_only_where_it_may_say(tmp_path, monkeypatch):
+    """A checkpoint's own epoch: a pickle without the letters of ``epoch`` or ``step`` (and
+    no escape) is not unpickled; one holding them, or an escaped key, is."""
+    import zipfile
+
+    from forgetkit.exporters import _torch_replay as R
+
+    state = small_net().state_dict()
+    torch.save(state, tmp_path / "bare.pt")
+    torch.save({"state_dict": state, "epoch": 4, "global_step": 40}, tmp_path / "pl.ckpt")
+    with zipfile.ZipFile(tmp_path / "escaped.pt", "w") as z:  # protocol 0: {"epoch": 7}
+        z.writestr("archive/data.pkl", b"(dp0\nVep\\u006fch\np1\nI7\ns.")
+    peeked = []
+
+    class Peek(R._Peek):
+        def load(self):
+            peeked.append(1)
+            return super().load()
+
+    monkeypatch.setattr(R, "_Peek", Peek)
+    assert R.own_epoch(tmp_path / "bare.pt") == (None, None) and not peeked
+    assert R.own_epoch(tmp_path / "pl.ckpt") == (4, 40) and len(peeked) == 1
+    assert R.own_epoch(tmp_path / "escaped.pt") == (7, None) and len(peeked) == 2
+
+
+def test_a_checkpoint_torch_cannot_map_is_read(tmp_path):
+    """The reader maps each file into memory; a legacy (not zip) checkpoint, which torch
+    cannot map, is read instead, with the same result."""
+    from forgetkit.exporters._torch_replay import read_checkpoint
+
+    test, files = train_and_save(tmp_path, epochs=(0, 1))
+    legacy = tmp_path / "legacy_1.pt"
+    torch.save(torch.load(files[1], weights_only=True), legacy,
+               _use_new_zipfile_serialization=False)
+    mapped, _, _ = read_checkpoint(legacy, mmap=True)
+    for k, v in torch.load(files[1], weights_only=True).items():
+        assert torch.equal(mapped[k], v)
+    run = replay(small_net(), [files[0], legacy], test, tmp_path / "run.npy", dtype="float32")
+    assert_same_run(run, fk.load(tmp_path / "recorded.npy"))
+
+
 def test_recorder_options_are_one_keyword_set(tmp_path):
     from forgetkit.exporters._common import RecorderOptions
 

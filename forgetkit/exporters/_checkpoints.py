@@ -119,20 +119,63 @@ def ordered(files, *, epochs=None, own=None):
     return out
 
 
-def content_hash(items, *, pool=None):
-    """The SHA-256 hex digest of named arrays: ``items`` is a list of (name, dtype name,
-    shape, buffer) in a fixed order; each buffer is hashed on ``pool`` (hashlib releases
-    the GIL), then the names, dtypes, shapes and digests together."""
-    def digest(buf):
-        return hashlib.sha256(buf).digest()
+#: Buffers are hashed on the pool in groups of about this many bytes (a task per tensor
+#: would cost more in handing out than the small ones take to hash).
+HASH_GROUP = 4 << 20
 
+
+def _digests(buffers):
+    return [hashlib.sha256(b).digest() for b in buffers]
+
+
+def _groups(buffers):
+    """Consecutive runs of ``buffers`` of about `HASH_GROUP` bytes each."""
+    groups, current, size = [], [], 0
+    for b in buffers:
+        current.append(b)
+        size += memoryview(b).nbytes
+        if size >= HASH_GROUP:
+            groups.append(current)
+            current, size = [], 0
+    return groups + ([current] if current else [])
+
+
+class PendingHash:
+    """A `content_hash` being computed on a pool: `result` waits for it (once)."""
+
+    def __init__(self, finish):
+        self._finish, self._digest = finish, None
+
+    def result(self):
+        if self._digest is None:
+            self._digest = self._finish()
+        return self._digest
+
+
+def resolved(digest):
+    """A content hash: ``digest`` itself, or the result of a `PendingHash`."""
+    return digest.result() if isinstance(digest, PendingHash) else digest
+
+
+def content_hash(items, *, pool=None, wait=True):
+    """The SHA-256 hex digest of named arrays: ``items`` is a list of (name, dtype name,
+    shape, buffer) in a fixed order; each buffer is hashed (on ``pool`` in groups of
+    consecutive buffers: hashlib releases the GIL), then the names, dtypes, shapes and
+    digests together. ``wait=False`` (with a pool) returns a `PendingHash` at once."""
     buffers = [it[3] for it in items]
-    digests = list(pool.map(digest, buffers)) if pool is not None else map(digest, buffers)
-    h = hashlib.sha256()
-    for (name, dtype, shape, _), d in zip(items, digests, strict=False):
-        h.update(f"{name}\0{dtype}\0{tuple(shape)}\0".encode())
-        h.update(d)
-    return h.hexdigest()
+    futures = [pool.submit(_digests, g) for g in _groups(buffers)] if pool is not None \
+        else None
+
+    def finish():
+        digests = [d for f in futures for d in f.result()] if futures is not None \
+            else _digests(buffers)
+        h = hashlib.sha256()
+        for (name, dtype, shape, _), d in zip(items, digests, strict=True):
+            h.update(f"{name}\0{dtype}\0{tuple(shape)}\0".encode())
+            h.update(d)
+        return h.hexdigest()
+
+    return finish() if wait or pool is None else PendingHash(finish)
 
 
 def lazy_map(pool, fn, items, ahead=4):

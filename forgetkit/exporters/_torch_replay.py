@@ -41,6 +41,7 @@ from ._checkpoints import (
     existing_run,
     hash_pool,
     ordered,
+    resolved,
 )
 
 #: File suffixes read as PyTorch checkpoints (a folder given as ``checkpoints``).
@@ -56,6 +57,9 @@ READERS = 2
 #: Several devices: each checkpoint goes to the device that asks first (False: checkpoint
 #: i to device i mod n, the same split every time, for devices of different kinds).
 BALANCE = True
+
+#: Stage checkpoints as on a GPU (packed into one buffer) on other devices too (tests).
+STAGE_ALWAYS = False
 
 #: Outputs evaluated but not yet stored that a device may hold (bytes, and results).
 OPEN_BYTES = 256 * 2**20
@@ -77,7 +81,8 @@ def read_checkpoint(file, *, trust_pickle=False, mmap=False):
     ``.pt/.pth/.bin/.ckpt`` file (or a dict holding one under ``state_dict``,
     ``model_state_dict`` or ``model``, with Lightning's ``epoch`` and ``global_step``), or a
     ``.safetensors`` file. Loads with ``weights_only=True`` unless ``trust_pickle``: a file
-    that needs other objects is refused and nothing in it runs."""
+    that needs other objects is refused and nothing in it runs. ``mmap``: the tensors are
+    views of the file mapped into memory (no copy; a file torch cannot map is read)."""
     file = str(file)
     if file.endswith(".safetensors"):
         try:
@@ -90,7 +95,17 @@ def read_checkpoint(file, *, trust_pickle=False, mmap=False):
         except Exception as err:
             raise CorruptFileError(f"cannot read checkpoint {file!r}: {err}") from None
     try:
-        obj = torch.load(file, map_location="cpu", weights_only=not trust_pickle, mmap=mmap)
+        try:
+            obj = torch.load(file, map_location="cpu", weights_only=not trust_pickle,
+                             mmap=mmap)
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception:
+            if not mmap:
+                raise
+            # not mappable (a legacy, non-zip file; a file system without mmap): read it,
+            # and any error is that read's
+            obj = torch.load(file, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as err:
         if not trust_pickle and "weights_only" in str(err):
             first = str(err).split("Unsupported global:")[-1].split("\n")[0].strip() \
@@ -157,6 +172,13 @@ class _Peek(pickle.Unpickler):
         return None
 
 
+def _may_hold_epoch(data):
+    """Whether a pickle ``data`` may hold the string ``epoch`` or ``step`` (as a dict key):
+    only a string opcode can make one under `_Peek`, and it holds the letters themselves,
+    unless escaped (protocol 0: a backslash)."""
+    return b"epoch" in data or b"step" in data or b"\\" in data
+
+
 def own_epoch(file, *, trust_pickle=False):
     """(epoch, step) that a checkpoint file records itself (Lightning's ``epoch`` and
     ``global_step``), or (None, None). Reads only the pickle inside the file's zip archive,
@@ -166,7 +188,10 @@ def own_epoch(file, *, trust_pickle=False):
     try:
         with zipfile.ZipFile(str(file)) as archive:
             name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-            obj = _Peek(io.BytesIO(archive.read(name))).load()
+            data = archive.read(name)
+            if not _may_hold_epoch(data):
+                return None, None
+            obj = _Peek(io.BytesIO(data)).load()
     except Exception:  # not a zip checkpoint: read again (and reported) when replayed
         return None, None
     if isinstance(obj, dict):  # (a bare state dict's values are all _Opaque)
@@ -217,15 +242,26 @@ def _bytes(t):
 
 
 def flat_bytes(t):
-    """The bytes of a tensor as a numpy uint8 array (any dtype)."""
+    """The bytes of a tensor as a numpy uint8 array (any dtype): for a contiguous host
+    tensor of a numpy dtype a view made by numpy, without a call into torch per step."""
+    if t.device.type == "cpu" and not t.requires_grad and t.is_contiguous():
+        try:
+            return t.numpy().reshape(-1).view(np.uint8)
+        except (TypeError, RuntimeError):  # bfloat16, float8, a conjugate view...
+            pass
     return _bytes(t).numpy()
+
+
+def _order(tensors):
+    """The tensors' positions in a packed buffer: the widest dtypes first."""
+    return sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
 
 
 def pack(tensors, *, pin=False):
     """``(buffer, layout)``: the tensors' bytes in one uint8 buffer (pinned with ``pin``),
     the widest dtypes first so that every tensor's view of it is aligned; `unpack` gives
     the tensors back as views."""
-    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
+    order = _order(tensors)
     layout, offset = [None] * len(tensors), 0
     for i in order:
         t = tensors[i]
@@ -233,8 +269,10 @@ def pack(tensors, *, pin=False):
         layout[i] = (offset, n, t.dtype, tuple(t.shape))
         offset += n
     buffer = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
-    for t, (o, n, _, _) in zip(tensors, layout, strict=True):
-        buffer[o:o + n].copy_(_bytes(t))
+    # one copy of every tensor's bytes, in one call (not a few calls per tensor, each
+    # giving up and taking back the interpreter lock that the other threads want)
+    torch.cat([torch.from_numpy(flat_bytes(tensors[i])) if tensors[i].device.type == "cpu"
+               else _bytes(tensors[i]) for i in order], out=buffer)
     return buffer, layout
 
 
@@ -249,10 +287,10 @@ class _Item:
 
     position: int
     checkpoint: Checkpoint
-    digest: str
-    tensors: list  # in the model's key order, on the device once staged
+    digest: object  # the content hash, or a PendingHash of it (`resolved`)
+    tensors: list  # in the model's key order, on the device once staged (None: `flat`)
     event: object = None  # CUDA event: the copy to the device is done
-    flat: object = None  # the device buffer the staged tensors are views of
+    flat: object = None  # the device buffer of the staged tensors (`pack`'s layout)
 
 
 class _Device:
@@ -269,7 +307,9 @@ class _Device:
         self.pool = pool
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.staged = self.cuda or STAGE_ALWAYS  # checkpoints packed into one buffer
         self.reader = ThreadPoolExecutor(READERS, thread_name_prefix="forgetkit-replay-read")
+        self.bytewise = _bytewise(self.targets)
         # a graph replays fixed memory: the batches must be resident on the device
         self.graphable = bool(cuda_graph) and CAPTURE.supports(device) and \
             _resident(batches, device)
@@ -282,26 +322,37 @@ class _Device:
                                   catch=False, sync=False)
 
     def read(self, position, checkpoint):
-        """Read, fit, check and hash a checkpoint; on a GPU start its copy to the device (all
-        its tensors packed into one pinned buffer: one copy at full speed)."""
-        tensors, digest = self.weights(checkpoint)
+        """Read (the file mapped into memory), fit and check a checkpoint, and start its
+        content hash on the hash pool (the digest is needed only when the result is
+        stored); on a GPU start its copy to the device (all its tensors packed into one
+        pinned buffer: one copy at full speed)."""
+        tensors, digest = self.weights(checkpoint, wait=False)
         item = _Item(position, checkpoint, digest, tensors)
-        if self.cuda:
-            host, layout = pack(tensors, pin=True)
-            with torch.cuda.stream(self.stream):
-                item.flat = host.to(self.device, non_blocking=True)
-                item.event = torch.cuda.Event()
-                item.event.record(self.stream)
-            item.tensors = unpack(item.flat, layout)
+        if self.staged:
+            host, layout = pack(tensors, pin=self.cuda)
+            if self.cuda:
+                with torch.cuda.stream(self.stream):
+                    item.flat = host.to(self.device, non_blocking=True)
+                    item.event = torch.cuda.Event()
+                    item.event.record(self.stream)
+            else:
+                item.flat = host
+            # the same dtypes as the model's: loaded as bytes, from the buffer at once
+            same = self.bytewise is not None and all(
+                t.dtype == target.dtype for t, target in zip(tensors, self.targets,
+                                                             strict=True))
+            item.tensors = None if same else unpack(item.flat, layout)
         return item
 
     def digest(self, checkpoint):
         """The content hash of a checkpoint's weights."""
         return self.weights(checkpoint)[1]
 
-    def weights(self, checkpoint):
-        """(tensors in the model's key order, content hash) of a checkpoint, checked."""
-        state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle)
+    def weights(self, checkpoint, *, wait=True):
+        """(tensors in the model's key order, content hash) of a checkpoint, checked;
+        ``wait=False``: the hash a `PendingHash`, computed on the pool."""
+        state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle,
+                                      mmap=True)
         state = fit_keys(state, self.keys, checkpoint.file)
         tensors = [state[k] for k in self.keys]
         for k, t, target in zip(self.keys, tensors, self.targets, strict=False):
@@ -311,7 +362,8 @@ class _Device:
                     f"{tuple(t.shape)} there and {tuple(target.shape)} in the model (a "
                     "checkpoint of another architecture?)")
         digest = content_hash([(k, str(state[k].dtype), tuple(state[k].shape),
-                                flat_bytes(state[k])) for k in sorted(state)], pool=self.pool)
+                                flat_bytes(state[k])) for k in sorted(state)], pool=self.pool,
+                              wait=wait)
         return tensors, digest
 
     def load(self, item):
@@ -319,15 +371,34 @@ class _Device:
         if item.event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(item.event)
+        if item.tensors is None:  # `pack`'s buffer in the model's own dtypes: its bytes
+            targets, sources = self.bytewise[0], item.flat.split(self.bytewise[1])
+        else:
+            targets, sources = self.targets, item.tensors
         with torch.no_grad():
             try:
-                torch._foreach_copy_(self.targets, item.tensors)
+                torch._foreach_copy_(targets, sources)
             except (AttributeError, RuntimeError, TypeError):
-                for target, t in zip(self.targets, item.tensors, strict=False):
+                for target, t in zip(targets, sources, strict=False):
                     target.copy_(t)
         if item.event is not None:
             item.flat.record_stream(stream)  # allocated on the side stream, read on this one
         item.tensors = item.flat = None
+
+
+def _bytewise(targets):
+    """``(byte views, sizes)`` of the model's tensors in `pack`'s order, where each is
+    contiguous (its bytes in row order, as packed), else None."""
+    views = []
+    for i in _order(targets):
+        t = targets[i].detach()
+        if not t.is_contiguous():
+            return None
+        view = _bytes(t)
+        if t.numel() and view.data_ptr() != t.data_ptr():
+            return None
+        views.append(view)
+    return views, [v.numel() for v in views]
 
 
 def _as_tensor(x):
@@ -664,8 +735,8 @@ def _work(dev, d, checkpoints, recorder, results, autocast):
     graph = None  # a _Graph once captured; False where it cannot be
     labels = None  # the same for every checkpoint (the recorder checks that they are)
 
-    def top_up():
-        while len(pending) < READ_AHEAD:
+    def top_up(ahead=READ_AHEAD):
+        while len(pending) < ahead:
             p = results.next_position(d, len(pending))
             if p is None:
                 return
@@ -673,7 +744,9 @@ def _work(dev, d, checkpoints, recorder, results, autocast):
 
     cuda = torch.cuda.device(dev.device) if dev.cuda else contextlib.nullcontext()
     with cuda:
-        top_up()
+        # while the graph is captured only the first checkpoint is read: it is ready
+        # sooner than with the next ones read beside it (on every device at once)
+        top_up(1 if dev.graphable else READ_AHEAD)
         while pending:
             p, future = pending[0]
             if not results.reserve(d):
@@ -681,6 +754,7 @@ def _work(dev, d, checkpoints, recorder, results, autocast):
             try:
                 if graph is None and dev.graphable:
                     graph = _capture(dev, recorder, checkpoints[p].epoch, autocast)
+                    top_up()
                 item = future.result()
                 pending.popleft()
                 top_up()
@@ -886,10 +960,11 @@ def drive(order, devs, recorder, log, *, autocast=None, progress=True):
                 if isinstance(result, BaseException):
                     raise result
                 item, local = result
-                if log.admit(checkpoint, item.digest):
+                digest = resolved(item.digest)
+                if log.admit(checkpoint, digest):
                     host, labels, n_classes = local
                     recorder._commit(checkpoint.epoch, host, labels, n_classes,
-                                     meta=log.meta_with(checkpoint, item.digest))
+                                     meta=log.meta_with(checkpoint, digest))
                     written += 1
                 bar.update()
     finally:

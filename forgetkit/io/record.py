@@ -96,13 +96,20 @@ def record_encoder(record, *, labels_crc=None):
     and metadata do not change between epochs: encoding them once keeps the per-epoch
     sidecar write off the GIL-holding JSON encoder (and the list of labels off the heap).
     ``labels_crc``: the labels' checksum, for a record that keeps its labels elsewhere (a
-    top-k run's token table)."""
+    top-k run's token table). Where the record has a ``meta`` field, the function's
+    ``with_meta(meta)`` is the encoder of the record with that metadata (the other fields'
+    encodings kept)."""
     keys = list(record)
     at = keys.index("epochs")
-    head = json.dumps({k: record[k] for k in keys[:at]})[1:-1]
-    tail = json.dumps({k: record[k] for k in keys[at + 1:]})[1:-1]
-    fixed = dict(record)
+    # each field's JSON on its own: '"key": value', as json.dumps writes it inside a dict
+    parts = {k: json.dumps({k: record[k]})[1:-1] for k in keys if k != "epochs"}
     labels_crc = crc_ints(record["labels"]) if labels_crc is None else int(labels_crc)
+    return _encoder(dict(record), keys, at, parts, labels_crc)
+
+
+def _encoder(fixed, keys, at, parts, labels_crc):
+    head = ", ".join(p for p in (parts[k] for k in keys[:at]) if p)
+    tail = ", ".join(p for p in (parts[k] for k in keys[at + 1:]) if p)
 
     def encoded(epochs, epoch_crcs, more=None):
         epochs = [int(e) for e in epochs]
@@ -114,6 +121,14 @@ def record_encoder(record, *, labels_crc=None):
         out.json_text = "{" + ", ".join(p for p in (head, body, tail) if p) + "}"
         return out
 
+    def with_meta(meta):
+        """The encoder of the record with ``meta`` as its metadata: only that field is
+        encoded again (a replay's metadata changes with every epoch, its labels never)."""
+        return _encoder({**fixed, "meta": meta}, keys, at,
+                        {**parts, "meta": json.dumps({"meta": meta})[1:-1]}, labels_crc)
+
+    if "meta" in parts:
+        encoded.with_meta = with_meta
     return encoded
 
 
