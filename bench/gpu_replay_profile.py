@@ -319,7 +319,7 @@ def main(argv=None):
         else None)
     instrument()
     m1 = ResNet18(width=args.width).to(dev)
-    m2 = ResNet18(width=args.width)
+    m2 = ResNet18(width=args.width).to(dev)  # as m1: on the device before the timing
     if dev.type == "cuda":  # the first use of every GPU off the clock (context, cuDNN)
         for d in range(torch.cuda.device_count()):
             with torch.inference_mode():
