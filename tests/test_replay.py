@@ -361,6 +361,7 @@ def test_checkpoint_tensors_packed_into_one_buffer_come_back_as_views():
     back = unpack(buffer.clone(), layout)
     for t, b in zip(tensors, back, strict=True):
         assert b.dtype == t.dtype and b.shape == t.shape and torch.equal(b, t)
+    assert pack([])[0].numel() == 0 and unpack(*pack([])) == []
 
 
 def test_staged_checkpoints_load_as_bytes_or_converted(tmp_path, monkeypatch):

@@ -271,8 +271,10 @@ def pack(tensors, *, pin=False):
     buffer = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
     # one copy of every tensor's bytes, in one call (not a few calls per tensor, each
     # giving up and taking back the interpreter lock that the other threads want)
-    torch.cat([torch.from_numpy(flat_bytes(tensors[i])) if tensors[i].device.type == "cpu"
-               else _bytes(tensors[i]) for i in order], out=buffer)
+    if order:
+        torch.cat([torch.from_numpy(flat_bytes(tensors[i]))
+                   if tensors[i].device.type == "cpu" else _bytes(tensors[i])
+                   for i in order], out=buffer)
     return buffer, layout
 
 
