@@ -3,13 +3,14 @@
 The pipeline: the evaluation data is read once and moved to each
 device once (kept resident when it fits in half the free memory, else kept in pinned host
 memory and copied batch by batch); each device has one model instance that receives every
-checkpoint's weights in place; a reader thread per device reads, checks and hashes the next
+checkpoint's weights in place; a reader thread per device reads (maps) and checks the next
 checkpoints and copies them to the device on a side stream while the current one is
-evaluated; on a GPU the evaluation of one batch is captured as a CUDA graph (one per batch
-shape) before the first checkpoint, while the first ones are read, and replayed for every
-batch of every checkpoint. With several devices each evaluates whole checkpoints (the next
-one goes to the device that asks first); the main thread stores them in epoch order through
-`LogitRecorder` (whose background thread copies the outputs to the host and writes them).
+evaluated (their content hashes are computed on a pool meanwhile); on a GPU the evaluation
+of one batch is captured as a CUDA graph (one per batch shape) before the first checkpoint,
+while the first one is read, and replayed for every batch of every checkpoint. With several
+devices each evaluates whole checkpoints (the next one goes to the device that asks first);
+the main thread stores them in epoch order through `LogitRecorder` (whose background thread
+copies the outputs to the host and writes them).
 """
 
 from __future__ import annotations
