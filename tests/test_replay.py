@@ -18,7 +18,7 @@ import pytest
 import forgetkit as fk
 from forgetkit.cli import main as cli_main
 
-from .conftest import ROOT, import_real_part
+from .conftest import ROOT, import_real_part, kill_when_ready
 from .test_recording import TokenDataset, tiny_bert, train_recording
 
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
@@ -244,6 +244,55 @@ def test_a_replay_resumes_after_the_checkpoints_it_holds(tmp_path):
     # a run the recorder wrote (no checkpoints) is not appended to
     with pytest.raises(fk.ForgetkitError, match="not replayed from checkpoints"):
         replay(small_net(), files, test, tmp_path / "recorded.npy", dtype="float32")
+
+
+KILLED_REPLAY = """
+import sys, time
+from pathlib import Path
+import torch
+from torch import nn
+import forgetkit.exporters._torch_replay as R
+from forgetkit.exporters.torch import replay
+
+g = torch.Generator().manual_seed(1)
+x, y = torch.randn(90, 6, generator=g), torch.randint(0, 3, (90,), generator=g)
+load, loads = R._Device.load, []
+
+def slow(self, item):  # a replay that is still running when killed
+    loads.append(1)
+    if len(loads) == 3:
+        print("ready", flush=True)
+    time.sleep(0.3)
+    return load(self, item)
+
+R._Device.load = slow
+net = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+replay(net, str(Path(sys.argv[1]).parent / "model_*.pt"), (x, y), sys.argv[1],
+       batch_size=32, dtype="float32", progress=False)
+"""
+
+
+def test_a_killed_replay_keeps_its_epochs_and_resumes(tmp_path):
+    """A replay killed (SIGKILL) while it runs leaves a run of the epochs it stored, each
+    with its checkpoint's record; replaying again continues after them, to the run an
+    uninterrupted replay writes."""
+    _, files = train_and_save(tmp_path, epochs=tuple(range(6)))
+    arrays = data()
+    common = dict(batch_size=32, dtype="float32", progress=False)
+    full = replay(small_net(), files, arrays, tmp_path / "full.npy", **common)
+    out = tmp_path / "run.npy"
+    kill_when_ready(KILLED_REPLAY, out)
+    kept = fk.load(out)
+    assert 1 <= kept.n_epochs < 6
+    k = kept.n_epochs
+    assert kept.meta["replay"]["checkpoints"] == full.meta["replay"]["checkpoints"][:k]
+    assert np.array_equal(np.asarray(kept.outputs), np.asarray(full.outputs)[:k])
+    net, calls = small_net(), []
+    net.register_forward_hook(lambda *a: calls.append(1))
+    run = replay(net, files, arrays, out, **common)
+    assert len(calls) == 3 * (6 - k)  # the checkpoints after the stored ones, 3 batches each
+    assert_same_run(run, full)
+    assert run.meta == full.meta
 
 
 def test_duplicate_weights_warn_skip_or_error(tmp_path):
