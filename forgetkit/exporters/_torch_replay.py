@@ -832,6 +832,8 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
         ``.pt/.pth/.bin/.ckpt`` files (also a dict holding one under ``state_dict``,
         ``model_state_dict`` or ``model``, as Lightning's checkpoints do; a prefix such as
         Lightning's ``model.`` is matched to the model's keys) or ``.safetensors``.
+        Each file is mapped into memory while it is read (as safetensors does): it must not
+        be rewritten in place during the replay (replacing it by a rename is safe).
     data : what `LogitRecorder` takes
         (inputs, labels) arrays or tensors (batched by ``batch_size``), a dict of arrays, a
         Dataset, a DataLoader (not shuffling) or an iterable of batches; read once.
