@@ -19,7 +19,12 @@ import numpy as np
 from ._validation import check_indices, check_int
 from .analysis import REGIONS, data_map, data_scores, forgetting, select, select_coreset
 from .analysis.scores import METHODS as CORESET_METHODS
-from .analysis.scores import SCORES, check_coreset_options, read_scores_csv
+from .analysis.scores import (
+    HARD_CUTOFF_SCHEDULES,
+    SCORES,
+    check_coreset_options,
+    read_scores_csv,
+)
 from .analysis.tokens import memorization, sequence_dynamics
 from .errors import ForgetkitError
 from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent, single_hit
@@ -651,13 +656,14 @@ def build_parser():
 
 
 def _hard_cutoff(text):
-    """``--hard-cutoff``: a number or "auto"."""
-    if text == "auto":
+    """``--hard-cutoff``: a number or a schedule's name ("auto", "gentle")."""
+    if text in HARD_CUTOFF_SCHEDULES:
         return text
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto'; got {text!r}") from None
+        names = " or ".join(repr(name) for name in HARD_CUTOFF_SCHEDULES)
+        raise argparse.ArgumentTypeError(f"expected a number, {names}; got {text!r}") from None
 
 
 def _add_score_commands(sub):
@@ -685,7 +691,7 @@ def _add_score_commands(sub):
     p.add_argument("--method", choices=CORESET_METHODS, default="ccs")
     p.add_argument("--hard-cutoff", type=_hard_cutoff, default=0.0,
                    help="CCS: share of hardest samples removed first, or 'auto' (grows with "
-                        "the pruning rate)")
+                        "the pruning rate from keep 0.4) or 'gentle' (from keep 0.3)")
     p.add_argument("--strata", type=int, default=50, help="CCS: number of bins")
     p.add_argument("--labels", metavar="LABELS",
                    help="class of each row of the scores (.npy or text): class-balanced "

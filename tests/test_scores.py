@@ -14,6 +14,7 @@ import forgetkit as fk
 from forgetkit.analysis.scores import (
     SCORES,
     auto_hard_cutoff,
+    gentle_hard_cutoff,
     ccs_budgets,
     ccs_strata,
     class_shares,
@@ -245,6 +246,35 @@ def test_auto_hard_cutoff_grows_with_the_pruning_rate():
                                   select_coreset(values, 0.1, method="hardest"))
 
 
+def test_gentle_hard_cutoff_starts_below_keep_03():
+    keeps = [1.0, 0.7, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05]
+    assert [gentle_hard_cutoff(k) for k in keeps] == [0, 0, 0, 0, 0, 0.1, 0.2, 0.25, 0.3,
+                                                      0.3]
+    # never more than "auto", equal to it from keep 0.2 down
+    grid = np.linspace(0.01, 1, 100)
+    assert all(gentle_hard_cutoff(k) <= auto_hard_cutoff(k) for k in grid)
+    assert all(gentle_hard_cutoff(k) == auto_hard_cutoff(k) for k in grid if k <= 0.2)
+    rng = np.random.default_rng(4)
+    values = rng.normal(size=1000)
+    labels = rng.integers(0, 3, size=1000)
+    for keep in (0.5, 0.3, 0.25, 0.1):
+        for lab in (None, labels):
+            np.testing.assert_array_equal(
+                select_coreset(values, keep, hard_cutoff="gentle", seed=5, labels=lab),
+                select_coreset(values, keep, hard_cutoff=gentle_hard_cutoff(keep), seed=5,
+                               labels=lab))
+    # keep 30%: unlike "auto", the hardest samples can be kept
+    assert values[select_coreset(values, 0.3, hard_cutoff="gentle", seed=5)].max() == \
+        values.max()
+    assert values[select_coreset(values, 0.3, hard_cutoff="auto", seed=5)].max() < \
+        np.sort(values)[-100]
+    np.testing.assert_array_equal(select_coreset(values, 0.1, method="random",
+                                                 hard_cutoff="gentle", seed=2),
+                                  select_coreset(values, 0.1, method="random", seed=2))
+    with pytest.raises(fk.ForgetkitError, match="keep must lie in"):
+        gentle_hard_cutoff(0)
+
+
 def test_class_shares_sum_to_the_budget():
     np.testing.assert_array_equal(class_shares([10, 10, 10], 10), [4, 3, 3])
     np.testing.assert_array_equal(class_shares([1, 5, 94], 10), [0, 1, 9])
@@ -305,7 +335,7 @@ def test_bad_labels():
     (dict(keep=0.5, hard_cutoff=1.0), r"hard_cutoff must lie in \[0, 1\)"),
     (dict(keep=0.5, hard_cutoff=-0.1), r"hard_cutoff must lie in \[0, 1\)"),
     (dict(keep=0.5, hard_cutoff=float("nan")), "hard_cutoff must be a finite number"),
-    (dict(keep=0.5, hard_cutoff="max"), "hard_cutoff must be one of 'auto'"),
+    (dict(keep=0.5, hard_cutoff="max"), "hard_cutoff must be one of 'auto', 'gentle'; got 'max'"),
     (dict(keep=0.9, hard_cutoff=0.2), "keep \\+ hard_cutoff must not exceed 1"),
     (dict(keep=0.5, strata=0), "strata must be >= 1"),
 ])
@@ -354,6 +384,19 @@ def test_cli_scores_then_coreset(tmp_path, capsys):
                  str(tmp_path / "bal.npy"), "--quiet"]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "bal.npy"), select_coreset(
         fk.data_scores(run), 0.3, score="el2n", hard_cutoff="auto", labels=run.labels))
+    assert main(["coreset", str(csv), "--score", "el2n", "--keep", "0.2", "--hard-cutoff",
+                 "gentle", "--labels", str(tmp_path / "labels.npy"), "--out",
+                 str(tmp_path / "gentle.npy"), "--quiet"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "gentle.npy"), select_coreset(
+        fk.data_scores(run), 0.2, score="el2n", hard_cutoff=0.2, labels=run.labels))
+
+
+def test_cli_hard_cutoff_names(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["coreset", "s.csv", "--score", "el2n", "--keep", "0.3", "--hard-cutoff",
+              "soft", "--out", "k.npy"])
+    assert exc.value.code == 2
+    assert "expected a number, 'auto' or 'gentle'; got 'soft'" in capsys.readouterr().err
 
 
 def test_cli_scores_with_a_second_split_and_chosen_scores(tmp_path):
