@@ -15,7 +15,9 @@ End to end, on one machine with one or more GPUs:
    fixed ``--epochs`` (the same for every subset: smaller subsets take fewer steps; no
    last partial batch, whose BatchNorm statistics are the likely reason why single
    trainings ended far below their siblings before), then its test accuracy on the 10,000
-   test images. The selection seed is the training seed.
+   test images. The selection seed is the training seed. Two specs that keep the same
+   samples for a fraction and seed (e.g. the "auto" and "gentle" cutoffs at keep 0.7,
+   where both are 0) share one training: the JSON marks the copy ``same_training_as``.
 
 With ``--choose-seeds``, two phases in one run: random and the candidate defaults
 (``--default`` and ``--candidates``) on the choosing seeds; the default chosen by a rule
@@ -69,6 +71,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
 
 SCORES = ("el2n", "forgetting", "aum", "variability", "aleatoric", "dynamic_uncertainty")
+HARD_CUTOFF_SCHEDULES = ("auto", "gentle")  # forgetkit.analysis.scores.HARD_CUTOFF_SCHEDULES
 #: forgetkit's recommended default (README "Choosing the data to keep"), as a selection
 #: spec (see `parse_spec`): chosen on seeds 0 and 1 and measured again on seeds 20, 21, 22
 #: (bench/gpu_results/coreset_choose_confirm_2xh100.json).
@@ -77,7 +80,7 @@ DEFAULT = "ccs:dynamic_uncertainty:auto:balanced"
 
 def parse_spec(spec):
     """A selection spec ``METHOD[:SCORE[:CUTOFF[:balanced]]]`` as (method, score or None,
-    hard_cutoff (float or "auto"), balanced): "random", "ccs:aum:auto:balanced",
+    hard_cutoff (float, "auto" or "gentle"), balanced): "random", "ccs:aum:auto:balanced",
     "hardest:el2n", "ccs:variability:0.1"."""
     parts = spec.split(":")
     if len(parts) > 4 or parts[0] not in ("random", "ccs", "hardest", "easiest") \
@@ -89,7 +92,11 @@ def parse_spec(spec):
         raise ValueError(f"bad selection spec {spec!r}: the score must be one of {SCORES} "
                          "(none for random)")
     cutoff = parts[2] if len(parts) > 2 and parts[2] else "0"
-    cutoff = cutoff if cutoff == "auto" else float(cutoff)
+    try:
+        cutoff = cutoff if cutoff in HARD_CUTOFF_SCHEDULES else float(cutoff)
+    except ValueError:
+        raise ValueError(f"bad selection spec {spec!r}: the cutoff must be a number or one "
+                         f"of {tuple(HARD_CUTOFF_SCHEDULES)}") from None
     return method, score, cutoff, len(parts) == 4
 
 
@@ -225,7 +232,8 @@ def train(args, data, idx, seed, *, epochs, recorder=None):
 
 
 def worker(rank, device, args, jobs, results):
-    """Take jobs from ``jobs`` until a None; put one result per job into ``results``."""
+    """Take jobs from ``jobs`` until a None; put one result per job into ``results`` (one
+    marked ``skipped``, not trained, for a job taken after its ``deadline``)."""
     import torch
 
     if device.startswith("cuda"):
@@ -238,8 +246,12 @@ def worker(rank, device, args, jobs, results):
         job = jobs.get()
         if job is None:
             return
+        idx = job.pop("idx")
+        if time.time() > job.pop("deadline"):  # the budget is spent: not started
+            results.put(dict(job, skipped=True))
+            continue
         try:
-            acc, seconds = train(args, data, job.pop("idx"), job["seed"], epochs=args.epochs)
+            acc, seconds = train(args, data, idx, job["seed"], epochs=args.epochs)
             results.put(dict(job, accuracy=acc, seconds=seconds, worker=rank, device=device))
         except Exception as err:  # reported in the JSON, the other jobs go on
             results.put(dict(job, error=f"{type(err).__name__}: {err}", worker=rank))
@@ -278,6 +290,7 @@ def job_list(args, specs, seeds, scores_df, n_train, labels=None, *, phase="conf
     ``scores_df`` may be None for "random" and "full"; ``labels``: the training labels in
     the scores' row order (for balanced specs)."""
     import forgetkit as fk
+    from forgetkit.analysis.scores import HARD_CUTOFF_SCHEDULES as schedules
 
     jobs = []
     for spec in specs:
@@ -297,12 +310,40 @@ def job_list(args, specs, seeds, scores_df, n_train, labels=None, *, phase="conf
                                             hard_cutoff=cutoff, seed=seed,
                                             labels=labels if balanced else None)
                     idx = scores_df.index.get_indexer(ids) if by_score else ids
+                used = (schedules[cutoff](frac) if method == "ccs" else 0.0) \
+                    if isinstance(cutoff, str) else cutoff
                 jobs.append(dict(spec=spec, label="full" if spec == "full" else
                                  spec_label(spec), phase=phase, method=method, score=score,
-                                 hard_cutoff=cutoff, balanced=balanced, keep=frac,
+                                 hard_cutoff=cutoff, cutoff_used=used, balanced=balanced,
+                                 keep=frac,
                                  seed=seed, n=int(len(idx)),
                                  idx=np.asarray(idx, dtype=np.int64)))
     return jobs
+
+
+def selection_key(job):
+    """What a training depends on besides the configuration: (keep, seed, digest of the
+    kept positions). Two specs that keep the same samples (e.g. the "auto" and "gentle"
+    cutoffs at keep 0.7) share one training."""
+    import hashlib
+
+    return (job["keep"], job["seed"], hashlib.sha1(
+        np.ascontiguousarray(job["idx"], dtype=np.int64).tobytes()).hexdigest())
+
+
+def split_repeats(new, trained):
+    """Split the jobs ``new`` into those to train and the repeats of a selection already
+    in ``trained`` (a dict selection key -> the label of the job that trains it, updated
+    here). Every job gets its ``key``; a repeat also ``same_training_as``."""
+    to_train, repeats = [], []
+    for job in new:
+        job["key"] = "/".join(map(str, selection_key(job)))
+        if job["key"] in trained:
+            repeats.append(dict(job, same_training_as=trained[job["key"]]))
+        else:
+            trained[job["key"]] = job["label"]
+            to_train.append(job)
+    return to_train, repeats
 
 
 def choose_default(record, candidates):
@@ -348,8 +389,9 @@ def run(args):
     first_phase = "choose" if args.choose_seeds else "confirm"
     # random needs no scores: queued before the recording
     all_jobs = job_list(args, ["random"], first_seeds, None, n_train, phase=first_phase)
+    deadline = t_start + args.budget  # no training starts after it
     for job in all_jobs:
-        jobs.put(dict(job))
+        jobs.put(dict(job, deadline=deadline))
     procs = []
 
     def start(device, n):
@@ -398,26 +440,37 @@ def run(args):
     from forgetkit.datasets import load_fashion_mnist
 
     labels = load_fashion_mnist("train", args.data)[1][scores_df.index.to_numpy()]
-    state = dict(stopped=False)
+    state = dict(skipped=0)
+    trained, results_of, repeats_of = {}, {}, {}  # selection key -> label / result / repeats
+
+    def add_result(r):
+        record["jobs"].append(r)
+        print(f"[{time.time() - t_start:6.0f}s] {r['phase']:>7} {r['label']:>40} "
+              f"keep {r['keep']:.1f} seed {r['seed']}: "
+              + (f"acc {r['accuracy']:.4f} ({r['seconds']:.0f}s)" if "accuracy" in r
+                 else r.get("error", ""))
+              + (f" (the training of {r['same_training_as']})" if "same_training_as" in r
+                 else ""), flush=True)
+
+    def repeat_result(repeat, r):
+        """A repeated selection's result: its own labels, the training's outcome."""
+        return dict(r, **{k: v for k, v in repeat.items() if k != "idx"})
 
     def queue_and_wait(new):
         """Queue ``new`` and wait for every queued job (jobs not started by the budget
-        are dropped and reported as not run)."""
-        for job in new:
-            jobs.put(dict(job))
+        are dropped and reported as not run). A selection already trained in this run
+        is not trained again: it gets that training's result."""
+        to_train, repeats = split_repeats(new, trained)
+        for job in to_train:
+            jobs.put(dict(job, deadline=deadline))
         all_jobs.extend(new)
-        pending = len(all_jobs) - len(record["jobs"])
+        for rep in repeats:
+            if rep["key"] in results_of:
+                add_result(repeat_result(rep, results_of[rep["key"]]))
+            else:
+                repeats_of.setdefault(rep["key"], []).append(rep)
+        pending = len(all_jobs) - len(record["jobs"]) - state["skipped"]
         while pending > 0:
-            if not state["stopped"] and time.time() - t_start > args.budget:
-                state["stopped"] = True
-                while True:
-                    try:
-                        jobs.get_nowait()
-                        pending -= 1
-                    except queue.Empty:
-                        break
-                if pending <= 0:
-                    break
             try:
                 r = results.get(timeout=5)
             except queue.Empty:
@@ -426,12 +479,18 @@ def run(args):
                 continue
             if "ready" in r:
                 continue
+            if r.get("skipped"):  # not run: listed in the JSON's not_run
+                n = 1 + len(repeats_of.pop(r.get("key"), []))
+                state["skipped"] += n
+                pending -= n
+                continue
+            add_result(r)
             pending -= 1
-            record["jobs"].append(r)
-            print(f"[{time.time() - t_start:6.0f}s] {r['phase']:>7} {r['label']:>40} "
-                  f"keep {r['keep']:.1f} seed {r['seed']}: "
-                  + (f"acc {r['accuracy']:.4f} ({r['seconds']:.0f}s)" if "accuracy" in r
-                     else r.get("error", "")), flush=True)
+            if r.get("key") is not None:
+                results_of[r["key"]] = r
+                for rep in repeats_of.pop(r["key"], []):
+                    add_result(repeat_result(rep, r))
+                    pending -= 1
             write(record, all_jobs, out, t_start)
 
     if args.choose_seeds:  # phase 1: choose the default among the candidates

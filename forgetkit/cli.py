@@ -18,13 +18,13 @@ import numpy as np
 
 from ._validation import check_indices, check_int
 from .analysis import REGIONS, data_map, data_scores, forgetting, select, select_coreset
-from .analysis.scores import METHODS as CORESET_METHODS
 from .analysis.scores import (
     HARD_CUTOFF_SCHEDULES,
     SCORES,
     check_coreset_options,
     read_scores_csv,
 )
+from .analysis.scores import METHODS as CORESET_METHODS
 from .analysis.tokens import memorization, sequence_dynamics
 from .errors import ForgetkitError
 from .evaluate import DEFAULT_METHODS, METHODS, compare, format_table, percent, single_hit

@@ -18,10 +18,13 @@ def test_specs_parse_and_label():
     assert bench.parse_spec("random") == ("random", None, 0.0, False)
     assert bench.parse_spec("ccs:aum:auto:balanced") == ("ccs", "aum", "auto", True)
     assert bench.parse_spec("ccs:el2n:0.1") == ("ccs", "el2n", 0.1, False)
+    assert bench.parse_spec("ccs:aum:gentle:balanced") == ("ccs", "aum", "gentle", True)
+    assert bench.spec_label("ccs:aum:gentle") == "ccs aum cut=gentle"
     assert bench.spec_label("ccs:dynamic_uncertainty:auto:balanced") == \
         "ccs dynamic_uncertainty cut=auto balanced"
     assert bench.spec_label("hardest:el2n") == "hardest el2n"
-    for bad in ("best:el2n", "ccs", "ccs:entropy", "random:el2n", "ccs:aum:auto:yes"):
+    for bad in ("best:el2n", "ccs", "ccs:entropy", "random:el2n", "ccs:aum:auto:yes",
+                "ccs:aum:soft"):
         with pytest.raises(ValueError, match="bad selection spec"):
             bench.parse_spec(bad)
     with pytest.raises(SystemExit):  # the confirmation seeds must be fresh
@@ -67,3 +70,35 @@ def test_job_list_selects_with_the_library():
         scores, 0.1, score="aum", hard_cutoff="auto", labels=labels, seed=3))
     assert np.bincount(labels[jobs[3]["idx"]]).tolist() == [5, 5, 5, 5]
     assert len(jobs[4]["idx"]) == 200
+
+
+def test_repeated_selections_share_one_training():
+    from forgetkit.analysis.scores import HARD_CUTOFF_SCHEDULES
+
+    assert bench.HARD_CUTOFF_SCHEDULES == tuple(HARD_CUTOFF_SCHEDULES)
+    rng = np.random.default_rng(1)
+    scores = pd.DataFrame({s: rng.normal(size=400) for s in bench.SCORES})
+    labels = np.repeat(np.arange(4), 100)
+    args = bench.parse_args(["--out", "x", "--keep", "0.5", "0.3", "0.1"])
+    specs = ["ccs:aum:auto:balanced", "ccs:aum:gentle:balanced", "ccs:aum:0:balanced"]
+    jobs = bench.job_list(args, specs, [3, 4], scores, 400, labels)
+    assert [j["cutoff_used"] for j in jobs if j["seed"] == 3] == [
+        0, 0.1, 0.3, 0, 0, 0.3, 0, 0, 0]
+    trained = {}
+    to_train, repeats = bench.split_repeats(jobs, trained)
+    # keep 0.5: one training for the three; keep 0.3: gentle = cutoff 0; keep 0.1:
+    # gentle = auto; per seed
+    assert sorted((j["label"], j["keep"], j["same_training_as"]) for j in repeats
+                  if j["seed"] == 3) == [
+        ("ccs aum balanced", 0.3, "ccs aum cut=gentle balanced"),
+        ("ccs aum balanced", 0.5, "ccs aum cut=auto balanced"),
+        ("ccs aum cut=gentle balanced", 0.1, "ccs aum cut=auto balanced"),
+        ("ccs aum cut=gentle balanced", 0.5, "ccs aum cut=auto balanced")]
+    assert len(to_train) == 10 and len(repeats) == 8 and len(trained) == 10
+    for rep in repeats:
+        twin = next(j for j in to_train if j["key"] == rep["key"])
+        np.testing.assert_array_equal(rep["idx"], twin["idx"])
+    # a later phase repeats nothing trained before; new seeds are new selections
+    again, more = bench.split_repeats(bench.job_list(args, specs[:1], [3, 5], scores, 400,
+                                                     labels), trained)
+    assert [j["seed"] for j in again] == [5, 5, 5] and len(more) == 3

@@ -14,10 +14,10 @@ import forgetkit as fk
 from forgetkit.analysis.scores import (
     SCORES,
     auto_hard_cutoff,
-    gentle_hard_cutoff,
     ccs_budgets,
     ccs_strata,
     class_shares,
+    gentle_hard_cutoff,
     select_coreset,
 )
 from forgetkit.cli import main
