@@ -43,12 +43,14 @@ Writes ``<out>/coreset_retrain.json`` (configuration, every job's accuracy, the 
 the choice), and when it records, ``<out>/scores.csv`` and the training run
 ``<out>/train_run.npy``.
 
-Recorded results: ``bench/gpu_results/coreset_choose_confirm_2xh100.json`` (2 x H100; the
-README's table: ``--scores-csv`` of the 2 x H200 recording below, ``--no-full
---choose-seeds 0 1 --seeds 20 21 22 --budget 320``, the candidates and comparisons listed
-in its config); ``bench/gpu_results/coreset_retrain_2xh200.json`` (2 x H200, before specs,
-the auto cutoff and the partial-batch fix: every score with CCS, cutoff 0, and hardest,
-seeds 10 11 12) and ``bench/gpu_results/coreset_retrain_explore_2xh200.json`` (its
+Recorded results: ``bench/gpu_results/coreset_gentle_choose_confirm_2xh200.json`` (2 x H200;
+the README's table: ``--scores-csv`` (the aum and dynamic_uncertainty columns) of the
+2 x H200 recording below, ``--no-full --choose-seeds 30 31 --seeds 40 41 42 43 44 --budget
+300``, the candidates and comparisons listed in its config);
+``bench/gpu_results/coreset_choose_confirm_2xh100.json`` (2 x H100, the round before:
+``--choose-seeds 0 1 --seeds 20 21 22 --budget 320``);
+``bench/gpu_results/coreset_retrain_2xh200.json`` (2 x H200, before specs, the auto cutoff
+and the partial-batch fix: every score with CCS, cutoff 0, and hardest, seeds 10 11 12) and ``bench/gpu_results/coreset_retrain_explore_2xh200.json`` (its
 exploration run, ``--epochs 6 --lr 0.2 --seeds 0 1 --budget 420``).
 Needs torch; Fashion-MNIST's IDX files (``--data``, default /usr/share/datasets/fashion-mnist).
 """
@@ -73,9 +75,10 @@ sys.path.insert(0, str(ROOT))
 SCORES = ("el2n", "forgetting", "aum", "variability", "aleatoric", "dynamic_uncertainty")
 HARD_CUTOFF_SCHEDULES = ("auto", "gentle")  # forgetkit.analysis.scores.HARD_CUTOFF_SCHEDULES
 #: forgetkit's recommended default (README "Choosing the data to keep"), as a selection
-#: spec (see `parse_spec`): chosen on seeds 0 and 1 and measured again on seeds 20, 21, 22
-#: (bench/gpu_results/coreset_choose_confirm_2xh100.json).
-DEFAULT = "ccs:dynamic_uncertainty:auto:balanced"
+#: spec (see `parse_spec`): chosen on seeds 30 and 31 and measured again on seeds 40-44
+#: (bench/gpu_results/coreset_gentle_choose_confirm_2xh200.json; not at least random at
+#: every fraction there).
+DEFAULT = "ccs:dynamic_uncertainty:gentle:balanced"
 
 
 def parse_spec(spec):
