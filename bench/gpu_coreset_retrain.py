@@ -50,8 +50,9 @@ the README's table: ``--scores-csv`` (the aum and dynamic_uncertainty columns) o
 ``bench/gpu_results/coreset_choose_confirm_2xh100.json`` (2 x H100, the round before:
 ``--choose-seeds 0 1 --seeds 20 21 22 --budget 320``);
 ``bench/gpu_results/coreset_retrain_2xh200.json`` (2 x H200, before specs, the auto cutoff
-and the partial-batch fix: every score with CCS, cutoff 0, and hardest, seeds 10 11 12) and ``bench/gpu_results/coreset_retrain_explore_2xh200.json`` (its
-exploration run, ``--epochs 6 --lr 0.2 --seeds 0 1 --budget 420``).
+and the partial-batch fix: every score with CCS, cutoff 0, and hardest, seeds 10 11 12)
+and ``bench/gpu_results/coreset_retrain_explore_2xh200.json`` (its exploration run,
+``--epochs 6 --lr 0.2 --seeds 0 1 --budget 420``).
 Needs torch; Fashion-MNIST's IDX files (``--data``, default /usr/share/datasets/fashion-mnist).
 """
 
