@@ -9,6 +9,7 @@ from numba import njit, prange
 
 from .floats import F16_EXP_MASK, f16_key
 from .jit import kernel
+from .simd import WIDTH, finish_row, rows_max_f16
 
 
 @njit(inline="always")
@@ -35,23 +36,25 @@ def _argmax_pair_f16(row0, row1):
 def argmax_f16(bits, out):
     """Row-wise argmax of float16 values given as int16 bits.
 
-    bits: int16 (rows, C); out: int32 (rows,). A row holding inf or nan gets -1.
-    One vectorised pass per row (``_argmax_pair_f16``). Rows of up to 256 classes are taken
-    two at a time, where the per-row overhead dominates (13% faster at C=100 and 200; 60%
-    slower at C=1,000). Wider rows are paired with themselves (the compiler merges the two
-    identical reductions). Rows of more than 0xFFFF classes take two passes (max key, then
-    the first index holding it).
+    bits: int16 (rows, C) C-contiguous; out: int32 (rows,). A row holding inf or nan gets -1.
+    Rows of at most 0xFFFF classes are taken four at a time by explicit vectors
+    (`simd.rows_max_f16`: 8 classes of each row per step, int32 keys; 1.6-2.5x faster than
+    the loop numba vectorises from ``_argmax_pair_f16``, with the same keys), the classes
+    past the last full step one by one. Rows of more than 0xFFFF classes take two passes
+    (max key, then the first index holding it).
     """
     rows, n_classes = bits.shape
-    if n_classes <= 256:
-        for pair in prange((rows + 1) // 2):
-            r0 = 2 * pair
-            r1 = min(r0 + 1, rows - 1)  # an odd last row is paired with itself
-            out[r0], out[r1] = _argmax_pair_f16(bits[r0], bits[r1])
-        return
     if n_classes <= 0xFFFF:
-        for r in prange(rows):
-            out[r] = _argmax_pair_f16(bits[r], bits[r])[0]
+        steps = n_classes // WIDTH
+        for group in prange((rows + 3) // 4):
+            r0 = 4 * group
+            r1, r2, r3 = min(r0 + 1, rows - 1), min(r0 + 2, rows - 1), min(r0 + 3, rows - 1)
+            # a short last group repeats its last row
+            best, most = rows_max_f16(bits[r0], bits[r1], bits[r2], bits[r3], steps)
+            out[r0] = finish_row(bits[r0], best[0], most[0], steps * WIDTH)
+            out[r1] = finish_row(bits[r1], best[1], most[1], steps * WIDTH)
+            out[r2] = finish_row(bits[r2], best[2], most[2], steps * WIDTH)
+            out[r3] = finish_row(bits[r3], best[3], most[3], steps * WIDTH)
         return
     for r in prange(rows):
         row = bits[r]
