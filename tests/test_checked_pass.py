@@ -9,6 +9,8 @@ import sys
 import crc32c
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import forgetkit as fk
 from forgetkit import kernels
@@ -69,6 +71,52 @@ def test_the_checksumming_pass_gives_argmax_and_the_crc32c_of_each_epoch(build, 
             assert crcs == [crc32c.crc32c(values[e].tobytes()) for e in range(3)]
 
 
+def placed(values, offset):
+    """A copy of float16 ``values`` whose data starts ``offset`` bytes past an 8-byte
+    boundary (the kernels read 8-byte words at any address)."""
+    buffer = np.zeros(values.nbytes + 16, dtype=np.uint8)
+    start = (-buffer.ctypes.data) % 8 + offset
+    out = buffer[start: start + values.nbytes].view(np.float16).reshape(values.shape)
+    out[...] = values
+    return out
+
+
+@given(st.integers(1, 3), st.integers(0, 70), st.integers(1, 80), st.sampled_from([0, 2, 4, 6]),
+       st.integers(1, 9), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_the_pass_equals_crc32c_and_numpy_for_any_shape_block_and_address(
+        n_epochs, n_samples, n_classes, offset, n_blocks, seed):
+    """Class counts on both sides of `checked.INLOOP_STEPS` (the CRC in the vector loop or
+    after it), rows that end inside an 8-byte word, blocks and lanes of any size (including
+    empty ones), data at every even address mod 8: the combined CRCs are crc32c's of each
+    epoch, the predictions numpy's."""
+    shape = (n_epochs, n_samples, n_classes)
+    values = placed(f16_with_specials(shape, seed % 1000) if n_samples else
+                    np.zeros(shape, np.float16), offset)
+    rng = np.random.default_rng(seed)
+    values.reshape(-1)[:] = np.where(rng.random(values.size) < 0.5, values.reshape(-1),
+                                     rng.normal(size=values.size).astype(np.float16))
+    out = np.full((n_epochs, n_samples), -7, dtype=np.int32)
+    parts = np.empty((n_epochs, n_blocks, checked.LANES), dtype=np.uint32)
+    checked.argmax_crc_f16(kernels.source(values), out, n_blocks, parts)
+    got = integrity.combine_lanes(parts.reshape(n_epochs, -1),
+                                  checked.lane_bytes(n_samples, n_classes, n_blocks))
+    assert got.tolist() == [crc32c.crc32c(values[e].tobytes()) for e in range(n_epochs)]
+    np.testing.assert_array_equal(out, argmax_reference(values, np.arange(n_samples)))
+    flat = np.full(n_epochs * n_samples, -7, dtype=np.int32)  # the plain pass: the same
+    kernels.argmax_rows(values.reshape(-1, n_classes), flat)
+    np.testing.assert_array_equal(flat.reshape(out.shape), out)
+
+
+@given(st.lists(st.binary(max_size=40), max_size=40), st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_combining_any_pieces_gives_the_crc32c_of_their_concatenation(pieces, n_rows):
+    rows = [[p[::-1] if r % 2 else p for p in pieces] for r in range(n_rows)]
+    got = integrity.combine_lanes([[crc32c.crc32c(p) for p in row] for row in rows],
+                                  [len(p) for p in pieces])
+    assert got.tolist() == [crc32c.crc32c(b"".join(row)) for row in rows]
+
+
 def test_the_table_build_gives_the_same_pass(tmp_path):
     """The whole kernel with the slicing-by-8 table (FORGETKIT_CRC_SOFTWARE=1, a fresh numba
     cache so that the instruction's build is not loaded), serial build, in a subprocess."""
@@ -79,7 +127,7 @@ def test_the_table_build_gives_the_same_pass(tmp_path):
         "from forgetkit.kernels import checked\n"
         "assert not checked.HARDWARE\n"
         "rng = np.random.default_rng(0)\n"
-        "for c in (3, 100):\n"
+        "for c in (3, 10, 100):\n"
         "    x = rng.normal(size=(2, 37, c)).astype(np.float16)\n"
         "    out = np.empty((2, 37), np.int32)\n"
         "    with kernels.forced('serial'):\n"
