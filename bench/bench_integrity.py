@@ -1,11 +1,12 @@
 """The cost of verifying checksums: the forgetting pass with ``verify=True`` against
-``verify=False``, in the same process, on a float16 NPY run of about 1 GB.
+``verify=False``, in the same process, on a float16 NPY run of about 1 GB (``--dtype``:
+float32/float64, the same values stored wider).
 
 Each repetition loads the run three ways (in a rotating order) and runs the forgetting pass
 (`Run.predictions`) on it: ``verify=False``; ``verify=True`` (the forgetting pass computes
 the CRC32C of the rows it reads, `forgetkit.kernels.argmax_crc`); and ``verify=True`` with a
-separate CRC32C pass over the file first (the `crc32c` package, in threads: how float32/64
-runs and `fk.verify` check). The verified-file cache is cleared before every verified load,
+separate CRC32C pass over the file first (the `crc32c` package, in threads: how
+probabilities and `fk.verify` check). The verified-file cache is cleared before every verified load,
 so each one checks every epoch. The page cache is warm and every mode has run once before
 the timed repeats (numba's kernels loaded), so the cost is the checksum itself, not the
 disk or a compile. Repeat r runs the modes rotated by r, in reverse order on odd r, so that
@@ -112,11 +113,13 @@ def main(argv=None):
     parser.add_argument("--samples", type=int, default=500_000)
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dtype", default="float16", choices=["float16", "float32", "float64"])
     parser.add_argument("--kernel-repeat", type=int, default=7,
                         help="repeats of the kernels alone (0: skip them)")
     args = parser.parse_args(argv)
-    path = Path(DATA) / f"integrity-{args.epochs}x{args.samples}x{args.classes}.npy"
-    write_synthetic_npy(path, args.epochs, args.samples, args.classes)
+    suffix = "" if args.dtype == "float16" else f"-{args.dtype}"
+    path = Path(DATA) / f"integrity-{args.epochs}x{args.samples}x{args.classes}{suffix}.npy"
+    write_synthetic_npy(path, args.epochs, args.samples, args.classes, dtype=args.dtype)
     size = path.stat().st_size
     for mode in MODES:  # warm: page cache, numba's kernels
         timed_pass(path, mode)
@@ -133,7 +136,7 @@ def main(argv=None):
     print(f"load average (1 min) during the runs: {min(load):.1f} to {max(load):.1f}")
     print("checksum throughput (GiB/s, one thread, in memory): " + ", ".join(
         f"{k} {v:.2f}" for k, v in throughput().items()))
-    print(f"run: {path.name}, {size / 1e9:.2f} GB float16; {args.repeat} repeats")
+    print(f"run: {path.name}, {size / 1e9:.2f} GB {args.dtype}; {args.repeat} repeats")
     for what, i in (("cpu", 0), ("wall", 1)):
         for stat, fn in (("best", min), ("median", statistics.median)):
             off = fn(t[i] for t in times[MODES[0]])

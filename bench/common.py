@@ -104,21 +104,23 @@ def synthetic_logits(n_epochs, n_samples, n_classes, *, seed=0, noise=0.0):
     return labels, epochs()
 
 
-def write_synthetic_npy(path, n_epochs, n_samples, n_classes, *, seed=0, noise=0.0):
-    """A float16 run on disk through forgetkit's RunWriter (skipped if already there)."""
+def write_synthetic_npy(path, n_epochs, n_samples, n_classes, *, seed=0, noise=0.0,
+                        dtype="float16"):
+    """A run on disk (stored as ``dtype``) through forgetkit's RunWriter (skipped if already
+    there)."""
     import forgetkit as fk
 
     path = Path(path)
     if path.exists():
         try:
             run = fk.load(path)
-            if run.shape == (n_epochs, n_samples, n_classes):
+            if run.shape == (n_epochs, n_samples, n_classes) and run.outputs.dtype == dtype:
                 return path
         except (ValueError, OSError):
             pass
     path.parent.mkdir(parents=True, exist_ok=True)
     labels, epochs = synthetic_logits(n_epochs, n_samples, n_classes, seed=seed, noise=noise)
-    with fk.RunWriter(path, n_samples, n_classes, labels=labels, mode="w") as w:
+    with fk.RunWriter(path, n_samples, n_classes, labels=labels, mode="w", dtype=dtype) as w:
         for e, x in epochs:
             w.append(e, x)
     return path
