@@ -5,8 +5,9 @@ float32/float64, the same values stored wider).
 Each repetition loads the run three ways (in a rotating order) and runs the forgetting pass
 (`Run.predictions`) on it: ``verify=False``; ``verify=True`` (the forgetting pass computes
 the CRC32C of the rows it reads, `forgetkit.kernels.argmax_crc`); and ``verify=True`` with a
-separate CRC32C pass over the file first (the `crc32c` package, in threads: how
-probabilities and `fk.verify` check). The verified-file cache is cleared before every verified load,
+separate CRC32C pass over the file first (the `crc32c` package, in threads: how float32/64
+runs, probabilities and `fk.verify` check; with ``--dtype float32`` the first two modes
+already take it). The verified-file cache is cleared before every verified load,
 so each one checks every epoch. The page cache is warm and every mode has run once before
 the timed repeats (numba's kernels loaded), so the cost is the checksum itself, not the
 disk or a compile. Repeat r runs the modes rotated by r, in reverse order on odd r, so that
