@@ -3,6 +3,8 @@
 - ``argmax``: the forgetting pass (row-wise argmax) and correct counts of mixed rows;
 - ``checked``: the forgetting pass of float16 outputs that also checksums (CRC32C) what it
   reads, so that verifying a stored run costs no second read;
+- ``simd``: their float16 row loop in explicit LLVM vectors (four rows per step), with or
+  without the CRC chains;
 - ``softmax``: softmax rows, window means and weighted sums of softmaxes, label probabilities;
 - ``eps_search``: Knowledge Fusion's exact epsilon search and fusion update;
 - ``selection``: greedy ensemble selection on logits;
