@@ -11,11 +11,17 @@ End to end, on one machine with one or more GPUs:
    selection (a spec ``METHOD[:SCORE[:CUTOFF[:balanced]]]``: ``--default``,
    ``--candidates``, ``--compare``; default: CCS with ``hard_cutoff="auto"`` and "hardest"
    for every score), against ``method="random"`` and the full training set, for every
-   seed (``--seeds``): a fresh ResNet-18 trained from scratch on the kept samples for a
-   fixed ``--epochs`` (the same for every subset: smaller subsets take fewer steps; no
-   last partial batch, whose BatchNorm statistics are the likely reason why single
-   trainings ended far below their siblings before), then its test accuracy on the 10,000
-   test images. The selection seed is the training seed. Two specs that keep the same
+   seed (``--seeds``): a fresh ResNet-18 trained from scratch on the kept samples for the
+   same number of optimizer steps whatever the subset's size (``--steps``, default the
+   steps of an ``--epochs``-epoch training on the full set, 936): the protocol of Zheng
+   et al. 2023 (CCS) and DeepCore, which train every coreset for as many iterations as
+   the full data; a small subset is passed over many times (`batch_stream`: full batches,
+   one permutation after another). ``--fixed-epochs`` is the earlier protocol (every
+   subset ``--epochs`` epochs, so smaller subsets take fewer steps: 88 at keep 10%; no last
+   partial batch). The one-cycle learning rate spans the training's steps. Then its test
+   accuracy on the 10,000 test images (bf16 autocast, as trained; with diagnostics: the
+   loss trace, the float32 accuracy and the accuracy after BatchNorm's statistics are
+   estimated again). The selection seed is the training seed. Two specs that keep the same
    samples for a fraction and seed (e.g. the "auto" and "gentle" cutoffs at keep 0.7,
    where both are 0) share one training: the JSON marks the copy ``same_training_as``.
 
@@ -23,9 +29,10 @@ With ``--choose-seeds``, two phases in one run: random and the candidate default
 (``--default`` and ``--candidates``) on the choosing seeds; the default chosen by a rule
 fixed beforehand (`choose_default`: the best mean over the fractions among those at least
 random at every fraction, else the best mean); then random, the chosen one and
-``--compare`` on the fresh ``--seeds``, which confirm it (or not). ``--scores-csv`` reuses
-the scores of an earlier recording (``forgetkit scores`` output, .csv or .csv.gz) instead
-of recording again.
+``--compare`` on the fresh ``--seeds``, which confirm it (or not); random's confirming
+trainings are queued behind the candidates, filling the GPUs while the choice waits.
+``--scores-csv`` reuses the scores of an earlier recording (``forgetkit scores`` output,
+.csv or .csv.gz) instead of recording again.
 
 The trainings run side by side: ``--workers`` processes per GPU, each holding the data on
 its GPU, taking jobs from one queue (most important first: random, the default, then the
@@ -35,7 +42,7 @@ ran.
 
     python bench/gpu_coreset_retrain.py --out out/coreset              # the GPU run
     python bench/gpu_coreset_retrain.py --device cpu --width 8 --train-subset 600 \
-        --test-subset 200 --record-epochs 3 --epochs 1 --window 2 --workers 2 \
+        --test-subset 200 --record-epochs 3 --steps 4 --window 2 --workers 2 \
         --keep 0.5 --seeds 0 --out out/smoke                           # a check that it runs
     python bench/gpu_coreset_retrain.py --table out/coreset/coreset_retrain.json
 
@@ -43,8 +50,11 @@ Writes ``<out>/coreset_retrain.json`` (configuration, every job's accuracy, the 
 the choice), and when it records, ``<out>/scores.csv`` and the training run
 ``<out>/train_run.npy``.
 
-Recorded results: ``bench/gpu_results/coreset_gentle_choose_confirm_2xh200.json`` (2 x H200;
-the README's table: ``--scores-csv`` (the aum and dynamic_uncertainty columns) of the
+Recorded results: ``bench/gpu_results/coreset_equal_steps_choose_confirm_2xh100.json``
+(2 x H100, equal steps, the README's table: ``--scores-csv scores.csv.gz --no-full
+--choose-seeds 50 51 --seeds 60 61 62 63 --budget 290``, the candidates and comparison in
+its config); ``bench/gpu_results/coreset_gentle_choose_confirm_2xh200.json`` (2 x H200,
+fixed epochs, the round before: ``--scores-csv`` (the aum and dynamic_uncertainty columns) of the
 2 x H200 recording below, ``--no-full --choose-seeds 30 31 --seeds 40 41 42 43 44 --budget
 300``, the candidates and comparisons listed in its config);
 ``bench/gpu_results/coreset_choose_confirm_2xh100.json`` (2 x H100, the round before:
@@ -76,10 +86,10 @@ sys.path.insert(0, str(ROOT))
 SCORES = ("el2n", "forgetting", "aum", "variability", "aleatoric", "dynamic_uncertainty")
 HARD_CUTOFF_SCHEDULES = ("auto", "gentle")  # forgetkit.analysis.scores.HARD_CUTOFF_SCHEDULES
 #: forgetkit's recommended default (README "Choosing the data to keep"), as a selection
-#: spec (see `parse_spec`): chosen on seeds 30 and 31 and measured again on seeds 40-44
-#: (bench/gpu_results/coreset_gentle_choose_confirm_2xh200.json; not at least random at
-#: every fraction there).
-DEFAULT = "ccs:dynamic_uncertainty:gentle:balanced"
+#: spec (see `parse_spec`): chosen under equal steps on seeds 50 and 51 and measured again
+#: on seeds 60-63 (bench/gpu_results/coreset_equal_steps_choose_confirm_2xh100.json; not
+#: at least random at every fraction there).
+DEFAULT = "ccs:dynamic_uncertainty:0:balanced"
 
 
 def parse_spec(spec):
@@ -126,7 +136,16 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--record-epochs", type=int, default=12)
-    p.add_argument("--epochs", type=int, default=8, help="epochs of every retraining")
+    p.add_argument("--epochs", type=int, default=8,
+                   help="epochs of the full-data training whose optimizer steps every "
+                        "retraining takes (with --fixed-epochs: epochs of every retraining)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps of every retraining, whatever its subset's size "
+                        "(the authors' protocol; default: the steps of --epochs epochs on "
+                        "the full training set, 60000 // 512 * 8 = 936)")
+    p.add_argument("--fixed-epochs", action="store_true",
+                   help="the earlier protocol: every subset trained for --epochs epochs "
+                        "(smaller subsets take fewer steps)")
     p.add_argument("--window", type=int, default=10, help="dynamic uncertainty's J")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--lr", type=float, default=0.1)
@@ -169,9 +188,36 @@ def parse_args(argv=None):
     if args.choose_seeds and set(args.choose_seeds) & set(args.seeds):
         p.error("--choose-seeds and --seeds must differ: the default is confirmed on fresh "
                 "seeds")
-    if args.epochs < 1 or args.record_epochs < 1 or args.workers < 1:
-        p.error("--epochs, --record-epochs and --workers must be >= 1")
+    if args.epochs < 1 or args.record_epochs < 1 or args.workers < 1 or args.batch_size < 1:
+        p.error("--epochs, --record-epochs, --workers and --batch-size must be >= 1")
+    if args.fixed_epochs and args.steps is not None:
+        p.error("--steps and --fixed-epochs exclude each other: equal steps for every "
+                "subset, or equal epochs")
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be >= 1; got {args.steps}")
+    if not args.fixed_epochs and args.steps is None:
+        args.steps = full_data_steps(args.train_subset or 60000, args.batch_size,
+                                     args.epochs)
+    args.protocol = "fixed_epochs" if args.fixed_epochs else "equal_steps"
     return args
+
+
+def full_data_steps(n_train, batch_size, epochs):
+    """Optimizer steps of ``epochs`` epochs on ``n_train`` samples without each epoch's last
+    partial batch: 60000 // 512 * 8 = 936."""
+    return max(1, n_train // batch_size) * epochs
+
+
+def batch_stream(n, batch_size, steps, rng):
+    """The equal-steps protocol's batches: positions into a kept subset of ``n`` samples,
+    shape (steps, batch_size). Every batch is full; the stream runs through one random
+    permutation after another, so every sample is seen once per pass, a pass's tail
+    continues into the next batch (none is dropped), and the number of passes,
+    ``steps * batch_size / n``, is fractional. ``rng``: a numpy Generator."""
+    need = steps * batch_size
+    passes = -(-need // n)
+    return np.concatenate([rng.permutation(n) for _ in range(passes)])[:need].reshape(
+        steps, batch_size)
 
 
 # ------------------------------------------------------------------ training
@@ -191,9 +237,18 @@ def load_data(args, device):
             to_tensor(x_test, device), torch.as_tensor(y_test, device=device))
 
 
-def train(args, data, idx, seed, *, epochs, recorder=None):
-    """A fresh ResNet-18 trained on the samples ``idx`` (positions) for ``epochs`` epochs;
-    returns (test accuracy, seconds). ``recorder(model, epoch)`` after every epoch."""
+def train(args, data, idx, seed, *, epochs=None, steps=None, recorder=None):
+    """A fresh ResNet-18 trained on the samples ``idx`` (positions) for ``steps`` optimizer
+    steps (`batch_stream`; the equal-steps protocol) or, with ``steps=None``, for
+    ``epochs`` epochs without each epoch's last partial batch; the one-cycle learning rate
+    spans the training's steps. ``recorder(model, epoch)`` after every epoch (epochs only).
+    Returns (test accuracy, seconds, diagnostics): the accuracy with bf16 autocast as
+    trained; the diagnostics hold the training loss (``loss_trace``: means over 24 equal
+    spans of the steps; ``loss_final``: the last 5% of the steps), the test accuracy in
+    float32 and after BatchNorm's statistics are estimated again in float32 over 20
+    training batches, at most the training's steps (``accuracy_fp32``,
+    ``accuracy_bn_reestimated``), to tell a training that failed from an evaluation that
+    did."""
     import torch
     import torch.nn.functional as F
     from train_fmnist import ResNet18, augment
@@ -202,37 +257,79 @@ def train(args, data, idx, seed, *, epochs, recorder=None):
     dev = xtr.device
     torch.manual_seed(seed)
     np.random.seed(seed)  # noqa: NPY002  (augment's crop offsets)
-    idx = torch.as_tensor(np.asarray(idx), device=dev)
+    idx_np = np.asarray(idx, dtype=np.int64)
+    idx = torch.as_tensor(idx_np, device=dev)
     model = ResNet18(args.width).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd,
                           nesterov=True)
-    steps_per_epoch = max(1, len(idx) // args.batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=epochs * steps_per_epoch)
+    if steps is None:
+        steps_per_epoch = max(1, len(idx) // args.batch_size)
+        total = epochs * steps_per_epoch
+
+        def batches():
+            for epoch in range(epochs):
+                perm = idx[torch.randperm(len(idx), device=dev)]
+                if len(perm) > args.batch_size:  # no last partial batch: BatchNorm's
+                    perm = perm[:len(perm) - len(perm) % args.batch_size]  # stats steady
+                for i in range(0, len(perm), args.batch_size):
+                    yield perm[i:i + args.batch_size]
+                if recorder is not None:
+                    yield epoch  # the epoch's end
+    else:
+        total = steps
+        stream = torch.as_tensor(idx_np[batch_stream(len(idx_np), args.batch_size, steps,
+                                                     np.random.default_rng(seed))],
+                                 device=dev)
+
+        def batches():
+            yield from stream
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=total)
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
     t0 = time.time()
-    for epoch in range(epochs):
-        model.train()
-        perm = idx[torch.randperm(len(idx), device=dev)]
-        if len(perm) > args.batch_size:  # no last partial batch: BatchNorm's running
-            perm = perm[:len(perm) - len(perm) % args.batch_size]  # stats stay steady
-        for i in range(0, len(perm), args.batch_size):
-            b = perm[i:i + args.batch_size]
-            with autocast:
-                loss = F.cross_entropy(model(augment(xtr[b])), ytr[b])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-        if recorder is not None:
-            recorder(model, epoch)
-    model.eval()
-    correct = 0
-    with torch.no_grad(), autocast:
-        for i in range(0, len(xte), 4096):
-            correct += (model(xte[i:i + 4096]).argmax(1) == yte[i:i + 4096]).sum().item()
+    losses = []
+    model.train()
+    for b in batches():
+        if isinstance(b, int):
+            recorder(model, b)
+            model.train()
+            continue
+        with autocast:
+            loss = F.cross_entropy(model(augment(xtr[b])), ytr[b])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.detach())
+
+    def accuracy(cast):
+        model.eval()
+        correct = 0
+        with torch.no_grad(), cast:
+            for i in range(0, len(xte), 4096):
+                correct += (model(xte[i:i + 4096]).argmax(1) == yte[i:i + 4096]).sum().item()
+        return correct / len(xte)
+
+    acc = accuracy(autocast)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    return correct / len(xte), time.time() - t0
+    seconds = time.time() - t0
+    trace = torch.stack(losses).float().cpu().numpy()
+    spans = np.array_split(trace, min(24, len(trace)))
+    diag = dict(steps=len(trace), passes=len(trace) * args.batch_size / len(idx_np),
+                loss_trace=[round(float(s.mean()), 4) for s in spans],
+                loss_final=float(trace[-max(1, len(trace) // 20):].mean()),
+                accuracy_fp32=accuracy(torch.autocast(dev.type, enabled=False)))
+    for m in model.modules():  # BatchNorm's statistics again: plain averages, float32
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for b in batch_stream(len(idx_np), args.batch_size, min(20, len(trace)),
+                              np.random.default_rng(seed + 1)):
+            model(augment(xtr[torch.as_tensor(idx_np[b], device=dev)]))
+    diag["accuracy_bn_reestimated"] = accuracy(torch.autocast(dev.type, enabled=False))
+    return acc, seconds, diag
 
 
 def worker(rank, device, args, jobs, results):
@@ -255,8 +352,10 @@ def worker(rank, device, args, jobs, results):
             results.put(dict(job, skipped=True))
             continue
         try:
-            acc, seconds = train(args, data, idx, job["seed"], epochs=args.epochs)
-            results.put(dict(job, accuracy=acc, seconds=seconds, worker=rank, device=device))
+            acc, seconds, diag = train(args, data, idx, job["seed"], epochs=args.epochs,
+                                       steps=args.steps)
+            results.put(dict(job, accuracy=acc, seconds=seconds, worker=rank, device=device,
+                             **diag))
         except Exception as err:  # reported in the JSON, the other jobs go on
             results.put(dict(job, error=f"{type(err).__name__}: {err}", worker=rank))
 
@@ -280,8 +379,8 @@ def record_dynamics(args, out):
     rec = LogitRecorder(path, (data[0], data[1]), batch_size=4096, meta=meta, mode="w",
                         class_names=FASHION_MNIST_CLASSES)
     try:
-        acc, seconds = train(args, data, np.arange(len(data[0])), 1000,
-                             epochs=args.record_epochs, recorder=rec.record)
+        acc, seconds, _ = train(args, data, np.arange(len(data[0])), 1000,
+                                epochs=args.record_epochs, recorder=rec.record)
     finally:
         rec.close()
     return path, acc, seconds
@@ -444,7 +543,7 @@ def run(args):
     from forgetkit.datasets import load_fashion_mnist
 
     labels = load_fashion_mnist("train", args.data)[1][scores_df.index.to_numpy()]
-    state = dict(skipped=0)
+    skipped = []  # jobs not started by the budget
     trained, results_of, repeats_of = {}, {}, {}  # selection key -> label / result / repeats
 
     def add_result(r):
@@ -460,21 +559,28 @@ def run(args):
         """A repeated selection's result: its own labels, the training's outcome."""
         return dict(r, **{k: v for k, v in repeat.items() if k != "idx"})
 
-    def queue_and_wait(new):
-        """Queue ``new`` and wait for every queued job (jobs not started by the budget
-        are dropped and reported as not run). A selection already trained in this run
-        is not trained again: it gets that training's result."""
-        to_train, repeats = split_repeats(new, trained)
-        for job in to_train:
-            jobs.put(dict(job, deadline=deadline))
-        all_jobs.extend(new)
-        for rep in repeats:
-            if rep["key"] in results_of:
-                add_result(repeat_result(rep, results_of[rep["key"]]))
-            else:
-                repeats_of.setdefault(rep["key"], []).append(rep)
-        pending = len(all_jobs) - len(record["jobs"]) - state["skipped"]
-        while pending > 0:
+    def queue_and_wait(new, also=(), *, phase=None):
+        """Queue ``new``, then ``also``, and wait until every queued job of ``phase`` (of
+        any phase if None) is done (jobs not started by the budget are dropped and
+        reported as not run). A selection already trained in this run is not trained
+        again: it gets that training's result."""
+        for batch in (new, also):
+            to_train, repeats = split_repeats(batch, trained)
+            for job in to_train:
+                jobs.put(dict(job, deadline=deadline))
+            all_jobs.extend(batch)
+            for rep in repeats:
+                if rep["key"] in results_of:
+                    add_result(repeat_result(rep, results_of[rep["key"]]))
+                else:
+                    repeats_of.setdefault(rep["key"], []).append(rep)
+
+        def pending():
+            def of(items):
+                return sum(1 for j in items if phase in (None, j["phase"]))
+            return of(all_jobs) - of(record["jobs"]) - of(skipped)
+
+        while pending() > 0:
             try:
                 r = results.get(timeout=5)
             except queue.Empty:
@@ -484,34 +590,35 @@ def run(args):
             if "ready" in r:
                 continue
             if r.get("skipped"):  # not run: listed in the JSON's not_run
-                n = 1 + len(repeats_of.pop(r.get("key"), []))
-                state["skipped"] += n
-                pending -= n
+                skipped.extend([r, *repeats_of.pop(r.get("key"), [])])
                 continue
             add_result(r)
-            pending -= 1
             if r.get("key") is not None:
                 results_of[r["key"]] = r
                 for rep in repeats_of.pop(r["key"], []):
                     add_result(repeat_result(rep, r))
-                    pending -= 1
             write(record, all_jobs, out, t_start)
 
     if args.choose_seeds:  # phase 1: choose the default among the candidates
         candidates = [c for c in dict.fromkeys([args.default, *args.candidates])
                       if c != "random"]
+        # random's confirming trainings need no choice: queued behind the candidates,
+        # they fill the GPUs while the last candidates train
         queue_and_wait(job_list(args, candidates, args.choose_seeds, scores_df, n_train,
-                                labels, phase="choose"))
+                                labels, phase="choose"),
+                       job_list(args, ["random"], args.seeds, None, n_train),
+                       phase="choose")
         chosen, why = choose_default(record, candidates)
         record.update(default=chosen, default_label=spec_label(chosen),
                       choice=dict(seeds=args.choose_seeds, candidates=candidates,
                                   chosen=chosen, reason=why))
         print(f"chosen default: {spec_label(chosen)}: {why}", flush=True)
-        confirm = ["random", chosen, *args.compare]
-    else:  # random is queued already
+        confirm = [chosen, *args.compare]
+    else:
         confirm = [args.default, *args.candidates, *args.compare]
+    # random is queued already
     confirm = [c for c in dict.fromkeys(confirm + ([] if args.no_full else ["full"]))
-               if args.choose_seeds or c != "random"]
+               if c != "random"]
     queue_and_wait(job_list(args, confirm, args.seeds, scores_df, n_train, labels))
     for _ in procs:
         jobs.put(None)

@@ -102,3 +102,58 @@ def test_repeated_selections_share_one_training():
     again, more = bench.split_repeats(bench.job_list(args, specs[:1], [3, 5], scores, 400,
                                                      labels), trained)
     assert [j["seed"] for j in again] == [5, 5, 5] and len(more) == 3
+
+
+def test_equal_steps_is_the_default_protocol():
+    args = bench.parse_args(["--out", "x"])
+    assert (args.protocol, args.steps) == ("equal_steps", 60000 // 512 * 8) == (
+        "equal_steps", 936)
+    args = bench.parse_args(["--out", "x", "--epochs", "4", "--batch-size", "100",
+                             "--train-subset", "1050"])
+    assert args.steps == 10 * 4  # the full set's steps without the partial batch
+    assert bench.parse_args(["--out", "x", "--steps", "50"]).steps == 50
+    args = bench.parse_args(["--out", "x", "--fixed-epochs"])
+    assert (args.protocol, args.steps, args.epochs) == ("fixed_epochs", None, 8)
+    for bad in (["--fixed-epochs", "--steps", "10"], ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--out", "x", *bad])
+
+
+def test_batch_stream_passes_over_the_subset_in_full_batches():
+    stream = bench.batch_stream(6000, 512, 936, np.random.default_rng(0))
+    assert stream.shape == (936, 512)  # every batch full, the same steps as the full set
+    flat = stream.ravel()
+    for p in range(936 * 512 // 6000):  # each whole pass is a permutation
+        assert np.array_equal(np.sort(flat[p * 6000:(p + 1) * 6000]), np.arange(6000))
+    counts = np.bincount(flat, minlength=6000)
+    assert counts.min() == 79 and counts.max() == 80  # 79.87 passes
+    # a subset smaller than a batch: batches still full, each sample in turn
+    small = bench.batch_stream(3, 4, 3, np.random.default_rng(1))
+    assert small.shape == (3, 4) and np.bincount(small.ravel()).tolist() == [4, 4, 4]
+    assert np.array_equal(bench.batch_stream(50, 8, 7, np.random.default_rng(2)),
+                          bench.batch_stream(50, 8, 7, np.random.default_rng(2)))
+
+
+def test_training_takes_the_protocols_steps():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    data = (torch.tensor(rng.normal(size=(64, 1, 6, 6)), dtype=torch.float32),  # small:
+            torch.tensor(rng.integers(0, 10, 64)),  # ResNet-18 pools to any size
+            torch.tensor(rng.normal(size=(16, 1, 6, 6)), dtype=torch.float32),
+            torch.tensor(rng.integers(0, 10, 16)))
+    args = bench.parse_args(["--out", "x", "--width", "2", "--batch-size", "4",
+                             "--train-subset", "32", "--epochs", "1"])
+    assert args.steps == 8
+    # equal steps: the small subset takes the full set's 8 steps (4 passes over 8)
+    acc, _, diag = bench.train(args, data, np.arange(8), 0, epochs=args.epochs,
+                               steps=args.steps)
+    assert diag["steps"] == 8 and diag["passes"] == 4.0 and 0 <= acc <= 1
+    assert len(diag["loss_trace"]) == 8 and np.isfinite(diag["loss_final"])
+    assert 0 <= diag["accuracy_fp32"] <= 1 and 0 <= diag["accuracy_bn_reestimated"] <= 1
+    # fixed epochs (the earlier protocol): 2 steps for 8 samples; 3 epochs of 2 steps
+    _, _, diag = bench.train(args, data, np.arange(8), 0, epochs=1, steps=None)
+    assert diag["steps"] == 2 and diag["passes"] == 1.0
+    seen = []
+    _, _, diag = bench.train(args, data, np.arange(10), 0, epochs=3,
+                             recorder=lambda model, epoch: seen.append(epoch))
+    assert diag["steps"] == 6 and seen == [0, 1, 2]  # no last partial batch
