@@ -6,10 +6,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pytest
+# OpenMP threads (numba's threading layer here) spin for a while after each parallel region
+# before they sleep. The test processes of ``pytest -n 2`` share the cores, so that spinning
+# takes CPU from the other process: set before numba starts its threads (the subprocesses
+# the tests start inherit it). Results do not depend on it.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-import forgetkit as fk
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import forgetkit as fk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RUN = ROOT / "data_samples" / "fmnist_resnet18_clean_seed100.npz"
