@@ -50,6 +50,56 @@ def _lock_numba_cache_saves():
 _lock_numba_cache_saves()
 
 
+def compile_lock_path(dispatcher, args):
+    """The lock file of compiling cached function ``dispatcher`` for argument types
+    ``args``, beside its cache index; None for a function numba does not cache."""
+    import hashlib
+
+    index = getattr(getattr(dispatcher._cache, "_cache_file", None), "_index_path", None)
+    if index is None:
+        return None
+    return f"{index}.{hashlib.sha1(str(tuple(args)).encode()).hexdigest()[:16]}.compiling"
+
+
+def _compile_each_signature_once_across_processes():
+    """The workers of ``pytest -n 2`` start from the same empty cache and often reach the
+    same kernel at about the same time: both would compile it (seconds each). A compile of a
+    cached function's signature holds a lock file named after the signature beside the
+    cache index, so the process that comes second waits and then loads the first one's
+    build from the cache instead of compiling it again. A lock this process already holds
+    is not taken again; the functions a kernel calls are locked under it, along the call
+    graph, so no two processes wait on each other."""
+    import fcntl
+
+    from numba.core import dispatcher, sigutils
+
+    compile_ = dispatcher.Dispatcher.compile
+    if getattr(compile_, "original", None):
+        return
+    held = set()
+
+    def compile_once(self, sig):
+        args, _ = sigutils.normalize_signature(sig)
+        path = None if tuple(args) in self.overloads else compile_lock_path(self, args)
+        if path is None or path in held:
+            return compile_(self, sig)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held.add(path)
+            try:
+                return compile_(self, sig)  # loads the other process's build if it saved one
+            finally:
+                held.discard(path)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    compile_once.original = compile_
+    dispatcher.Dispatcher.compile = compile_once
+
+
+_compile_each_signature_once_across_processes()
+
+
 def require_real_part(what, available):
     """Skip a test whose real part (a system package, an optional framework) is missing, or
     fail it on CI (environment variable CI=true), where `.ci/run` installs every real part:

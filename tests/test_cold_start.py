@@ -169,3 +169,42 @@ def test_the_tests_lock_numba_cache_saves(tmp_path, monkeypatch):
          "print(sum(probe.stats.cache_hits.values()))"],
         cwd=tmp_path, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "2"
+
+
+def test_the_tests_compile_a_signature_once_across_processes(tmp_path, monkeypatch):
+    """conftest's lock around numba's compiles: a process that needs a cached function's
+    signature while another compiles it waits, then loads that build instead of compiling
+    it again."""
+    import fcntl
+    import importlib
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from numba import types
+
+    from .conftest import ROOT, compile_lock_path
+
+    (tmp_path / "cached_twice.py").write_text(
+        "from numba import njit\n\n@njit(cache=True)\ndef probe(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = importlib.import_module("cached_twice").probe
+    path = compile_lock_path(probe, (types.int64,))
+    (tmp_path / "__pycache__").mkdir(exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as if this process were compiling probe(int)
+        other = subprocess.Popen(
+            [sys.executable, "-c", "import tests.conftest; from cached_twice import probe; "
+             "print('calling', flush=True); probe(1); print(sum(probe.stats.cache_hits.values()), "
+             "sum(probe.stats.cache_misses.values()))"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+            stdout=subprocess.PIPE, text=True)
+        assert other.stdout.readline().strip() == "calling"
+        time.sleep(1.0)  # the other process now waits for the lock, compiling nothing
+        assert other.poll() is None
+        type(probe).compile.original(probe, (types.int64,))  # compiles and saves, locked
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    out, _ = other.communicate(timeout=60)
+    assert other.returncode == 0
+    assert out.split() == ["1", "0"]  # one cache hit, no miss: loaded, not compiled
