@@ -16,6 +16,7 @@ Small runs keep each case to milliseconds; examples are derandomized so CI sees 
 cases every time, and the whole file runs in well under a minute.
 """
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -311,14 +312,20 @@ def test_npz_member_mutations(field, value):
 
 
 # --------------------------------------------------------------------- plans
+def fusers():
+    return [fk.KnowledgeFusion(), fk.LikelihoodFusion(), fk.EnsembleSelection(),
+            fk.CheckpointAverage("horizontal", max_checkpoints=2), fk.EarlyStopping()]
+
+
+N_RECORDS = len(fusers())
+
+
+@functools.cache
 def fitted_records():
+    """Each fuser's plan fitted on the original run, as JSON values: fitted on first use,
+    not at collection (where each pytest-xdist worker would compile the fits' kernels)."""
     run = original_run()
-    fusers = [fk.KnowledgeFusion(), fk.LikelihoodFusion(), fk.EnsembleSelection(),
-              fk.CheckpointAverage("horizontal", max_checkpoints=2), fk.EarlyStopping()]
-    return [json.loads(f.fit(run).to_json()) for f in fusers]
-
-
-RECORDS = fitted_records()
+    return [json.loads(f.fit(run).to_json()) for f in fusers()]
 
 
 def paths_of(value, prefix=()):
@@ -375,19 +382,19 @@ def check_apply(text, capsys):
 
 
 @FUZZ
-@given(data=st.data(), which=st.integers(0, len(RECORDS) - 1), value=JSON_VALUES)
+@given(data=st.data(), which=st.integers(0, N_RECORDS - 1), value=JSON_VALUES)
 def test_plan_mutations(data, which, value, capsys):
-    record = RECORDS[which]
+    record = fitted_records()[which]
     path = data.draw(st.sampled_from(list(paths_of(record))))
     check_apply(json.dumps(replaced(record, path, value)), capsys)
 
 
 @FUZZ
-@given(which=st.integers(0, len(RECORDS) - 1), corruption=CORRUPTIONS)
+@given(which=st.integers(0, N_RECORDS - 1), corruption=CORRUPTIONS)
 def test_plan_file_corruptions(which, corruption, capsys):
     with tempfile.TemporaryDirectory() as folder:
         plan = Path(folder, "plan.json")
-        plan.write_text(json.dumps(RECORDS[which]))
+        plan.write_text(json.dumps(fitted_records()[which]))
         corrupt(plan, corruption)
         text = plan.read_bytes().decode("utf-8", errors="replace")
     check_apply(text if text.strip() else " ", capsys)
