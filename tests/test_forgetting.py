@@ -8,6 +8,7 @@ from hypothesis.extra import numpy as hnp
 import forgetkit as fk
 from forgetkit.analysis.forgetting import summary
 from forgetkit.kernels import argmax as kargmax
+from forgetkit.kernels import source
 
 from .conftest import make_run
 from .reference import correct_ref, dynamics_ref, fractions_ref
@@ -61,7 +62,7 @@ def test_float16_specials_and_ties():
         dtype=np.float16,
     )
     out = np.empty(len(vals), dtype=np.int32)
-    kargmax.argmax_f16(vals.view(np.int16), out)
+    kargmax.argmax_f16(source(vals), out)
     assert out.tolist() == np.argmax(vals.astype(np.float64), axis=1).tolist()
 
 
@@ -71,7 +72,7 @@ def test_float16_kernel_matches_numpy_on_any_bits(bits):
     vals = bits.view(np.float16)
     finite = np.isfinite(vals).all(axis=1)
     out = np.empty(len(vals), dtype=np.int32)
-    kargmax.argmax_f16(bits, out)
+    kargmax.argmax_f16(source(bits), out)
     assert (out[~finite] == -1).all()
     expect = np.argmax(vals[finite].astype(np.float64), axis=1)
     assert np.array_equal(out[finite], expect)
@@ -85,7 +86,7 @@ def test_float16_kernel_on_both_sides_of_the_row_pairing(n_classes):
     vals[::3] = np.where(np.isfinite(vals[::3]), vals[::3], 1.0)  # every third row finite
     finite = np.isfinite(vals).all(axis=1)
     out = np.empty(len(vals), dtype=np.int32)
-    kargmax.argmax_f16(bits, out)
+    kargmax.argmax_f16(source(bits), out)
     assert (out[~finite] == -1).all() and finite.sum() >= 11
     assert np.array_equal(out[finite], np.argmax(vals[finite].astype(np.float64), axis=1))
 
@@ -97,7 +98,7 @@ def test_float16_kernel_beyond_65535_classes():
     vals[1, 69_999] = 3.0
     vals[2, 5] = np.nan
     out = np.empty(4, dtype=np.int32)
-    kargmax.argmax_f16(vals.view(np.int16), out)
+    kargmax.argmax_f16(source(vals), out)
     expect = np.argmax(vals.astype(np.float64), axis=1)
     assert out.tolist() == [expect[0], 69_999, -1, expect[3]]
 
@@ -107,7 +108,7 @@ def test_float_kernel_on_tie_heavy_data(dtype):
     rng = np.random.default_rng(3)
     vals = (rng.integers(-3, 3, size=(5000, 7)) / 4).astype(dtype)
     out = np.empty(len(vals), dtype=np.int32)
-    kargmax.argmax_float(vals, out)
+    kargmax.argmax_float(source(vals), out)
     assert np.array_equal(out, np.argmax(vals, axis=1))
 
 
