@@ -302,14 +302,14 @@ def sum_correct_count_rows(s, p, labels, rows):
 
 def add_into(total, p):
     """total += p (float64 (N, C)), numpy's arithmetic."""
-    _run(_selection.add_into, total.size, (total, p), _twins.add_into)
+    _run(_selection.add_into, total.size, (total, source(p)), _twins.add_into)
 
 
 def class_max(probs):
     """The largest value of each class of each row over every epoch of float64 probs
     (E, N, C): (N, C)."""
     out = np.empty(probs.shape[1:])
-    _run(_selection.class_max, probs.size, (probs, out), _twins.class_max)
+    _run(_selection.class_max, probs.size, (source(probs), out), _twins.class_max)
     return out
 
 
@@ -319,7 +319,7 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand):
     ``selection.selection_cached_counts``. int64 (E,)."""
     return _run(_selection.selection_cached_counts,
                 probs.shape[0] * len(rows) * total.shape[1],
-                (probs, total, rows, labels, cand_ptr, cand, n_blocks()),
+                (source(probs), total, rows, labels, cand_ptr, cand, n_blocks()),
                 _twins.selection_cached_counts)
 
 
