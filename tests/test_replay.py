@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -82,25 +83,45 @@ def test_replay_of_saved_state_dicts_is_the_recorded_run(tmp_path):
 
 
 def test_several_devices_share_checkpoints_by_who_is_free(tmp_path, monkeypatch):
-    """A device that is slow (here: one that takes 0.5 s to load each checkpoint) gets
-    fewer checkpoints than a free one, and the run is still written in epoch order; with
-    BALANCE off checkpoint i goes to device i mod n."""
+    """A device that is slow gets fewer checkpoints than a free one, and the run is still
+    written in epoch order; with BALANCE off checkpoint i goes to device i mod n. With
+    BALANCE the first device (0) starts taking checkpoints after the other has taken its
+    first (so both are running: a device that starts alone may take its read-ahead share
+    before the other asks) and is slow by waiting, at its first load, until the other has
+    loaded the four it may take meanwhile, instead of by a fixed sleep that a loaded
+    machine can outlast; without BALANCE it sleeps 0.5 s per load."""
     from forgetkit.exporters import _torch_replay as R
 
     test, files = train_and_save(tmp_path, epochs=tuple(range(6)))
     recorded = fk.load(tmp_path / "recorded.npy")
-    load, done = R._Device.load, []
+    load, next_position, done = R._Device.load, R._Results.next_position, []
 
     def slow_load(self, item):
-        if self.model is net:  # the first device
+        first = self.model is net
+        if first and R.BALANCE and not any(f for f, _ in done):
+            assert others_loaded.wait(60), ("the free device was not given the others", done)
+        elif first:
             time.sleep(0.5)
-        done.append((self.model is net, item.position))
-        return load(self, item)
+        done.append((first, item.position))
+        out = load(self, item)
+        if not first and sum(not f for f, _ in done) >= 4:
+            others_loaded.set()
+        return out
+
+    def in_turn(self, d, held=0):
+        if R.BALANCE and d == 0:
+            assert other_asked.wait(60), "the second device never asked for a checkpoint"
+        p = next_position(self, d, held)
+        if d == 1:
+            other_asked.set()
+        return p
 
     monkeypatch.setattr(R._Device, "load", slow_load)
+    monkeypatch.setattr(R._Results, "next_position", in_turn)
     for balance in (True, False):
         monkeypatch.setattr(R, "BALANCE", balance)
         net, done[:] = small_net(), []
+        others_loaded, other_asked = threading.Event(), threading.Event()
         run = replay(net, files, test, tmp_path / f"b{balance}.npy", dtype="float32",
                      devices=["cpu", "cpu"])
         assert_same_run(run, recorded)
