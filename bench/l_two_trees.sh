@@ -62,7 +62,25 @@ for tree in new old; do
     log "compare $tree done"
 done
 for task in kf_fit forgetting; do point old $task $HI; point new $task $HI; done
-for task in forgetting kf_fit; do
-    if [ "$(el)" -lt "${LATE:-165}" ]; then point new $task 1; point old $task 1; else log "skipped $task at 1 thread"; fi
-done
+lf() {  # tree threads: fk.load and the forgetting pass timed together (a verified float16
+    # load computes the predictions with the checksums, so timing the pass alone after the
+    # load would leave that part off the clock on trees that verify)
+    cd "$HERE/$1" && $PY -c "
+import json, sys, time
+import numba
+numba.set_num_threads(int(sys.argv[2]))
+import forgetkit as fk
+from bench.bench_scaling import _task
+from bench.common import warm_run
+from forgetkit.kernels import forced
+for build in ('serial', 'parallel'):
+    with forced(build):
+        _task('forgetting', warm_run())
+t = time.perf_counter()
+run = fk.load(sys.argv[1])
+fk.forget_fraction(run), fk.learn_fraction(run), fk.sample_dynamics(run)
+print(json.dumps({'task': 'load_forgetting', 'tree': sys.argv[3], 'threads': numba.get_num_threads(), 'seconds': round(time.perf_counter() - t, 3)}))" "$L" "$2" "$1" | tee -a "$OUT/lfig.jsonl"
+}
+for r in 1 2; do lf old $HI; lf new $HI; done
+if [ "$(el)" -lt "${LATE:-165}" ]; then lf new 1; lf old 1; point new forgetting 1; point old forgetting 1; else log "skipped 1 thread"; fi
 log "end"
