@@ -108,8 +108,8 @@ def record_encoder(record, *, labels_crc=None):
 
 
 def _encoder(fixed, keys, at, parts, labels_crc):
-    head = ", ".join(p for p in (parts[k] for k in keys[:at]) if p)
-    tail = ", ".join(p for p in (parts[k] for k in keys[at + 1:]) if p)
+    head = ", ".join(parts[k] for k in keys[:at])
+    tail = ", ".join(parts[k] for k in keys[at + 1:])
 
     def encoded(epochs, epoch_crcs, more=None):
         epochs = [int(e) for e in epochs]
