@@ -45,13 +45,20 @@ ran.
         --test-subset 200 --record-epochs 3 --steps 4 --window 2 --workers 2 \
         --keep 0.5 --seeds 0 --out out/smoke                           # a check that it runs
     python bench/gpu_coreset_retrain.py --table out/coreset/coreset_retrain.json
+    python bench/gpu_coreset_retrain.py --table first.json second.json   # pooled
 
 Writes ``<out>/coreset_retrain.json`` (configuration, every job's accuracy, the tables,
 the choice), and when it records, ``<out>/scores.csv`` and the training run
 ``<out>/train_run.npy``.
 
-Recorded results: ``bench/gpu_results/coreset_equal_steps_choose_confirm_2xh100.json``
-(2 x H100, equal steps, the README's table: ``--scores-csv scores.csv.gz --no-full
+Recorded results: ``bench/gpu_results/coreset_aleatoric_choose_confirm_4xh200.json`` and
+``bench/gpu_results/coreset_aleatoric_confirm_more_seeds_4xh200.json`` (4 x H200, equal
+steps, the README's table, pooled by ``--table FIRST SECOND``: ``--scores-csv
+scores.csv.gz --no-full --choose-seeds 70 71 --seeds 80 81 82 83 84 85 --budget 465``
+with CCS on every score as candidates, then ``--seeds 90 ... 99 --default
+ccs:aleatoric:0:balanced``; the full commands in their configs);
+``bench/gpu_results/coreset_equal_steps_choose_confirm_2xh100.json`` (2 x H100, equal
+steps, the round before: ``--scores-csv scores.csv.gz --no-full
 --choose-seeds 50 51 --seeds 60 61 62 63 --budget 290``, the candidates and comparison in
 its config); ``bench/gpu_results/coreset_gentle_choose_confirm_2xh200.json`` (2 x H200,
 fixed epochs, the round before: ``--scores-csv`` (the aum and dynamic_uncertainty columns) of the
@@ -86,10 +93,10 @@ sys.path.insert(0, str(ROOT))
 SCORES = ("el2n", "forgetting", "aum", "variability", "aleatoric", "dynamic_uncertainty")
 HARD_CUTOFF_SCHEDULES = ("auto", "gentle")  # forgetkit.analysis.scores.HARD_CUTOFF_SCHEDULES
 #: forgetkit's recommended default (README "Choosing the data to keep"), as a selection
-#: spec (see `parse_spec`): chosen under equal steps on seeds 50 and 51 and measured again
-#: on seeds 60-63 (bench/gpu_results/coreset_equal_steps_choose_confirm_2xh100.json; not
-#: at least random at every fraction there).
-DEFAULT = "ccs:dynamic_uncertainty:0:balanced"
+#: spec (see `parse_spec`): chosen under equal steps among CCS on every score on seeds 70
+#: and 71, confirmed on seeds 80-85 and again on 90-99
+#: (bench/gpu_results/coreset_aleatoric_*_4xh200.json).
+DEFAULT = "ccs:aleatoric:0:balanced"
 
 
 def parse_spec(spec):
@@ -131,7 +138,9 @@ def default_candidates():
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="output folder")
-    p.add_argument("--table", metavar="JSON", help="print the README table of a result file")
+    p.add_argument("--table", metavar="JSON", nargs="+",
+                   help="print the README table of result files (several: their confirming "
+                        "trainings pooled, see `pool`)")
     p.add_argument("--data", default=None)
     p.add_argument("--device", default="cuda")
     p.add_argument("--width", type=int, default=64)
@@ -682,14 +691,19 @@ def markdown(record, phase="confirm"):
     rows.sort(reverse=True)
     head = "| method | " + " | ".join(f"keep {float(k):.0%}" for k in keeps) + " | mean |"
     lines = [head, "|" + " --- |" * (len(keeps) + 2)]
+    default = record.get("default_label") or " ".join(record["default"])
     for mean, row in rows:
         cells = t[row]
         shown = [f"{cells[k][0]:.2f} ± {cells[k][1]:.2f}" if k in cells else "–"
                  for k in keeps]
-        default = record.get("default_label") or " ".join(record["default"])
         name = f"**{row}** (default)" if row == default else row
         tail = f" | {mean:.2f} |" if mean >= 0 else " | – |"
         lines.append(f"| {name} | " + " | ".join(shown) + tail)
+    paired = against_random(record, default, phase) if default in t else {}
+    if paired and default != "random":
+        lines.append(f"\n{default} against random, seed by seed: " + "; ".join(
+            f"keep {float(k):.0%} {m:+.2f} (median {md:+.2f}, above on {a} of {n})"
+            for k in keeps if k in paired for m, md, a, n in [paired[k]]) + ".")
     if "full" in t:
         full = next(iter(t["full"].values()))
         lines.append(f"\nFull training set: {full[0]:.2f} ± {full[1]:.2f} "
@@ -702,11 +716,55 @@ def markdown(record, phase="confirm"):
     return "\n".join(lines)
 
 
+def pool(records):
+    """One record of several runs' confirming trainings (the first run's configuration
+    and choice): the runs must share the training protocol and fractions, and no
+    (selection, fraction, seed) may be trained twice."""
+    same = ("protocol", "steps", "epochs", "batch_size", "lr", "wd", "width", "keep",
+            "window")
+    first = records[0]
+    for r in records[1:]:
+        diff = [k for k in same if r["config"].get(k) != first["config"].get(k)]
+        if diff:
+            raise SystemExit(f"cannot pool runs whose {', '.join(diff)} differ")
+    jobs = [j for r in records for j in r["jobs"] if j.get("phase", "confirm") == "confirm"]
+    seen = set()
+    for j in jobs:
+        key = (label(j), j["keep"], j["seed"])
+        if key in seen:
+            raise SystemExit(f"cannot pool: {key[0]} at keep {key[1]:g}, seed {key[2]} "
+                             "was trained in two runs")
+        seen.add(key)
+    choose = [j for j in first["jobs"] if j.get("phase") == "choose"]
+    return dict(first, jobs=choose + jobs)
+
+
+def against_random(record, row, phase="confirm"):
+    """``row`` against random on the seeds both trained, per fraction: {keep: (mean
+    difference, median difference, seeds where ``row`` is above, seeds)} in points."""
+    acc = {}
+    for r in record["jobs"]:
+        if "accuracy" in r and r.get("phase", "confirm") == phase:
+            acc.setdefault(label(r), {}).setdefault(f"{r['keep']:g}", {})[r["seed"]] = \
+                100 * r["accuracy"]
+    out = {}
+    for keep, mine in acc.get(row, {}).items():
+        theirs = acc.get("random", {}).get(keep, {})
+        d = [mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs))]
+        if d:
+            out[keep] = (statistics.fmean(d), statistics.median(d), sum(x > 0 for x in d),
+                         len(d))
+    return out
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.table:
-        with open(args.table) as f:
-            print(markdown(json.load(f)))
+        records = []
+        for path in args.table:
+            with open(path) as f:
+                records.append(json.load(f))
+        print(markdown(records[0] if len(records) == 1 else pool(records)))
         return
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     run(args)

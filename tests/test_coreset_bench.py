@@ -157,3 +157,37 @@ def test_training_takes_the_protocols_steps():
     _, _, diag = bench.train(args, data, np.arange(10), 0, epochs=3,
                              recorder=lambda model, epoch: seen.append(epoch))
     assert diag["steps"] == 6 and seen == [0, 1, 2]  # no last partial batch
+
+
+def confirm_record(rows, seeds, **config):
+    """A result record with confirming jobs: {label: {keep: [accuracy per seed]}}."""
+    jobs = [dict(phase="confirm", label=row, keep=keep, seed=seed, accuracy=acc)
+            for row, by_keep in rows.items() for keep, accs in by_keep.items()
+            for seed, acc in zip(seeds, accs, strict=True)]
+    return dict(config=dict(dict(keep=[0.7, 0.1], steps=936, lr=0.1), **config), jobs=jobs,
+                default="ccs:aleatoric:0:balanced", default_label="ccs aleatoric balanced")
+
+
+def test_runs_pool_their_confirming_seeds_and_compare_seed_by_seed():
+    first = confirm_record({"random": {0.7: [0.93, 0.92], 0.1: [0.90, 0.91]},
+                            "ccs aleatoric balanced": {0.7: [0.94, 0.93], 0.1: [0.89, 0.92]}},
+                           [80, 81])
+    first["jobs"].append(dict(phase="choose", label="random", keep=0.7, seed=70,
+                              accuracy=0.5))
+    second = confirm_record({"random": {0.7: [0.91], 0.1: [0.90]},
+                             "ccs aleatoric balanced": {0.7: [0.95], 0.1: [0.93]}}, [90])
+    pooled = bench.pool([first, second])
+    t = bench.table(pooled)
+    assert t["random"]["0.7"][2] == 3 and t["random"]["0.7"][0] == pytest.approx(92.0)
+    assert bench.table(pooled, phase="choose")["random"]["0.7"][0] == pytest.approx(50.0)
+    paired = bench.against_random(pooled, "ccs aleatoric balanced")
+    assert paired["0.7"] == pytest.approx((2.0, 1.0, 3, 3))  # +1, +1, +4 points
+    assert paired["0.1"][2:] == (2, 3) and paired["0.1"][1] == pytest.approx(1.0)
+    text = bench.markdown(pooled)
+    assert "keep 10% +1.00 (median +1.00, above on 2 of 3)" in text
+    # another protocol, or a seed trained twice: refused
+    with pytest.raises(SystemExit, match="steps differ"):
+        bench.pool([first, confirm_record({"random": {0.7: [0.9], 0.1: [0.9]}}, [90],
+                                          steps=100)])
+    with pytest.raises(SystemExit, match="seed 81 was trained in two runs"):
+        bench.pool([first, confirm_record({"random": {0.7: [0.9], 0.1: [0.9]}}, [81])])
