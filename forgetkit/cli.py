@@ -686,7 +686,9 @@ def _add_score_commands(sub):
 
     p = sub.add_parser("coreset", help="the sample ids to keep, chosen by one score")
     p.add_argument("scores", metavar="SCORES.csv", help="written by forgetkit scores")
-    p.add_argument("--score", required=True, help="the column to select by")
+    p.add_argument("--score", required=True,
+                   help="the column to select by (recommended: aleatoric, with --method ccs "
+                        "and --labels; README, 'Choosing the data to keep')")
     p.add_argument("--keep", type=float, required=True, help="fraction to keep, in (0, 1]")
     p.add_argument("--method", choices=CORESET_METHODS, default="ccs")
     p.add_argument("--hard-cutoff", type=_hard_cutoff, default=0.0,

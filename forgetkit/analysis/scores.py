@@ -366,6 +366,13 @@ def select_coreset(scores, keep, *, score=None, method="ccs", hard_cutoff=0.0,
     -------
     ndarray of shape (m,)
         The kept samples' ids, in the order of the scores' rows.
+
+    Notes
+    -----
+    The recommended default, measured by retraining on Fashion-MNIST (above random at
+    every fraction from 70% to 10% kept; README, "Choosing the data to keep"):
+    ``select_coreset(data_scores(run), keep, score="aleatoric", method="ccs",
+    labels=run.labels)``.
     """
     keep, hard_cutoff, strata, seed = check_coreset_options(
         keep, method=method, hard_cutoff=hard_cutoff, strata=strata, seed=seed)
