@@ -57,6 +57,9 @@ steps, the README's table, pooled by ``--table FIRST SECOND``: ``--scores-csv
 scores.csv.gz --no-full --choose-seeds 70 71 --seeds 80 81 82 83 84 85 --budget 465``
 with CCS on every score as candidates, then ``--seeds 90 ... 99 --default
 ccs:aleatoric:0:balanced``; the full commands in their configs);
+``bench/gpu_results/coreset_aleatoric_new_recording_4xh200.json`` (4 x H200, the same
+check on scores of a second recording: ``--record-seed 2000 --no-full --seeds 100 ...
+107``);
 ``bench/gpu_results/coreset_equal_steps_choose_confirm_2xh100.json`` (2 x H100, equal
 steps, the round before: ``--scores-csv scores.csv.gz --no-full
 --choose-seeds 50 51 --seeds 60 61 62 63 --budget 290``, the candidates and comparison in
@@ -145,6 +148,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--record-epochs", type=int, default=12)
+    p.add_argument("--record-seed", type=int, default=1000,
+                   help="seed of the full training whose dynamics give the scores")
     p.add_argument("--epochs", type=int, default=8,
                    help="epochs of the full-data training whose optimizer steps every "
                         "retraining takes (with --fixed-epochs: epochs of every retraining)")
@@ -384,11 +389,12 @@ def record_dynamics(args, out):
     data = load_data(args, device)
     path = out / "train_run.npy"
     meta = dict(model=f"ResNet18(width={args.width})", epochs=args.record_epochs,
+                seed=args.record_seed,
                 batch_size=args.batch_size, lr=args.lr, dataset="fashion-mnist train")
     rec = LogitRecorder(path, (data[0], data[1]), batch_size=4096, meta=meta, mode="w",
                         class_names=FASHION_MNIST_CLASSES)
     try:
-        acc, seconds, _ = train(args, data, np.arange(len(data[0])), 1000,
+        acc, seconds, _ = train(args, data, np.arange(len(data[0])), args.record_seed,
                                 epochs=args.record_epochs, recorder=rec.record)
     finally:
         rec.close()
