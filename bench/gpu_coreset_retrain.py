@@ -60,6 +60,8 @@ ccs:aleatoric:0:balanced``; the full commands in their configs);
 ``bench/gpu_results/coreset_aleatoric_new_recording_4xh200.json`` (4 x H200, the same
 check on scores of a second recording: ``--record-seed 2000 --no-full --seeds 100 ...
 107``);
+``bench/gpu_results/coreset_hardest_equal_steps_4xh200.json`` (4 x H200, "hardest" on
+every score, seeds 70 71, random and the default beside them);
 ``bench/gpu_results/coreset_equal_steps_choose_confirm_2xh100.json`` (2 x H100, equal
 steps, the round before: ``--scores-csv scores.csv.gz --no-full
 --choose-seeds 50 51 --seeds 60 61 62 63 --budget 290``, the candidates and comparison in
