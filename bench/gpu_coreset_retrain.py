@@ -671,18 +671,27 @@ def label(job):
     return job["method"] if job["score"] is None else f"{job['method']} {job['score']}"
 
 
+def accuracies(record, phase="confirm"):
+    """{row label: {keep: {seed: test accuracy in percent}}} of a result record's
+    ``phase``."""
+    acc = {}
+    for r in record["jobs"]:
+        if "accuracy" in r and r.get("phase", "confirm") == phase:
+            acc.setdefault(label(r), {}).setdefault(f"{r['keep']:g}", {})[r["seed"]] = \
+                100 * r["accuracy"]
+    return acc
+
+
 def table(record, phase="confirm"):
     """{row label: {keep: [mean, std, n_seeds]}} of a result record's ``phase`` (test
     accuracy in percent; std with ddof 1 over the seeds, 0 for one seed)."""
-    cells = {}
-    for r in record["jobs"]:
-        if "accuracy" in r and r.get("phase", "confirm") == phase:
-            cells.setdefault(label(r), {}).setdefault(
-                f"{r['keep']:g}", []).append(100 * r["accuracy"])
     out = {}
-    for row, by_keep in cells.items():
-        out[row] = {k: [statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0,
-                        len(v)] for k, v in by_keep.items()}
+    for row, by_keep in accuracies(record, phase).items():
+        out[row] = {}
+        for k, by_seed in by_keep.items():
+            v = list(by_seed.values())
+            out[row][k] = [statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0,
+                           len(v)]
     return out
 
 
@@ -750,11 +759,7 @@ def pool(records):
 def against_random(record, row, phase="confirm"):
     """``row`` against random on the seeds both trained, per fraction: {keep: (mean
     difference, median difference, seeds where ``row`` is above, seeds)} in points."""
-    acc = {}
-    for r in record["jobs"]:
-        if "accuracy" in r and r.get("phase", "confirm") == phase:
-            acc.setdefault(label(r), {}).setdefault(f"{r['keep']:g}", {})[r["seed"]] = \
-                100 * r["accuracy"]
+    acc = accuracies(record, phase)
     out = {}
     for keep, mine in acc.get(row, {}).items():
         theirs = acc.get("random", {}).get(keep, {})
