@@ -8,6 +8,7 @@ import forgetkit as fk
 from forgetkit._summary import SUMMARY_DTYPE, summarize_outputs
 
 from .conftest import make_run
+from .crashes import Killed, kill_at_rename
 
 
 def reference_summary(z, y):
@@ -180,15 +181,9 @@ def test_a_parquet_summary_writer_appends_stages_resumes_and_finishes(tmp_path):
         assert w.epochs == [0]
 
 
-class Killed(BaseException):
-    pass
-
-
 def test_a_kill_while_a_parquet_summary_is_finished_loses_nothing(tmp_path, monkeypatch):
     """A kill at any rename of `close` leaves the staged epochs (loaded, and resumed) or
     the finished file: every appended epoch loads either way."""
-    import os
-
     run = make_run(n_epochs=3, n_samples=30, n_classes=5)
     expected = _summary_records(fk.summarize(run))
     finished = set()
@@ -197,16 +192,8 @@ def test_a_kill_while_a_parquet_summary_is_finished_loses_nothing(tmp_path, monk
         w = fk.SummaryWriter(path, 30, 5, labels=run.labels)
         for e in range(3):
             w.append(e, run.outputs[e])
-        calls, real = {"n": 0}, os.replace
-
-        def replace(src, dst, calls=calls, real=real, k=k):
-            calls["n"] += 1
-            if calls["n"] == k + 1:
-                raise Killed
-            return real(src, dst)
-
         with monkeypatch.context() as m:
-            m.setattr(os, "replace", replace)
+            kill_at_rename(m, k)
             try:
                 w.close()
             except Killed:
