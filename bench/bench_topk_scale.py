@@ -141,6 +141,19 @@ def commit():
         return "unknown"
 
 
+def pass_rows(results, cat_wall, cat_cpu, fresh, again):
+    """The table's two rows of the passes ``results`` (best wall and CPU of each, and
+    their ratios to `cat`'s): the fresh process's pass, named ``fresh``, and the same again
+    in that process, named ``again``."""
+    def row(name, wall, cpu):
+        return (f"| {name} | {wall:.2f} | {cpu:.2f} | {wall / cat_wall:.2f} | "
+                f"{cpu / max(cat_cpu, 1e-9):.2f} |")
+
+    return [row(fresh, min(r["wall"] for r in results), min(r["cpu"] for r in results)),
+            row(again, min(r["again"] for r in results),
+                min(r["again_cpu"] for r in results))]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=100)
@@ -189,7 +202,6 @@ def main(argv=None):
             print(f"kept: {path}")
     cat_wall, cat_cpu = min(c[0] for c in cats), min(c[1] for c in cats)
     best = min(passes, key=lambda r: r["wall"])
-    cpu = min(r["cpu"] for r in passes)
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; commit: {commit()}; "
           f"command: python -m bench.bench_topk_scale {' '.join(argv or sys.argv[1:])}".rstrip())
     written = f"written by TopKWriter in {write_wall:.0f} s ({write_cpu:.0f} s CPU)" \
@@ -203,23 +215,16 @@ def main(argv=None):
           "CPU / cat |")
     print("|---|---|---|---|---|")
     print(f"| `cat` of the files > /dev/null | {cat_wall:.2f} | {cat_cpu:.2f} | 1.00 | 1.00 |")
-    print(f"| `fk.forget_fraction(fk.load(path))`, fresh process | {best['wall']:.2f} | "
-          f"{cpu:.2f} | {best['wall'] / cat_wall:.2f} | {cpu / max(cat_cpu, 1e-9):.2f} |")
-    again = min(r["again"] for r in passes)
-    again_cpu = min(r["again_cpu"] for r in passes)
-    print(f"| the same again in that process (file verified: no checksum) | {again:.2f} | "
-          f"{again_cpu:.2f} | {again / cat_wall:.2f} | {again_cpu / max(cat_cpu, 1e-9):.2f} |")
+    for line in pass_rows(passes, cat_wall, cat_cpu, "`fk.forget_fraction(fk.load(path))`, "
+                          "fresh process", "the same again in that process (file verified: "
+                          "no checksum)"):
+        print(line)
     if baselines:
+        for line in pass_rows(baselines, cat_wall, cat_cpu,
+                              f"baseline {args.baseline}, fresh process",
+                              "baseline, the same again in that process"):
+            print(line)
         base = min(baselines, key=lambda r: r["wall"])
-        base_cpu = min(r["cpu"] for r in baselines)
-        b_again = min(r["again"] for r in baselines)
-        b_again_cpu = min(r["again_cpu"] for r in baselines)
-        print(f"| baseline {args.baseline}, fresh process | {base['wall']:.2f} | "
-              f"{base_cpu:.2f} | {base['wall'] / cat_wall:.2f} | "
-              f"{base_cpu / max(cat_cpu, 1e-9):.2f} |")
-        print(f"| baseline, the same again in that process | {b_again:.2f} | "
-              f"{b_again_cpu:.2f} | {b_again / cat_wall:.2f} | "
-              f"{b_again_cpu / max(cat_cpu, 1e-9):.2f} |")
         print(f"baseline: peak RssAnon {base['peak_mb']:.0f} MB; every wall time "
               f"{[round(r['wall'], 2) for r in baselines]}; same F_e: "
               f"{all(r['max_forget'] == passes[0]['max_forget'] for r in baselines)}")
