@@ -37,7 +37,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from gpu_replay import make_checkpoints, test_images  # noqa: E402
+from gpu_replay import (  # noqa: E402
+    first_use_off_the_clock,
+    make_checkpoints,
+    test_images,
+)
 from train_fmnist import ResNet18  # noqa: E402
 
 import forgetkit.exporters._torch_replay as R  # noqa: E402
@@ -321,9 +325,8 @@ def main(argv=None):
     m1 = ResNet18(width=args.width).to(dev)
     m2 = ResNet18(width=args.width).to(dev)  # as m1: on the device before the timing
     if dev.type == "cuda":  # the first use of every GPU off the clock (context, cuDNN)
-        for d in range(torch.cuda.device_count()):
-            with torch.inference_mode():
-                ResNet18(width=args.width).to(f"cuda:{d}").eval()(x[:256].to(f"cuda:{d}"))
+        first_use_off_the_clock(args.width, x[:256],
+                                [f"cuda:{d}" for d in range(torch.cuda.device_count())])
     common = dict(batch_size=args.batch_size, mode="w", progress=False)
     runs = {}
     for rep in range(args.reps):
