@@ -60,8 +60,12 @@ def _epoch_counts(run, progress=False):
         return ever
 
     n = 1 if pred.size < THREADED_COUNTS else max(1, min(os.cpu_count() or 1, len(pred)))
-    with ThreadPoolExecutor(n) as pool:
-        ever = np.logical_or.reduce(list(pool.map(part, np.array_split(range(len(pred)), n))))
+    if n == 1:
+        ever = part(range(len(pred)))
+    else:
+        with ThreadPoolExecutor(n) as pool:
+            ever = np.logical_or.reduce(list(pool.map(part, np.array_split(range(len(pred)),
+                                                                            n))))
     return counts, int(np.count_nonzero(ever & ~final))
 
 

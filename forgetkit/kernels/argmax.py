@@ -134,7 +134,8 @@ def argmax_f16_at(bits, src, order, out):
     0xFFFF classes), read in place (a sample subset of a memmap is not gathered first); -1
     for a row holding inf or nan. bits: int16 (E, M, C); src: int64 (R,); order (R,): the
     order in which rows are read (ascending src: neighbouring reads); out: int32 (E, R).
-    Rows of up to 256 classes are taken two at a time, as in ``argmax_f16``."""
+    Rows of up to 256 classes are taken two at a time by ``_argmax_pair_f16``: the same
+    keys, so the same argmax, as ``argmax_f16``'s explicit vectors (not used here)."""
     n_epochs, n_rows = out.shape
     step = 2 if bits.shape[2] <= 256 else 1
     per_epoch = (n_rows + step - 1) // step
