@@ -88,12 +88,6 @@ def _shift(n_bytes):
     return p
 
 
-def combine(crc_a, crc_b, len_b):
-    """CRC32C of the bytes A + B from the CRC32C of A, that of B and the length of B
-    (zlib's crc32_combine); ``crc_a``/``crc_b`` may be uint64 arrays of many pairs."""
-    return _multiply(_shift(int(len_b)), crc_a) ^ crc_b
-
-
 @lru_cache(maxsize=256)
 def _shift_table(n_bytes):
     """uint64 (4, 256): entry [k, v] is ``_shift(n_bytes)`` times the byte v in byte k of a
