@@ -186,6 +186,16 @@ def _int_column(table, name, where):
     return column.to_numpy().astype(np.int64, copy=False)
 
 
+def parquet_checksums(md, where, *, verify=True):
+    """The epochs' checksums stored in the key-value metadata ``md``, or None; required
+    when verifying."""
+    sums = stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where) \
+        if CRC_METADATA_KEY in md else None
+    if sums is None and verify:
+        raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
+    return sums
+
+
 class _OpenParquet:
     """An open Parquet file of a run, its columns checked."""
 
@@ -217,10 +227,7 @@ class _OpenParquet:
     def checksums(self, where):
         """The checksums stored under CRC_METADATA_KEY (None if absent: an older file, or
         one another tool wrote)."""
-        md = self.file.metadata.metadata or {}
-        if CRC_METADATA_KEY not in md:
-            return None
-        return stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where)
+        return parquet_checksums(self.file.metadata.metadata or {}, where, verify=False)
 
     def row_group_epoch(self, rg):
         """The epoch number of row group ``rg`` (all its rows must hold the same one)."""

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 
 from .._summary import SUMMARY_DTYPE
 from ..errors import CorruptFileError
-from .integrity import KEY, check_fields, checksums, crc_array, mismatch, stored_checksums
-from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
+from .integrity import KEY, check_fields, checksums, crc_array, mismatch
+from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS, parquet_checksums
 from .record import corrupt, parse_record
 
 FIELDS = ("label", "other", "other_class", "lse")
@@ -97,16 +97,6 @@ def open_record_parquet(path, fmt, what, *, name=None, verify=True):
     if not isinstance(record, dict) or record.get("format") != fmt:
         raise CorruptFileError(f"{name!r} is not a forgetkit {what}")
     return pf, md, record, where
-
-
-def parquet_checksums(md, where, *, verify=True):
-    """The epochs' checksums stored in the key-value metadata ``md``, or None; required
-    when verifying."""
-    sums = stored_checksums({KEY: parse_record(md[CRC_METADATA_KEY], where)}, where) \
-        if CRC_METADATA_KEY in md else None
-    if sums is None and verify:
-        raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
-    return sums
 
 
 def read_epoch_groups(pf, name, record, sums, n, dtype, fill, *, columns=None, verify=True):

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from .._topk import TOKEN_DTYPE, convert_records, ids_of, set_token_ids, token_ids
 from ..errors import CorruptFileError
 from .integrity import KEY, checksums, crc_array
-from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS
-from .summary_parquet import has_format, open_record_parquet, parquet_checksums, read_epoch_groups
+from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS, parquet_checksums
+from .summary_parquet import has_format, open_record_parquet, read_epoch_groups
 from .topk import ARGMAX_KEY, argmax_crc
 
 FORMAT = "forgetkit-topk"
