@@ -9,7 +9,14 @@ import pytest
 
 import forgetkit as fk
 from forgetkit import _topk
-from forgetkit._topk import TOKEN_DTYPE, set_token_ids, token_ids, topk_dtype, topk_records
+from forgetkit._topk import (
+    TOKEN_DTYPE,
+    ids_of,
+    set_token_ids,
+    token_ids,
+    topk_dtype,
+    topk_records,
+)
 from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
 from forgetkit.io.topk import tokens_path
 
@@ -302,6 +309,32 @@ def test_forgetting_pass_result_in_fresh_mapped_memory(tmp_path, monkeypatch):
     assert np.array_equal(pickle.loads(pickle.dumps(pred)), pred)
     assert np.array_equal(fk.forget_fraction(run), fk.forget_fraction(full))
     assert fk.sample_dynamics(run).equals(fk.sample_dynamics(full))
+
+
+def test_new_metadata_encodes_the_same_record_text(tmp_path):
+    """A writer given new metadata with an epoch (a replay's, every epoch) encodes only the
+    metadata again: the record's text is the one encoding it all afresh gives."""
+    from forgetkit.io import topk as T
+
+    table = np.zeros(5, TOKEN_DTYPE)
+    table["target"] = [3, 1, 4, 1, 5]
+    fields = dict(n_tokens=5, vocab_size=V, k=K, epochs=[], table=table, ids=ids_of(
+        topk_dtype(K, V)))
+    encode = T._encoder(T.topk_record(**fields, meta={"x": 1}), table)
+    crcs = [(11, 21), (12, 22)]
+    for meta in ({"replay": {"checkpoints": [{"epoch": 3}]}}, {}, None):
+        again = encode.with_meta(meta)([3, 5], crcs)
+        fresh = T._encoder(T.topk_record(**fields, meta=meta), table)([3, 5], crcs)
+        assert again.json_text == fresh.json_text
+        assert dict(again) == dict(fresh) == json.loads(again.json_text)
+        assert again["crc32c"]["argmax"] == [21, 22]
+    full = token_run(n_epochs=3)
+    with fk.TopKWriter(tmp_path / "m.npy", **writer_args(full)) as w:
+        for e in range(3):
+            w.append(e, full.epoch_values(e), meta={"step": e})
+    run = fk.load(tmp_path / "m.npy")
+    assert run.meta == {"step": 2} and run.epochs.tolist() == [0, 1, 2]
+    assert fk.verify(tmp_path / "m.npy")["bad"] == []
 
 
 # ------------------------------------------------- vocabularies above 65,536 ids

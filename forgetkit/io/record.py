@@ -96,9 +96,8 @@ def record_encoder(record, *, labels_crc=None):
     and metadata do not change between epochs: encoding them once keeps the per-epoch
     sidecar write off the GIL-holding JSON encoder (and the list of labels off the heap).
     ``labels_crc``: the labels' checksum, for a record that keeps its labels elsewhere (a
-    top-k run's token table). Where the record has a ``meta`` field, the function's
-    ``with_meta(meta)`` is the encoder of the record with that metadata (the other fields'
-    encodings kept)."""
+    top-k run's token table). The function's ``with_meta(meta)`` is the encoder of the
+    record with that metadata (the other fields' encodings kept)."""
     keys = list(record)
     at = keys.index("epochs")
     # each field's JSON on its own: '"key": value', as json.dumps writes it inside a dict
@@ -127,8 +126,7 @@ def _encoder(fixed, keys, at, parts, labels_crc):
         return _encoder({**fixed, "meta": meta}, keys, at,
                         {**parts, "meta": json.dumps({"meta": meta})[1:-1]}, labels_crc)
 
-    if "meta" in parts:
-        encoded.with_meta = with_meta
+    encoded.with_meta = with_meta
     return encoded
 
 

@@ -142,10 +142,17 @@ def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None, ids=None):
 def _encoder(record, table):
     """``(epochs, crcs) -> EncodedRecord``: `record_encoder` of a top-k record (the labels,
     its targets, live in the token table); ``crcs`` are `epoch_crcs` pairs, stored as the
-    epochs' checksums and, under ``"argmax"``, those of their argmax ids."""
-    encode = record_encoder(record, labels_crc=crc_ints(table["target"]))
-    return lambda epochs, crcs: encode(epochs, [c[0] for c in crcs],
-                                       {ARGMAX_KEY: [int(c[1]) for c in crcs]})
+    epochs' checksums and, under ``"argmax"``, those of their argmax ids. Its
+    ``with_meta(meta)`` encodes only new metadata again, as `record_encoder`'s does."""
+    return _with_argmax(record_encoder(record, labels_crc=crc_ints(table["target"])))
+
+
+def _with_argmax(encode):
+    def encoded(epochs, crcs):
+        return encode(epochs, [c[0] for c in crcs], {ARGMAX_KEY: [int(c[1]) for c in crcs]})
+
+    encoded.with_meta = lambda meta: _with_argmax(encode.with_meta(meta))
+    return encoded
 
 
 def argmax_crc(records):

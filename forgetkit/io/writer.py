@@ -70,9 +70,9 @@ class LockedWriter:
         """Make ``meta`` (checked, or None: keep) the metadata of the next record written;
         returns what to restore if that write fails."""
         before = (self.meta, self._encoder)
-        if meta is not None:  # the record is encoded again (only the metadata, where it can)
-            with_meta = getattr(self._encoder, "with_meta", None)
-            self.meta, self._encoder = meta, with_meta(meta) if with_meta else None
+        if meta is not None:  # only the metadata is encoded again (none yet: made later)
+            self.meta = meta
+            self._encoder = self._encoder and self._encoder.with_meta(meta)
         return before
 
     @property
