@@ -99,7 +99,7 @@ def read_checkpoint(file, *, trust_pickle=False, mmap=False):
         try:
             obj = torch.load(file, map_location="cpu", weights_only=not trust_pickle,
                              mmap=mmap)
-        except (MemoryError, KeyboardInterrupt):
+        except MemoryError:  # not a file torch cannot map: no second read
             raise
         except Exception:
             if not mmap:
