@@ -32,7 +32,7 @@ TASKS = ("data_map", "label_issues")
 def write_summary(path, n_epochs, n_samples, n_classes, *, seed=0):
     """The synthetic summary at ``path`` (kept when it already holds every epoch)."""
     import forgetkit as fk
-    from forgetkit._summary import SUMMARY_DTYPE
+    from forgetkit.kinds.summary import SUMMARY_DTYPE
     from forgetkit.io.summary import SummaryWriter
 
     if path.exists():

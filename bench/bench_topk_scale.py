@@ -58,7 +58,7 @@ STRIDE = 7919  # distinct ids (y + s + j * STRIDE) % V for j < k at V = 50,257
 def write_run(path, n_epochs, n_tokens, k, vocab, *, seed=0):
     """The synthetic top-k run at ``path``; returns (wall, cpu) seconds of writing it."""
     import forgetkit as fk
-    from forgetkit._topk import set_token_ids, topk_dtype
+    from forgetkit.kinds.topk import set_token_ids, topk_dtype
 
     rng = np.random.default_rng(seed)
     targets = rng.integers(0, vocab, n_tokens)

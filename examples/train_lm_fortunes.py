@@ -356,7 +356,7 @@ def warm(out, *, k=16, vocab=8192):
     """Compile the numba kernels of the figures (on a small synthetic top-k run of the same
     record type), so that they are cached when the real run's figures start."""
     import forgetkit as fk
-    from forgetkit._topk import topk_records
+    from forgetkit.kinds.topk import topk_records
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -430,7 +430,7 @@ def write_sample(npz, path):
     """The small version written by ``figures --small`` (an .npz of arrays) as a top-k run
     at ``path`` (what data_samples/lm_fortunes_gpt2_heldout_top8.npy holds)."""
     import forgetkit as fk
-    from forgetkit._topk import topk_dtype
+    from forgetkit.kinds.topk import topk_dtype
 
     z = np.load(npz)
     k, vocab = z["ids"].shape[-1], int(z["vocab_size"])

@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels
-from ._summary import CHUNK_BYTES, RecordOutputs, SummaryOutputs
-from ._topk import TopKOutputs
+from .kinds.summary import CHUNK_BYTES, RecordOutputs, SummaryOutputs
+from .kinds.topk import TopKOutputs
 from ._validation import is_dask_array
 from .errors import InputTypeError
 
@@ -190,7 +190,7 @@ class LazyBackend(ArrayBackend):
 
 
 class RecordBackend(Backend):
-    """`forgetkit._summary.RecordOutputs`: records per (epoch, sample) instead of every
+    """`forgetkit.kinds.summary.RecordOutputs`: records per (epoch, sample) instead of every
     class's values; reading an epoch's per-class values raises the ValueError that says what
     the records hold. Records on a dask array are read on its workers (``here`` False)."""
 
@@ -202,11 +202,11 @@ class RecordBackend(Backend):
 
 
 class SummaryBackend(RecordBackend):
-    """`forgetkit._summary.SummaryOutputs`: four numbers per (epoch, sample)."""
+    """`forgetkit.kinds.summary.SummaryOutputs`: four numbers per (epoch, sample)."""
 
 
 class TopKBackend(RecordBackend):
-    """`forgetkit._topk.TopKOutputs`: per (epoch, token) the target's logit, the
+    """`forgetkit.kinds.topk.TopKOutputs`: per (epoch, token) the target's logit, the
     log-sum-exp and the k largest logits with their ids (and the token table)."""
 
 

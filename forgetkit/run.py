@@ -25,7 +25,7 @@ import pandas as pd
 from . import kernels
 from ._deprecation import keyword_options
 from ._progress import Progress
-from ._summary import RecordOutputs, check_kind, label_margins_of
+from .kinds.summary import RecordOutputs, check_kind, label_margins_of
 from ._validation import (
     KINDS,
     check_class_names,
@@ -88,8 +88,8 @@ class Run:
     labels : array-like of shape (n_samples,)
         True class of each sample, integers in [0, n_classes).
     kind : {"logits", "probs", "summary", "topk"}
-        "summary" goes with `forgetkit._summary.SummaryOutputs` (a run read from a summary,
-        `forgetkit.summarize`), "topk" with `forgetkit._topk.TopKOutputs` (a top-k run of a
+        "summary" goes with `forgetkit.kinds.summary.SummaryOutputs` (a run read from a summary,
+        `forgetkit.summarize`), "topk" with `forgetkit.kinds.topk.TopKOutputs` (a top-k run of a
         language model's tokens, `forgetkit.load` of one): correctness, `label_probs` and
         `label_margins` come exactly from their records; methods that need every class's
         outputs raise a ValueError saying what the run holds (`holds_every_class`).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forgetkit._topk import token_ids
+from forgetkit.kinds.topk import token_ids
 
 
 def tie_floor_ref(records, y):

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import forgetkit as fk
-from forgetkit._topk import TopKOutputs, topk_records
+from forgetkit.kinds.topk import TopKOutputs, topk_records
 from forgetkit.cli import EXIT_BUG, main
 
 E, N, C = 3, 12, 3

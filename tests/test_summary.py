@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import forgetkit as fk
-from forgetkit._summary import SUMMARY_DTYPE, summarize_outputs
+from forgetkit.kinds.summary import SUMMARY_DTYPE, summarize_outputs
 
 from .conftest import make_run
 from .crashes import Killed, kill_at_rename

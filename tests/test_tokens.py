@@ -321,7 +321,7 @@ def test_sequences_command_writes_the_table(tokens, tmp_path, capsys):
 def topk_twin(run, seq, pos, tmp_path=None, k=4):
     """The top-k run (k largest logits, target logit, log-sum-exp) of the same logits, in
     memory or written by TopKWriter and loaded (a memmap)."""
-    from forgetkit._topk import TopKOutputs, topk_records
+    from forgetkit.kinds.topk import TopKOutputs, topk_records
     from forgetkit.io.topk import TopKWriter
 
     z = np.asarray(run.outputs)

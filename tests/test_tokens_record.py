@@ -1,6 +1,6 @@
 """Recording top-k token runs of causal language models: `TokenRecorder` (one process and
 torch.distributed), the Hugging Face Trainer callback in token mode and `replay` of
-``checkpoint-N`` folders; against the full logits (`forgetkit._topk.topk_records`)."""
+``checkpoint-N`` folders; against the full logits (`forgetkit.kinds.topk.topk_records`)."""
 
 import json
 import os
@@ -17,7 +17,7 @@ from .conftest import ROOT, import_real_part
 
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 
-from forgetkit._topk import token_ids, topk_records  # noqa: E402
+from forgetkit.kinds.topk import token_ids, topk_records  # noqa: E402
 from forgetkit.exporters._torch_tokens import topk_rows  # noqa: E402
 from forgetkit.exporters.torch import TokenRecorder  # noqa: E402
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import forgetkit as fk
-from forgetkit import _topk
-from forgetkit._topk import (
+from forgetkit.kinds import topk as _topk
+from forgetkit.kinds.topk import (
     TOKEN_DTYPE,
     ids_of,
     set_token_ids,
@@ -637,7 +637,7 @@ def test_a_kill_inside_a_replacing_append_leaves_the_old_run_or_the_new(tmp_path
 
 KILLED_WRITER = """
 import sys, numpy as np, forgetkit as fk
-from forgetkit._topk import topk_records
+from forgetkit.kinds.topk import topk_records
 n, v = 2000, 300
 rng = np.random.default_rng(0)
 y = rng.integers(0, v, n)

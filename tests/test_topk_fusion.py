@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import forgetkit as fk
 from forgetkit import kernels
-from forgetkit._topk import TopKOutputs, token_ids, topk_records
+from forgetkit.kinds.topk import TopKOutputs, token_ids, topk_records
 from forgetkit.errors import ForgetkitError
 from forgetkit.fusion import topk as ft
 from tests.reference_topk import (
@@ -350,7 +350,7 @@ def test_a_topk_run_on_dask_is_refused_with_a_clear_message(tmp_path):
 def test_fusion_reads_24_bit_and_uint32_ids_alike():
     """A vocabulary above 65,536 ids: the records' 24-bit ids (and the uint32 ids of runs
     written before them) give the same plan, certificates and predictions."""
-    from forgetkit._topk import convert_records, set_token_ids, token_ids, topk_dtype
+    from forgetkit.kinds.topk import convert_records, set_token_ids, token_ids, topk_dtype
 
     logits, targets = make_logits(9, n_epochs=5, n_tokens=200, vocab=12)
     small = records_of(logits, targets, 3)

@@ -25,7 +25,7 @@ import dask.array as da
 import numpy as np
 
 from .._progress import Progress
-from .._summary import RecordOutputs
+from ..kinds.summary import RecordOutputs
 from .._validation import is_dask_array
 from ..errors import ForgetkitError
 from ..execution import Executor, Parts, combine, register_executor

@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 from fsspec.core import url_to_fs
 
-from .._topk import TOKEN_DTYPE, TopKOutputs, check_records
+from ..kinds.topk import TOKEN_DTYPE, TopKOutputs, check_records
 from .._validation import FLOAT_DTYPES, check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import KEY as CRC_KEY
@@ -320,7 +320,7 @@ def read_topk_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, cr
                         targets):
     """Tokens start..stop of every epoch of a top-k NPY shard: records (E, stop - start);
     a block of the whole shard is verified against its checksums on the worker, any other
-    block's values are checked (`forgetkit._topk.check_records`)."""
+    block's values are checked (`forgetkit.kinds.topk.check_records`)."""
     n_epochs, n = shape
     table_targets = targets[start:stop]
     out = np.empty((n_epochs, stop - start), dtype=dtype)

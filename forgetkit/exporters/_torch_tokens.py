@@ -2,7 +2,7 @@
 
 A sample is a target token: position t + 1 of a sequence, predicted by the logits at t.
 Per (checkpoint, token) the run keeps the target's logit, the log-sum-exp over the
-vocabulary and the k largest logits with their token ids (`forgetkit._topk.topk_dtype`);
+vocabulary and the k largest logits with their token ids (`forgetkit.kinds.topk.topk_dtype`);
 they are computed on the model's device in float32 (float64 for a float64 model), so that
 2k + 2 numbers per token reach the host. Positions whose target is masked
 (``attention_mask`` 0) or ignored (label -100) are not stored.
@@ -52,8 +52,8 @@ def topk_rows(logits, targets, k):
 
 def rows_to_records(rows, k, vocab_size):
     """Host (n, 2k + 2) float32 rows of `topk_rows` as records of
-    `forgetkit._topk.topk_dtype`."""
-    from .._topk import set_token_ids, topk_dtype
+    `forgetkit.kinds.topk.topk_dtype`."""
+    from ..kinds.topk import set_token_ids, topk_dtype
 
     rows = np.asarray(rows, dtype=np.float32).reshape(-1, 2 * k + 2)
     out = np.empty(len(rows), dtype=topk_dtype(k, vocab_size))

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._summary import SUMMARY_DTYPE
+from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import ForgetkitError
 from ._common import RecorderBase, check_class_counts
 

@@ -23,7 +23,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from .._summary import SUMMARY_DTYPE
+from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import ForgetkitError, InputTypeError
 from . import _torch_distributed as ddp
 from ._common import RecorderBase, check_class_counts
@@ -88,7 +88,7 @@ def integer_labels(y, epoch):
 def summary_rows(out, labels):
     """The summary of logits ``out`` (B, C) with ``labels`` (B,) on their device, as float32
     (B, 4): label logit, largest other logit, its class (int32 bits), log-sum-exp; the rows
-    of `forgetkit._summary.SUMMARY_DTYPE` when viewed as such on the host."""
+    of `forgetkit.kinds.summary.SUMMARY_DTYPE` when viewed as such on the host."""
     z = out.float()
     label = z.gather(1, labels[:, None]).squeeze(1)
     other, other_class = z.scatter(1, labels[:, None], float("-inf")).max(dim=1)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import kernels
-from .._summary import HOLDS
+from ..kinds.summary import HOLDS
 from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
 from ..execution import executor_for
 from ..io.atomic import write_json_atomic

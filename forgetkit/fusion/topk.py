@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .. import kernels
-from .._topk import token_ids, top_k_of
+from ..kinds.topk import token_ids, top_k_of
 from ..errors import ForgetkitError
 from ..execution import executor_for
 

@@ -1,5 +1,5 @@
 """Summary runs: per (epoch, sample) the label's logit, the largest other logit and its class,
-and the log-sum-exp over classes (16 bytes instead of C outputs; see `forgetkit._summary`).
+and the log-sum-exp over classes (16 bytes instead of C outputs; see `forgetkit.kinds.summary`).
 
 On disk: ``<name>.npy`` holds a structured array of shape (n_epochs, n_samples) with fields
 ``label``, ``other`` (float32), ``other_class`` (int32) and ``lse`` (float32), memory-mapped
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .._progress import Progress
-from .._summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
+from ..kinds.summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
 from .._validation import (
     check_meta,
     check_option,

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._summary import SUMMARY_DTYPE
+from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import CorruptFileError
 from .integrity import KEY, check_fields, checksums, crc_array, mismatch
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS, parquet_checksums

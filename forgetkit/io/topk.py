@@ -1,12 +1,12 @@
 """Top-k runs: per (checkpoint, token) the target's logit, the log-sum-exp over the
-vocabulary and the k largest logits with their token ids (`forgetkit._topk`).
+vocabulary and the k largest logits with their token ids (`forgetkit.kinds.topk`).
 
 On disk (NPY), three files:
 
 - ``<name>.npy``: the records, a structured array of shape (n_epochs, n_tokens) of
-  `forgetkit._topk.topk_dtype` (at k = 8: 56 bytes per record up to 65,536 token ids, 64
+  `forgetkit.kinds.topk.topk_dtype` (at k = 8: 56 bytes per record up to 65,536 token ids, 64
   above, with 24-bit ids), memory-mapped on load;
-- ``<name>.tokens.npy``: the token table (`forgetkit._topk.TOKEN_DTYPE`: per token its
+- ``<name>.tokens.npy``: the token table (`forgetkit.kinds.topk.TOKEN_DTYPE`: per token its
   sequence id, position and target token id, which is the run's label);
 - ``<name>.forgetkit.json``: the sidecar, ``"format": "forgetkit-topk"``, ``"kind": "topk"``,
   ``vocab_size`` (= ``n_classes``), ``k``, ``ids`` (the id encoding, "uint16" or "uint24";
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _topk
+from ..kinds import topk as _topk
 from .._progress import Progress
-from .._topk import (
+from ..kinds.topk import (
     DEFAULT_TOP_K,
     ID_ENCODINGS,
     TOKEN_DTYPE,
@@ -120,7 +120,7 @@ def table_crc(table, vocab_size, k):
 
 def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None, ids=None):
     """The sidecar record of a top-k run (without the epochs' checksums); ``ids``: the id
-    encoding (default `forgetkit._topk.id_encoding`)."""
+    encoding (default `forgetkit.kinds.topk.id_encoding`)."""
     return {
         "format": FORMAT,
         "version": RECORD_VERSION,
@@ -156,7 +156,7 @@ def _with_argmax(encode):
 
 
 def argmax_crc(records):
-    """The CRC32C of one epoch's argmax ids (`forgetkit._topk.token_ids` (records, 0)) as
+    """The CRC32C of one epoch's argmax ids (`forgetkit.kinds.topk.token_ids` (records, 0)) as
     little-endian int32 (what the forgetting pass reads; the same for every id encoding)."""
     return crc_array(np.ascontiguousarray(token_ids(records, 0), dtype="<i4"))
 
@@ -403,7 +403,7 @@ def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=Non
     -------
     Run of kind "topk"
         Loaded from ``path`` when given. Correctness, `Run.label_probs` and
-        `Run.label_margins` equal those of ``run`` (`forgetkit._topk.topk_records`).
+        `Run.label_margins` equal those of ``run`` (`forgetkit.kinds.topk.topk_records`).
     """
     from . import load  # the package's loader, which imports this module
 
@@ -547,7 +547,7 @@ class TopKWriter(SummaryWriter):
         """Store epoch number ``epoch``: records (n_tokens,) of a `topk_dtype` of this run's k
         (stored in this run's id encoding), or
         the logits (n_tokens, vocab_size) to take them from (`topk_records`). The records
-        are checked first (`forgetkit._topk.check_records`: finite, ids in the vocabulary,
+        are checked first (`forgetkit.kinds.topk.check_records`: finite, ids in the vocabulary,
         logits descending, the log-sum-exp at least the largest logit); nothing is written
         for an epoch that fails. Epoch numbers must increase; ``replace=True`` drops a
         stored epoch number and the later ones first. ``meta`` (a dict), if given, replaces

@@ -463,8 +463,8 @@ def topk_layout(ids, targets, vocab, floor):
 
 def _fields(records):
     """The fields of top-k records, contiguous; ids decoded as int32 whatever their encoding
-    (`forgetkit._topk.token_ids`): one compiled kernel for every vocabulary."""
-    from .._topk import token_ids
+    (`forgetkit.kinds.topk.token_ids`): one compiled kernel for every vocabulary."""
+    from ..kinds.topk import token_ids
 
     return tuple(np.ascontiguousarray(token_ids(records), dtype=np.int32) if f == "ids"
                  else np.ascontiguousarray(records[f]) for f in ("logits", "ids", "target", "lse"))

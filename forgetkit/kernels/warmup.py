@@ -79,7 +79,7 @@ def _topk_workload():
     """Certified fusion on a tiny top-k token run: every fuser through `compare`, and the
     certificates of a Knowledge Fusion plan."""
     import forgetkit as fk
-    from forgetkit._topk import TopKOutputs, topk_records
+    from forgetkit.kinds.topk import TopKOutputs, topk_records
 
     rng = np.random.default_rng(2)
     n_epochs, n_tokens, vocab, k = 4, 200, 30, 3

@@ -37,8 +37,8 @@ from functools import partial
 
 import numpy as np
 
-from ._summary import SUMMARY_DTYPE, RecordOutputs
-from .errors import ForgetkitError
+from ..errors import ForgetkitError
+from .summary import SUMMARY_DTYPE, RecordOutputs
 
 #: k used when none is given (recorders).
 DEFAULT_TOP_K = 8
@@ -154,7 +154,7 @@ def convert_records(records, dtype):
 
 
 def _check_k(k, vocab_size):
-    from ._validation import check_int
+    from .._validation import check_int
 
     vocab_size = check_int("vocab_size", vocab_size, minimum=2)
     k = check_int("k", k, minimum=1)
@@ -289,7 +289,7 @@ def unstored_bound(records, *, vocab_size=None):
 
 
 def as_summary(records, targets):
-    """The summary records (`forgetkit._summary.SUMMARY_DTYPE`) of top-k records: the
+    """The summary records (`forgetkit.kinds.summary.SUMMARY_DTYPE`) of top-k records: the
     target's logit, the largest other logit and its id, the log-sum-exp, exactly (k >= 2,
     or k = 1 where no token is predicted correctly)."""
     if top_k_of(records.dtype) < 2:

@@ -24,7 +24,7 @@ from functools import partial
 
 import numpy as np
 
-from .errors import ForgetkitError
+from ..errors import ForgetkitError
 
 #: One summary record per (epoch, sample).
 SUMMARY_DTYPE = np.dtype([("label", "<f4"), ("other", "<f4"), ("other_class", "<i4"),
@@ -230,7 +230,7 @@ class SummaryOutputs(RecordOutputs):
 
 def check_kind(kind, outputs, kinds):
     """``kind`` of a Run: one of ``kinds`` for outputs, "summary" for SummaryOutputs, "topk"
-    for top-k outputs (`forgetkit._topk.TopKOutputs`)."""
+    for top-k outputs (`forgetkit.kinds.topk.TopKOutputs`)."""
     record_kind = getattr(outputs, "KIND", None) if isinstance(outputs, RecordOutputs) else None
     if record_kind is not None or kind in RECORD_KINDS:
         if kind != record_kind:
