@@ -37,6 +37,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import kernels
 from ..errors import ForgetkitError
 from .summary import SUMMARY_DTYPE, RecordOutputs
 
@@ -249,7 +250,7 @@ def predictions(records):
 
 def label_probs(records):
     """The target's probability exp(target - lse): float64 (..., n_tokens)."""
-    return np.exp(records["target"].astype(np.float64) - records["lse"])
+    return kernels.exp(records["target"].astype(np.float64) - records["lse"])
 
 
 def label_margins(records, targets):
@@ -273,8 +274,8 @@ def _largest_other(records, targets):
 
 def stored_probs(records):
     """The stored ids' probabilities exp(logits - lse): float64 (..., n_tokens, k)."""
-    return np.exp(records["logits"].astype(np.float64)
-                  - records["lse"].astype(np.float64)[..., None])
+    return kernels.exp(records["logits"].astype(np.float64)
+                       - records["lse"].astype(np.float64)[..., None])
 
 
 def unstored_bound(records, *, vocab_size=None):
