@@ -35,8 +35,8 @@ TASKS = ("forgetting", "kf_fit", "kf_certified")
 def write_run(path, n_epochs, n_tokens, vocab, k, *, seed=0):
     """The synthetic top-k run at ``path`` (kept when it already holds every epoch)."""
     import forgetkit as fk
-    from forgetkit.kinds.topk import set_token_ids, topk_dtype
     from forgetkit.io.topk import TopKWriter
+    from forgetkit.kinds.topk import set_token_ids, topk_dtype
 
     if path.exists():
         try:

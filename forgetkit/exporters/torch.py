@@ -23,8 +23,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import ForgetkitError, InputTypeError
+from ..kinds.summary import SUMMARY_DTYPE
 from . import _torch_distributed as ddp
 from ._common import RecorderBase, check_class_counts
 
