@@ -339,7 +339,7 @@ def _noise_mask(train_run, path):
 
 
 def _cmd_report(args):
-    refuse_overwrite({"-o": args.out}, [args.run, args.train_run])
+    refuse_overwrite({"-o": args.out}, [args.run, args.train_run, args.tokenizer])
     if args.train_inputs and not args.train_run:
         raise ForgetkitError("--train-inputs needs --train-run")
     run = load(args.run)
@@ -351,7 +351,8 @@ def _cmd_report(args):
                          val_frac=args.val_frac, seeds=tuple(args.seeds), window=args.window,
                          train_run=train_run, noise_mask=mask, progress=not args.quiet,
                          inputs=args.inputs, train_inputs=args.train_inputs,
-                         class_names=args.class_names)
+                         class_names=args.class_names, tokenizer=args.tokenizer,
+                         sequences=args.sequences)
     if not args.quiet:
         print(f"wrote {paths[0]}" if args.format == "html"
               else f"wrote {len(paths)} figures to {args.out}")
@@ -598,6 +599,13 @@ def _add_fusion_commands(sub):
     p.add_argument("--class-names", metavar="NAMES",
                    help="comma-separated class names, or a file with one per line "
                         "(default: the run's own)")
+    p.add_argument("--tokenizer", metavar="FILE_OR_DIR",
+                   help="a token run's tokenizer (a tokenizers JSON file or a Hugging Face "
+                        "tokenizer folder), to show its tokens as text (default: the one the "
+                        "run's metadata names)")
+    p.add_argument("--sequences", type=int, nargs="+", metavar="ID",
+                   help="a token run of more than 100,000 tokens: sequences shown beside the "
+                        "galleries' (smaller runs show every sequence)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_report)
 

@@ -458,6 +458,15 @@ class TopKOutputs(RecordOutputs):
         """`unstored_bound`: float64 (n_epochs, n_tokens)."""
         return unstored_bound(self._read(), vocab_size=self.n_classes)
 
+    def top_predictions(self, epoch, *, rows=None, n=None):
+        """The ``n`` (default: every stored) largest predictions at epoch index ``epoch``
+        of the tokens ``rows`` (default all), highest first: (token ids int64 (R, n),
+        probabilities exp(logit - lse) float64 (R, n))."""
+        records = self.records[epoch]  # verified against the checksums first
+        records = np.asarray(records if rows is None else records[rows])
+        n = top_k_of(records.dtype) if n is None else min(int(n), top_k_of(records.dtype))
+        return token_ids(records)[..., :n].astype(np.int64), stored_probs(records)[..., :n]
+
 
 #: Arrays at least this large that `fresh_array` maps itself.
 FRESH_BYTES = 1 << 26
