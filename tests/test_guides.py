@@ -17,7 +17,7 @@ import matplotlib
 import pytest
 
 from .conftest import ROOT
-from .test_api_docs import DOCS
+from .test_api_docs import DOCS, prose
 
 matplotlib.use("Agg")
 
@@ -152,3 +152,28 @@ def test_the_page_code_runs(doc, tmp_path, monkeypatch):
             exec(compile(code, f"{doc.relative_to(ROOT)}:{line}", "exec"), ns)
     finally:
         plt.close("all")
+
+
+# ------------------------------------------------------------------------- links
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(text):
+    """The anchors GitHub gives a page's headings."""
+    headings = re.findall(r"^#+ (.+)$", prose(text), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("doc", [*DOCS, ROOT / "docs" / "api.md",
+                                 ROOT / "docs" / "definitions.md"], ids=lambda d: d.name)
+def test_relative_links_and_their_anchors_resolve(doc):
+    """Every relative link names a file of the repository (never a path outside it) and,
+    with ``#anchor``, a heading of that page."""
+    for link in LINK.findall(prose(doc.read_text())):
+        if "://" in link or link.startswith("mailto:"):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (doc.parent / path).resolve() if path else doc
+        assert target.is_relative_to(ROOT) and target.exists(), f"{doc.name}: {link}"
+        if anchor and target.suffix == ".md":
+            assert anchor in anchors(target.read_text()), f"{doc.name}: {link}"
