@@ -32,8 +32,8 @@ TASKS = ("data_map", "label_issues")
 def write_summary(path, n_epochs, n_samples, n_classes, *, seed=0):
     """The synthetic summary at ``path`` (kept when it already holds every epoch)."""
     import forgetkit as fk
-    from forgetkit.kinds.summary import SUMMARY_DTYPE
     from forgetkit.io.summary import SummaryWriter
+    from forgetkit.kinds.summary import SUMMARY_DTYPE
 
     if path.exists():
         try:

@@ -35,8 +35,8 @@ TASKS = ("forgetting", "kf_fit", "kf_certified")
 def write_run(path, n_epochs, n_tokens, vocab, k, *, seed=0):
     """The synthetic top-k run at ``path`` (kept when it already holds every epoch)."""
     import forgetkit as fk
-    from forgetkit.kinds.topk import set_token_ids, topk_dtype
     from forgetkit.io.topk import TopKWriter
+    from forgetkit.kinds.topk import set_token_ids, topk_dtype
 
     if path.exists():
         try:
@@ -61,8 +61,10 @@ def write_run(path, n_epochs, n_tokens, vocab, k, *, seed=0):
         for e in range(n_epochs):
             z = base + rng.normal(0.0, 0.7, (n_tokens, POOL))
             z[np.arange(n_tokens), target_at] += skill + 3.0 * e / max(n_epochs - 1, 1)
-            z = np.maximum(z, -3.0)  # the pool stays above every other class
-            order = np.argsort(-z, axis=1, kind="stable")[:, :k]
+            # the pool stays above every other class; float32, as the records store it
+            z = np.maximum(z, -3.0).astype(np.float32).astype(np.float64)
+            # equal logits (those clipped at -3) by ascending id, as the records require
+            order = np.lexsort((pool, -z), axis=1)[:, :k]
             top = z[rows, order]
             records["logits"] = top
             set_token_ids(records, pool[rows, order])

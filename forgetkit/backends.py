@@ -31,10 +31,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels
-from .kinds.summary import CHUNK_BYTES, RecordOutputs, SummaryOutputs
-from .kinds.topk import TopKOutputs
 from ._validation import is_dask_array
 from .errors import InputTypeError
+from .kinds.summary import CHUNK_BYTES, RecordOutputs, SummaryOutputs
+from .kinds.topk import TopKOutputs
 
 
 def epoch_chunks(n_epochs, bytes_per_epoch, chunk_bytes=CHUNK_BYTES):

@@ -1,5 +1,5 @@
 """Command line: ``forgetkit analyze|convert|datamap|fuse|apply|compare|sweep|distill|report ...``
-(and ``scores|coreset``, ``sequences``, ``replay``, ``warmup``).
+(and ``scores|coreset``, ``sequences``, ``replay``, ``compare-weights``, ``warmup``).
 
 A thin layer: parse, refuse an output that is an input, load, one library call, write.
 Errors the user's input causes (`forgetkit.ForgetkitError`, and OSError such as a missing or
@@ -339,7 +339,7 @@ def _noise_mask(train_run, path):
 
 
 def _cmd_report(args):
-    refuse_overwrite({"-o": args.out}, [args.run, args.train_run])
+    refuse_overwrite({"-o": args.out}, [args.run, args.train_run, args.tokenizer])
     if args.train_inputs and not args.train_run:
         raise ForgetkitError("--train-inputs needs --train-run")
     run = load(args.run)
@@ -351,7 +351,8 @@ def _cmd_report(args):
                          val_frac=args.val_frac, seeds=tuple(args.seeds), window=args.window,
                          train_run=train_run, noise_mask=mask, progress=not args.quiet,
                          inputs=args.inputs, train_inputs=args.train_inputs,
-                         class_names=args.class_names)
+                         class_names=args.class_names, tokenizer=args.tokenizer,
+                         sequences=args.sequences)
     if not args.quiet:
         print(f"wrote {paths[0]}" if args.format == "html"
               else f"wrote {len(paths)} figures to {args.out}")
@@ -513,6 +514,68 @@ def _add_replay_command(sub):
     p.set_defaults(func=_cmd_replay)
 
 
+def _cmd_compare_weights(args):
+    refuse_overwrite({"--json": args.json}, [args.run, *args.checkpoints])
+    try:
+        from .exporters.torch import compare_weight_space
+    except ImportError as err:
+        raise ForgetkitError(f"compare-weights needs {err.name or 'PyTorch'}: pip install "
+                             "forgetkit[torch]") from None
+    import warnings
+
+    run = load(args.run)
+    model = _factory(args.model, "--model")
+    data = _replay_data(args.data, trainer=False)
+    bn_data = _replay_data(args.bn_data, trainer=False) if args.bn_data else None
+    epochs = _int_list(args.epochs, "--epochs", "epoch numbers such as 1,2,3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = compare_weight_space(
+            model, args.checkpoints, data, run, bn_data=bn_data, val_frac=args.val_frac,
+            seeds=tuple(args.seeds), last=tuple(args.last), decays=tuple(args.decays),
+            soup=not args.no_soup, epochs=epochs, batch_size=args.batch_size,
+            device=args.device, window=args.window, trust_pickle=args.trust_pickle,
+            progress=not args.quiet)
+    for w in caught:
+        print(f"forgetkit compare-weights: warning: {' '.join(str(w.message).split())}",
+              file=sys.stderr)
+    print(format_table(table, fmt="markdown" if args.markdown else "text"))
+    if args.json:
+        write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
+
+
+def _add_weight_command(sub):
+    p = sub.add_parser("compare-weights",
+                       help="weight averages of the checkpoints beside output-space fusion")
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                   help="checkpoint files, folders or glob patterns, as replay takes them")
+    p.add_argument("--model", required=True, metavar="MODULE:CALLABLE",
+                   help="returns the model (an instance of the architecture)")
+    p.add_argument("--data", required=True, metavar="MODULE:CALLABLE|ARRAYS.npz",
+                   help="the samples of RUN in its row order, as replay takes them")
+    p.add_argument("--run", required=True, metavar="RUN",
+                   help="the checkpoints' outputs on --data (recorded or replayed)")
+    p.add_argument("--bn-data", metavar="MODULE:CALLABLE|ARRAYS.npz",
+                   help="training data on which BatchNorm statistics are re-estimated")
+    p.add_argument("--last", type=int, nargs="+", default=[2, 5, 10],
+                   help="uniform averages of the last n checkpoints")
+    p.add_argument("--decays", type=float, nargs="+", default=[0.5, 0.8, 0.9],
+                   help="EMA decays over the checkpoint sequence")
+    p.add_argument("--no-soup", action="store_true", help="leave out the greedy soup")
+    p.add_argument("--val-frac", type=float, default=0.5)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--window", type=int, default=1)
+    p.add_argument("--device", help="e.g. cuda, cpu (default: where the model is)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", metavar="E,E,...", help="epoch numbers, one per checkpoint")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="load with weights_only=False (only for files you trust)")
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--json", metavar="OUT.json")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_compare_weights)
+
+
 def _cmd_warmup(args):
     from .kernels.warmup import warmup
 
@@ -598,6 +661,13 @@ def _add_fusion_commands(sub):
     p.add_argument("--class-names", metavar="NAMES",
                    help="comma-separated class names, or a file with one per line "
                         "(default: the run's own)")
+    p.add_argument("--tokenizer", metavar="FILE_OR_DIR",
+                   help="a token run's tokenizer (a tokenizers JSON file or a Hugging Face "
+                        "tokenizer folder), to show its tokens as text (default: the one the "
+                        "run's metadata names)")
+    p.add_argument("--sequences", type=int, nargs="+", metavar="ID",
+                   help="a token run of more than 100,000 tokens: sequences shown beside the "
+                        "galleries' (smaller runs show every sequence)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_report)
 
@@ -648,6 +718,7 @@ def build_parser():
     _add_token_commands(sub)
     _add_fusion_commands(sub)
     _add_replay_command(sub)
+    _add_weight_command(sub)
 
     p = sub.add_parser("warmup", help="compile every kernel into numba's cache (images, CI)")
     p.add_argument("--quiet", action="store_true")

@@ -275,6 +275,12 @@ def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_
     long = compare_splits(run, methods=methods, seeds=seeds, val_frac=val_frac,
                           val_run=val_run, window=window, kf_fits=kf_fits,
                           memory_budget=memory_budget, progress=progress)
+    return table_of_splits(long)
+
+
+def table_of_splits(long, labels=METHODS):
+    """`compare`'s table from `compare_splits`' rows (one per split and method): means over
+    the splits, standard errors, the largest p-value. ``labels``: method -> its label."""
     n = long["split"].nunique()
 
     def se(x):
@@ -283,7 +289,7 @@ def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_
     rows = []
     for m, g in long.groupby("method", sort=False):
         rows.append({
-            "method": m, "label": METHODS[m], "k": g["k"].mean(),
+            "method": m, "label": labels[m], "k": g["k"].mean(),
             "accuracy": g["accuracy"].mean(), "accuracy_se": se(g["accuracy"]),
             "gain": g["gain"].mean(), "gain_se": se(g["gain"]),
             "nll": g["nll"].mean(), "ece": g["ece"].mean(),

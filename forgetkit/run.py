@@ -25,7 +25,6 @@ import pandas as pd
 from . import kernels
 from ._deprecation import keyword_options
 from ._progress import Progress
-from .kinds.summary import RecordOutputs, check_kind, label_margins_of
 from ._validation import (
     KINDS,
     check_class_names,
@@ -50,6 +49,7 @@ from .backends import (  # noqa: F401 (stored_rows, stored_order, epoch_parts: t
 )
 from .errors import ForgetkitError, InputTypeError
 from .execution import executor_for
+from .kinds.summary import RecordOutputs, check_kind, label_margins_of
 from .probs import LOG_FLOOR, mean_softmax, softmax  # noqa: F401 (their old home)
 from .splits import split_indices
 

@@ -4,9 +4,15 @@ checkpoint's bounds, and the certificate of a mixture."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from forgetkit.kinds.topk import token_ids
+
+#: exp elementwise with the C library's exp (Python's math.exp), the one the definitions and
+#: the kernels use: numpy's SIMD exp differs from it in the last bit on some CPUs (AVX-512).
+libm_exp = np.vectorize(math.exp, otypes=[np.float64])
 
 
 def tie_floor_ref(records, y):
@@ -15,7 +21,7 @@ def tie_floor_ref(records, y):
     probability, else -1."""
     floors = []
     for record in records:
-        p = np.exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
+        p = libm_exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
         u = unstored_bound_ref(record, y)
         floors.append(int(token_ids(record)[-1]) if u == p[-1] else -1)
     return min(floors)
@@ -24,12 +30,12 @@ def tie_floor_ref(records, y):
 def unstored_bound_ref(record, y):
     """min(p_k, max(0, 1 - the sum of the stored probabilities, the target's included) +
     2**-21 * max(|lse|, |largest logit|, 1))."""
-    p = np.exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
+    p = libm_exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
     total = 0.0
     for v in p:
         total += v
     if y not in token_ids(record).tolist():
-        total += np.exp(np.float64(record["target"]) - np.float64(record["lse"]))
+        total += libm_exp(np.float64(record["target"]) - np.float64(record["lse"]))
     slack = 2.0 ** -21 * max(abs(float(record["lse"])), abs(float(record["logits"][0])), 1.0)
     return min(p[-1], max(0.0, 1.0 - total) + slack)
 
@@ -54,8 +60,8 @@ def layout_ref(records, targets, vocab):
 
 def bounds_ref(record, y, row):
     """(upper, lower) lists of one checkpoint's record at one token over its layout row."""
-    p = np.exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
-    p_y = np.exp(np.float64(record["target"]) - np.float64(record["lse"]))
+    p = libm_exp(record["logits"].astype(np.float64) - np.float64(record["lse"]))
+    p_y = libm_exp(np.float64(record["target"]) - np.float64(record["lse"]))
     stored = dict(zip(token_ids(record).tolist(), p.tolist(), strict=True))
     u = unstored_bound_ref(record, y)
     upper, lower = [], []

@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import forgetkit as fk
-from forgetkit.kinds.topk import TopKOutputs, topk_records
 from forgetkit.cli import EXIT_BUG, main
+from forgetkit.kinds.topk import TopKOutputs, topk_records
 
 E, N, C = 3, 12, 3
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,

@@ -321,8 +321,8 @@ def test_sequences_command_writes_the_table(tokens, tmp_path, capsys):
 def topk_twin(run, seq, pos, tmp_path=None, k=4):
     """The top-k run (k largest logits, target logit, log-sum-exp) of the same logits, in
     memory or written by TopKWriter and loaded (a memmap)."""
-    from forgetkit.kinds.topk import TopKOutputs, topk_records
     from forgetkit.io.topk import TopKWriter
+    from forgetkit.kinds.topk import TopKOutputs, topk_records
 
     z = np.asarray(run.outputs)
     if tmp_path is None:

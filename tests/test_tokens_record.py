@@ -17,9 +17,9 @@ from .conftest import ROOT, import_real_part
 
 torch = import_real_part("torch", "PyTorch (pip install forgetkit[torch])")
 
-from forgetkit.kinds.topk import token_ids, topk_records  # noqa: E402
 from forgetkit.exporters._torch_tokens import topk_rows  # noqa: E402
 from forgetkit.exporters.torch import TokenRecorder  # noqa: E402
+from forgetkit.kinds.topk import token_ids, topk_records  # noqa: E402
 
 V, T, K = 37, 9, 5
 

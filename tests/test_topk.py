@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import forgetkit as fk
+from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
+from forgetkit.io.topk import tokens_path
 from forgetkit.kinds import topk as _topk
 from forgetkit.kinds.topk import (
     TOKEN_DTYPE,
@@ -17,8 +19,6 @@ from forgetkit.kinds.topk import (
     topk_dtype,
     topk_records,
 )
-from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
-from forgetkit.io.topk import tokens_path
 
 from .conftest import make_run
 from .crashes import Killed, kill_at_rename, saving_in_turn

@@ -11,13 +11,14 @@ from hypothesis import strategies as st
 
 import forgetkit as fk
 from forgetkit import kernels
-from forgetkit.kinds.topk import TopKOutputs, token_ids, topk_records
 from forgetkit.errors import ForgetkitError
 from forgetkit.fusion import topk as ft
+from forgetkit.kinds.topk import TopKOutputs, token_ids, topk_records
 from tests.reference_topk import (
     bounds_ref,
     certify_ref,
     layout_ref,
+    libm_exp,
     unstored_bound_ref,
 )
 
@@ -98,7 +99,7 @@ def completion(logits, records, targets, mode):
         rec = records[e]
         lse = rec["lse"].astype(np.float64)[:, None]
         u = unstored_bounds(rec, targets)
-        p = np.exp(logits[e].astype(np.float64) - lse)
+        p = libm_exp(logits[e].astype(np.float64) - lse)
         free = np.ones((n_tokens, vocab), dtype=bool)
         np.put_along_axis(free, token_ids(rec).astype(np.int64), False, axis=1)
         free[np.arange(n_tokens), targets] = False
@@ -107,13 +108,13 @@ def completion(logits, records, targets, mode):
             fill = p
         elif mode == "max":  # ids below the k-th stored one cannot reach p_k
             below = np.arange(vocab)[None, :] < token_ids(rec)[:, -1:].astype(np.int64)
-            p_k = np.exp(rec["logits"][:, -1].astype(np.float64) - lse[:, 0])
+            p_k = libm_exp(rec["logits"][:, -1].astype(np.float64) - lse[:, 0])
             fill = np.where(below & (u == p_k)[:, None], 0.0, u[:, None])
         else:
             fill = np.zeros_like(p)
-        p_stored = np.exp(rec["logits"].astype(np.float64) - lse)
+        p_stored = libm_exp(rec["logits"].astype(np.float64) - lse)
         np.put_along_axis(p, token_ids(rec).astype(np.int64), p_stored, axis=1)
-        p[np.arange(n_tokens), targets] = np.exp(rec["target"].astype(np.float64) - lse[:, 0])
+        p[np.arange(n_tokens), targets] = libm_exp(rec["target"].astype(np.float64) - lse[:, 0])
         out[e] = np.where(free, fill, p)
     return out
 
@@ -121,12 +122,12 @@ def completion(logits, records, targets, mode):
 def unstored_bounds(rec, targets):
     """`unstored_bound_ref` of records (N,), vectorised (the same arithmetic)."""
     lse = rec["lse"].astype(np.float64)
-    p = np.exp(rec["logits"].astype(np.float64) - lse[:, None])
+    p = libm_exp(rec["logits"].astype(np.float64) - lse[:, None])
     total = np.zeros(len(rec))
     for j in range(p.shape[1]):
         total += p[:, j]
     stored = (token_ids(rec) == targets[:, None]).any(axis=1)
-    total += np.where(stored, 0.0, np.exp(rec["target"].astype(np.float64) - lse))
+    total += np.where(stored, 0.0, libm_exp(rec["target"].astype(np.float64) - lse))
     slack = 2.0 ** -21 * np.maximum(np.maximum(np.abs(lse),
                                                np.abs(rec["logits"][:, 0].astype(np.float64))),
                                     1.0)

@@ -25,10 +25,10 @@ import dask.array as da
 import numpy as np
 
 from .._progress import Progress
-from ..kinds.summary import RecordOutputs
 from .._validation import is_dask_array
 from ..errors import ForgetkitError
 from ..execution import Executor, Parts, combine, register_executor
+from ..kinds.summary import RecordOutputs
 from ..run import Run
 
 

@@ -19,7 +19,6 @@ import dask.array as da
 import numpy as np
 from fsspec.core import url_to_fs
 
-from ..kinds.topk import TOKEN_DTYPE, TopKOutputs, check_records
 from .._validation import FLOAT_DTYPES, check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import KEY as CRC_KEY
@@ -28,6 +27,7 @@ from ..io.parquet import CRC_METADATA_KEY, PARQUET_KEY, _column_to_numpy
 from ..io.record import SIDECAR_SUFFIX, duplicate_id, load_labels_file
 from ..io.topk import FORMAT as TOPK_FORMAT
 from ..io.topk import TOKENS_SUFFIX
+from ..kinds.topk import TOKEN_DTYPE, TopKOutputs, check_records
 from ..run import Run
 
 FORMATS = (".npy", ".parquet")

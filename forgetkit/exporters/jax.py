@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import ForgetkitError
+from ..kinds.summary import SUMMARY_DTYPE
 from ._common import RecorderBase, check_class_counts
 
 __all__ = ["LogitRecorder"]

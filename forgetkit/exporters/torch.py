@@ -23,12 +23,13 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import ForgetkitError, InputTypeError
+from ..kinds.summary import SUMMARY_DTYPE
 from . import _torch_distributed as ddp
 from ._common import RecorderBase, check_class_counts
 
-__all__ = ["LogitRecorder", "TokenRecorder", "replay"]
+__all__ = ["LogitRecorder", "TokenRecorder", "average_weights", "compare_weight_space",
+           "replay"]
 
 
 def default_output(out):
@@ -290,3 +291,4 @@ class LogitRecorder(RecorderBase):
 
 from ._torch_replay import replay  # noqa: E402  (it builds on LogitRecorder)
 from ._torch_tokens import TokenRecorder  # noqa: E402
+from .weight_space import average_weights, compare_weight_space  # noqa: E402

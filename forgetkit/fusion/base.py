@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import kernels
-from ..kinds.summary import HOLDS
 from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
 from ..execution import executor_for
 from ..io.atomic import write_json_atomic
 from ..io.record import parse_record
+from ..kinds.summary import HOLDS
 from ..run import Run
 from . import topk
 from .schema import FORMAT, FORMAT_VERSION, MAX_FUSER_BYTES, fuser_from_record

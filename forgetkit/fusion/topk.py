@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from .. import kernels
-from ..kinds.topk import token_ids, top_k_of
 from ..errors import ForgetkitError
 from ..execution import executor_for
+from ..kinds.topk import token_ids, top_k_of
 
 #: Tokens per chunk of the passes that stream a top-k run (certificates, predictions):
 #: each holds a few float64 arrays of (chunk, layout width).
@@ -230,7 +230,8 @@ def label_probs(data):
         out = np.empty((data.n_epochs, data.n_tokens))
         for e in range(data.n_epochs):
             rec = data.rows(e, slice(None))
-            out[e] = np.exp(rec["target"].astype(np.float64) - rec["lse"].astype(np.float64))
+            out[e] = kernels.exp(rec["target"].astype(np.float64)
+                                 - rec["lse"].astype(np.float64))
         return out.T
     out = np.empty((data.n_tokens, data.n_epochs))
     for rows in data.chunks():

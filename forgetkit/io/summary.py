@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from .._progress import Progress
-from ..kinds.summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
 from .._validation import (
     check_meta,
     check_option,
 )
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from ..kinds.summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
 from ..run import Run
 from .atomic import atomic_write, remove, write_json_atomic
 from .guard import refuse_overwrite

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import CorruptFileError
+from ..kinds.summary import SUMMARY_DTYPE
 from .integrity import KEY, check_fields, checksums, crc_array, mismatch
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS, parquet_checksums
 from .record import corrupt, parse_record

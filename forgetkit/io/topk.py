@@ -34,8 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kinds import topk as _topk
 from .._progress import Progress
+from .._validation import check_int, check_meta, check_option
+from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from ..kinds import topk as _topk
 from ..kinds.topk import (
     DEFAULT_TOP_K,
     ID_ENCODINGS,
@@ -51,8 +53,6 @@ from ..kinds.topk import (
     top_k_of,
     topk_dtype,
 )
-from .._validation import check_int, check_meta, check_option
-from ..errors import CorruptFileError, ForgetkitError, InputTypeError
 from ..run import Run
 from .atomic import atomic_write, fsync_path, remove_stale_temps
 from .guard import refuse_overwrite

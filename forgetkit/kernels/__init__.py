@@ -444,6 +444,16 @@ def em_pass(q, w):
 
 
 # ------------------------------------------------------------- certified fusion (top-k runs)
+def exp(x):
+    """exp of float64 ``x`` (any shape) with the C library's exp, the one the kernels call.
+    numpy's SIMD exp differs from it in the last bit on some CPUs (AVX-512), and a top-k
+    run's probabilities must agree bit for bit between the kernels and numpy code."""
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    _topk.exp_into(x.reshape(-1), out.reshape(-1))
+    return out
+
+
 def topk_layout(ids, targets, vocab, floor):
     """The class layout of tokens whose checkpoints stored ``ids`` (E, N, k), the unstored
     slot above ``floor`` (int64 (N,), see `topk_tie_floor`): (cls int32 (N, M) (int64 for

@@ -15,10 +15,21 @@ See docs/definitions.md ("Certified fusion on top-k runs").
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
 from .jit import kernel
+
+
+@njit(cache=True, nogil=True)
+def exp_into(x, out):
+    """out[i] = exp(x[i]) for float64 x (n,), with the C library's exp: the one every
+    kernel here calls, so that probabilities computed outside the kernels agree with theirs
+    bit for bit."""
+    for i in range(x.size):
+        out[i] = math.exp(x[i])
 
 
 @njit(inline="always")

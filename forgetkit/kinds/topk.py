@@ -37,6 +37,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import kernels
 from ..errors import ForgetkitError
 from .summary import SUMMARY_DTYPE, RecordOutputs
 
@@ -249,7 +250,7 @@ def predictions(records):
 
 def label_probs(records):
     """The target's probability exp(target - lse): float64 (..., n_tokens)."""
-    return np.exp(records["target"].astype(np.float64) - records["lse"])
+    return kernels.exp(records["target"].astype(np.float64) - records["lse"])
 
 
 def label_margins(records, targets):
@@ -273,8 +274,8 @@ def _largest_other(records, targets):
 
 def stored_probs(records):
     """The stored ids' probabilities exp(logits - lse): float64 (..., n_tokens, k)."""
-    return np.exp(records["logits"].astype(np.float64)
-                  - records["lse"].astype(np.float64)[..., None])
+    return kernels.exp(records["logits"].astype(np.float64)
+                       - records["lse"].astype(np.float64)[..., None])
 
 
 def unstored_bound(records, *, vocab_size=None):
@@ -456,6 +457,15 @@ class TopKOutputs(RecordOutputs):
     def unstored_bound(self):
         """`unstored_bound`: float64 (n_epochs, n_tokens)."""
         return unstored_bound(self._read(), vocab_size=self.n_classes)
+
+    def top_predictions(self, epoch, *, rows=None, n=None):
+        """The ``n`` (default: every stored) largest predictions at epoch index ``epoch``
+        of the tokens ``rows`` (default all), highest first: (token ids int64 (R, n),
+        probabilities exp(logit - lse) float64 (R, n))."""
+        records = self.records[epoch]  # verified against the checksums first
+        records = np.asarray(records if rows is None else records[rows])
+        n = top_k_of(records.dtype) if n is None else min(int(n), top_k_of(records.dtype))
+        return token_ids(records)[..., :n].astype(np.int64), stored_probs(records)[..., :n]
 
 
 #: Arrays at least this large that `fresh_array` maps itself.

@@ -3,11 +3,8 @@ figures as PNG files."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,26 +19,9 @@ from ..errors import ForgetkitError
 from ..evaluate import percent
 from ..io.atomic import atomic_write
 from ..io.guard import refuse_overwrite
-from . import explorer, plots
+from . import explorer, plots, tokens
+from .page import STYLE, Figure, figure_html, render
 from .readable import meta_rows
-
-
-@dataclass
-class Figure:
-    name: str
-    title: str
-    caption: str
-    png: bytes
-
-
-def _render(draw, figsize=(7.0, 4.2)):
-    from matplotlib.figure import Figure as MplFigure
-
-    fig = MplFigure(figsize=figsize, layout="constrained")
-    draw(fig.add_subplot())
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return buf.getvalue()
 
 
 def label_issue_section(train_run, noise_mask=None, *, top=20):
@@ -182,18 +162,9 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
             f"hard-to-learn: {regions['hard-to-learn']}, of which "
             f"{int(dm['never_learned'].sum())} were never learned."))
         summary["label_issues"] = label_issue_section(train_run, noise_mask)
-    rendered = [Figure(name, title, caption, _render(draw)) for name, title, draw, caption
+    rendered = [Figure(name, title, caption, render(draw)) for name, title, draw, caption
                 in figs]
     return summary, table, kf, rendered
-
-
-STYLE = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222;
-line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;
-text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
-figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#444;font-size:.95em}
-.numbers td:first-child{font-weight:600}details.meta td{text-align:left}
-details.meta summary{cursor:pointer;color:#444}"""
 
 
 def _meta_html(meta):
@@ -259,20 +230,22 @@ def to_html(run, summary, table, kf, figures, *, source="", samples=None):
     if "label_issues" in summary:
         parts.append(_label_issue_html(summary["label_issues"]))
     parts.append("<h2>Figures</h2>")
-    for fig in figures:
-        data = base64.b64encode(fig.png).decode()
-        parts.append(f"<figure id='{fig.name}'><h3>{html.escape(fig.title)}</h3>"
-                     f"<img alt='{html.escape(fig.title)}' src='data:image/png;base64,{data}'>"
-                     f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>")
+    parts.extend(figure_html(fig) for fig in figures)
     parts.append(f"<p style='color:#888'>forgetkit, {time.strftime('%Y-%m-%d %H:%M')}</p>")
     parts.append("</body></html>")
     return "".join(parts)
 
 
 def write_report(run, out, *, fmt="html", source="", inputs=None, train_inputs=None,
-                 class_names=None, **options):
+                 class_names=None, tokenizer=None, sequences=None, **options):
     """Write the report: ``fmt="html"`` one self-contained file at ``out``, with the sample
     explorer; ``fmt="png"`` one PNG per figure in the folder ``out``. Returns the paths.
+
+    A token run (a language model's top-k run: sequence ids and positions per target) gets
+    the token report (`forgetkit.report.tokens`): its sequences as text, decoded by
+    ``tokenizer`` (a ``tokenizers`` JSON file, a Hugging Face tokenizer folder or an object
+    with ``decode``; default the one the run's metadata names), with ``sequences`` (ids)
+    shown beside the galleries' on runs too large to show every sequence.
 
     ``inputs`` / ``train_inputs``: the samples behind the rows of ``run`` / ``train_run``
     (images or texts, `forgetkit.report.inputs.load_inputs`; row i is sample id i, or row i
@@ -284,6 +257,14 @@ def write_report(run, out, *, fmt="html", source="", inputs=None, train_inputs=N
 
     check_option("fmt", fmt, ("html", "png"))
     out = Path(out)
+    if tokens.is_token_run(run):
+        return _write_token_report(run, out, fmt=fmt, source=source, tokenizer=tokenizer,
+                                   sequences=sequences, inputs=inputs,
+                                   train_inputs=train_inputs, class_names=class_names,
+                                   **options)
+    if tokenizer is not None or sequences is not None:
+        raise ForgetkitError("tokenizer and sequences are options of a token run's report; "
+                             "this run holds no sequence ids and positions (a top-k run does)")
     train_run = options.get("train_run")
     files = [x for x in (inputs, train_inputs, class_names) if isinstance(x, (str, Path))]
     refuse_overwrite({"the report": out},
@@ -298,17 +279,45 @@ def write_report(run, out, *, fmt="html", source="", inputs=None, train_inputs=N
         options["train_run"] = train_run
     summary, table, kf, figures = build(run, **options)
     if fmt == "png":
-        out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for fig in figures:
-            path = out / f"{fig.name}.png"
-            with atomic_write(path) as tmp:
-                tmp.write_bytes(fig.png)
-            paths.append(path)
-        return paths
+        return _write_figures(figures, out)
     with atomic_write(out) as tmp:
         samples = explorer.fragment(run, train_run=train_run, inputs=inputs,
                                     train_inputs=train_inputs)
         tmp.write_text(to_html(run, summary, table, kf, figures, source=source,
                                samples=samples), encoding="utf-8")
+    return [out]
+
+
+def _write_figures(figures, out):
+    """One PNG per figure in the folder ``out``; their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fig in figures:
+        path = out / f"{fig.name}.png"
+        with atomic_write(path) as tmp:
+            tmp.write_bytes(fig.png)
+        paths.append(path)
+    return paths
+
+
+def _write_token_report(run, out, *, fmt, source, tokenizer, sequences, inputs, train_inputs,
+                        class_names, **options):
+    """`write_report` of a token run (see `forgetkit.report.tokens`)."""
+    given = [name for name, value in (("inputs", inputs), ("train_inputs", train_inputs),
+                                      ("class_names", class_names),
+                                      ("train_run", options.pop("train_run", None)),
+                                      ("noise_mask", options.pop("noise_mask", None)))
+             if value is not None]
+    if given:
+        raise ForgetkitError(f"{', '.join(given)}: a token run's report shows its sequences as "
+                             "text (tokenizer=) and has no label issues, training run or class "
+                             "names: next-token targets are not labels a person gave")
+    refuse_overwrite({"the report": out},
+                     [run.source] + ([tokenizer] if isinstance(tokenizer, (str, Path)) else []))
+    decoder = tokens.load_decoder(tokenizer, run)
+    report = tokens.build_tokens(run, sequences=sequences, **options)
+    if fmt == "png":
+        return _write_figures(report.figures, out)
+    with atomic_write(out) as tmp:
+        tmp.write_text(tokens.token_html(run, report, decoder, source=source), encoding="utf-8")
     return [out]
