@@ -278,9 +278,9 @@ def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_
     return table_of_splits(long)
 
 
-def table_of_splits(long, labels=METHODS):
+def table_of_splits(long, *, method_labels=METHODS):
     """`compare`'s table from `compare_splits`' rows (one per split and method): means over
-    the splits, standard errors, the largest p-value. ``labels``: method -> its label."""
+    the splits, standard errors, the largest p-value. ``method_labels``: method -> its label."""
     n = long["split"].nunique()
 
     def se(x):
@@ -289,7 +289,7 @@ def table_of_splits(long, labels=METHODS):
     rows = []
     for m, g in long.groupby("method", sort=False):
         rows.append({
-            "method": m, "label": labels[m], "k": g["k"].mean(),
+            "method": m, "label": method_labels[m], "k": g["k"].mean(),
             "accuracy": g["accuracy"].mean(), "accuracy_se": se(g["accuracy"]),
             "gain": g["gain"].mean(), "gain_se": se(g["gain"]),
             "nll": g["nll"].mean(), "ece": g["ece"].mean(),

@@ -46,7 +46,7 @@ MODULES = {
 #: Defaults shown by name in the table.
 NAMED_DEFAULTS = {"memory_budget": ("DEFAULT_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET),
                   "methods": ("DEFAULT_METHODS", DEFAULT_METHODS),
-                  "labels": ("METHODS", METHODS)}
+                  "method_labels": ("METHODS", METHODS)}
 
 
 # ------------------------------------------------------------------- the surface

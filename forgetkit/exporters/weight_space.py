@@ -411,7 +411,7 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
     long["space"] = "output"
     weight_rows = pd.DataFrame(rows).assign(space="weight")
     table = evaluate.table_of_splits(pd.concat([long, weight_rows], ignore_index=True),
-                                     labels=_labels(candidates))
+                                     method_labels=_labels(candidates))
     table["space"] = ["weight" if m in set(weight_rows["method"]) else "output"
                       for m in table.index]
     table["forward_passes"] = table["k"]
