@@ -182,6 +182,10 @@ def _cmd_coreset(args):
     ids = select_coreset(table, args.keep, score=args.score, method=args.method,
                          hard_cutoff=args.hard_cutoff, strata=args.strata, seed=args.seed,
                          labels=labels)
+    if len(ids) == 0:
+        raise ForgetkitError(f"--keep {args.keep} of {len(table)} samples keeps none "
+                             f"(round({args.keep} * {len(table)}) = 0); keep at least "
+                             f"{0.5 / len(table):.3g} to keep one")
     with atomic_write(out) as tmp, open(tmp, "wb") as f:
         np.save(f, ids)
     if not args.quiet:

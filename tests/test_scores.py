@@ -322,6 +322,10 @@ def test_bad_labels():
         select_coreset(df, 0.5, score="el2n", labels="y")
     with pytest.raises(fk.ForgetkitError, match="no label for 1 of the 4 samples"):
         select_coreset(df, 0.5, score="el2n", labels=pd.Series([0, 1, 0], index=list("abc")))
+    with pytest.raises(TypeError, match="labels must be integers or strings; got non-integer"):
+        select_coreset(df, 0.5, score="el2n", labels=[0.0, 0.5, 1.0, 1.0])
+    kept = select_coreset(df, 0.5, score="el2n", method="hardest", labels=[0.0, 0, 1, 1.0])
+    np.testing.assert_array_equal(kept, ["b", "d"])  # integral floats are classes
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -357,6 +361,23 @@ def test_bad_scores():
         select_coreset(two, 0.5)
     with pytest.raises(TypeError, match="scores must be numbers"):
         select_coreset(np.array(["x", "y"]), 0.5)
+    twice = pd.Series([0.1, 0.2, 0.3], index=["a", "b", "a"])
+    with pytest.raises(fk.ForgetkitError, match="sample id 'a' appears more than once"):
+        select_coreset(twice, 0.5)
+
+
+def test_cli_coreset_refuses_repeated_ids_and_an_empty_selection(tmp_path, capsys):
+    csv = tmp_path / "scores.csv"
+    pd.DataFrame({"el2n": [0.3, 0.1, 0.2]}, index=[7, 8, 7]).to_csv(csv)
+    out = tmp_path / "keep.npy"
+    assert main(["coreset", str(csv), "--score", "el2n", "--keep", "0.5", "--out",
+                 str(out)]) == 1
+    assert "sample id 7 appears more than once" in capsys.readouterr().err
+    pd.DataFrame({"el2n": np.arange(200.0)}).to_csv(csv)
+    assert main(["coreset", str(csv), "--score", "el2n", "--keep", "0.001", "--out",
+                 str(out)]) == 1
+    assert "--keep 0.001 of 200 samples keeps none" in capsys.readouterr().err
+    assert not out.exists()
 
 
 # ----------------------------------------------------------------------- CLI

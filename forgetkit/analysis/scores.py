@@ -443,6 +443,9 @@ def _class_codes(labels, scores, ids):
     if labels.dtype.kind == "f" and np.isnan(labels).any():
         raise ForgetkitError(f"labels must not contain NaN; {int(np.isnan(labels).sum())} "
                              f"of {len(labels)} are NaN")
+    if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)):
+        raise InputTypeError(f"labels must be integers or strings; got non-integer values of "
+                             f"dtype {labels.dtype}")
     if labels.dtype.kind not in "iufbUS" and not all(
             isinstance(v, (str, numbers.Integral)) for v in labels):
         raise InputTypeError(f"labels must be integers or strings; got dtype {labels.dtype}")
@@ -575,6 +578,12 @@ def _hardness(scores, score):
     if nan.any():
         raise ForgetkitError(f"scores must not contain NaN; {int(nan.sum())} of {len(values)} "
                              f"are NaN (first at sample {ids[int(np.argmax(nan))]!r})")
+    repeated = pd.Index(ids).duplicated()
+    if repeated.any():
+        first = ids[int(np.argmax(repeated))]
+        first = first.item() if isinstance(first, np.generic) else first
+        raise ForgetkitError(f"scores must have one row per sample; sample id {first!r} "
+                             "appears more than once")
     return values, ids
 
 
