@@ -450,6 +450,15 @@ def test_sweep_command_on_a_scheduler_and_on_its_own_cluster(client, tmp_path, c
     assert "r9.npy" in capsys.readouterr().err
 
 
+def test_a_failed_run_is_one_line_without_the_workers_traceback(tmp_path, capfd):
+    (tmp_path / "r9.npy").write_bytes(b"garbage")
+    assert main(["sweep", str(tmp_path / "r9.npy"), "--out", str(tmp_path / "s.csv"),
+                 "--workers", "1", "--quiet"]) == 1
+    err = capfd.readouterr().err
+    assert "r9.npy" in err
+    assert "Compute Failed" not in err and "Traceback" not in err, err
+
+
 def test_sweep_keeps_the_good_runs_rows_and_names_each_failed_run(client, tmp_path, capsys):
     fk.save(make_run(n_samples=400, seed=0), tmp_path / "r0.npy")
     (tmp_path / "r1.npy").write_bytes(b"garbage")

@@ -35,16 +35,22 @@ def run_paths(paths):
     return out
 
 
+class RunFailed(str):
+    """The one-line error of a run that `compare_run` could not compare (a bad or missing
+    file, an input compare refuses): returned, not raised, so that the worker does not log
+    the traceback of an error the sweep reports itself."""
+
+
 def compare_run(path, *, threads, **options):
-    """`compare` of the run at ``path`` as rows: columns run, method, then compare's. Runs on a
-    worker; ``threads``: numba threads of its kernels (None: numba's default). Errors name
-    the run."""
+    """`compare` of the run at ``path`` as rows: columns run, method, then compare's; or the
+    `RunFailed` message naming the run. Runs on a worker; ``threads``: numba threads of its
+    kernels (None: numba's default)."""
     if threads is not None:
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
         table = compare(load(path), **options)
     except (ForgetkitError, OSError) as err:
-        raise ForgetkitError(f"run {path!r}: {err}") from err
+        return RunFailed(" ".join(f"run {path!r}: {err}".split()))
     table = table.reset_index()
     table.insert(0, "run", path)
     return table
@@ -113,16 +119,16 @@ def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=
         futures = [client.submit(compare_run, p, threads=threads, pure=False, **options)
                    for p in paths]
         bar = Progress(len(paths), "sweep", enabled=progress, unit="runs")
-        failed = {}
+        results = {}
         for future in as_completed(futures):
-            if future.status == "error":
-                err = future.exception()
-                if errors == "raise" or not isinstance(err, ForgetkitError):
-                    future.result()  # raises the error that names the run
-                failed[future.key] = " ".join(str(err).split())
+            result = future.result()  # an unexpected error (a bug) raises here
+            if isinstance(result, RunFailed) and errors == "raise":
+                raise ForgetkitError(str(result))
+            results[future.key] = result
             bar.update(1)
-        tables = [pd.DataFrame({"run": [p], "error": [failed[f.key]]}) if f.key in failed
-                  else f.result() for p, f in zip(paths, futures, strict=True)]
+        tables = [pd.DataFrame({"run": [p], "error": [str(r)]}) if isinstance(r, RunFailed)
+                  else r for p, r in ((p, results[f.key]) for p, f in
+                                      zip(paths, futures, strict=True))]
     finally:
         if cluster is not None:
             client.close()
