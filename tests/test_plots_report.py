@@ -111,6 +111,18 @@ def test_cli_report_html_and_png(tmp_path, capsys):
     assert text.count("<img") == 9
 
 
+def test_class_names_are_text_not_math(tmp_path, capsys):
+    names = ["$\\frac{a$", "b$c", "50%"]
+    run = fk.Run(np.random.default_rng(0).normal(size=(4, 60, 3)).astype(np.float32),
+                 np.arange(60) % 3, class_names=names)
+    fk.save(run, tmp_path / "math.npy")
+    assert main(["report", str(tmp_path / "math.npy"), "--seeds", "0", "-o",
+                 str(tmp_path / "r.html"), "--quiet"]) == 0, capsys.readouterr().err
+    ax = fk.plots.per_class_forgetting(run)
+    ax.figure.canvas.draw()
+    assert sorted(t.get_text() for t in ax.get_yticklabels()) == sorted(names)
+
+
 def test_report_renders_in_headless_chromium(tmp_path):
     require_real_part("Debian chromium (headless browser)", shutil.which("chromium") is not None)
     out = tmp_path / "r.html"

@@ -167,7 +167,7 @@ def per_class_forgetting(run, *, ax=None):
     names = class_names(run)
     order = np.argsort(share.to_numpy())
     ax.barh(np.arange(run.n_classes), 100 * share.to_numpy()[order], color="C3")
-    ax.set_yticks(np.arange(run.n_classes), [names[i] for i in order])
+    ax.set_yticks(np.arange(run.n_classes), [names[i] for i in order], parse_math=False)
     ax.set_xlabel("samples forgotten by the end (% of the class)")
     ax.set_title("Which classes lose the most to forgetting")
     return ax
