@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -111,6 +112,9 @@ def main(argv=None):
     p.add_argument("--data", default=None, help="folder of the Fashion-MNIST IDX files")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-checkpoints", metavar="DIR",
+                   help="also save the model's state dict after every epoch as "
+                        "DIR/epoch_<e>.pt (for replay and weight averages)")
     args = p.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -163,6 +167,9 @@ def main(argv=None):
             opt.step()
             sched.step()
         t = time.time()
+        if args.save_checkpoints:
+            Path(args.save_checkpoints).mkdir(parents=True, exist_ok=True)
+            torch.save(model.state_dict(), Path(args.save_checkpoints) / f"epoch_{epoch}.pt")
         acc = recorder.record(model, epoch)
         if train_rec is not None:
             train_rec.record(model, epoch)
