@@ -23,11 +23,8 @@ import numpy as np
 import pandas as pd
 
 from . import kernels
-from ._deprecation import keyword_options
-from ._progress import Progress
-from .kinds.summary import RecordOutputs, check_kind, label_margins_of
+from ._deprecation import keyword_options, warn
 from ._validation import (
-    KINDS,
     check_class_names,
     check_epochs,
     check_indices,
@@ -50,14 +47,13 @@ from .backends import (  # noqa: F401 (stored_rows, stored_order, epoch_parts: t
 )
 from .errors import ForgetkitError, InputTypeError
 from .execution import executor_for
+from .kinds import check_kind, kind_of
 from .probs import LOG_FLOOR, mean_softmax, softmax  # noqa: F401 (their old home)
 from .splits import split_indices
 
 #: Runs smaller than this many values are fully checked (finite, probabilities sum to 1) when
 #: built; larger ones (memmaps, huge arrays) are checked chunk by chunk as they are read.
 EAGER_CHECK_VALUES = 1 << 27
-#: How far from 1 the row sums of a "probs" run may be.
-PROBS_TOLERANCE = 1e-3
 #: Default memory budget, in bytes, for probabilities kept in memory (`Run.cache_probs`).
 DEFAULT_MEMORY_BUDGET = 2 << 30
 
@@ -92,7 +88,7 @@ class Run:
         `forgetkit.summarize`), "topk" with `forgetkit.kinds.topk.TopKOutputs` (a top-k run of a
         language model's tokens, `forgetkit.load` of one): correctness, `label_probs` and
         `label_margins` come exactly from their records; methods that need every class's
-        outputs raise a ValueError saying what the run holds (`holds_every_class`).
+        outputs raise a ValueError saying what the run holds (`forgetkit.kinds`).
     epochs : array-like of shape (n_epochs,), optional
         Epoch numbers, strictly increasing; default 0..n_epochs-1.
     sample_ids : array-like of shape (n_samples,), optional
@@ -128,9 +124,9 @@ class Run:
         source=None,
     ):
         self.outputs = check_outputs(outputs)
-        self._backend = backend_of(self.outputs)  # how the outputs are read
+        self.backend = backend_of(self.outputs)  # how the outputs are read
         n_epochs, n_samples, n_classes = self.outputs.shape
-        self.kind = check_kind(kind, self.outputs, KINDS)
+        self.kind = check_kind(kind, self.outputs)
         self.labels = check_labels(labels, n_samples, n_classes)
         self.epochs = check_epochs(epochs, n_epochs)
         self.sample_ids = check_sample_ids(sample_ids, n_samples)
@@ -153,13 +149,14 @@ class Run:
         `mean_probs`, `weighted_probs` and `label_probs` then return dask arrays, and the
         tensor is never gathered into this process (the backend is not read here:
         `forgetkit.backends.CollectionBackend`)."""
-        return not self._backend.here
+        return not self.backend.here
 
     @property
     def holds_every_class(self):
-        """Whether the outputs hold every class's values (False for a summary or a top-k run,
-        whose records give correctness, label probabilities and margins exactly)."""
-        return not isinstance(self.outputs, RecordOutputs)
+        """Deprecated: ``forgetkit.kinds.kind_of(run).full`` (whether every class's
+        probability is known exactly; False for a summary or a top-k run)."""
+        warn("Run.holds_every_class is deprecated; use forgetkit.kinds.kind_of(run).full")
+        return kind_of(self).full
 
     @property
     def top_k(self):
@@ -179,7 +176,7 @@ class Run:
 
     @property
     def _large(self):
-        return self._backend.streamed or self.outputs.size > EAGER_CHECK_VALUES
+        return self.backend.streamed or self.outputs.size > EAGER_CHECK_VALUES
 
     @property
     def checked_per_read(self):
@@ -213,37 +210,18 @@ class Run:
 
     # ----------------------------------------------------------------- checks
     @property
-    def _where(self):
+    def where(self):
         """The start of a message about this run's values: its source file, if any."""
         return "" if self.source is None else f"{str(self.source)!r}: "
 
     def check_epoch(self, index, values):
         """Raise ValueError if epoch ``index``'s values (n_samples, n_classes) are not valid."""
-        if not np.all(np.isfinite(values)):
-            raise ForgetkitError(
-                f"{self._where}outputs contain NaN or inf at epoch index {index} "
-                f"(epoch {self.epochs[index]})"
-            )
-        if self.kind == "probs":
-            sums = values.sum(axis=-1, dtype=np.float64)
-            bad = np.abs(sums - 1.0) > PROBS_TOLERANCE
-            neg = (values < 0).any(axis=-1)
-            if bad.any() or neg.any():
-                n = int(np.argmax(bad | neg))
-                raise ForgetkitError(
-                    f'{self._where}kind="probs" but sample {n} at epoch index {index} '
-                    f"(epoch {self.epochs[index]}) is not a probability vector "
-                    f"(sum {sums[n]:.6g}, tolerance {PROBS_TOLERANCE})"
-                )
+        kind_of(self).check_values(self, index, values)
 
     def epoch_values(self, index):
         """The stored outputs of epoch ``index`` (n_samples, n_classes), checked if this run
         checks per read."""
-        self._require_full("epoch_values()")
-        values = self._backend.read(index)
-        if self.checked_per_read:
-            self.check_epoch(index, values)
-        return values
+        return kind_of(self).stored_values(self, index)
 
     # ---------------------------------------------------------- forgetting pass
     def predictions(self, *, progress=False):
@@ -271,40 +249,9 @@ class Run:
                                               *result, out=out)
 
     def _read_predictions(self, *, progress=False):
-        if self._predictions is not None:
-            return self._predictions
-        if not self.holds_every_class:  # exact from the records
-            self._inherit_predictions(self.outputs.predictions(self.labels))
-            return self._predictions
-        n_epochs, n_samples, n_classes = self.shape
-        out = np.empty((n_epochs, n_samples), dtype=np.int32)
-        bar = Progress(n_epochs, "forgetting pass", enabled=progress)
-        # a lazy sample subset of a memmap is read in place by the parallel kernel, not
-        # gathered epoch by epoch first (unless its values must be checked as probabilities)
-        stored = self._subset_rows()
-        if self.kind == "probs" and self.checked_per_read:
-            stored = None
-        for start, stop in epoch_chunks(n_epochs, n_samples * n_classes * self.outputs.itemsize):
-            if stored is not None:
-                kernels.argmax_rows_at(stored[0][start:stop], stored[1], out[start:stop],
-                                       order=self._backend.stored_order())
-            else:
-                chunk = self._backend.read(slice(start, stop))
-                kernels.argmax_rows(chunk.reshape(-1, n_classes), out[start:stop].reshape(-1))
-            bad = (out[start:stop] < 0).any(axis=1)
-            if bad.any():
-                e = start + int(np.argmax(bad))
-                raise ForgetkitError(
-                    f"{self._where}outputs contain NaN or inf at epoch index {e} "
-                    f"(epoch {self.epochs[e]})"
-                )
-            if self.kind == "probs" and self.checked_per_read:  # rows must sum to 1 too
-                for i, values in enumerate(chunk):
-                    self.check_epoch(start + i, values)
-            bar.update(stop - start)
-        out.setflags(write=False)
-        self._predictions = out
-        return out
+        if self._predictions is None:
+            self._inherit_predictions(kind_of(self).predictions(self, progress=progress))
+        return self._predictions
 
     def correctness(self, *, progress=False):
         """Whether each sample is classified correctly at each epoch: bool (E, N)."""
@@ -350,7 +297,7 @@ class Run:
         self._require_full("cache_probs()")
         held = self.cached_probs
         size = self.n_epochs * self.n_samples * self.n_classes * 8
-        if held is None and self._backend.here and size <= memory_budget:
+        if held is None and self.backend.here and size <= memory_budget:
             held = self._probs = self.probs()
             held.setflags(write=False)
         return held
@@ -362,7 +309,7 @@ class Run:
         if self._probs is not None:
             return self._probs
         out = self.outputs
-        if self.kind == "probs" and type(out) is np.ndarray and out.dtype == np.float64 \
+        if not kind_of(self).softmax and type(out) is np.ndarray and out.dtype == np.float64 \
                 and not self.checked_per_read:
             return out
         return None
@@ -385,10 +332,10 @@ class Run:
         float16 logits whose every exp comes from the table also get their `predictions`.
         """
         self._require_full("softmax_stats()")
-        if self.kind != "logits" or not self._backend.here:
+        if not kind_of(self).softmax or not self.backend.here:
             raise ForgetkitError("softmax_stats() needs logits held in memory or on disk; "
                                  f"this run holds {self.kind}"
-                                 + ("" if self._backend.here else " on a dask array"))
+                                 + ("" if self.backend.here else " on a dask array"))
         n_epochs, n_samples, n_classes = self.shape
         want_max = n_samples * n_classes * 8 <= memory_budget
         held = self.cached_softmax_stats
@@ -399,7 +346,7 @@ class Run:
                              np.empty((n_epochs, n_samples), dtype=np.int32),
                              np.empty((n_epochs, n_samples)),
                              np.zeros((n_samples, n_classes)) if want_max else None)
-        for values, src, epochs in self._backend.epoch_parts():
+        for values, src, epochs in self.backend.epoch_parts():
             bad = kernels.softmax_stats(values, src, self.labels, stats.shift[epochs],
                                         stats.inv[epochs], stats.pred[epochs],
                                         stats.label_prob[epochs], stats.class_max)
@@ -447,8 +394,8 @@ class Run:
         if logits is not None:
             if not kernels.combine_softmax(logits[0], idx, logits[1], out, order=logits[2]):
                 return out
-        elif self.kind == "logits":  # decoded: the epochs gathered first
-            stack = self._backend.read(as_slice(idx))
+        elif kind_of(self).softmax:  # decoded: the epochs gathered first
+            stack = self.backend.read(as_slice(idx))
             if not kernels.combine_softmax(stack, np.arange(len(idx)),
                                            np.arange(self.n_samples), out):
                 return out
@@ -487,10 +434,10 @@ class Run:
         memory-mapped (E, M, C) array holding sample n at row rows[n], read in ``order``
         (`stored_order`); None for probabilities, probabilities held (`cache_probs`),
         decoded (Parquet) or dask outputs."""
-        if self.kind != "logits" or self.cached_probs is not None:
+        if not kind_of(self).softmax or self.cached_probs is not None:
             return None
-        stored = self._backend.stored_rows()
-        return None if stored is None else (*stored, self._backend.stored_order())
+        stored = self.backend.stored_rows()
+        return None if stored is None else (*stored, self.backend.stored_order())
 
     def add_probs(self, index, total):
         """total += the probabilities of epoch ``index`` (float64 (n_samples, n_classes), in
@@ -516,43 +463,26 @@ class Run:
         return self._per_sample("_read_label_probs", ((None, self.n_epochs), np.float64))
 
     def _read_label_probs(self):
-        if not self.holds_every_class:
-            return self.outputs.label_probs().T
         if self.cached_softmax_stats is not None:
             return self._stats.label_prob.T.copy()
-        q = np.empty((self.n_epochs, self.n_samples))
-        rows = np.arange(self.n_samples)
-        stored = self._backend.stored_rows()
-        if self.cached_probs is not None or self.kind != "logits":
+        if self.cached_probs is not None:
+            rows, q = np.arange(self.n_samples), np.empty((self.n_epochs, self.n_samples))
             tmp = np.empty((self.n_samples, self.n_classes))
             for e in range(self.n_epochs):
                 q[e] = self._epoch_probs(e, tmp)[rows, self.labels]
             return q.T
-        for e in range(self.n_epochs):
-            if stored is not None:
-                values, src = stored[0][e], stored[1]
-            else:
-                values, src = self._backend.read(e), rows
-            if kernels.label_probs(values, src, self.labels, q[e]):
-                self.probs(e)  # raises the error naming the epoch and its bad values
-        return q.T
+        return kind_of(self).label_probs(self).T
 
     def label_margins(self):
         """The label's margin at every epoch, z[y] - max_{k != y} z[k], on the stored outputs
         (logits: the margin whose mean over epochs is AUM): float64 (n_epochs, n_samples).
         Exact from a summary or a top-k run (k >= 2); otherwise read one epoch at a time."""
-        if not self.holds_every_class:
-            return self.outputs.label_margins(self.labels)
-        out = np.empty((self.n_epochs, self.n_samples))
-        for e in range(self.n_epochs):
-            out[e] = label_margins_of(self.epoch_values(e), self.labels)
-        return out
+        return kind_of(self).label_margins(self)
 
     def _require_full(self, what):
-        """Raise a ValueError naming ``what`` if this run holds only records (a summary, a
-        top-k run)."""
-        if not self.holds_every_class:
-            raise ForgetkitError(f"{what} needs every class's outputs; {self.outputs.HOLDS}")
+        """Raise the error of ``what`` needing every class's outputs, unless this run's kind
+        gives them."""
+        kind_of(self).require_full(self, what)
 
     def map_reduce(self, fn):
         """``fn(run)`` over blocks of samples, combined: the plug-in point of passes that
@@ -600,39 +530,12 @@ class Run:
             raise ForgetkitError(f"epoch index must lie in [0, {self.n_epochs}); got {e}")
         return e % self.n_epochs
 
-    def _subset_rows(self):
-        """`stored_rows` of outputs that are a sample subset of a stored array (a lazy
-        subset of a memmap), else None."""
-        stored = self._backend.stored_rows()
-        return stored if stored is not None and stored[0] is not self.outputs else None
-
     def _epoch_probs(self, e, out):
         """Write the probabilities of epoch index ``e`` into ``out`` (n_samples, n_classes)."""
         if self._probs is not None:
             out[...] = self._probs[e]
             return out
-        stored = self._subset_rows()
-        if self.kind == "logits" and stored is not None and out.dtype == np.float64:
-            # rows read in place (the same bits as softmax_rows); a bad row takes the path
-            # below, which names the epoch
-            if not kernels.combine_softmax(stored[0], [e], stored[1], out,
-                                           order=self._backend.stored_order()):
-                return out
-        values = self._backend.read(e)
-        if self.kind == "probs":
-            if self.checked_per_read:
-                self.check_epoch(e, values)
-            out[...] = values
-            return out
-        target = out if out.dtype == np.float64 else np.empty(out.shape)
-        try:
-            softmax(values, out=target)
-        except ValueError:
-            self.check_epoch(e, values)  # names the epoch
-            raise
-        if target is not out:
-            out[...] = target
-        return out
+        return kind_of(self).epoch_probs(self, e, out)
 
     # ------------------------------------------------------------- selection
     def isel(self, *, epochs=None, samples=None):
@@ -687,7 +590,7 @@ class Run:
         idx = check_indices("samples", samples, self.n_samples)
         ids = self.sample_ids if self.sample_ids is not None else np.arange(self.n_samples)
         # streamed or large outputs as a lazy view where their backend allows
-        outputs = self._backend.take(idx, lazy=self._large)
+        outputs = self.backend.take(idx, lazy=self._large)
         sub = self._derive(outputs, self.labels[idx], sample_ids=ids[idx])
         if self._predictions is not None:  # the forgetting pass is not read again
             sub._inherit_predictions(self._predictions[:, idx])
