@@ -17,8 +17,8 @@ indices, default all):
   means, ``predict_proba``); ``softmax``: the stored values are logits (probabilities are
   their softmax; kernels read them in place); ``logit_margins``: label margins are on logits
   (AUM is defined); ``bounded``: fusion works from certified bounds (`certified_bounds`);
-  ``records``: stored as records (an ``outputs_type``, a `RecordOutputs`), not as an
-  (E, N, C) array;
+  ``stores_values``: stored as an (E, N, C) array of values (read by the run's backend),
+  not as records (an ``outputs_type``, a `RecordOutputs`);
 - ``accepts(outputs)``: whether outputs go with this kind; ``check_values(run, index,
   values)``: raise if one epoch's stored values are not valid (kinds storing values);
 - ``predictions(run)`` int32 (E, N); ``correctness(run, epochs)`` bool (E, N);
@@ -31,7 +31,8 @@ indices, default all):
   reads (``bounded`` kinds).
 
 How io asks a run's kind: ``kind_of(run).name`` keys a format's writer table (a run is
-saved as what it is); ``kind_of(run).records`` says whether it is stored as records, and
+saved as what it is); ``kind_of(run).stores_values`` says whether it is stored as an
+(E, N, C) array of values or as records, and
 ``stored_records(run)`` gives them as stored (unread, unverified: a memmap, an ndarray or a
 dask array); ``kind_of(run).summary(run, slice(e, e + 1))`` the summary records of an epoch,
 whatever the kind (exact, or an error saying what the run holds); ``full`` and
@@ -65,7 +66,7 @@ class Kind:
     softmax = False
     logit_margins = False
     bounded = False
-    records = False
+    stores_values = True
     outputs_type = None
 
     def __repr__(self):
@@ -129,7 +130,7 @@ class Kind:
 
     def stored_records(self, run):
         """The records of a run stored as records, as stored (unread, unverified)."""
-        if not self.records:
+        if self.stores_values:
             raise ForgetkitError(f"a {self.name} run is not stored as records")
         return run.outputs.stored
 
@@ -205,7 +206,7 @@ class RecordKind(Kind):
     of the records (``outputs.correct``, ``predictions``, ``label_probs``,
     ``label_margins``, ``summary``), exact; per-class probabilities are not held."""
 
-    records = True
+    stores_values = False
     logit_margins = True
 
     def __init__(self, name, outputs_type, holds):
@@ -251,8 +252,8 @@ def kind_named(name):
     try:
         return _KINDS[name]
     except (KeyError, TypeError):
-        values = ", ".join(repr(k.name) for k in _KINDS.values() if not k.records)
-        records = " or ".join(f'"{k.name}"' for k in _KINDS.values() if k.records)
+        values = ", ".join(repr(k.name) for k in _KINDS.values() if k.stores_values)
+        records = " or ".join(f'"{k.name}"' for k in _KINDS.values() if not k.stores_values)
         raise ForgetkitError(f"kind must be one of {values}; got {name!r}"
                              + (f" (or {records} for the records of such a run)"
                                 if records else "")) from None
