@@ -540,9 +540,6 @@ class TopKKind(RecordKind):
 
     bounded = True
 
-    def exact_probs(self, run):
-        return run.outputs.top_k >= run.n_classes
-
     def certified_bounds(self, run):
         """The `TopKData` of a top-k run held in memory or on disk."""
         if not isinstance(run.outputs.stored, np.ndarray):
