@@ -72,12 +72,14 @@ class Run:
         along samples) stays distributed: see `is_distributed`.
     labels : array-like of shape (n_samples,)
         True class of each sample, integers in [0, n_classes).
-    kind : {"logits", "probs", "summary", "topk"}
-        "summary" goes with `forgetkit.kinds.summary.SummaryOutputs` (a run read from a summary,
-        `forgetkit.summarize`), "topk" with `forgetkit.kinds.topk.TopKOutputs` (a top-k run of a
-        language model's tokens, `forgetkit.load` of one): correctness, `label_probs` and
-        `label_margins` come exactly from their records; methods that need every class's
-        outputs raise a ValueError saying what the run holds (`forgetkit.kinds`).
+    kind : {"logits", "probs", "summary", "topk"} or another registered kind
+        What the run stores per epoch and sample (`forgetkit.kinds`; ``kind_of(run)`` says
+        what it answers). "summary" goes with `forgetkit.kinds.summary.SummaryOutputs` (a run
+        read from a summary, `forgetkit.summarize`), "topk" with
+        `forgetkit.kinds.topk.TopKOutputs` (a top-k run of a language model's tokens,
+        `forgetkit.load` of one): correctness, `label_probs` and `label_margins` come exactly
+        from their records; methods that need every class's outputs raise a ValueError
+        saying what the run holds.
     epochs : array-like of shape (n_epochs,), optional
         Epoch numbers, strictly increasing; default 0..n_epochs-1.
     sample_ids : array-like of shape (n_samples,), optional
