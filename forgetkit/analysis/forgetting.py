@@ -3,8 +3,8 @@
 All functions take a `Run`. The one pass over the outputs (`Run.predictions`) is a numba
 kernel that reads float16/32/64 directly, streams the run in chunks of epochs and is kept on
 the Run, so calling several functions on one run reads the data once. Every function is a
-map-reduce over the run's chunks of samples on its executor (`Run.map_reduce`,
-`forgetkit.execution`: per-epoch counts summed, per-sample rows concatenated), with the same
+map-reduce over the run's chunks of samples on its executor
+(``forgetkit.execution.executor_for(run).map_reduce``: per-epoch counts summed, per-sample rows concatenated), with the same
 results on every executor.
 """
 
@@ -18,9 +18,9 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from .._validation import check_run
 from ..errors import ForgetkitError
 from ..execution import executor_for
+from ..run import check_run
 
 #: Predictions (epochs x samples) from which the F_e/L_e counts are taken in threads.
 THREADED_COUNTS = 1 << 24
@@ -226,7 +226,8 @@ def _double_descent(run, acc, *, min_drop=0.01, smooth=None):
         return DoubleDescent(found=False, peak_epoch=int(run.epochs[peak]),
                              peak_accuracy=float(acc[peak]))
     second = dip + int(np.argmax(after))
-    shares = run.map_reduce(partial(_descent_counts, peak=peak, dip=dip)) / run.n_samples
+    shares = executor_for(run).map_reduce(run, partial(_descent_counts, peak=peak, dip=dip)) \
+        / run.n_samples
     return DoubleDescent(
         found=True,
         peak_epoch=int(run.epochs[peak]),

@@ -28,7 +28,7 @@ from .._progress import Progress
 from .._validation import is_dask_array
 from ..errors import ForgetkitError
 from ..execution import Executor, Parts, combine, register_executor
-from ..kinds.summary import RecordOutputs
+from ..kinds import RecordOutputs, kind_of
 from ..run import Run
 
 
@@ -51,12 +51,12 @@ def chunk_tasks(run, fn):
     blocks = x.to_delayed(optimize_graph=True).ravel()
     # logits are checked by every kernel that reads them (inf or nan raises, naming the
     # epoch): a chunk checked again when built would cost more than the pass itself
-    validate = run.checked_per_read and run.kind != "logits"
-    records = not run.holds_every_class
+    kind = kind_of(run)
+    validate = run.checked_per_read and not kind.softmax
     tasks = [dask.delayed(_on_chunk)(fn, block, run.labels[a:b], ids[a:b], kind=run.kind,
                                      epochs=run.epochs, validate=validate,
-                                     build=run.outputs.builder(slice(a, b)) if records
-                                     else None)
+                                     build=None if kind.stores_values
+                                     else run.outputs.builder(slice(a, b)))
              for block, a, b in zip(blocks, bounds[:-1], bounds[1:], strict=True)]
     return tasks, sizes
 
@@ -194,6 +194,7 @@ register_executor(lambda x: isinstance(x, RecordOutputs) and is_dask_array(x.sto
 
 
 def map_reduce(run, fn):
-    """`Run.map_reduce` of a run on a dask array: ``fn`` on each chunk's Run, on the workers
-    of the active dask scheduler, results combined by `forgetkit.execution.combine`."""
+    """``executor_for(run).map_reduce(run, fn)`` of a run on a dask array: ``fn`` on each
+    chunk's Run, on the workers of the active dask scheduler, results combined by
+    `forgetkit.execution.combine`."""
     return EXECUTOR.map_reduce(run, fn)
