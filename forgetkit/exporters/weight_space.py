@@ -25,9 +25,9 @@ import pandas as pd
 import torch
 
 from .. import evaluate
-from .._validation import check_run
 from ..errors import ForgetkitError, InputTypeError
 from ..probs import softmax
+from ..run import check_run
 from ..splits import split_indices
 from ._checkpoints import checkpoint_files, hash_pool, ordered
 from ._torch_replay import SUFFIXES, batches_of, fit_keys, own_epoch, read_checkpoint
