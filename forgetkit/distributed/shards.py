@@ -19,15 +19,17 @@ import dask.array as da
 import numpy as np
 from fsspec.core import url_to_fs
 
-from ..kinds.topk import TOKEN_DTYPE, TopKOutputs, check_records
 from .._validation import FLOAT_DTYPES, check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import KEY as CRC_KEY
 from ..io.integrity import combine_lanes, crc_array
-from ..io.parquet import CRC_METADATA_KEY, PARQUET_KEY, _column_to_numpy
+from ..io.parquet import CRC_METADATA_KEY, PARQUET_KEY, column_to_numpy
 from ..io.record import SIDECAR_SUFFIX, duplicate_id, load_labels_file
-from ..io.topk import FORMAT as TOPK_FORMAT
 from ..io.topk import TOKENS_SUFFIX
+from ..io.topk_parquet import TOKEN_COLUMNS, read_topk_parquet
+from ..io.topk_record import FORMAT as TOPK_FORMAT
+from ..io.topk_record import check_topk_record, record_dtype, table_crc
+from ..kinds.topk import TOKEN_DTYPE, TopKOutputs, check_records
 from ..run import Run
 
 FORMATS = (".npy", ".parquet")
@@ -227,7 +229,7 @@ def read_parquet_block(start, stop, *, fs, path, name, shape, dtype, crcs=None):
             raise corrupt_shard(name, err) from None
         if table.num_rows != n_samples:
             raise CorruptFileError(f"{where} has {table.num_rows} rows; expected {n_samples}")
-        values = _column_to_numpy(table.column("outputs"), n_classes, dtype, where)
+        values = column_to_numpy(table.column("outputs"), n_classes, dtype, where)
         sample = table.column("sample").to_numpy()
         order = np.argsort(sample, kind="stable")
         if not np.array_equal(sample[order], np.arange(n_samples)):
@@ -265,16 +267,13 @@ def _topk_record(fs, path, name):
 def _open_topk_shard(fs, path, name, verify):
     """(records shape (E, n), dtype, record, token table, reader kwargs, read_block) of a
     top-k shard; the client reads its sidecar (or footer) and token table only."""
-    from ..io.topk import _check_topk_record, record_dtype, table_crc
-    from ..io.topk_parquet import TOKEN_COLUMNS
-
     record = _topk_record(fs, path, name)
     where = f"shard {name!r}"
     if record is None:
         raise CorruptFileError(f"{where} is not a top-k run, as the first shard is: shards "
                                "must hold runs of one kind")
     try:
-        n, vocab, k = _check_topk_record(record, f"the record of {where}")
+        n, vocab, k = check_topk_record(record, f"the record of {where}")
     except ForgetkitError as err:
         raise CorruptFileError(str(err)) from None
     dtype = record_dtype(record)
@@ -351,8 +350,6 @@ def read_topk_parquet_block(start, stop, *, fs, path, name, verify):
     """Tokens start..stop of every epoch of a top-k Parquet shard, read and verified whole
     on the worker (`forgetkit.io.topk_parquet.read_topk_parquet`; unverified, the block's
     values are checked)."""
-    from ..io.topk_parquet import read_topk_parquet
-
     try:
         with fs.open(path, "rb") as f:
             records, record, table = read_topk_parquet(f, name=f"shard {name}", verify=verify)

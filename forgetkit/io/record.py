@@ -277,3 +277,15 @@ def make_run(outputs, record, labels, kind, *, source):
         if str(source) in str(err):
             raise
         raise type(err)(f"{str(source)!r}: {err}") from None
+
+
+def read_sidecar_of(file, fmt):
+    """The record of format ``fmt`` (a summary's, a top-k run's) in the sidecar ``file``
+    (None if absent or of another format)."""
+    try:
+        record = json.loads(file.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CorruptFileError(f"the sidecar {str(file)!r} is not valid JSON") from None
+    return record if isinstance(record, dict) and record.get("format") == fmt else None

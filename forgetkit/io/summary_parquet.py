@@ -15,14 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..kinds.summary import SUMMARY_DTYPE
 from ..errors import CorruptFileError
+from ..kinds.summary import SUMMARY_DTYPE
 from .integrity import KEY, check_fields, checksums, crc_array, mismatch
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS, parquet_checksums
 from .record import corrupt, parse_record
+from .summary_record import FORMAT, summary_run
 
 FIELDS = ("label", "other", "other_class", "lse")
-FORMAT = "forgetkit-summary"
 
 
 def write_summary_parquet(path, records, record):
@@ -63,8 +63,6 @@ def is_summary_parquet(path):
 
 def load_summary_parquet(path, *, labels=None, verify=True):
     """A summary run from the Parquet file ``path`` (see the module docstring)."""
-    from .summary import summary_run
-
     pf, md, record, where = open_record_parquet(path, FORMAT, "summary", verify=verify)
     n = record.get("n_samples")
     if not isinstance(n, int) or n < 1 or not isinstance(record.get("epochs"), list):

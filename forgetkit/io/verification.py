@@ -6,15 +6,16 @@ from pathlib import Path
 
 from ..errors import CorruptFileError, MissingFileError
 from .integrity import bad_epochs, check_fields, crc_ints, stored_checksums
-from .npy import _read_sidecar, open_memmap
+from .npy import open_memmap, open_records, read_sidecar
 from .npz import load_npz
 from .pair import open_pair
 from .parquet import open_parquet_run, staging_path
 from .record import format_of
-from .summary import _open_records, _read_summary_sidecar, is_summary, staged_summary
+from .summary import is_summary, read_summary_sidecar, staged_summary
 from .summary_parquet import is_summary_parquet, load_summary_parquet
-from .topk import ARGMAX_KEY, _read_topk_sidecar, argmax_crc, is_topk, read_tokens
+from .topk import is_topk, read_tokens, read_topk_sidecar
 from .topk_parquet import is_topk_parquet, load_topk_parquet
+from .topk_record import ARGMAX_KEY, argmax_crc
 
 
 def verify_run(path):
@@ -29,8 +30,8 @@ def verify_run(path):
     if fmt == "npy":
         summary, topk = is_summary(path), is_topk(path)
         tensor, record, _ = open_pair(
-            path, _open_records if summary or topk else open_memmap,
-            _read_topk_sidecar if topk else _read_summary_sidecar if summary else _read_sidecar)
+            path, open_records if summary or topk else open_memmap,
+            read_topk_sidecar if topk else read_summary_sidecar if summary else read_sidecar)
         record = record or {}
         sums = stored_checksums(record, f"the sidecar of {str(path)!r}")
         if sums is None:
