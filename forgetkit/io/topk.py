@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._deprecation import keyword_options
 from .._progress import Progress
 from .._validation import check_int, check_meta, check_option
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
@@ -193,7 +194,8 @@ def load_topk(path, *, labels=None, verify=True):
     return topk_run(path, records, record, table, labels, where, verify=verify)
 
 
-def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=None,
+@keyword_options(renamed={"k": "top_k"})
+def to_topk(run, top_k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=None,
             progress=False):
     """The top-k run of a logits run (its samples taken as tokens), in memory or written.
 
@@ -202,8 +204,9 @@ def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=Non
     run : Run or str or Path
         Logits of shape (n_epochs, n_tokens, vocab_size) (a Run, or a run file to load),
         read one epoch at a time; labels are the target token ids.
-    k : int, default 8
-        The largest logits kept per epoch and token, 1 <= k <= vocab_size.
+    top_k : int, default 8
+        The largest logits kept per epoch and token, 1 <= top_k <= vocab_size (``k=``, its
+        old name, still works with a FutureWarning).
     path : str or Path, optional
         ``.npy`` (with its token table and sidecar) or ``.parquet`` to write; None keeps the
         run in memory.
@@ -231,10 +234,10 @@ def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=Non
     sequence_ids = np.arange(n) if sequence_ids is None else sequence_ids
     positions = np.zeros(n, np.int32) if positions is None else positions
     table = token_table(run.labels, sequence_ids, positions, run.n_classes)
-    records = np.empty((run.n_epochs, n), dtype=topk_dtype(k, run.n_classes))
+    records = np.empty((run.n_epochs, n), dtype=topk_dtype(top_k, run.n_classes))
     bar = Progress(run.n_epochs, "top-k records", enabled=progress)
     for e in range(run.n_epochs):
-        _topk.topk_records(run.epoch_values(e), run.labels, k, out=records[e])
+        _topk.topk_records(run.epoch_values(e), run.labels, top_k, out=records[e])
         bar.update()
     top = Run(TopKOutputs(records, run.n_classes, table["sequence"], table["position"]),
               run.labels, kind="topk", epochs=run.epochs, sample_ids=run.sample_ids,
@@ -307,7 +310,9 @@ class TopKWriter(SummaryWriter):
     ----------
     path : str or Path, ``.npy``
     vocab_size : int >= 2
-    k : int, 1 <= k <= vocab_size
+    top_k : int, 1 <= top_k <= vocab_size
+        The largest logits kept per checkpoint and token (``k=``, its old name, still works
+        with a FutureWarning).
     targets : array-like of int of shape (n_tokens,)
         The target token id of each token (the run's labels), in [0, vocab_size).
     sequence_ids, positions : array-like of int of shape (n_tokens,)
@@ -321,7 +326,8 @@ class TopKWriter(SummaryWriter):
         Flush every epoch to disk (fsync) before `append` returns.
     """
 
-    def __init__(self, path, *, vocab_size, k, targets, sequence_ids, positions, meta=None,
+    @keyword_options(renamed={"k": "top_k"})
+    def __init__(self, path, *, vocab_size, top_k, targets, sequence_ids, positions, meta=None,
                  mode="a", durable=True):
         self.path = self.target = Path(path)
         self.parquet = False  # (SummaryWriter's staging of Parquet files)
@@ -330,8 +336,8 @@ class TopKWriter(SummaryWriter):
                                  f"table); got {str(self.path)!r}")
         check_option("mode", mode, ("a", "w", "x"))
         self.n_classes = check_int("vocab_size", vocab_size, minimum=2)
-        self.dtype = topk_dtype(k, self.n_classes)  # (a resumed run's own: _existing_epochs)
-        self.top_k = int(k)
+        self.dtype = topk_dtype(top_k, self.n_classes)  # (a resumed run's own: _existing_epochs)
+        self.top_k = int(top_k)
         self.table = token_table(targets, sequence_ids, positions, self.n_classes)
         self.n_samples = len(self.table)
         self.labels = self.table["target"]
