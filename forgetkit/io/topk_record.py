@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import CorruptFileError, ForgetkitError
 from ..kinds.topk import (
     ID_ENCODINGS,
+    TOKEN_DTYPE,
     U16_VOCAB,
     TopKOutputs,
     check_records,
@@ -217,3 +218,24 @@ class EpochChecks:
             remember_verified(self.path)
             return True
         return False
+
+
+def check_shard_record(record, name):
+    """The record of the top-k shard ``name``, checked (CorruptFileError naming it):
+    (n_tokens, vocab_size, the records' dtype)."""
+    try:
+        n, vocab, _ = check_topk_record(record, f"the record of shard {name!r}")
+        return n, vocab, record_dtype(record)
+    except ForgetkitError as err:
+        raise CorruptFileError(str(err)) from None
+
+
+def check_shard_table(record, table, shape, name, *, verify=True):
+    """Refuse a top-k shard whose token ``table`` or records' ``shape`` (E, n) disagree
+    with its ``record`` (the table's checksum checked when verifying)."""
+    n = record["n_samples"]
+    if table.dtype != TOKEN_DTYPE or table.shape != (n,) or shape[1] != n or shape[0] < 1 \
+            or (verify and table_crc(table, record["vocab_size"], record["k"])
+                != record["tokens"].get("crc32c")):
+        raise CorruptFileError(f"shard {name!r}: its token table does not match its record "
+                               "(the file is corrupt, or another run's)")
