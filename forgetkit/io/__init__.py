@@ -21,8 +21,17 @@ Writing is atomic (temporary file, then rename): an output file is complete or a
 `RunWriter` appends epoch by epoch while a model trains; after a kill, the epochs completed
 before it load normally.
 
-Modules: ``atomic`` (atomic writes), ``record`` (the metadata record, sidecars), ``npz``,
-``npy``, ``parquet``, ``cartography``, ``summary`` (one per format), ``writer`` (`RunWriter`).
+Which format reads or writes a path is asked of one registry (`registry`): `load`, `save`,
+`verify`, `convert` and the shard readers of `forgetkit.distributed` loop over it, and
+`register_format` adds a format (a `Format`: can_open, load, save, verify, open_shard).
+
+Modules: ``registry`` (the `Format` interface and the registry); ``formats/`` (one module
+per format: ``npy``, ``npz``, ``parquet``, ``cartography``, and the NPY and Parquet shard
+readers); the layouts of each kind: ``npy``, ``npz``, ``parquet``, ``cartography`` (full
+runs), ``summary``, ``summary_parquet``, ``summary_record`` (summaries, `SummaryWriter`),
+``topk``, ``topk_parquet``, ``topk_record`` (top-k runs, `TopKWriter`); the mechanics:
+``record`` (the metadata record, sidecars), ``writer`` (`RunWriter`), ``atomic``, ``pair``,
+``lock``, ``guard``, ``integrity``, ``background``.
 """
 
 from __future__ import annotations
@@ -65,7 +74,8 @@ for _builtin in (NpzFormat(), NpyFormat(), ParquetFormat(), CartographyFormat())
 
 
 def load(path, labels=None, *, kind=None, chunks=None, verify=True):
-    """Load a run from ``path`` (.npz, .npy, .parquet or a Dataset Cartography folder).
+    """Load a run from ``path`` (.npz, .npy, .parquet, a Dataset Cartography folder or a
+    registered format's path: the first registered format whose ``can_open`` claims it).
 
     A glob pattern (``"run/shard-*.npy"``), an fsspec URL (``"s3://..."``) or ``chunks``
     loads NPY/Parquet shards as one Run on a dask array, kept distributed (see
@@ -105,7 +115,8 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
 
 
 def save(run, path, *, layout="list", compress=True):
-    """Write ``run`` to ``path``; the format follows the extension (.npz, .npy, .parquet).
+    """Write ``run`` to ``path`` in the first registered format that writes that path (by
+    its extension: .npz, .npy, .parquet) and stores the run's kind.
 
     Streams epoch by epoch, so a memory-mapped or Parquet run converts with bounded memory.
     The write is atomic and durable (see `atomic_write`): on any error no file is left at
