@@ -59,19 +59,6 @@ def check_path(name, value):
     return value
 
 
-def check_run(name, value):
-    """Return ``value`` if it is a `forgetkit.Run`, else raise InputTypeError (a path names
-    `forgetkit.load`)."""
-    from .run import Run  # run.py imports this module
-
-    if not isinstance(value, Run):
-        hint = " (load a file with forgetkit.load)" if isinstance(value, (str, os.PathLike)) \
-            else ""
-        raise InputTypeError(f"{name} must be a forgetkit.Run; got {type(value).__name__} "
-                             f"{value!r}"[:200] + hint)
-    return value
-
-
 def check_bool(name, value):
     """Return ``value`` as a bool, refusing anything but True and False."""
     if not isinstance(value, (bool, np.bool_)):

@@ -35,6 +35,7 @@ from .io.atomic import write_json_atomic
 from .io.guard import refuse_overwrite
 from .io.record import load_labels_file
 from .kernels import compile_notice
+from .kinds import kind_of
 from .report import plots, write_report
 from .splits import split_indices
 
@@ -240,7 +241,7 @@ def _cmd_fuse(args):
     kf.to_json(args.plan)
     used = [(a, eps) for a, eps in kf.plan_ if eps > 0]
     print(f"fitted on {how}: {val.n_samples} samples, {val.n_epochs} epochs")
-    certified = ", certified" if val.kind == "topk" else ""
+    certified = ", certified" if kind_of(val).bounded else ""
     print(f"validation accuracy: {percent(kf.initial_accuracy_)} (final epoch) -> "
           f"{percent(kf.val_accuracy_[-1] if kf.val_accuracy_ else kf.initial_accuracy_)} "
           f"(fused{certified})")
@@ -250,7 +251,7 @@ def _cmd_fuse(args):
         print(f"  epoch {kf.epochs_[a]} (window {args.window}): eps = {eps:.4g}")
     if test is not None:
         single = np.mean(single_hit(test))
-        if test.kind == "topk":  # bounded probabilities: the certified interval
+        if kind_of(test).bounded:  # bounded probabilities: the certified interval
             low, high = kf.certified_accuracy(test)
             fused = f"[{percent(low)}, {percent(high)}] (fused, certified interval)"
         else:

@@ -15,7 +15,7 @@ from scipy.special import bdtr
 
 from . import kernels
 from ._deprecation import keyword_options, renamed
-from ._validation import check_option, check_run
+from ._validation import check_option
 from .errors import ForgetkitError
 from .execution import executor_for
 from .fusion import (
@@ -25,7 +25,8 @@ from .fusion import (
     KnowledgeFusion,
     LikelihoodFusion,
 )
-from .run import DEFAULT_MEMORY_BUDGET
+from .kinds import kind_of
+from .run import DEFAULT_MEMORY_BUDGET, check_run
 from .splits import split_indices
 
 #: name -> label in tables
@@ -147,7 +148,7 @@ def mcnemar(correct_a, correct_b):
 def _prepare(run, memory_budget):
     """A probabilities Run of ``run`` kept in memory when it fits ``memory_budget`` bytes,
     so that each split and method reuses one softmax pass."""
-    if run.kind in ("probs", "topk") \
+    if not kind_of(run).softmax \
             or run.n_epochs * run.n_samples * run.n_classes * 8 > memory_budget:
         return run
     # forgetkit's own softmax: finite and normalised, no need to check again
@@ -164,7 +165,7 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
         yield "val_run", _prepare(val_run, memory_budget), _prepare(run, memory_budget)
         return
     full = _prepare(run, memory_budget)
-    if full.kind == "logits" and not executor_for(full).lazy:  # streamed, read here
+    if kind_of(full).softmax and not executor_for(full).lazy:  # streamed, read here
         if softmax_stats:  # first: on float16 logits, it also gives the predictions
             full.softmax_stats(memory_budget=memory_budget)
         full.predictions(progress=progress)
@@ -176,7 +177,7 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
 def single_hit(test):
     """Whether the single network (the final epoch's probabilities, as the fusers compare
     them) classifies each test sample correctly: bool (n_samples,)."""
-    if test.kind == "topk":  # exact from the records
+    if not kind_of(test).full:  # exact from the records
         return np.asarray(test.correctness()[-1])
     return kernels.row_top(test.probs(-1), test.labels)[0] == test.labels
 
@@ -237,8 +238,8 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
                 fusers.append(kf if m == "kf" else kf.with_windows(1))
             else:
                 fusers.append(BASELINES[m](k, memory_budget).fit(val))
-        topk = test.kind == "topk"
-        scored = score_certified(fusers, test) if topk else score_fusers(fusers, test)
+        bounded = kind_of(test).bounded
+        scored = score_certified(fusers, test) if bounded else score_fusers(fusers, test)
         for m, fuser, (hit, nll_, ece_, *high) in zip(methods, fusers, scored, strict=True):
             row = {
                 "split": seed, "method": m, "k": fuser.ensemble_size_,
@@ -247,7 +248,7 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
                 "nll": nll_, "ece": ece_,
                 "p_value": mcnemar(hit, single),
             }
-            if topk:  # the certified interval; accuracy (and gain, p) is its low end
+            if bounded:  # the certified interval; accuracy (and gain, p) is its low end
                 row.update(accuracy_low=row["accuracy"], accuracy_high=100 * high[0].mean())
             rows.append(row)
     return pd.DataFrame(rows)
@@ -363,7 +364,7 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
         kf = _fitted_kf(kf_fits, s, val, window, progress)
-        if test.kind == "topk":  # certified accuracies
+        if kind_of(test).bounded:  # certified accuracies
             n_used = sum(eps > 0 for _, eps in kf.plan_)
             accs = [kf.with_windows(i).certified_accuracy(test)[0] for i in range(n_used + 1)]
             final = float(np.mean(single_hit(test)))

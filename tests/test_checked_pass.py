@@ -173,7 +173,7 @@ def test_a_verified_load_keeps_the_predictions_of_the_pass_that_verified_it(tmp_
     np.testing.assert_array_equal(fk.forget_fraction(loaded), fk.forget_fraction(run))
     monkeypatch.undo()
     again = fk.load(path)  # unchanged, verified in this process: not read at load
-    assert again._predictions is None
+    assert again.cache.predictions is None
     np.testing.assert_array_equal(again.predictions(), expected)
 
 
@@ -216,5 +216,5 @@ def test_probabilities_are_verified_without_keeping_the_pass(tmp_path):
     path = tmp_path / "p.npy"
     fk.save(run, path)
     loaded = fk.load(path)
-    assert loaded._predictions is None  # its rows are also checked as probabilities per read
+    assert loaded.cache.predictions is None  # its rows are also checked as probabilities per read
     np.testing.assert_array_equal(loaded.predictions(), run.predictions())

@@ -16,7 +16,7 @@ import pytest
 
 import forgetkit as fk
 from forgetkit.cli import main
-from forgetkit.execution import LocalExecutor, use_executor
+from forgetkit.execution import LocalExecutor, executor_for, use_executor
 
 from .conftest import ROOT, import_real_part, make_run
 
@@ -181,8 +181,11 @@ def test_run_methods_on_dask_return_dask_arrays_of_the_same_values(client, real_
 
 
 def test_map_reduce_plugs_in_a_per_chunk_function(mode, real_small):
-    counts = chunked(mode, real_small, 300).map_reduce(per_class_correct)
+    run = chunked(mode, real_small, 300)
+    counts = executor_for(run).map_reduce(run, per_class_correct)
     np.testing.assert_array_equal(counts, per_class_correct(real_small))
+    with pytest.warns(FutureWarning, match="Run.map_reduce is deprecated"):
+        np.testing.assert_array_equal(run.map_reduce(per_class_correct), counts)
 
 
 def per_class_correct(run):
@@ -357,7 +360,8 @@ def kill_worker_once(marker, run):
 
 def test_map_reduce_survives_a_killed_worker(client, real_small, tmp_path):
     fn = partial(kill_worker_once, str(tmp_path / "killed"))
-    counts = on_dask(real_small, 250).map_reduce(fn)
+    run = on_dask(real_small, 250)
+    counts = executor_for(run).map_reduce(run, fn)
     assert (tmp_path / "killed").exists()
     np.testing.assert_array_equal(counts, per_class_correct(real_small))
 

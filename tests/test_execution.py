@@ -128,7 +128,7 @@ def test_a_new_backend_needs_no_change_to_the_algorithms():
     values = np.ascontiguousarray(np.swapaxes(np.asarray(run.outputs), 0, 1))
     register_backend(lambda x: isinstance(x, SampleMajor), SampleMajorBackend)
     other = fk.Run(SampleMajor(values), run.labels)
-    assert isinstance(other._backend, SampleMajorBackend)
+    assert isinstance(other.backend, SampleMajorBackend)
     np.testing.assert_array_equal(other.predictions(), run.predictions())
     pd.testing.assert_frame_equal(fk.data_map(other), fk.data_map(run))
     pd.testing.assert_frame_equal(fk.label_issues(other), fk.label_issues(run))

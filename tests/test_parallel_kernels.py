@@ -171,7 +171,7 @@ def test_float16_softmax_stats_give_the_forgetting_pass(table, tmp_path):
     expected = fk.load(tmp_path / "r.npy").predictions()
     r = fk.load(tmp_path / "r.npy")
     stats = r.softmax_stats()
-    assert (r._predictions is stats.pred) == table
+    assert (r.cache.predictions is stats.pred) == table
     np.testing.assert_array_equal(r.predictions(), expected)
     assert (expected[2, :40] == 3).all()
 

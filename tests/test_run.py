@@ -277,7 +277,7 @@ def test_subset_carries_the_forgetting_pass_over(tmp_path):
     fresh = fk.predictions(streamed.isel(samples=idx))
     fk.predictions(streamed)
     inherited = streamed.isel(samples=idx)
-    assert inherited._predictions is not None
+    assert inherited.cache.predictions is not None
     np.testing.assert_array_equal(fk.predictions(inherited), fresh)
     assert not fk.predictions(inherited).flags.writeable
 

@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 import forgetkit as fk
+from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
+from forgetkit.io.topk import tokens_path
+from forgetkit.kinds import kind_of
 from forgetkit.kinds import topk as _topk
 from forgetkit.kinds.topk import (
     TOKEN_DTYPE,
@@ -17,8 +20,6 @@ from forgetkit.kinds.topk import (
     topk_dtype,
     topk_records,
 )
-from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
-from forgetkit.io.topk import tokens_path
 
 from .conftest import make_run
 from .crashes import Killed, kill_at_rename, saving_in_turn
@@ -89,7 +90,9 @@ def test_every_derived_quantity_equals_the_full_run(dtype):
     full = token_run(dtype=dtype)
     top = topk_of(full)
     assert top.kind == "topk" and top.shape == full.shape and top.top_k == K
-    assert not top.holds_every_class and full.holds_every_class
+    assert not kind_of(top).full and kind_of(full).full
+    with pytest.warns(FutureWarning, match="holds_every_class is deprecated"):
+        assert not top.holds_every_class and full.holds_every_class
     assert np.array_equal(top.predictions(), full.predictions())
     assert np.array_equal(top.correctness(), full.correctness())
     assert np.array_equal(fk.forget_fraction(top), fk.forget_fraction(full))

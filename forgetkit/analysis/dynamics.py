@@ -21,9 +21,11 @@ import pandas as pd
 
 from .. import kernels
 from .._progress import Progress
-from .._validation import check_int, check_number, check_option, check_run
+from .._validation import check_int, check_number, check_option
 from ..errors import ForgetkitError
 from ..execution import executor_for
+from ..kinds import kind_of
+from ..run import check_run
 
 #: Data-map regions, in the order of the categorical ``region`` column.
 REGIONS = ("easy-to-learn", "ambiguous", "hard-to-learn")
@@ -32,9 +34,13 @@ REGION_ALIASES = {"easy": "easy-to-learn", "hard": "hard-to-learn"}
 #: Share of samples in the ambiguous region (the most variable), as in cartography's 33%
 #: selections; the rest is split at its median confidence.
 AMBIGUOUS_SHARE = 1 / 3
-#: What a summary run lacks, for the errors of what needs every class.
-SUMMARY_HOLDS = ("this run is a summary (the label's logit, the largest other logit and its "
-                 "class, the log-sum-exp per epoch and sample): load the full run")
+
+
+
+def _log(probs):
+    """The log of probabilities, each at least the smallest normal float64 (the arithmetic
+    of ``kernels.label_margins`` on a probabilities run)."""
+    return np.log(np.maximum(probs, np.finfo(np.float64).tiny))
 
 
 @dataclass
@@ -101,10 +107,9 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
     Trajectory
     """
     n_epochs = check_burn_out(burn_out, run.n_epochs)
-    records = not run.holds_every_class
-    if records and (mean_probs or mean_log_probs):
-        raise ForgetkitError(f"mean probabilities need every class's outputs; "
-                             f"{run.outputs.HOLDS}")
+    kind = kind_of(run)
+    if (mean_probs or mean_log_probs) and not kind.full:
+        raise ForgetkitError(f"mean probabilities need every class's outputs; {kind.holds}")
     n = run.n_samples
     labels = run.labels
     p, margin = np.empty(n), np.empty(n)
@@ -116,14 +121,20 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
     total_log = np.zeros((n, run.n_classes)) if mean_log_probs else None
     bar = Progress(n_epochs, "training dynamics", enabled=progress)
     for e in range(n_epochs):
-        if records:  # exact from the records (label logit, largest other, log-sum-exp)
-            part = run.outputs[e:e + 1]
-            p[:], margin[:], correct[:] = (part.label_probs()[0], part.label_margins(labels)[0],
-                                           part.correct(labels)[0])
+        if not kind.stores_values:  # exact from the records (e.g. label logit, largest other, lse)
+            epoch = slice(e, e + 1)
+            p[:], margin[:], correct[:] = (kind.label_probs(run, epoch)[0],
+                                           kind.label_margins(run, epoch)[0],
+                                           kind.correctness(run, epoch)[0])
+            if total is not None or total_log is not None:  # records of every class
+                probs = kind.epoch_probs(run, e, np.empty((n, run.n_classes)))
+                for acc, values in ((total, probs), (total_log, _log(probs))):
+                    if acc is not None:
+                        acc += values
         else:
             values = run.epoch_values(e)
             if kernels.label_margins(values, labels, p, margin, correct,
-                                     softmax=run.kind == "logits", total=total,
+                                     softmax=kind.softmax, total=total,
                                      total_log=total_log):
                 run.check_epoch(e, values)  # raises the error naming the epoch
         total_p += p
@@ -213,7 +224,7 @@ def data_map(run, *, burn_out=None, progress=False):
     """
     check_run("run", run)
     n_epochs = check_burn_out(burn_out, run.n_epochs)
-    if run.kind == "probs":
+    if not kind_of(run).logit_margins:
         warnings.warn("the run holds probabilities: aum (defined on logits) is NaN",
                       UserWarning, stacklevel=2)
     df = executor_for(run).map_reduce(run, partial(_sample_table, burn_out=n_epochs),
@@ -239,7 +250,7 @@ def _sample_table(run, *, burn_out, progress=False):
             "forgetfulness": t.forgetfulness,
             "never_learned": t.never_learned,
             "threshold_closeness": t.confidence * (1 - t.confidence),
-            "aum": np.full(run.n_samples, np.nan) if run.kind == "probs" else t.margin,
+            "aum": t.margin if kind_of(run).logit_margins else np.full(run.n_samples, np.nan),
         },
         index=sample_index(run),
     )

@@ -18,9 +18,9 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from .._validation import check_run
 from ..errors import ForgetkitError
 from ..execution import executor_for
+from ..run import check_run
 
 #: Predictions (epochs x samples) from which the F_e/L_e counts are taken in threads.
 THREADED_COUNTS = 1 << 24
@@ -226,7 +226,8 @@ def _double_descent(run, acc, *, min_drop=0.01, smooth=None):
         return DoubleDescent(found=False, peak_epoch=int(run.epochs[peak]),
                              peak_accuracy=float(acc[peak]))
     second = dip + int(np.argmax(after))
-    shares = run.map_reduce(partial(_descent_counts, peak=peak, dip=dip)) / run.n_samples
+    shares = executor_for(run).map_reduce(run, partial(_descent_counts, peak=peak, dip=dip)) \
+        / run.n_samples
     return DoubleDescent(
         found=True,
         peak_epoch=int(run.epochs[peak]),

@@ -22,9 +22,11 @@ from scipy.special import logsumexp
 
 from .._deprecation import renamed
 from .._progress import Progress
-from .._validation import check_int, check_labels, check_option, check_run
+from .._validation import check_int, check_labels, check_option
 from ..errors import ForgetkitError
 from ..execution import combine, executor_for
+from ..kinds import kind_of
+from ..run import check_run
 from .dynamics import sample_index, trajectory
 
 #: Rows per chunk of the confident-joint count and the scores (bounds their temporaries).
@@ -196,7 +198,7 @@ def label_issues(run, *, n_issues=None, progress=False):
         - ``n_epochs``: epochs used.
     """
     check_run("run", run)
-    if not run.holds_every_class:  # a summary, or a top-k run through its summary
+    if not kind_of(run).full:  # a summary, or a top-k run through its summary
         joint, score, suggested, n_epochs = _summary_scores(run, progress)
     else:
         joint, score, suggested, n_epochs = _full_scores(run, progress)
@@ -324,14 +326,14 @@ def summary_statistics(run, *, progress=False):
         class meeting a full sample's slots replaces the one of least sum, so each bound
         stays a lower bound).
     """
-    n, n_epochs = run.n_samples, run.n_epochs
+    n, n_epochs, kind = run.n_samples, run.n_epochs, kind_of(run)
     rows = np.arange(n)
     total_p, total_log, total_other = np.zeros(n), np.zeros(n), np.zeros(n)
     classes = np.full((n, SUMMARY_SLOTS), -1, dtype=np.int64)
     sums = np.zeros((n, SUMMARY_SLOTS))
     bar = Progress(n_epochs, "label issues (summary)", enabled=progress)
     for e in range(n_epochs):
-        records = run.outputs[e:e + 1].summary(run.labels)[0]
+        records = kind.summary(run, slice(e, e + 1))[0]
         lse = records["lse"].astype(np.float64)
         log_p = records["label"] - lse
         total_log += log_p

@@ -20,8 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._validation import check_int, check_number, check_option, check_run
+from .._validation import check_int, check_number, check_option
 from ..errors import ForgetkitError, InputTypeError
+from ..execution import executor_for
+from ..kinds import kind_of
+from ..run import check_run
 from .dynamics import sample_index
 
 #: Every score `data_scores` can give, in its column order (the last one only with a
@@ -140,8 +143,8 @@ def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_ep
         raise ForgetkitError(f"el2n_epochs must lie in [1, {n_epochs}] (the epochs used); "
                              f"got {el2n_epochs}")
     cannot = {}
-    if not run.holds_every_class:
-        cannot["el2n"] = f"el2n needs every class's probability; {run.outputs.HOLDS}"
+    if not kind_of(run).full:
+        cannot["el2n"] = f"el2n needs every class's probability; {kind_of(run).holds}"
     if window > n_epochs:
         cannot["dynamic_uncertainty"] = (f"dynamic_uncertainty needs at least window={window} "
                                          f"epochs; {n_epochs} are used")
@@ -159,8 +162,8 @@ def data_scores(run, *, scores=None, epochs=None, window=DEFAULT_WINDOW, el2n_ep
     # every score but SSFT is local to a sample: one pass per block of samples (on a run on
     # a dask array, per chunk on the workers), rows concatenated in sample order
     local = [c for c in columns if c != "second_split_forgetting"]
-    df = run.map_reduce(partial(_score_table, columns=tuple(local), el2n_epochs=el2n_epochs,
-                                window=window))
+    df = executor_for(run).map_reduce(run, partial(_score_table, columns=tuple(local),
+                                                   el2n_epochs=el2n_epochs, window=window))
     if second is not None and "second_split_forgetting" in columns:
         df["second_split_forgetting"] = second_split_forgetting(
             np.asarray(second.correctness()), second.epochs)
@@ -251,7 +254,7 @@ def second_split_forgetting(correct, epochs):
 def _aum(run):
     """Mean label margin over the run's epochs: on logits (and summaries) z_y minus the
     largest other logit, on probabilities log p_y minus the log of the largest other."""
-    if run.kind != "probs":
+    if kind_of(run).logit_margins:
         return np.asarray(run.label_margins(), dtype=np.float64).mean(axis=0)
     rows = np.arange(run.n_samples)
     tiny = np.finfo(np.float64).tiny

@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from .._progress import Progress
-from .._validation import check_option, check_run
+from .._validation import check_option
 from ..backends import epoch_chunks
 from ..errors import ForgetkitError, InputTypeError
 from ..execution import executor_for
+from ..run import check_run
 from .dynamics import trajectory
 
 #: Every finite float64 is an integer multiple of 2**-UNIT_EXPONENT.

@@ -25,10 +25,10 @@ import dask.array as da
 import numpy as np
 
 from .._progress import Progress
-from ..kinds.summary import RecordOutputs
 from .._validation import is_dask_array
 from ..errors import ForgetkitError
 from ..execution import Executor, Parts, combine, register_executor
+from ..kinds import RecordOutputs, kind_of
 from ..run import Run
 
 
@@ -51,12 +51,12 @@ def chunk_tasks(run, fn):
     blocks = x.to_delayed(optimize_graph=True).ravel()
     # logits are checked by every kernel that reads them (inf or nan raises, naming the
     # epoch): a chunk checked again when built would cost more than the pass itself
-    validate = run.checked_per_read and run.kind != "logits"
-    records = not run.holds_every_class
+    kind = kind_of(run)
+    validate = run.checked_per_read and not kind.softmax
     tasks = [dask.delayed(_on_chunk)(fn, block, run.labels[a:b], ids[a:b], kind=run.kind,
                                      epochs=run.epochs, validate=validate,
-                                     build=run.outputs.builder(slice(a, b)) if records
-                                     else None)
+                                     build=None if kind.stores_values
+                                     else run.outputs.builder(slice(a, b)))
              for block, a, b in zip(blocks, bounds[:-1], bounds[1:], strict=True)]
     return tasks, sizes
 

@@ -13,6 +13,7 @@ from .._validation import check_labels
 from ..errors import ForgetkitError
 from ..io import RunWriter, SummaryWriter, load
 from ..io.background import BackgroundWriter
+from ..kinds import kind_named
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class RecorderBase:
         self.dtype = np.dtype(o.dtype)
         self.summary = bool(o.summary)
         if self.summary:
-            if o.kind != "logits":
+            if not kind_named(o.kind).softmax:
                 raise ForgetkitError(f"summary=True records logits; got kind={o.kind!r}")
             if self.path.suffix.lower() != ".npy" or o.format not in (None, "npy"):
                 raise ForgetkitError(f"summary=True writes a .npy summary; got path "

@@ -21,7 +21,8 @@ from .averages import (
     uniform,
 )
 from .base import Fuser, load_fuser
-from .knowledge import KnowledgeFusion, best_continuous_eps
+from .fitstate import best_continuous_eps
+from .knowledge import KnowledgeFusion
 from .likelihood import LikelihoodFusion
 from .selection import EnsembleSelection
 

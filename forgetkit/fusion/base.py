@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import kernels
-from ..kinds.summary import HOLDS
 from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
 from ..execution import executor_for
 from ..io.atomic import write_json_atomic
 from ..io.record import parse_record
+from ..kinds import kind_named, kind_of
 from ..run import Run
 from . import topk
 from .schema import FORMAT, FORMAT_VERSION, MAX_FUSER_BYTES, fuser_from_record
@@ -39,11 +39,13 @@ def as_run(run, labels=None, *, kind="logits"):
 
 
 def check_validation_run(run):
-    """Refuse runs a fuser cannot be fitted on (a summary, one sample, one class, one
+    """Refuse runs a fuser cannot be fitted on (a kind with neither every class's
+    probabilities nor bounds of them, such as a summary; one sample, one class, one
     epoch)."""
-    if run.kind == "summary":
+    kind = kind_of(run)
+    if not (kind.full or kind.bounded):
         raise ForgetkitError("Knowledge Fusion (like every fuser) mixes the probabilities of "
-                             f"every class at several epochs; {HOLDS}")
+                             f"every class at several epochs; {kind.holds}")
     if run.n_samples < 2:
         raise ForgetkitError(f"the validation set needs at least 2 samples; got {run.n_samples}")
     if np.unique(run.labels).size < 2:
@@ -128,7 +130,8 @@ class Fuser:
             return run
         outputs = np.asarray(run) if not hasattr(run, "shape") else run
         n_samples = outputs.shape[1] if getattr(outputs, "ndim", 0) == 3 else 0
-        kind = "logits" if self.kind_ == "topk" else self.kind_  # a bare array: logits
+        # a bare array: of the fitted kind, or logits where that kind stores records
+        kind = self.kind_ if kind_named(self.kind_).stores_values else "logits"
         return Run(outputs, np.zeros(n_samples, dtype=np.int64), kind=kind,
                    epochs=self.epochs_ if outputs.shape[0] == len(self.epochs_) else None)
 
@@ -150,8 +153,9 @@ class Fuser:
         `certified` gives the predictions and the target's exact probability)."""
         self._check_fitted()
         run = self._as_input(run)
-        if run.kind == "topk":  # exact only where the records hold every class
-            return topk.exact_probs(topk.topk_data(run), self.recipe(run))
+        kind = kind_of(run)
+        if kind.bounded:  # exact only where the bounds are (else raises)
+            return topk.exact_probs(kind.certified_bounds(run), self.recipe(run))
         return executor_for(run).map_samples(run, self._predict_proba, (None, self.n_classes_),
                                              np.float64)
 
@@ -178,7 +182,7 @@ class Fuser:
         lower bound (the prediction of `certified`)."""
         self._check_fitted()
         run = self._as_input(run)
-        if run.kind == "topk":
+        if kind_of(run).bounded:
             return self._certificate(run)[0]
         return np.argmax(self.predict_proba(run), axis=1)
 
@@ -202,7 +206,7 @@ class Fuser:
         pred, certified, state, label_prob = self._certificate(run)
         return topk.certificate_frame(pred, certified, state, label_prob, run.labels,
                                       run.sample_ids,
-                                      name="token" if run.kind == "topk" else "sample")
+                                      name="token" if kind_of(run).bounded else "sample")
 
     def certified_accuracy(self, run):
         """(low, high): the fused accuracy on ``run`` lies in [certified correct, certified
@@ -213,8 +217,9 @@ class Fuser:
 
     def _certificate(self, run):
         """(prediction, certified, state, label_prob) arrays of `certified`."""
-        if run.kind == "topk":
-            return topk.certify(topk.topk_data(run), self.recipe(run))
+        kind = kind_of(run)
+        if kind.bounded:
+            return topk.certify(kind.certified_bounds(run), self.recipe(run))
         prob = self.predict_proba(run)
         pred, _, label_prob = kernels.row_top(prob, run.labels)
         hit = pred == run.labels

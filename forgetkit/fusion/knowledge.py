@@ -13,19 +13,14 @@ from .._deprecation import keyword_options
 from .._progress import Progress
 from .._validation import check_bool, check_int, check_option
 from ..errors import ForgetkitError
-from ..execution import combine, executor_for
+from ..execution import LocalParts, executor_for
+from ..kinds import kind_of
 from . import topk
 from .base import Fuser, as_run, check_validation_run
+from .fitstate import REL_BAND, ChunkedFitState, FullFitChunk, best_continuous_eps  # noqa: F401
 from .schema import check_checkpoints, check_weights_present
 
-#: Half-width of the band (relative to the largest |value| of a sample) around interval ends
-#: where the exact epsilon search re-checks grid points with the brute-force arithmetic.
-REL_BAND = 1e-12
 RULES = ("best", "paper")
-#: Candidates of the continuous eps search (``grid=None``) checked with the brute-force
-#: arithmetic, best interval cover first: the cover counts of ties can be off by the
-#: samples whose interval ends at the candidate, and a handful of candidates settles them.
-N_VERIFIED = 16
 #: Most points of the eps grid: a step of 1e-6 (the exact search, grid=None, is finer still).
 MAX_GRID = 1_000_001
 
@@ -205,7 +200,7 @@ class KnowledgeFusion(Fuser):
         Each stage is a new array; on a run on a dask array, a lazy dask array
         (``with_windows(i).predict_proba(run)``, computed on the workers)."""
         self._check_fitted()
-        if self._as_input(run).kind == "topk":  # exact only with k = vocabulary (else raises)
+        if kind_of(self._as_input(run)).bounded:  # exact only where the bounds are (else raises)
             for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
                 yield self.with_windows(i).predict_proba(run)
             return
@@ -263,174 +258,18 @@ class KnowledgeFusion(Fuser):
 
 
 def _fit_state(run, grid):
-    """The fit's state of ``run``: a `ChunkedFitState` on the run's executor (a
-    `topk.TopKFitState` on a top-k run)."""
-    if run.kind == "topk":
-        data = topk.topk_data(run)
-        return topk.TopKFitState(data, REL_BAND,
-                                 chunk=max(data.n_tokens, 1) if grid is None else topk.CHUNK_TOKENS)
+    """The fit's `ChunkedFitState` of ``run``: chunks of its certified bounds where its kind
+    is bounded (a top-k run), else the `FullFitChunk` of each chunk of samples on the run's
+    executor."""
+    kind = kind_of(run)
+    if kind.bounded:
+        data = kind.certified_bounds(run)
+        correct = np.asarray(run.correctness())
+        rows = data.chunks(max(data.n_tokens, 1) if grid is None else topk.CHUNK_TOKENS)
+        return ChunkedFitState(LocalParts([topk.TopKFitChunk(data, r, correct) for r in rows]))
     executor = executor_for(run)
     if grid is None and not executor.whole(run):
         raise ForgetkitError("grid=None (the continuous eps search) needs a run held in memory "
                              "or on disk, read as one chunk; on a run on a dask array pass an "
                              "eps grid (e.g. grid=101)")
-    return ChunkedFitState(run, executor)
-
-
-def _counts(state):
-    return state.missed, state.n_correct, state.n_final_correct
-
-
-def _missed(state):
-    return state.missed
-
-
-def _grid_counts(state, window, grid):
-    return state.grid_counts(window, grid)
-
-
-def _mix(state, n_mixed, window, eps):
-    if state.n_mixed == n_mixed:  # not mixed yet (a task run twice finds it mixed)
-        state.mix(window, eps)
-    return state
-
-
-class ChunkedFitState:
-    """Knowledge Fusion's fit state over the chunks of samples of a run, on its executor
-    (`forgetkit.execution`): one `FitState` per chunk, kept where the executor keeps it
-    (here, or on the workers of a dask cluster), its counts summed here.
-
-    A step is map (each chunk: F'_e counts against the current fusion, then the eps
-    search's grid counts of the chosen window) -> reduce (sums here) -> broadcast (the
-    window and eps), after which each chunk mixes the window into its fusion in place
-    (``kernels.mix_into``). Counts are integers and each chunk runs the same kernels on its
-    rows, so the plan is the same on every executor; only counts leave the chunks. On dask
-    a chunk's state is a chain of futures, one per mix: if a worker is lost mid-fit, the
-    scheduler recomputes its states from that chain (the same kernels give the same bits),
-    and a mix that finds its state already mixed (a task run twice) leaves it as it is.
-
-    Attributes as `FitState`'s (``missed``, ``n_correct``, ``n_final_correct``,
-    ``n_mixed``); ``parts``: the executor's `Parts` of the chunks' FitStates.
-    """
-
-    def __init__(self, run, executor):
-        self.parts = executor.persist(run, FitState)
-        self.missed, self.n_correct, self.n_final_correct = combine(self.parts.map(_counts))
-        self.n_mixed = 0
-
-    def grid_counts(self, window, grid):
-        return combine(self.parts.map(_grid_counts, window, grid))
-
-    def continuous_eps(self, window, rule, base):
-        """`FitState.continuous_eps` of the run read as one chunk."""
-        return self.parts.single.continuous_eps(window, rule, base)
-
-    def mix(self, window, eps):
-        self.parts.update(_mix, self.n_mixed, window, eps)
-        self.n_mixed += 1
-        self.missed = combine(self.parts.map(_missed))
-
-
-class FitState:
-    """Knowledge Fusion's fit state on a run (or one chunk of samples of a run): the current
-    fusion ``prob`` (float64 (N, C), updated in place), its label leads and correctness, and
-    the forget counts against it.
-
-    Attributes
-    ----------
-    missed : int64 (n_epochs,)
-        F'_e * n_samples: samples correct at epoch e and wrong under the current fusion.
-    n_correct : int, samples the first fusion (the final epoch's probabilities) gets right
-    n_final_correct : int, samples the final epoch's outputs get right (argmax)
-    n_mixed : int, windows mixed in so far
-    """
-
-    def __init__(self, run):
-        self.run, self.labels = run, run.labels
-        # logits read in place: window means are made row by row and never stored
-        self.logits = run.logits_in_place()
-        self.correct = run.correctness()
-        self.prob = run.probs(run.n_epochs - 1)
-        # the current fusion's lead of the label, magnitude, top class; its correctness
-        self.stats, self.cur = kernels.label_leads(self.prob, self.labels)
-        self.mean, self.window = np.empty_like(self.prob), None  # a window's mean probabilities
-        self.missed = self.correct[:, ~self.cur].sum(axis=1)  # updated as cur changes
-        self.n_correct = int(self.cur.sum())
-        self.n_final_correct = int(self.correct[-1].sum())
-        self.n_mixed = 0
-
-    def window_mean(self, window):
-        """The mean probabilities of the epochs ``window`` (a range), kept until another
-        window is asked for."""
-        if self.window != window:
-            self.run.mean_probs(window, out=self.mean)
-            self.window = window
-        return self.mean
-
-    def grid_counts(self, window, grid):
-        """Samples that eps * mean(window) + (1 - eps) * prob classifies correctly, for each
-        eps of ``grid``: int64 (G,)."""
-        if self.logits is not None and self.window != window:
-            values, rows, order = self.logits
-            counts, bad = kernels.window_grid_counts(values, window, rows, self.prob,
-                                                     self.labels, self.stats, grid, REL_BAND,
-                                                     order=order)
-            if not bad:
-                return counts
-        return kernels.grid_correct_counts(self.window_mean(window), self.prob, self.labels,
-                                           self.stats, grid, REL_BAND)
-
-    def continuous_eps(self, window, rule, base):
-        """`best_continuous_eps` of mixing mean(window) into prob."""
-        return best_continuous_eps(self.window_mean(window), self.prob, self.labels, rule=rule,
-                                   base=base)
-
-    def mix(self, window, eps):
-        """prob <- eps * mean(window) + (1 - eps) * prob; the forget counts follow."""
-        was_correct = self.cur.copy()
-        if self.logits is not None and self.window != window:
-            values, rows, order = self.logits
-            if kernels.mix_window_into(values, window, rows, self.prob, eps, self.labels,
-                                       self.stats, self.cur, order=order):
-                self.window_mean(window)  # raises the error naming the epoch
-        else:
-            kernels.mix_into(self.window_mean(window), self.prob, eps, self.labels, self.stats,
-                             self.cur)
-        flipped = np.flatnonzero(was_correct != self.cur)
-        self.missed += (self.correct[:, flipped[was_correct[flipped]]].sum(axis=1)
-                        - self.correct[:, flipped[self.cur[flipped]]].sum(axis=1))
-        self.n_mixed += 1
-
-
-def best_continuous_eps(a, b, labels, *, rule="best", base=None):
-    """Exact best eps over [0, 1] for eps*a + (1-eps)*b, by a sweep over per-sample intervals.
-
-    Returns (eps, number correct at eps, computed with the brute-force arithmetic). With rule
-    "best" ties go to the smallest eps; with "paper" the largest eps whose count is >= base.
-    """
-    lo, hi, lo_open, hi_open, valid = kernels.win_intervals(a, b, labels)
-    lo, hi, lo_open, hi_open = lo[valid], hi[valid], lo_open[valid], hi_open[valid]
-    ends = np.unique(np.concatenate([[0.0, 1.0], lo, hi]))
-    ends = ends[(ends >= 0) & (ends <= 1)]
-    mids = (ends[:-1] + ends[1:]) / 2
-    cand = np.sort(np.concatenate([ends, mids]))
-    lo_closed_s, lo_open_s = np.sort(lo[~lo_open]), np.sort(lo[lo_open])
-    hi_closed_s, hi_open_s = np.sort(hi[~hi_open]), np.sort(hi[hi_open])
-    started = np.searchsorted(lo_closed_s, cand, "right") + np.searchsorted(lo_open_s, cand, "left")
-    ended = np.searchsorted(hi_closed_s, cand, "left") + np.searchsorted(hi_open_s, cand, "right")
-    cover = started - ended
-    if base is None:
-        base = kernels.mixture_correct_count(a, b, labels, 0.0)
-    if rule == "best":
-        order = np.flatnonzero(cover == cover.max())
-    else:
-        order = np.flatnonzero(cover >= base)[::-1]
-    best_eps, best_count = 0.0, base
-    for i in order[:N_VERIFIED]:  # verify candidates with the brute-force arithmetic
-        count = kernels.mixture_correct_count(a, b, labels, float(cand[i]))
-        better = count > best_count if rule == "best" else count >= base
-        if better:
-            best_eps, best_count = float(cand[i]), count
-            if rule == "paper":
-                break
-    return best_eps, int(best_count)
+    return ChunkedFitState(executor.persist(run, FullFitChunk))

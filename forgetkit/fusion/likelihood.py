@@ -11,6 +11,7 @@ from .. import kernels
 from .._deprecation import keyword_options
 from .._validation import check_int, check_number
 from ..execution import executor_for
+from ..kinds import kind_of
 from ..probs import LOG_FLOOR
 from . import topk
 from .base import Fuser, as_run, check_validation_run
@@ -64,7 +65,8 @@ class LikelihoodFusion(Fuser):
         check_validation_run(run)
         # (N, E): on a dask run, computed on the workers; on a top-k run exact (with k equal
         # to the vocabulary, the softmax of the logits: the full run's bits)
-        q = topk.label_probs(topk.topk_data(run)) if run.kind == "topk" else run.label_probs()
+        kind = kind_of(run)
+        q = topk.label_probs(kind.certified_bounds(run)) if kind.bounded else run.label_probs()
         # C order whatever the source (a transposed view of the softmax stats, a dask
         # result): the BLAS products' bits depend on the layout
         q = np.ascontiguousarray(np.maximum(executor_for(run).compute(q)[0], LOG_FLOOR))

@@ -11,6 +11,7 @@ from .._validation import check_int
 from ..backends import epoch_parts, stored_order, stored_rows
 from ..errors import ForgetkitError
 from ..execution import executor_for
+from ..kinds import kind_of
 from ..run import DEFAULT_MEMORY_BUDGET
 from . import topk
 from .base import Fuser, as_run, check_validation_run
@@ -55,12 +56,13 @@ class EnsembleSelection(Fuser):
             raise ForgetkitError("ensemble selection needs a run held in memory or on disk "
                                  "(each round reads its outputs); load the run from its "
                                  "files without chunks=, or run fk.sweep on a cluster")
-        if run.kind == "topk":  # certified counts of the bounds (see fusion.topk)
-            return self._fit_picks(run, topk.topk_selection(topk.topk_data(run), k))
+        kind = kind_of(run)
+        if kind.bounded:  # certified counts of the bounds (see fusion.topk)
+            return self._fit_picks(run, topk.topk_selection(kind.certified_bounds(run), k))
         cached = run.cache_probs(memory_budget=self.memory_budget)
         if cached is not None:
             scorer = _CachedScorer(run, cached)
-        elif run.kind == "logits":
+        elif kind.softmax:
             scorer = _StreamedScorer(run, self.memory_budget)
         else:
             scorer = _ProbsScorer(run, self.memory_budget)

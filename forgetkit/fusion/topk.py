@@ -28,79 +28,14 @@ import numpy as np
 import pandas as pd
 
 from .. import kernels
-from ..kinds.topk import token_ids, top_k_of
 from ..errors import ForgetkitError
-from ..execution import executor_for
+from ..kinds.topk import CHUNK_TOKENS, TopKData, token_ids  # noqa: F401 (TopKData: its old home)
+from .fitstate import FitChunk
 
-#: Tokens per chunk of the passes that stream a top-k run (certificates, predictions):
-#: each holds a few float64 arrays of (chunk, layout width).
-CHUNK_TOKENS = 1 << 14
 #: What a top-k run cannot give, for the errors of the methods that need every class.
 TOPK_HOLDS = ("a top-k run holds, per checkpoint and token, the k largest logits with their "
               "ids, the target's logit and the log-sum-exp: the probabilities of the other "
               "classes are bounded, not known")
-
-
-class TopKData:
-    """The records of a top-k run that fusion reads.
-
-    Parameters
-    ----------
-    records : ndarray or memmap (n_epochs, n_tokens) of the top-k record dtype (fields
-        ``target``, ``lse``, ``logits`` (k,), ``ids`` (k,)); read a chunk of tokens at a time
-    targets : ndarray of int (n_tokens,)
-    vocab_size : int
-    """
-
-    def __init__(self, records, targets, vocab_size):
-        dtype = getattr(records, "dtype", None)
-        if getattr(records, "ndim", 0) != 2 or dtype is None or dtype.names is None \
-                or "ids" not in dtype.names:
-            raise ForgetkitError("top-k records must be an (epochs, tokens) array of the top-k "
-                                 f"record dtype; got {dtype} of shape "
-                                 f"{getattr(records, 'shape', None)}")
-        self.records = records
-        self.targets = np.asarray(targets, dtype=np.int64)
-        self.vocab_size = int(vocab_size)
-        self.top_k = top_k_of(dtype)
-        self.n_epochs = records.shape[0]
-
-    @property
-    def n_tokens(self):
-        return self.targets.shape[0]
-
-    @property
-    def exact(self):
-        """Whether every class is stored (k == the vocabulary): every value is exact."""
-        return self.top_k >= self.vocab_size
-
-    def rows(self, e, rows):
-        """Records (n,) of epoch index ``e`` at tokens ``rows`` (a slice)."""
-        return np.asarray(self.records[int(e), rows])
-
-    def correctness(self):
-        """Whether the target is the argmax at each epoch: bool (E, N) (exact)."""
-        out = np.empty((self.n_epochs, self.n_tokens), dtype=bool)
-        for e in range(self.n_epochs):
-            out[e] = token_ids(self.rows(e, slice(None)), 0) == self.targets
-        return out
-
-    def chunks(self, size=CHUNK_TOKENS):
-        """Slices of tokens, ``size`` at a time."""
-        n = self.n_tokens
-        return [slice(s, min(s + size, n)) for s in range(0, n, size)]
-
-
-def topk_data(run):
-    """The `TopKData` of a Run of kind "topk" held in memory or on disk."""
-    if run.kind != "topk":
-        raise ForgetkitError(f"expected a top-k run; this run holds {run.kind}")
-    records = run.outputs.records
-    if executor_for(run).lazy or not isinstance(records, np.ndarray):
-        raise ForgetkitError("certified fusion reads a top-k run's records here, not on dask "
-                             "workers: load the run from one file (not a glob of shards, "
-                             "without chunks=)")
-    return TopKData(records, run.labels, run.n_classes)
 
 
 class Layout:
@@ -264,77 +199,25 @@ def certificate_frame(pred, certified, state, label_prob, targets, index=None, n
                         index=pd.Index(index, name=name))
 
 
-class TopKFitChunk:
-    """Knowledge Fusion's fit state on a chunk of tokens of a top-k run: the current fusion's
-    upper bounds ``prob`` (n, M) in the layout of every epoch (the target's column exact),
-    its label leads and certified correctness, and the forget counts against it. The kernels
-    of the full-vocabulary fit run on these rows with the target's column as the label, so a
-    token counts as correct exactly when it is certified correct."""
+class TopKFitChunk(FitChunk):
+    """Knowledge Fusion's `FitChunk` on a chunk of tokens ``rows`` of a top-k run: the
+    current fusion's upper bounds ``prob`` (n, M) in the layout of every epoch (the target's
+    column exact) and its certified correctness; ``correct`` (E, N) is the run's. The
+    kernels of the full-vocabulary fit run on these rows with the target's column as the
+    label, so a token counts as correct exactly when it is certified correct (uncertain
+    tokens count as wrong: the fit maximises the lower end of the accuracy interval)."""
 
     def __init__(self, data, rows, correct):
         self.data, self.rows = data, rows
         self.layout = Layout(data, range(data.n_epochs), rows)
-        self.labels = self.layout.label_col
-        self.correct = correct[:, rows]
-        self.prob = np.empty(self.layout.shape)
-        epoch_values(data, data.n_epochs - 1, self.layout, self.prob)
-        self.stats, self.cur = kernels.label_leads(self.prob, self.labels)
-        self.mean, self.window = np.empty_like(self.prob), None
-        self.missed = self.correct[:, ~self.cur].sum(axis=1)
-        self.n_correct = int(self.cur.sum())
-        self.n_final_correct = int(self.correct[-1].sum())
+        prob = epoch_values(data, data.n_epochs - 1, self.layout, np.empty(self.layout.shape))[0]
+        super().__init__(correct[:, rows], prob, self.layout.label_col)
 
     def window_mean(self, window):
         if self.window != window:
             window_mean(self.data, window, self.layout, self.mean)
             self.window = window
         return self.mean
-
-    def grid_counts(self, window, grid, rel_band):
-        return kernels.grid_correct_counts(self.window_mean(window), self.prob, self.labels,
-                                           self.stats, grid, rel_band)
-
-    def mix(self, window, eps):
-        was_correct = self.cur.copy()
-        kernels.mix_into(self.window_mean(window), self.prob, eps, self.labels, self.stats,
-                         self.cur)
-        flipped = np.flatnonzero(was_correct != self.cur)
-        self.missed += (self.correct[:, flipped[was_correct[flipped]]].sum(axis=1)
-                        - self.correct[:, flipped[self.cur[flipped]]].sum(axis=1))
-
-
-class TopKFitState:
-    """Knowledge Fusion's fit state on a top-k run (the interface of
-    ``knowledge.ChunkedFitState``): F'_e counts the tokens correct at epoch e and not
-    certified correct under the current fusion, and the eps search counts the certified
-    correct tokens (uncertain ones count as wrong: the fit maximises the lower end of the
-    accuracy interval). Tokens are held in chunks of ``chunk`` (one chunk for the continuous
-    eps search)."""
-
-    def __init__(self, data, rel_band, *, chunk=CHUNK_TOKENS):
-        self.data, self.rel_band = data, rel_band
-        correct = data.correctness()
-        self.parts = [TopKFitChunk(data, rows, correct) for rows in data.chunks(chunk)]
-        self.missed = sum(p.missed for p in self.parts)
-        self.n_correct = sum(p.n_correct for p in self.parts)
-        self.n_final_correct = sum(p.n_final_correct for p in self.parts)
-        self.n_mixed = 0
-
-    def grid_counts(self, window, grid):
-        return sum(p.grid_counts(window, grid, self.rel_band) for p in self.parts)
-
-    def continuous_eps(self, window, rule, base):
-        from .knowledge import best_continuous_eps
-
-        (part,) = self.parts
-        return best_continuous_eps(part.window_mean(window), part.prob, part.labels, rule=rule,
-                                   base=base)
-
-    def mix(self, window, eps):
-        for p in self.parts:
-            p.mix(window, eps)
-        self.missed = sum(p.missed for p in self.parts)
-        self.n_mixed += 1
 
 
 def topk_selection(data, k):

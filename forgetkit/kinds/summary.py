@@ -20,21 +20,14 @@ Probabilities of every class, window means and fusion need the full outputs.
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
 from ..errors import ForgetkitError
+from .base import SUMMARY_DTYPE, RecordKind, RecordOutputs, register_kind
 
-#: One summary record per (epoch, sample).
-SUMMARY_DTYPE = np.dtype([("label", "<f4"), ("other", "<f4"), ("other_class", "<i4"),
-                          ("lse", "<f4")])
 #: Bytes a pass holds at a time: of stored outputs in the forgetting pass (`Run.predictions`,
-#: epochs per chunk), of float64 logits in a summary pass (rows per chunk). The one value,
-#: imported by `forgetkit.run`.
+#: epochs per chunk), of float64 logits in a summary pass (rows per chunk). The one value.
 CHUNK_BYTES = 1 << 26
-#: The kinds of runs stored as records (`RecordOutputs`) rather than every class's values.
-RECORD_KINDS = ("summary", "topk")
 #: What a summary cannot give, for the errors of the methods that need the full outputs.
 HOLDS = ("this run is a summary (per epoch and sample: the label's logit, the largest other "
          "logit and its class, the log-sum-exp), which gives correctness, label probabilities "
@@ -126,75 +119,11 @@ def summary_correct(summary, labels):
     return (label > other) | ((label == other) & (labels < summary["other_class"]))
 
 
-class RecordOutputs:
-    """Base of outputs stored as per-(epoch, sample) records instead of every class's values
-    (a summary, a top-k run): ``records`` (n_epochs, n_samples) standing in for the
-    (n_epochs, n_samples, n_classes) outputs.
-
-    ``shape`` is that of the outputs; selecting epochs (``outputs[idx]``) or samples
-    (``outputs[:, idx]``) gives outputs of the selection (`_select`); reading one epoch's
-    values (``outputs[e]``) or converting to an array raises a ValueError naming what the
-    records hold (``HOLDS``). Subclasses give the exact per-(epoch, sample) quantities:
-    ``correct(labels)``, ``predictions(labels)``, ``label_probs()``,
-    ``label_margins(labels)`` and ``summary(labels)`` (the `SUMMARY_DTYPE` records).
-    """
-
-    _forgetkit_lazy = True  # never converted to an array
-    ndim = 3
-    dtype = np.dtype(np.float32)
-    itemsize = dtype.itemsize
-    HOLDS = HOLDS
-
-    def __init__(self, records, n_classes):
-        self.records = records
-        self.n_classes = int(n_classes)
-        self.shape = (*records.shape, self.n_classes)
-        self.size = int(np.prod(self.shape))
-
-    def __len__(self):
-        return self.shape[0]
-
-    def __getitem__(self, key):
-        key = key if isinstance(key, tuple) else (key,)
-        if isinstance(key[0], (int, np.integer)) or len(key) > 2:
-            raise ForgetkitError(f"reading per-class outputs: {self.HOLDS}")
-        first = key[0]
-        if isinstance(first, (list, np.ndarray)) and np.asarray(first).dtype.kind in "iu":
-            idx = np.arange(len(self))[first]  # consecutive epochs: a view of a memmap
-            if len(idx) and np.all(np.diff(idx) == 1):
-                key = (slice(int(idx[0]), int(idx[-1]) + 1), *key[1:])
-        return self._select(self.records[key], slice(None) if len(key) < 2 else key[1])
-
-    def _select(self, records, samples):
-        """Outputs of ``records``, the selection of these outputs' samples ``samples``."""
-        return self.builder(samples)(records)
-
-    def builder(self, samples):
-        """A picklable callable: records (E, len(samples)) -> outputs of the same kind for
-        these outputs' samples ``samples`` (a slice or indices; the chunks of a run on a
-        dask array are built with it on the workers)."""
-        return partial(type(self), n_classes=self.n_classes)
-
-    def __array__(self, dtype=None, copy=None):
-        raise ForgetkitError(f"converting the outputs to an array: {self.HOLDS}")
-
-    def stored_rows(self):
-        return None
-
-    @property
-    def stored(self):
-        """The records as stored, unread (an ndarray, a memmap or a dask array)."""
-        return self.records
-
-    def _read(self):
-        return np.asarray(self.records)
-
-
 class SummaryOutputs(RecordOutputs):
     """The outputs of a summary run: summary records (n_epochs, n_samples) standing in for
     the (n_epochs, n_samples, n_classes) logits they summarise (see `RecordOutputs`)."""
 
-    KIND = "summary"
+    HOLDS = HOLDS
 
     def __init__(self, records, n_classes):
         if getattr(records, "dtype", None) != SUMMARY_DTYPE or records.ndim != 2:
@@ -209,38 +138,23 @@ class SummaryOutputs(RecordOutputs):
 
     def predictions(self, labels):
         """The argmax class (ties to the lowest index): int32 (n_epochs, n_samples)."""
-        records = self._read()
+        records = self.read()
         pred = np.where(summary_correct(records, labels), labels, records["other_class"])
         return pred.astype(np.int32)
 
     def label_probs(self):
         """exp(label - lse): float64 (n_epochs, n_samples)."""
-        records = self._read()
+        records = self.read()
         return np.exp(records["label"].astype(np.float64) - records["lse"])
 
     def label_margins(self, labels=None):
         """label - other: float64 (n_epochs, n_samples)."""
-        records = self._read()
+        records = self.read()
         return records["label"].astype(np.float64) - records["other"]
 
     def summary(self, labels=None):
         """The summary records themselves (n_epochs, n_samples)."""
-        return self._read()
+        return self.read()
 
 
-def check_kind(kind, outputs, kinds):
-    """``kind`` of a Run: one of ``kinds`` for outputs, "summary" for SummaryOutputs, "topk"
-    for top-k outputs (`forgetkit.kinds.topk.TopKOutputs`)."""
-    record_kind = getattr(outputs, "KIND", None) if isinstance(outputs, RecordOutputs) else None
-    if record_kind is not None or kind in RECORD_KINDS:
-        if kind != record_kind:
-            raise ForgetkitError(f'kind={kind!r} does not go with outputs of type '
-                                 f"{type(outputs).__name__}: kind=\"summary\" goes with a "
-                                 'summary (forgetkit.summarize), kind="topk" with top-k '
-                                 "records (forgetkit.load of a top-k run)")
-        return kind
-    if kind not in kinds:
-        valid = ", ".join(repr(k) for k in kinds)
-        raise ForgetkitError(f"kind must be one of {valid}; got {kind!r} (or \"summary\" or "
-                             '"topk" for the records of a summary or a top-k run)')
-    return kind
+SUMMARY = register_kind(RecordKind("summary", SummaryOutputs, HOLDS))

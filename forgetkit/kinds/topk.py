@@ -38,7 +38,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import ForgetkitError
-from .summary import SUMMARY_DTYPE, RecordOutputs
+from .base import SUMMARY_DTYPE, RecordKind, RecordOutputs, register_kind
 
 #: k used when none is given (recorders).
 DEFAULT_TOP_K = 8
@@ -375,7 +375,6 @@ class TopKOutputs(RecordOutputs):
     positions : array-like of int of shape (N,)
     """
 
-    KIND = "topk"
     HOLDS = HOLDS
 
     def __init__(self, records, vocab_size, sequence_ids, positions, *, checks=None):
@@ -415,9 +414,8 @@ class TopKOutputs(RecordOutputs):
                        sequence_ids=self.sequence_ids[samples],
                        positions=self.positions[samples])
 
-
     def correct(self, labels):
-        return correct(self._read(), labels)
+        return correct(self.read(), labels)
 
     def predictions(self, labels):
         """The argmax token ids: int32 (n_epochs, n_tokens), read epoch by epoch in threads
@@ -441,21 +439,21 @@ class TopKOutputs(RecordOutputs):
         return out
 
     def label_probs(self):
-        return label_probs(self._read())
+        return label_probs(self.read())
 
     def label_margins(self, labels):
-        return label_margins(self._read(), labels)
+        return label_margins(self.read(), labels)
 
     def summary(self, labels):
-        return as_summary(self._read(), labels)
+        return as_summary(self.read(), labels)
 
     def stored_probs(self):
         """exp(logits - lse): float64 (n_epochs, n_tokens, k)."""
-        return stored_probs(self._read())
+        return stored_probs(self.read())
 
     def unstored_bound(self):
         """`unstored_bound`: float64 (n_epochs, n_tokens)."""
-        return unstored_bound(self._read(), vocab_size=self.n_classes)
+        return unstored_bound(self.read(), vocab_size=self.n_classes)
 
 
 #: Arrays at least this large that `fresh_array` maps itself.
@@ -486,3 +484,72 @@ def _token_column(name, values, n, dtype):
         raise ForgetkitError(f"{name} must fit {np.dtype(dtype).name}; got values in "
                              f"[{values.min()}, {values.max()}]")
     return values.astype(dtype, copy=False)
+
+
+#: Tokens per chunk of the passes that stream a top-k run's bounds (certificates,
+#: predictions): each holds a few float64 arrays of (chunk, layout width).
+CHUNK_TOKENS = 1 << 14
+
+
+class TopKData:
+    """The records of a top-k run that certified fusion reads (`TopKKind.certified_bounds`).
+
+    Parameters
+    ----------
+    records : ndarray or memmap (n_epochs, n_tokens) of a `topk_dtype`; read a chunk of
+        tokens at a time
+    targets : ndarray of int (n_tokens,)
+    vocab_size : int
+    """
+
+    def __init__(self, records, targets, vocab_size):
+        dtype = getattr(records, "dtype", None)
+        if getattr(records, "ndim", 0) != 2 or dtype is None or not is_topk_dtype(dtype):
+            raise ForgetkitError("top-k records must be an (epochs, tokens) array of the top-k "
+                                 f"record dtype; got {dtype} of shape "
+                                 f"{getattr(records, 'shape', None)}")
+        self.records = records
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self.vocab_size = int(vocab_size)
+        self.top_k = top_k_of(dtype)
+        self.n_epochs = records.shape[0]
+
+    @property
+    def n_tokens(self):
+        return self.targets.shape[0]
+
+    @property
+    def exact(self):
+        """Whether every class is stored (k == the vocabulary): every value is exact."""
+        return self.top_k >= self.vocab_size
+
+    def rows(self, e, rows):
+        """Records (n,) of epoch index ``e`` at tokens ``rows`` (a slice)."""
+        return np.asarray(self.records[int(e), rows])
+
+    def chunks(self, size=CHUNK_TOKENS):
+        """Slices of tokens, ``size`` at a time."""
+        n = self.n_tokens
+        return [slice(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+class TopKKind(RecordKind):
+    """The top-k kind: exact correctness, predictions, target probabilities and margins from
+    the records; every other class's probability within bounds (`certified_bounds`), exact
+    where k is the vocabulary."""
+
+    bounded = True
+
+    def exact_probs(self, run):
+        return run.outputs.top_k >= run.n_classes
+
+    def certified_bounds(self, run):
+        """The `TopKData` of a top-k run held in memory or on disk."""
+        if not isinstance(run.outputs.stored, np.ndarray):
+            raise ForgetkitError("certified fusion reads a top-k run's records here, not on "
+                                 "dask workers: load the run from one file (not a glob of "
+                                 "shards, without chunks=)")
+        return TopKData(run.outputs.records, run.labels, run.n_classes)
+
+
+TOPK = register_kind(TopKKind("topk", TopKOutputs, HOLDS))

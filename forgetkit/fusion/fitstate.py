@@ -1,0 +1,225 @@
+"""Knowledge Fusion's fit state: one interface, one implementation per kind of values.
+
+The fit (`forgetkit.fusion.knowledge.KnowledgeFusion.fit`) holds the current fusion of every
+sample and the forget counts against it, in chunks of samples, and asks the state three
+things per step: the grid counts of mixing a window's mean in (or the exact best eps), then
+the mix itself. `FitChunk` is one chunk's state; it computes the mixture and keeps the
+counts in step, whatever gives its values:
+
+- `FullFitChunk`: a run that holds every class's probabilities (logits read in place where
+  they are stored so);
+- `forgetkit.fusion.topk.TopKFitChunk`: a top-k run's certified bounds (the target's column
+  exact), so that a token counts as correct exactly when it is certified correct.
+
+`ChunkedFitState` sums the chunks' counts on the executor that holds them (`forgetkit.execution`:
+here, or the workers of a dask cluster): map (each chunk's counts) -> reduce (sums here) ->
+broadcast (the window and eps), after which each chunk mixes the window into its fusion in
+place. Counts are integers and each chunk runs the same kernels on its rows, so the plan is
+the same on every executor; only counts leave the chunks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels
+from ..execution import combine
+
+#: Half-width of the band (relative to the largest |value| of a sample) around interval ends
+#: where the exact epsilon search re-checks grid points with the brute-force arithmetic.
+REL_BAND = 1e-12
+#: Candidates of the continuous eps search (``grid=None``) checked with the brute-force
+#: arithmetic, best interval cover first: the cover counts of ties can be off by the
+#: samples whose interval ends at the candidate, and a handful of candidates settles them.
+N_VERIFIED = 16
+
+
+class FitChunk:
+    """Knowledge Fusion's fit state on a chunk of samples: the current fusion ``prob``
+    (float64 (n, M), updated in place; M the classes, or a top-k layout's columns), its
+    label leads and correctness, and the forget counts against it. Implementations give
+    `window_mean` (and may read a window's values without storing its mean, `_mix_window`,
+    `_window_counts`).
+
+    Parameters
+    ----------
+    correct : bool (n_epochs, n)
+        Whether each sample is correct at each epoch.
+    prob : float64 (n, M)
+        The first fusion: the final epoch's probabilities (upper bounds on a top-k run).
+    labels : int (n,)
+        The label's column of each row of ``prob``.
+
+    Attributes
+    ----------
+    missed : int64 (n_epochs,)
+        F'_e * n: samples correct at epoch e and wrong under the current fusion.
+    n_correct : int, samples the first fusion gets right
+    n_final_correct : int, samples the final epoch gets right (argmax)
+    n_mixed : int, windows mixed in so far
+    """
+
+    def __init__(self, correct, prob, labels):
+        self.correct, self.prob, self.labels = correct, prob, labels
+        # the current fusion's lead of the label, magnitude, top class; its correctness
+        self.stats, self.cur = kernels.label_leads(self.prob, self.labels)
+        self.mean, self.window = np.empty_like(self.prob), None  # a window's mean
+        self.missed = self.correct[:, ~self.cur].sum(axis=1)  # updated as cur changes
+        self.n_correct = int(self.cur.sum())
+        self.n_final_correct = int(self.correct[-1].sum())
+        self.n_mixed = 0
+
+    def window_mean(self, window):
+        """The mean of the epochs ``window`` (a range) into ``self.mean``, kept until
+        another window is asked for."""
+        raise NotImplementedError
+
+    def _window_counts(self, window, grid):
+        """`grid_counts` read from the window's values in place, or None."""
+        return None
+
+    def _mix_window(self, window, eps):
+        """`mix`'s update of prob and cur read from the window's values in place; False
+        where it cannot (the mean is then made and mixed)."""
+        return False
+
+    def grid_counts(self, window, grid):
+        """Samples that eps * mean(window) + (1 - eps) * prob classifies correctly, for each
+        eps of ``grid``: int64 (G,)."""
+        counts = None if self.window == window else self._window_counts(window, grid)
+        if counts is not None:
+            return counts
+        return kernels.grid_correct_counts(self.window_mean(window), self.prob, self.labels,
+                                           self.stats, grid, REL_BAND)
+
+    def continuous_eps(self, window, rule, base):
+        """`best_continuous_eps` of mixing mean(window) into prob."""
+        return best_continuous_eps(self.window_mean(window), self.prob, self.labels, rule=rule,
+                                   base=base)
+
+    def mix(self, window, eps):
+        """prob <- eps * mean(window) + (1 - eps) * prob; the forget counts follow."""
+        was_correct = self.cur.copy()
+        if self.window == window or not self._mix_window(window, eps):
+            kernels.mix_into(self.window_mean(window), self.prob, eps, self.labels, self.stats,
+                             self.cur)
+        flipped = np.flatnonzero(was_correct != self.cur)
+        self.missed += (self.correct[:, flipped[was_correct[flipped]]].sum(axis=1)
+                        - self.correct[:, flipped[self.cur[flipped]]].sum(axis=1))
+        self.n_mixed += 1
+
+
+class FullFitChunk(FitChunk):
+    """`FitChunk` of a run (or a chunk of samples of one) holding every class's
+    probabilities; window means of logits stored in place are made row by row and never
+    stored."""
+
+    def __init__(self, run):
+        self.run = run
+        self.logits = run.logits_in_place()
+        super().__init__(run.correctness(), run.probs(run.n_epochs - 1), run.labels)
+
+    def window_mean(self, window):
+        if self.window != window:
+            self.run.mean_probs(window, out=self.mean)
+            self.window = window
+        return self.mean
+
+    def _window_counts(self, window, grid):
+        if self.logits is None:
+            return None
+        values, rows, order = self.logits
+        counts, bad = kernels.window_grid_counts(values, window, rows, self.prob, self.labels,
+                                                 self.stats, grid, REL_BAND, order=order)
+        return None if bad else counts
+
+    def _mix_window(self, window, eps):
+        if self.logits is None:
+            return False
+        values, rows, order = self.logits
+        if kernels.mix_window_into(values, window, rows, self.prob, eps, self.labels,
+                                   self.stats, self.cur, order=order):
+            self.window_mean(window)  # raises the error naming the epoch
+        return True
+
+
+def _counts(state):
+    return state.missed, state.n_correct, state.n_final_correct
+
+
+def _missed(state):
+    return state.missed
+
+
+def _grid_counts(state, window, grid):
+    return state.grid_counts(window, grid)
+
+
+def _mix(state, n_mixed, window, eps):
+    if state.n_mixed == n_mixed:  # not mixed yet (a task run twice finds it mixed)
+        state.mix(window, eps)
+    return state
+
+
+class ChunkedFitState:
+    """Knowledge Fusion's fit state over the chunks of samples of a run: one `FitChunk`
+    per chunk, kept where its executor keeps them (``parts``, an `execution.Parts`), their
+    counts summed here. On dask a chunk's state is a chain of futures, one per mix: if a
+    worker is lost mid-fit, the scheduler recomputes its states from that chain (the same
+    kernels give the same bits), and a mix that finds its state already mixed (a task run
+    twice) leaves it as it is.
+
+    Attributes as `FitChunk`'s, summed: ``missed``, ``n_correct``, ``n_final_correct``;
+    ``n_mixed``.
+    """
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.missed, self.n_correct, self.n_final_correct = combine(self.parts.map(_counts))
+        self.n_mixed = 0
+
+    def grid_counts(self, window, grid):
+        return combine(self.parts.map(_grid_counts, window, grid))
+
+    def continuous_eps(self, window, rule, base):
+        """`FitChunk.continuous_eps` of the run held as one chunk."""
+        return self.parts.single.continuous_eps(window, rule, base)
+
+    def mix(self, window, eps):
+        self.parts.update(_mix, self.n_mixed, window, eps)
+        self.n_mixed += 1
+        self.missed = combine(self.parts.map(_missed))
+
+
+def best_continuous_eps(a, b, labels, *, rule="best", base=None):
+    """Exact best eps over [0, 1] for eps*a + (1-eps)*b, by a sweep over per-sample intervals.
+
+    Returns (eps, number correct at eps, computed with the brute-force arithmetic). With rule
+    "best" ties go to the smallest eps; with "paper" the largest eps whose count is >= base.
+    """
+    lo, hi, lo_open, hi_open, valid = kernels.win_intervals(a, b, labels)
+    lo, hi, lo_open, hi_open = lo[valid], hi[valid], lo_open[valid], hi_open[valid]
+    ends = np.unique(np.concatenate([[0.0, 1.0], lo, hi]))
+    ends = ends[(ends >= 0) & (ends <= 1)]
+    mids = (ends[:-1] + ends[1:]) / 2
+    cand = np.sort(np.concatenate([ends, mids]))
+    lo_closed_s, lo_open_s = np.sort(lo[~lo_open]), np.sort(lo[lo_open])
+    hi_closed_s, hi_open_s = np.sort(hi[~hi_open]), np.sort(hi[hi_open])
+    started = np.searchsorted(lo_closed_s, cand, "right") + np.searchsorted(lo_open_s, cand, "left")
+    ended = np.searchsorted(hi_closed_s, cand, "left") + np.searchsorted(hi_open_s, cand, "right")
+    cover = started - ended
+    if base is None:
+        base = kernels.mixture_correct_count(a, b, labels, 0.0)
+    if rule == "best":
+        order = np.flatnonzero(cover == cover.max())
+    else:
+        order = np.flatnonzero(cover >= base)[::-1]
+    best_eps, best_count = 0.0, base
+    for i in order[:N_VERIFIED]:  # verify candidates with the brute-force arithmetic
+        count = kernels.mixture_correct_count(a, b, labels, float(cand[i]))
+        better = count > best_count if rule == "best" else count >= base
+        if better:
+            best_eps, best_count = float(cand[i]), count
+            if rule == "paper":
+                break
+    return best_eps, int(best_count)
