@@ -26,6 +26,7 @@ from .._validation import (
     check_option,
 )
 from ..errors import ForgetkitError, InputTypeError
+from ..kinds import kind_of
 from ..kinds.summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
 from ..run import Run
 from .atomic import atomic_write, remove, write_json_atomic
@@ -124,16 +125,11 @@ def summarize(run, path=None, *, progress=False):
             raise InputTypeError(f"run must be a forgetkit.Run or the path of a run file; got "
                                  f"{type(run).__name__} {run!r}"[:200])
         run = load(run)
-    if run.kind == "probs":
-        raise ForgetkitError("summarize needs logits (the summary holds logits and their "
-                             "log-sum-exp); got a run of probabilities")
+    kind = kind_of(run)  # a summary is copied; logits or a top-k run give theirs (exact)
     records = np.empty((run.n_epochs, run.n_samples), dtype=SUMMARY_DTYPE)
     bar = Progress(run.n_epochs, "summary", enabled=progress)
     for e in range(run.n_epochs):
-        if not run.holds_every_class:  # a summary (copied), or a top-k run's (exact)
-            records[e] = run.outputs[e:e + 1].summary(run.labels)[0]
-        else:
-            summarize_outputs(run.epoch_values(e), run.labels, out=records[e])
+        records[e] = kind.summary(run, slice(e, e + 1))[0]
         bar.update()
     if path is None:
         return Run(SummaryOutputs(records, run.n_classes), run.labels, kind="summary",

@@ -38,6 +38,7 @@ from .._deprecation import keyword_options
 from .._progress import Progress
 from .._validation import check_int, check_meta, check_option
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from ..kinds import kind_of
 from ..kinds import topk as _topk
 from ..kinds.topk import (
     DEFAULT_TOP_K,
@@ -227,9 +228,11 @@ def to_topk(run, top_k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions
             raise InputTypeError(f"run must be a forgetkit.Run or the path of a run file; got "
                                  f"{type(run).__name__}")
         run = load(run)
-    if run.kind != "logits":
+    kind = kind_of(run)
+    if not (kind.full and kind.softmax):
         raise ForgetkitError(f"to_topk needs logits (a top-k run holds the largest logits and "
-                             f"the log-sum-exp); got a run of kind {run.kind!r}")
+                             f"the log-sum-exp); got a run of kind {run.kind!r}: "
+                             f"{kind.holds}")
     n = run.n_samples
     sequence_ids = np.arange(n) if sequence_ids is None else sequence_ids
     positions = np.zeros(n, np.int32) if positions is None else positions
@@ -260,6 +263,7 @@ def save_topk(run, path):
     with uint32 ids is written with 24-bit ones); returns ``path``."""
     path = Path(path)
     outputs = run.outputs
+    records = outputs.records  # verified first (`stored_records` would not be)
     table = token_table(run.labels, outputs.sequence_ids, outputs.positions, run.n_classes)
     record = topk_record(n_tokens=run.n_samples, vocab_size=run.n_classes, k=run.top_k,
                          epochs=run.epochs, table=table, meta=run.meta)
@@ -267,11 +271,10 @@ def save_topk(run, path):
         [v.item() if isinstance(v, np.generic) else v for v in run.sample_ids.tolist()]
     if path.suffix.lower() == ".parquet":
         with RunLock(path), atomic_write(path) as tmp:
-            write_topk_parquet(tmp, outputs.records, record, table)
+            write_topk_parquet(tmp, records, record, table)
         return path
     if path.suffix.lower() != ".npy":
         raise ForgetkitError(f"a top-k run is saved as .npy or .parquet; got {str(path)!r}")
-    records = outputs.records
     dtype = record_dtype(record)
 
     def write_tensor(tmp):
