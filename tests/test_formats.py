@@ -4,6 +4,7 @@ functions and command line without any change to the package (`forgetkit.io.regi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import pytest
 import forgetkit as fk
 from forgetkit.cli import main
 from forgetkit.errors import CorruptFileError, ForgetkitError, MissingFileError
+from forgetkit.io.registry import Shard
 
 from .conftest import make_run
 
@@ -69,10 +71,33 @@ class ToyFormat(fk.io.Format):
         outputs = [np.load(Path(path) / f"epoch-{e}.npy") for e in index["epochs"]]
         return {"verifiable": True, "epochs": len(outputs), "bad": self._bad(outputs, index)}
 
+    shards = True
+
+    def open_shard(self, fs, path, name, *, verify=True):
+        index = json.loads(fs.cat_file(f"{path}/toy.json"))
+        with fs.open(f"{path}/labels.npy", "rb") as f:
+            labels = np.load(f, allow_pickle=False)
+        with fs.open(f"{path}/epoch-{index['epochs'][0]}.npy", "rb") as f:
+            first = np.load(f, allow_pickle=False)
+        record = {"kind": index["kind"], "epochs": index["epochs"], "labels": labels.tolist(),
+                  "meta": index["meta"]}
+        return Shard(kind=index["kind"], shape=(len(index["epochs"]), *first.shape),
+                     dtype=first.dtype, record=record,
+                     read_block=functools.partial(read_toy_block, fs, path, index["epochs"]))
+
     @staticmethod
     def _bad(outputs, index):
         return [e for e, values, crc in zip(index["epochs"], outputs, index["crc"], strict=True)
                 if zlib.crc32(np.ascontiguousarray(values).tobytes()) != crc]
+
+
+def read_toy_block(fs, path, epochs, start, stop):
+    """Samples start..stop of every epoch of a .toyrun shard (on a worker)."""
+    blocks = []
+    for e in epochs:
+        with fs.open(f"{path}/epoch-{e}.npy", "rb") as f:
+            blocks.append(np.load(f, allow_pickle=False)[start:stop])
+    return np.stack(blocks)
 
 
 @pytest.fixture
@@ -101,6 +126,23 @@ def test_a_registered_format_loads_saves_verifies_and_converts(tmp_path, toy):
         np.testing.assert_array_equal(np.asarray(again.outputs), np.asarray(run.outputs))
         assert again.epochs.tolist() == [1, 3, 5, 7]
     assert fk.forget_fraction(back).tolist() == fk.forget_fraction(run).tolist()
+
+
+def test_a_registered_format_is_read_as_shards(tmp_path, toy):
+    """The shard readers ask the same registry: .toyrun folders load as one dask run."""
+    pytest.importorskip("dask")
+    run = make_run(n_epochs=3, n_samples=30, n_classes=4)
+    for i, (a, b) in enumerate([(0, 20), (20, 30)]):
+        fk.save(run.isel(samples=np.arange(a, b)), tmp_path / f"s-{i}.toyrun")
+    sharded = fk.load(str(tmp_path / "s-*.toyrun"), chunks=7)
+    np.testing.assert_array_equal(np.asarray(sharded.outputs), np.asarray(run.outputs))
+    np.testing.assert_array_equal(sharded.labels, run.labels)
+    assert fk.forget_fraction(sharded).tolist() == fk.forget_fraction(run).tolist()
+    from forgetkit.distributed import load_shards
+
+    (tmp_path / "labels.csv").write_text("0\n")
+    with pytest.raises(ForgetkitError, match=r"must be a \.npy or \.parquet or \.toyrun file"):
+        load_shards([str(tmp_path / "labels.csv")])
 
 
 def test_a_registered_format_reports_bad_epochs(tmp_path, toy, capsys):

@@ -16,7 +16,6 @@ from .integrity import KEY as CRC_KEY
 from .integrity import checksums, crc_ints
 
 SIDECAR_SUFFIX = ".forgetkit.json"
-FORMATS = ("npz", "npy", "parquet", "cartography")
 FLOAT_NAMES = ("float16", "float32", "float64")
 #: A metadata record is labels and ids, a few bytes per sample; more than this is not one.
 MAX_RECORD_BYTES = 1 << 30
@@ -24,7 +23,8 @@ INT64_LIMIT = 1 << 63
 
 
 def format_of(path):
-    """The format of ``path`` from its extension (or a Dataset Cartography folder)."""
+    """The format of ``path`` from its extension (or a Dataset Cartography folder): what
+    `RunWriter` appends to (loading, saving and verifying ask `forgetkit.io.registry`)."""
     path = Path(path)
     if path.is_dir() and glob.glob(str(path / "dynamics_epoch_*.jsonl")):
         return "cartography"

@@ -46,6 +46,8 @@ class Format:
     kinds = ()
     #: What messages call it ("a .npy file with its sidecar").
     description = None
+    #: Whether `open_shard` reads its files as shards of a run (by their suffix).
+    shards = False
 
     def can_open(self, path):
         """Whether this format reads the run at ``path`` (cheap; never raises)."""
@@ -76,7 +78,8 @@ class Format:
 
     def open_shard(self, fs, path, name, *, verify=True):
         """The `Shard` of the file ``path`` on the fsspec filesystem ``fs`` (``name``: what
-        messages call it), reading only its header and metadata."""
+        messages call it), reading only its header and metadata (formats whose ``shards``
+        is True)."""
         raise ForgetkitError(f"shard {name!r}: the {self.name} format cannot be read as "
                              "shards")
 
@@ -179,13 +182,12 @@ def format_to_save(path, kind):
 
 
 def shard_format(path, name):
-    """The first registered format that reads the shard file ``path`` by its ending (a
-    shard may be remote: no sniffing of its contents here)."""
-    for fmt in _FORMATS:
-        if type(fmt).open_shard is not Format.open_shard and fmt.has_suffix(path):
+    """The first registered format that reads shards and whose suffix ``path`` has (a
+    shard may be remote: its contents are not sniffed here)."""
+    readers = [fmt for fmt in _FORMATS if fmt.shards]
+    for fmt in readers:
+        if fmt.has_suffix(path):
             return fmt
-    suffix = Path(path).suffix
-    readable = [s for f in reversed(_FORMATS) if type(f).open_shard is not Format.open_shard
-                for s in f.suffixes]
-    raise ForgetkitError(f"shard {name!r} must be a {' or '.join(readable)} file; got "
-                         f"{suffix or 'no'} suffix")
+    suffixes = [s for fmt in reversed(readers) for s in fmt.suffixes]
+    raise ForgetkitError(f"shard {name!r} must be a {' or '.join(suffixes)} file; got "
+                         f"{Path(path).suffix or 'no'} suffix")

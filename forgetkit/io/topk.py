@@ -65,6 +65,7 @@ from .topk_parquet import write_topk_parquet
 from .topk_record import (
     ARGMAX_KEY,
     FORMAT,
+    argmax_crc,
     check_topk_record,
     epoch_crcs,
     record_dtype,
@@ -465,3 +466,16 @@ def _settle_tokens(path, record):
         os.replace(pending, tokens_path(path))
     else:
         pending.unlink()
+
+
+def topk_bad_epochs(path, records, record, sums):
+    """What verifying a top-k run adds: its token table's targets against the labels'
+    checksum (CorruptFileError), and the indices of the epochs whose argmax ids (what the
+    forgetting pass reads and checks alone) do not match their checksums."""
+    if crc_ints(read_tokens(path, record)["target"]) != sums["labels"]:
+        raise CorruptFileError(f"{str(path)!r}: the targets do not match their checksum")
+    argmax = sums.get(ARGMAX_KEY)
+    if not isinstance(argmax, list):
+        return set()
+    return {e for e in range(len(records))
+            if e >= len(argmax) or argmax_crc(records[e]) != argmax[e]}

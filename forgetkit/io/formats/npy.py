@@ -11,15 +11,14 @@ from typing import NamedTuple
 
 from ..._validation import KINDS
 from ...errors import CorruptFileError, MissingFileError
-from ..integrity import bad_epochs, check_fields, crc_ints, stored_checksums
+from ..integrity import bad_epochs, check_fields, stored_checksums
 from ..lock import RunLock
 from ..npy import load_npy, open_memmap, open_records, read_sidecar, write_npy
 from ..pair import commit_pair, open_pair
 from ..record import record_of, with_checksums
 from ..registry import Format
 from ..summary import is_summary, load_summary, read_summary_sidecar, summarize
-from ..topk import is_topk, load_topk, read_tokens, read_topk_sidecar, save_topk
-from ..topk_record import ARGMAX_KEY, argmax_crc
+from ..topk import is_topk, load_topk, read_topk_sidecar, save_topk, topk_bad_epochs
 from .npy_shards import open_npy_shard
 
 
@@ -29,19 +28,6 @@ def save_full_npy(run, path):
     with RunLock(path):
         commit_pair(path, lambda tmp: write_npy(tmp, epochs, run.outputs.dtype, run.shape),
                     lambda crcs: with_checksums(record_of(run), crcs))
-
-
-def topk_bad_epochs(path, records, record, sums):
-    """What verifying a top-k run adds: its token table's targets against the labels'
-    checksum (CorruptFileError), and the indices of the epochs whose argmax ids (what the
-    forgetting pass reads and checks alone) do not match their checksums."""
-    if crc_ints(read_tokens(path, record)["target"]) != sums["labels"]:
-        raise CorruptFileError(f"{str(path)!r}: the targets do not match their checksum")
-    argmax = sums.get(ARGMAX_KEY)
-    if not isinstance(argmax, list):
-        return set()
-    return {e for e in range(len(records))
-            if e >= len(argmax) or argmax_crc(records[e]) != argmax[e]}
 
 
 class RecordLayout(NamedTuple):
@@ -56,7 +42,7 @@ class RecordLayout(NamedTuple):
 
 #: The record kinds' layouts, by kind; any other NPY file is a full run.
 RECORD_KINDS = {
-    "summary": RecordLayout(is_summary, load_summary, lambda run, path: summarize(run, path),
+    "summary": RecordLayout(is_summary, load_summary, summarize,
                             read_summary_sidecar),
     "topk": RecordLayout(is_topk, load_topk, save_topk, read_topk_sidecar, topk_bad_epochs),
 }
@@ -96,6 +82,8 @@ class NpyFormat(Format):
     suffixes = (".npy",)
     kinds = (*KINDS, *RECORD_KINDS)
     description = "a .npy file (with its .forgetkit.json sidecar)"
+
+    shards = True
 
     def can_open(self, path):
         return self.has_suffix(path)

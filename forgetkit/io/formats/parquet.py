@@ -38,7 +38,7 @@ class RecordLayout(NamedTuple):
 RECORD_KINDS = {
     "topk": RecordLayout(is_topk_parquet, load_topk_parquet, save_topk),
     "summary": RecordLayout(is_summary_parquet, load_summary_parquet,
-                            lambda run, path: summarize(run, path)),
+                            summarize),
 }
 
 
@@ -75,6 +75,8 @@ class ParquetFormat(Format):
     suffixes = (".parquet",)
     kinds = (*KINDS, *RECORD_KINDS)
     description = "a .parquet file"
+
+    shards = True
 
     def can_open(self, path):
         return self.has_suffix(path)
