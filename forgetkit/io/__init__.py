@@ -57,8 +57,8 @@ from .registry import (
     Format,
     format_to_open,
     format_to_save,
-    formats,
     register_format,
+    registered_formats,
     unregister_format,
 )
 from .summary import SummaryWriter, summarize
@@ -66,8 +66,8 @@ from .topk import TopKWriter, to_topk
 from .writer import RunWriter
 
 __all__ = ["Format", "RunWriter", "SummaryWriter", "TopKWriter", "atomic_write", "convert",
-           "formats", "load", "load_cartography", "register_format", "save", "summarize",
-           "to_topk", "unregister_format", "verify"]
+           "load", "load_cartography", "register_format", "registered_formats", "save",
+           "summarize", "to_topk", "unregister_format", "verify"]
 
 for _builtin in (NpzFormat(), NpyFormat(), ParquetFormat(), CartographyFormat()):
     register_format(_builtin)  # asked newest first: a user's format before these

@@ -143,7 +143,7 @@ def unregister_format(name):
                          f"{', '.join(f.name for f in _FORMATS)}")
 
 
-def formats():
+def registered_formats():
     """The registered formats, in the order they are asked (newest first)."""
     return tuple(_FORMATS)
 
