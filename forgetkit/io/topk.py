@@ -16,8 +16,8 @@ On disk (NPY), three files:
   the forgetting pass reads and verifies only those), and of the token table with the
   vocabulary size and k.
 
-Loading verifies each epoch on its first read (`EpochChecks`), once per process for an
-unchanged file.
+Loading verifies each epoch on its first read (`forgetkit.io.topk_record.EpochChecks`), once
+per process for an unchanged file.
 
 `TopKWriter` appends epoch by epoch as `SummaryWriter` does (lock, resume, replace,
 durable): each epoch's records are written and flushed, then the sidecar, then the header,

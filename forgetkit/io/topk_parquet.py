@@ -25,7 +25,7 @@ from ..errors import CorruptFileError
 from ..kinds.topk import TOKEN_DTYPE, convert_records, ids_of, set_token_ids, token_ids
 from .integrity import KEY, checksums, crc_array
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS, parquet_checksums
-from .summary_parquet import has_format, open_record_parquet, read_epoch_groups
+from .record_parquet import has_format, open_record_parquet, read_epoch_groups
 from .topk_record import (
     ARGMAX_KEY,
     FORMAT,
