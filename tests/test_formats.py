@@ -166,6 +166,8 @@ def test_the_registry_asks_a_new_format_first_and_names_it(tmp_path, toy):
         fk.load(tmp_path / "run.csv")
     with pytest.raises(ForgetkitError, match="a summary run is saved as .npy or .parquet"):
         fk.save(fk.summarize(make_run()), tmp_path / "s.toyrun")
+    with pytest.raises(ForgetkitError, match="a topk run is saved as .npy or .parquet"):
+        fk.save(fk.to_topk(make_run(), top_k=2), tmp_path / "t.npz")
     with pytest.raises(ForgetkitError, match="'toyrun' is registered already"):
         fk.io.register_format(ToyFormat())
     assert fk.io.register_format(ToyFormat(), replace=True) in fk.io.registered_formats()

@@ -171,6 +171,9 @@ def format_to_save(path, kind):
             return fmt
     if claims:
         takes = [s for fmt in reversed(_FORMATS) if kind in fmt.kinds for s in fmt.suffixes]
+        if not takes:
+            raise ForgetkitError(f"no registered format stores {kind} runs (formats: "
+                                 f"{_expected()}); got {str(path)!r}")
         raise ForgetkitError(f"a {kind} run is saved as {' or '.join(dict.fromkeys(takes))}; "
                              f"got {str(path)!r}")
     readers = [fmt for fmt in _FORMATS if fmt.can_open(path)]
