@@ -4,7 +4,7 @@ one small interface.
 A `Run` holds what identifies the data (labels, epoch numbers, sample ids, class names,
 metadata, selections) and one backend (`backend_of` its outputs): in memory or memory-mapped
 (`ArrayBackend`), decoded on demand (`LazyBackend`: Parquet, lazy sample subsets), records
-(`RecordBackend`: a summary, `SummaryBackend`, or a top-k run, `TopKBackend`), or a chunked
+(`RecordBackend`: a summary, a top-k run, any kind stored as records), or a chunked
 collection such as a dask array (`CollectionBackend`, whose passes the run's executor maps
 over its chunks: `forgetkit.execution`). The run's methods
 read only through the interface, so a new storage kind is one new backend class, registered
@@ -31,17 +31,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels
-from .kinds.summary import CHUNK_BYTES, RecordOutputs, SummaryOutputs
-from .kinds.topk import TopKOutputs
 from ._validation import is_dask_array
 from .errors import InputTypeError
-
-
-def epoch_chunks(n_epochs, bytes_per_epoch, chunk_bytes=CHUNK_BYTES):
-    """(start, stop) ranges of epochs that take about ``chunk_bytes`` each."""
-    step = max(1, chunk_bytes // max(bytes_per_epoch, 1))
-    for start in range(0, n_epochs, step):
-        yield start, min(start + step, n_epochs)
+from .kinds.base import RecordOutputs
+from .kinds.summary import CHUNK_BYTES, epoch_chunks  # noqa: F401 (epoch_chunks: its old home)
 
 
 def as_slice(idx):
@@ -190,7 +183,7 @@ class LazyBackend(ArrayBackend):
 
 
 class RecordBackend(Backend):
-    """`forgetkit.kinds.summary.RecordOutputs`: records per (epoch, sample) instead of every
+    """`forgetkit.kinds.base.RecordOutputs`: records per (epoch, sample) instead of every
     class's values; reading an epoch's per-class values raises the ValueError that says what
     the records hold. Records on a dask array are read on its workers (``here`` False)."""
 
@@ -199,15 +192,6 @@ class RecordBackend(Backend):
     @property
     def here(self):
         return not is_dask_array(self.outputs.stored)
-
-
-class SummaryBackend(RecordBackend):
-    """`forgetkit.kinds.summary.SummaryOutputs`: four numbers per (epoch, sample)."""
-
-
-class TopKBackend(RecordBackend):
-    """`forgetkit.kinds.topk.TopKOutputs`: per (epoch, token) the target's logit, the
-    log-sum-exp and the k largest logits with their ids (and the token table)."""
 
 
 class CollectionBackend(Backend):
@@ -219,8 +203,6 @@ class CollectionBackend(Backend):
 
 
 _BACKENDS = [(is_dask_array, CollectionBackend),
-             (lambda x: isinstance(x, SummaryOutputs), SummaryBackend),
-             (lambda x: isinstance(x, TopKOutputs), TopKBackend),
              (lambda x: isinstance(x, RecordOutputs), RecordBackend),
              (lambda x: isinstance(x, LazyOutputs), LazyBackend),
              (lambda x: isinstance(x, np.ndarray), ArrayBackend)]

@@ -3,8 +3,8 @@
 All functions take a `Run`. The one pass over the outputs (`Run.predictions`) is a numba
 kernel that reads float16/32/64 directly, streams the run in chunks of epochs and is kept on
 the Run, so calling several functions on one run reads the data once. Every function is a
-map-reduce over the run's chunks of samples on its executor (`Run.map_reduce`,
-`forgetkit.execution`: per-epoch counts summed, per-sample rows concatenated), with the same
+map-reduce over the run's chunks of samples on its executor
+(``forgetkit.execution.executor_for(run).map_reduce``: per-epoch counts summed, per-sample rows concatenated), with the same
 results on every executor.
 """
 

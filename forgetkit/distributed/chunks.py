@@ -194,6 +194,7 @@ register_executor(lambda x: isinstance(x, RecordOutputs) and is_dask_array(x.sto
 
 
 def map_reduce(run, fn):
-    """`Run.map_reduce` of a run on a dask array: ``fn`` on each chunk's Run, on the workers
-    of the active dask scheduler, results combined by `forgetkit.execution.combine`."""
+    """``executor_for(run).map_reduce(run, fn)`` of a run on a dask array: ``fn`` on each
+    chunk's Run, on the workers of the active dask scheduler, results combined by
+    `forgetkit.execution.combine`."""
     return EXECUTOR.map_reduce(run, fn)

@@ -281,13 +281,17 @@ def _jsonable(value):
     return value
 
 
-def _fuser_classes():
-    # imported here: each of these modules imports this one
-    from . import averages, knowledge, likelihood, selection
+#: The fusers `load_fuser` reads, by class name (`register_fuser`).
+FUSERS = {}
 
-    return {c.__name__: c for c in (knowledge.KnowledgeFusion, likelihood.LikelihoodFusion,
-                                    selection.EnsembleSelection, averages.CheckpointAverage,
-                                    averages.EarlyStopping)}
+
+def register_fuser(cls):
+    """Let `load_fuser` read fusers of ``cls`` (a `Fuser` subclass), stored under its class
+    name; returns ``cls`` (a class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Fuser)):
+        raise InputTypeError(f"register_fuser takes a Fuser subclass; got {cls!r}")
+    FUSERS[cls.__name__] = cls
+    return cls
 
 
 def _is_json_text(source):
@@ -325,4 +329,4 @@ def load_fuser(source, *, _what="fuser"):
         record = parse_record(text, where)
     except ForgetkitError as err:
         raise PlanError(f"not a forgetkit {_what}: {err}") from None
-    return fuser_from_record(record, _fuser_classes(), where, _what)
+    return fuser_from_record(record, dict(FUSERS), where, _what)

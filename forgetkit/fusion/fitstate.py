@@ -11,11 +11,11 @@ counts in step, whatever gives its values:
 - `forgetkit.fusion.topk.TopKFitChunk`: a top-k run's certified bounds (the target's column
   exact), so that a token counts as correct exactly when it is certified correct.
 
-`ChunkedFitState` sums the chunks' counts on the executor that holds them (`forgetkit.execution`:
-here, or the workers of a dask cluster): map (each chunk's counts) -> reduce (sums here) ->
-broadcast (the window and eps), after which each chunk mixes the window into its fusion in
-place. Counts are integers and each chunk runs the same kernels on its rows, so the plan is
-the same on every executor; only counts leave the chunks.
+`ChunkedFitState` sums the chunks' counts on the executor that holds them
+(`forgetkit.execution`: here, or the workers of a dask cluster): map (each chunk's counts)
+-> reduce (sums here) -> broadcast (the window and eps), after which each chunk mixes the
+window into its fusion in place. Counts are integers and each chunk runs the same kernels
+on its rows, so the plan is the same on every executor; only counts leave the chunks.
 """
 
 from __future__ import annotations

@@ -13,11 +13,8 @@ import math
 
 import numpy as np
 
-from .._validation import KINDS
 from ..errors import ForgetkitError, PlanError
-
-#: The kinds of run a fuser is fitted on (a top-k token run: certified fusion).
-FITTED_KINDS = (*KINDS, "topk")
+from ..kinds import kind_named, kinds
 
 FORMAT = "forgetkit-fuser"
 #: The format of a fitted fuser; version 1 was Knowledge Fusion's plan alone.
@@ -31,6 +28,12 @@ MAX_FUSER_BYTES = 64 << 20
 #: Largest class count a fuser may state (beyond any classification run stored so far).
 MAX_CLASSES = 1 << 24
 _INT64 = 1 << 63
+
+
+def fitted_kinds():
+    """The registered kinds a fuser is fitted on: those holding every class's probabilities
+    or bounds of them (a top-k token run: certified fusion)."""
+    return tuple(k for k in kinds() if kind_named(k).full or kind_named(k).bounded)
 
 
 def _shown(value):
@@ -139,8 +142,9 @@ def fuser_from_record(record, classes, where, what="fuser"):
                         "(epoch numbers increase)", e)
     n_classes = fields.integer(fields.get("n_classes"), "n_classes", 2, MAX_CLASSES)
     kind = fields.get("kind", "logits")
-    if kind not in FITTED_KINDS:
-        fields.fail("kind", f"one of {', '.join(FITTED_KINDS)}", kind)
+    fitted = fitted_kinds()
+    if kind not in fitted:
+        fields.fail("kind", f"one of {', '.join(fitted)}", kind)
     refs = fields.list(fields.get("checkpoints"), "checkpoints", nonempty=True)
     checkpoints = [fields.epoch_ref(c, f"checkpoints[{i}]", epochs) for i, c in enumerate(refs)]
     if checkpoints != sorted(set(checkpoints)):

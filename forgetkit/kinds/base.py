@@ -26,17 +26,18 @@ indices, default all):
   ``summary(run, epochs)``: the `SUMMARY_DTYPE` records (E, N);
 - ``epoch_probs(run, e, out)``: every class's probabilities of epoch index ``e`` into
   ``out`` (N, C) (``full`` kinds; the others raise `require_full`'s error);
-- ``exact_probs(run)``: whether ``run``'s per-class probabilities are exact (``full``, or a
-  top-k run whose k is the vocabulary); ``certified_bounds(run)``: what certified fusion
-  reads (``bounded`` kinds).
+- ``stored_values(run, e)``: epoch ``e``'s stored values (N, C) (kinds storing values);
+- ``certified_bounds(run)``: what certified fusion reads (``bounded`` kinds: a top-k run's
+  `forgetkit.kinds.topk.TopKData`, exact where k is the vocabulary).
 
 How io asks a run's kind: ``kind_of(run).name`` keys a format's writer table (a run is
 saved as what it is); ``kind_of(run).stores_values`` says whether it is stored as an
-(E, N, C) array of values or as records, and
-``stored_records(run)`` gives them as stored (unread, unverified: a memmap, an ndarray or a
-dask array); ``kind_of(run).summary(run, slice(e, e + 1))`` the summary records of an epoch,
-whatever the kind (exact, or an error saying what the run holds); ``full`` and
-``softmax`` whether it holds every class's values and whether they are logits.
+(E, N, C) array of values or as records; ``stored_records(run)`` gives the records as
+stored (unread, unverified: a memmap, an ndarray or a dask array) and ``read_records(run,
+epochs)`` reads them (verified where the file has checksums) as an ndarray;
+``kind_of(run).summary(run, slice(e, e + 1))`` gives the summary records of an epoch,
+whatever the kind (exact, or an error saying what the run holds); ``full`` and ``softmax``
+whether it holds every class's values and whether they are logits.
 
 A new kind is one module defining its `Kind` (and its `RecordOutputs`, if stored as
 records) plus one ``register_kind(...)`` call (tests/test_kinds.py registers two).
@@ -119,10 +120,6 @@ class Kind:
         self.require_full(run, "every class's probability")
         raise NotImplementedError
 
-    def exact_probs(self, run):
-        """Whether every class's probability of ``run`` is known exactly."""
-        return self.full
-
     def certified_bounds(self, run):
         """What certified fusion reads of ``run`` (``bounded`` kinds)."""
         raise ForgetkitError(f"{self.name} runs have no certified bounds: their "
@@ -130,9 +127,19 @@ class Kind:
 
     def stored_records(self, run):
         """The records of a run stored as records, as stored (unread, unverified)."""
-        if self.stores_values:
-            raise ForgetkitError(f"a {self.name} run is not stored as records")
+        self._require_records()
         return run.outputs.stored
+
+    def read_records(self, run, epochs=None):
+        """The records (E, N) of ``epochs`` (a slice; default all) as an ndarray, verified
+        where their file has checksums."""
+        self._require_records()
+        return run.outputs.read(epochs)
+
+    def _require_records(self):
+        if self.stores_values:
+            raise ForgetkitError(f"a {self.name} run is not stored as records: it stores "
+                                 "every class's values")
 
 
 class RecordOutputs:

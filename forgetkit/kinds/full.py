@@ -15,17 +15,10 @@ from .. import kernels
 from ..errors import ForgetkitError
 from ..probs import softmax
 from .base import SUMMARY_DTYPE, Kind, register_kind
-from .summary import CHUNK_BYTES, label_margins_of, summarize_outputs
+from .summary import epoch_chunks, label_margins_of, summarize_outputs
 
 #: How far from 1 the row sums of a "probs" run may be.
 PROBS_TOLERANCE = 1e-3
-
-
-def epoch_chunks(n_epochs, bytes_per_epoch, chunk_bytes=CHUNK_BYTES):
-    """(start, stop) ranges of epochs that take about ``chunk_bytes`` each."""
-    step = max(1, chunk_bytes // max(bytes_per_epoch, 1))
-    for start in range(0, n_epochs, step):
-        yield start, min(start + step, n_epochs)
 
 
 def subset_rows(run):

@@ -44,6 +44,13 @@ def label_and_other(z, labels):
     return label, z[rows, other_class], other_class
 
 
+def epoch_chunks(n_epochs, bytes_per_epoch, chunk_bytes=CHUNK_BYTES):
+    """(start, stop) ranges of epochs that take about ``chunk_bytes`` each."""
+    step = max(1, chunk_bytes // max(bytes_per_epoch, 1))
+    for start in range(0, n_epochs, step):
+        yield start, min(start + step, n_epochs)
+
+
 def _chunks(n_rows, n_classes):
     step = max(1, CHUNK_BYTES // (8 * n_classes))
     for start in range(0, n_rows, step):

@@ -37,6 +37,7 @@ from functools import partial
 
 import numpy as np
 
+from .._validation import check_int
 from ..errors import ForgetkitError
 from .base import SUMMARY_DTYPE, RecordKind, RecordOutputs, register_kind
 
@@ -154,8 +155,6 @@ def convert_records(records, dtype):
 
 
 def _check_k(k, vocab_size):
-    from .._validation import check_int
-
     vocab_size = check_int("vocab_size", vocab_size, minimum=2)
     k = check_int("k", k, minimum=1)
     if k > vocab_size:
@@ -539,9 +538,6 @@ class TopKKind(RecordKind):
     where k is the vocabulary."""
 
     bounded = True
-
-    def exact_probs(self, run):
-        return run.outputs.top_k >= run.n_classes
 
     def certified_bounds(self, run):
         """The `TopKData` of a top-k run held in memory or on disk."""
