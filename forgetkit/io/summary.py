@@ -358,7 +358,7 @@ class SummaryWriter(LockedWriter):
                                  f"{run.n_samples}, n_classes={run.n_classes}; this writer has "
                                  f"{self.n_samples}, {self.n_classes} (use mode='w' to start "
                                  "over, or another path)")
-        records = run.outputs.records
+        records = kind_of(run).read_records(run)
         crcs = [crc_array(records[e]) for e in range(len(records))]
 
         def write_tensor(tmp):

@@ -263,8 +263,11 @@ def save_topk(run, path):
     as one; or .parquet), its ids in the vocabulary's encoding (`topk_dtype`: a run read
     with uint32 ids is written with 24-bit ones); returns ``path``."""
     path = Path(path)
-    outputs = run.outputs
-    records = outputs.records  # verified first (`stored_records` would not be)
+    kind, outputs = kind_of(run), run.outputs
+
+    def epoch_records(e):  # (N,) records of epoch index e, verified, one epoch in memory
+        return kind.read_records(run, slice(e, e + 1))[0]
+
     table = token_table(run.labels, outputs.sequence_ids, outputs.positions, run.n_classes)
     record = topk_record(n_tokens=run.n_samples, vocab_size=run.n_classes, k=run.top_k,
                          epochs=run.epochs, table=table, meta=run.meta)
@@ -272,7 +275,7 @@ def save_topk(run, path):
         [v.item() if isinstance(v, np.generic) else v for v in run.sample_ids.tolist()]
     if path.suffix.lower() == ".parquet":
         with RunLock(path), atomic_write(path) as tmp:
-            write_topk_parquet(tmp, records, record, table)
+            write_topk_parquet(tmp, epoch_records, record, table)
         return path
     if path.suffix.lower() != ".npy":
         raise ForgetkitError(f"a top-k run is saved as .npy or .parquet; got {str(path)!r}")
@@ -281,9 +284,9 @@ def save_topk(run, path):
     def write_tensor(tmp):
         crcs = []
         with open(tmp, "wb") as f:
-            f.write(summary_header(*records.shape, dtype))
-            for e in range(len(records)):
-                epoch = convert_records(np.ascontiguousarray(records[e]), dtype)
+            f.write(summary_header(run.n_epochs, run.n_samples, dtype))
+            for e in range(run.n_epochs):
+                epoch = convert_records(np.ascontiguousarray(epoch_records(e)), dtype)
                 crcs.append(epoch_crcs(epoch))
                 f.write(memoryview(epoch.reshape(-1).view(np.uint8)))
         return crcs

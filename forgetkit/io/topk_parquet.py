@@ -48,11 +48,12 @@ def _schema(k, ids_type, record):
                      metadata={PARQUET_KEY: json.dumps(record).encode()})
 
 
-def write_topk_parquet(path, records, record, table):
-    """Write top-k ``records`` (E, N) with their ``record`` (`topk_record`) and token
-    ``table`` to ``path``; the checksums are those of the records in the record's id
-    encoding (the NPY layout)."""
-    n = records.shape[1]
+def write_topk_parquet(path, epoch_records, record, table):
+    """Write the top-k records of every epoch of ``record`` (`topk_record`),
+    ``epoch_records(e)`` (N,) those of epoch index ``e``, and the token ``table`` to
+    ``path``; the checksums are those of the records in the record's id encoding (the NPY
+    layout)."""
+    n = len(table)
     k = record["k"]
     rec = {key: v for key, v in record.items() if key != KEY}
     dtype = record_dtype(rec)
@@ -62,7 +63,7 @@ def write_topk_parquet(path, records, record, table):
     crcs, argmax = [], []
     with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
         for e, epoch in enumerate(rec["epochs"]):
-            rows = convert_records(np.ascontiguousarray(records[e]), dtype)
+            rows = convert_records(np.ascontiguousarray(epoch_records(e)), dtype)
             crcs.append(crc_array(rows))
             argmax.append(argmax_crc(rows))
             columns = [pa.array(np.full(n, epoch, np.int64)), pa.array(np.arange(n)),
