@@ -126,6 +126,31 @@ def test_renamed_functions():
     assert old[1:] == evaluate.prediction_metrics(p, labels)[1:]
 
 
+def test_top_k_is_the_top_k_width_everywhere(tmp_path):
+    """`to_topk` and `TopKWriter` name the top-k width ``top_k`` as the recorders do; the
+    old ``k=`` gives the same run with a FutureWarning."""
+    run = make_run(n_epochs=3, n_samples=30, n_classes=6)
+    new = quiet(fk.to_topk, run, top_k=3)
+    with pytest.warns(FutureWarning, match="'k' is now 'top_k'"):
+        old = fk.to_topk(run, k=3)
+    assert new.top_k == old.top_k == 3
+    np.testing.assert_array_equal(old.outputs.records, new.outputs.records)
+    args = dict(vocab_size=6, targets=run.labels, sequence_ids=np.arange(30),
+                positions=np.zeros(30, np.int32))
+    paths = tmp_path / "new.npy", tmp_path / "old.npy"
+    with quiet(fk.TopKWriter, paths[0], top_k=3, **args) as w:
+        w.append(0, run.epoch_values(0))
+    with pytest.warns(FutureWarning, match="TopKWriter\\(\\): the argument 'k' is now 'top_k'"):
+        w = fk.TopKWriter(paths[1], k=3, **args)
+    with w:
+        w.append(0, run.epoch_values(0))
+    a, b = fk.load(paths[0]), fk.load(paths[1])
+    assert a.top_k == b.top_k == 3
+    np.testing.assert_array_equal(a.outputs.records, b.outputs.records)
+    with pytest.raises(TypeError, match="both 'k'"):
+        fk.to_topk(run, k=3, top_k=3)
+
+
 def test_shadowed_modules_still_callable():
     run = make_run(n_epochs=5, n_samples=60)
     with pytest.warns(FutureWarning, match="is a module"):

@@ -358,7 +358,7 @@ class TokenRecorder(RecorderBase):
                                      f"data holds sequence {int(seqs.max())}")
             seqs = self.sequence_ids[seqs]
         o = self._writer_options
-        writer = TopKWriter(self.path, vocab_size=int(n_classes), k=self.top_k,
+        writer = TopKWriter(self.path, vocab_size=int(n_classes), top_k=self.top_k,
                             targets=index[:, 2], sequence_ids=seqs,
                             positions=index[:, 1].astype(np.int32), meta=o["meta"],
                             mode=o["mode"], durable=self.durable)

@@ -21,8 +21,17 @@ Writing is atomic (temporary file, then rename): an output file is complete or a
 `RunWriter` appends epoch by epoch while a model trains; after a kill, the epochs completed
 before it load normally.
 
-Modules: ``atomic`` (atomic writes), ``record`` (the metadata record, sidecars), ``npz``,
-``npy``, ``parquet``, ``cartography``, ``summary`` (one per format), ``writer`` (`RunWriter`).
+Which format reads or writes a path is asked of one registry (`registry`): `load`, `save`,
+`verify`, `convert` and the shard readers of `forgetkit.distributed` loop over it, and
+`register_format` adds a format (a `Format`: can_open, load, save, verify, open_shard).
+
+Modules: ``registry`` (the `Format` interface and the registry); ``formats/`` (one module
+per format: ``npy``, ``npz``, ``parquet``, ``cartography``, and the NPY and Parquet shard
+readers); the layouts of each kind: ``npy``, ``npz``, ``parquet``, ``cartography`` (full
+runs), ``summary``, ``summary_parquet``, ``summary_record`` (summaries, `SummaryWriter`),
+``topk``, ``topk_parquet``, ``topk_record`` (top-k runs, `TopKWriter`); the mechanics:
+``record`` (the metadata record, sidecars), ``writer`` (`RunWriter`), ``atomic``, ``pair``,
+``lock``, ``guard``, ``integrity``, ``background``.
 """
 
 from __future__ import annotations
@@ -31,32 +40,42 @@ import os
 from pathlib import Path
 
 from .._validation import check_bool, check_option, check_path
-from ..errors import ForgetkitError, InputTypeError, MissingFileError
+from ..errors import InputTypeError
 from ..execution import loader as registered_loader
 from ..run import Run
 from .atomic import atomic_write
 from .background import wait_for_writes
 from .cartography import load_cartography
+from .formats.cartography import CartographyFormat
+from .formats.npy import NpyFormat
+from .formats.npz import NpzFormat
+from .formats.parquet import ParquetFormat
 from .guard import refuse_overwrite
-from .lock import RunLock
-from .npy import load_npy, write_npy
-from .npz import load_npz, write_npz
-from .pair import commit_pair
-from .parquet import LAYOUTS, load_parquet, staging_path, write_parquet
-from .record import format_of, load_labels_file, record_of, with_checksums
-from .summary import SummaryWriter, is_summary, load_summary, staged_summary, summarize
-from .summary_parquet import is_summary_parquet, load_summary_parquet
-from .topk import TopKWriter, is_topk, load_topk, save_topk, to_topk
-from .topk_parquet import is_topk_parquet, load_topk_parquet
-from .verification import verify_run
+from .parquet import LAYOUTS, staging_path  # noqa: F401 (forgetkit.io.staging_path)
+from .record import load_labels_file
+from .registry import (
+    Format,
+    format_to_open,
+    format_to_save,
+    register_format,
+    registered_formats,
+    unregister_format,
+)
+from .summary import SummaryWriter, summarize
+from .topk import TopKWriter, to_topk
 from .writer import RunWriter
 
-__all__ = ["RunWriter", "SummaryWriter", "TopKWriter", "atomic_write", "convert", "load",
-           "load_cartography", "save", "summarize", "to_topk", "verify"]
+__all__ = ["Format", "RunWriter", "SummaryWriter", "TopKWriter", "atomic_write", "convert",
+           "load", "load_cartography", "register_format", "registered_formats", "save",
+           "summarize", "to_topk", "unregister_format", "verify"]
+
+for _builtin in (NpzFormat(), NpyFormat(), ParquetFormat(), CartographyFormat()):
+    register_format(_builtin)  # asked newest first: a user's format before these
 
 
 def load(path, labels=None, *, kind=None, chunks=None, verify=True):
-    """Load a run from ``path`` (.npz, .npy, .parquet or a Dataset Cartography folder).
+    """Load a run from ``path`` (.npz, .npy, .parquet, a Dataset Cartography folder or a
+    registered format's path: the first registered format whose ``can_open`` claims it).
 
     A glob pattern (``"run/shard-*.npy"``), an fsspec URL (``"s3://..."``) or ``chunks``
     loads NPY/Parquet shards as one Run on a dask array, kept distributed (see
@@ -88,33 +107,16 @@ def load(path, labels=None, *, kind=None, chunks=None, verify=True):
         return registered_loader("shards")(path, chunks=chunks, labels=labels, kind=kind,
                                          verify=verify)
     path = Path(path)
-    fmt = format_of(path)
-    if fmt == "parquet" and not path.exists() and staging_path(path).is_dir():
-        fmt = "parquet"  # an unfinished RunWriter: load its completed epochs
-    elif not path.exists():
-        raise MissingFileError(f"no such run: {str(path)!r}")
+    fmt = format_to_open(path)
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels_file(labels)
     wait_for_writes(path)  # epochs this process recorded to path and still writes
-    if fmt == "npy" and kind in (None, "summary") and is_summary(path):
-        return load_summary(path, labels=labels, verify=verify)
-    if fmt == "parquet" and not path.exists() and staged_summary(path).exists():
-        return load_summary(staged_summary(path), labels=labels, verify=verify)  # writing
-    if fmt == "npy" and kind in (None, "topk") and is_topk(path):
-        return load_topk(path, labels=labels, verify=verify)
-    if fmt == "parquet" and kind in (None, "topk") and is_topk_parquet(path):
-        return load_topk_parquet(path, labels=labels, verify=verify)
-    if fmt == "parquet" and kind in (None, "summary") and is_summary_parquet(path):
-        return load_summary_parquet(path, labels=labels, verify=bool(verify))
-    if fmt in ("npy", "parquet"):
-        loader = load_npy if fmt == "npy" else load_parquet
-        return loader(path, labels=labels, kind=kind, verify=bool(verify))
-    loader = {"npz": load_npz, "cartography": load_cartography}[fmt]
-    return loader(path, labels=labels, kind=kind)
+    return fmt.load(path, labels=labels, kind=kind, verify=verify)
 
 
 def save(run, path, *, layout="list", compress=True):
-    """Write ``run`` to ``path``; the format follows the extension (.npz, .npy, .parquet).
+    """Write ``run`` to ``path`` in the first registered format that writes that path (by
+    its extension: .npz, .npy, .parquet) and stores the run's kind.
 
     Streams epoch by epoch, so a memory-mapped or Parquet run converts with bounded memory.
     The write is atomic and durable (see `atomic_write`): on any error no file is left at
@@ -125,31 +127,10 @@ def save(run, path, *, layout="list", compress=True):
     if not isinstance(run, Run):
         raise InputTypeError(f"run must be a forgetkit.Run; got {type(run).__name__}")
     path = Path(path)
-    fmt = format_of(path)
-    if fmt == "cartography":
-        raise ForgetkitError("saving to Dataset Cartography folders is not supported")
+    fmt = format_to_save(path, run.kind)
     check_option("layout", layout, LAYOUTS)
     refuse_overwrite({"destination": path}, [run.source])
-    if run.kind == "summary":  # written as what it is
-        if fmt not in ("npy", "parquet"):
-            raise ForgetkitError(f"a summary run is saved as .npy or .parquet; got "
-                                 f"{str(path)!r}")
-        summarize(run, path)
-        return path
-    if run.kind == "topk":  # written as what it is, with its token table
-        return save_topk(run, path)
-    epochs = ((int(run.epochs[e]), run.epoch_values(e)) for e in range(run.n_epochs))
-    with RunLock(path):
-        if fmt == "npy":  # the tensor and its sidecar, committed as one
-            commit_pair(path, lambda tmp: write_npy(tmp, epochs, run.outputs.dtype, run.shape),
-                        lambda crcs: with_checksums(record_of(run), crcs))
-            return path
-        with atomic_write(path) as tmp:
-            if fmt == "npz":
-                write_npz(tmp, run, compress=compress)
-            else:
-                write_parquet(tmp, epochs, run.n_classes, run.outputs.dtype, layout,
-                              record_of(run))
+    fmt.save(run, path, layout=layout, compress=compress)
     return path
 
 
@@ -174,4 +155,5 @@ def verify(path):
         checked, and the epoch numbers that do not match (empty when every epoch holds).
         A file that cannot be read at all raises ForgetkitError.
     """
-    return verify_run(check_path("path", path))
+    path = Path(check_path("path", path))
+    return {"path": str(path), **format_to_open(path).verify(path)}

@@ -64,7 +64,17 @@ def open_memmap(path):
             raise corrupt(path, err) from None
 
 
-def _read_sidecar(file):
+def open_records(path):
+    """The NPY file of structured records (a summary's, a top-k run's) at ``path``,
+    memory-mapped read-only (`open_memmap`); an unreadable one is an error naming it."""
+    try:
+        return open_memmap(path)
+    except ForgetkitError as err:
+        raise ForgetkitError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
+                             f"({err})") from None
+
+
+def read_sidecar(file):
     """The record in the sidecar ``file``, or None if there is none (or no longer)."""
     try:
         return read_record(file, "sidecar")
@@ -95,7 +105,7 @@ def verify_tensor(path, tensor, record, n_epochs=None, *, predict=False):
 
 
 def load_npy(path, *, labels=None, kind=None, verify=True):
-    outputs, record, _ = open_pair(path, open_memmap, _read_sidecar)
+    outputs, record, _ = open_pair(path, open_memmap, read_sidecar)
     record = record or {}
     check_sidecar_claims(path, outputs, record)
     predictions = None
@@ -160,7 +170,7 @@ class NpyAppender:
         if not self.sidecar.exists() and not pending_path(self.path).exists():
             raise ForgetkitError(f"{str(self.path)!r} exists but has no {SIDECAR_SUFFIX} "
                                  "sidecar: it was not written by forgetkit; use mode='w'")
-        existing, record, _ = open_pair(self.path, open_memmap, _read_sidecar)
+        existing, record, _ = open_pair(self.path, open_memmap, read_sidecar)
         record = record or {}
         check_sidecar_claims(self.path, existing, record)
         if record.get("epochs") is None:

@@ -51,7 +51,7 @@ def commit_pair(path, write_tensor, record_for):
     forget_verified(path)
 
 
-def _identity(file):
+def file_identity(file):
     try:
         st = os.stat(file)
     except FileNotFoundError:
@@ -70,10 +70,10 @@ def open_pair(path, open_tensor, read_record, *, matches=None):
     path = Path(path)
     sidecar, pending = sidecar_path(path), pending_path(path)
     for _ in range(READ_ATTEMPTS):
-        before = _identity(sidecar)
+        before = file_identity(sidecar)
         record = read_record(sidecar) if before is not None else None
         tensor = open_tensor(path)
-        if not pending.exists() and _identity(sidecar) == before:
+        if not pending.exists() and file_identity(sidecar) == before:
             return tensor, record, True
         candidates = [read_record(pending), read_record(sidecar)]
         for candidate in candidates:

@@ -102,7 +102,7 @@ def epoch_table(epoch, values, layout):
                      "outputs": outputs})
 
 
-def _column_to_numpy(column, n_classes, dtype, where):
+def column_to_numpy(column, n_classes, dtype, where):
     """(n_rows, C) ndarray from an ``outputs`` column (list, fixed-size list or binary)."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     typ = arr.type
@@ -165,7 +165,7 @@ class _ParquetSource:
                                    f"corrupt ({err})") from None
         if table.num_rows != self.n_samples:
             raise ForgetkitError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
-        values = _column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)
+        values = column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)
         sample = _int_column(table, "sample", where)
         if not np.array_equal(sample, np.arange(self.n_samples)):
             order = np.argsort(sample, kind="stable")

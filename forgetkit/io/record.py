@@ -16,7 +16,6 @@ from .integrity import KEY as CRC_KEY
 from .integrity import checksums, crc_ints
 
 SIDECAR_SUFFIX = ".forgetkit.json"
-FORMATS = ("npz", "npy", "parquet", "cartography")
 FLOAT_NAMES = ("float16", "float32", "float64")
 #: A metadata record is labels and ids, a few bytes per sample; more than this is not one.
 MAX_RECORD_BYTES = 1 << 30
@@ -24,7 +23,8 @@ INT64_LIMIT = 1 << 63
 
 
 def format_of(path):
-    """The format of ``path`` from its extension (or a Dataset Cartography folder)."""
+    """The format of ``path`` from its extension (or a Dataset Cartography folder): what
+    `RunWriter` appends to (loading, saving and verifying ask `forgetkit.io.registry`)."""
     path = Path(path)
     if path.is_dir() and glob.glob(str(path / "dynamics_epoch_*.jsonl")):
         return "cartography"
@@ -277,3 +277,15 @@ def make_run(outputs, record, labels, kind, *, source):
         if str(source) in str(err):
             raise
         raise type(err)(f"{str(source)!r}: {err}") from None
+
+
+def read_sidecar_of(file, fmt):
+    """The record of format ``fmt`` (a summary's, a top-k run's) in the sidecar ``file``
+    (None if absent or of another format)."""
+    try:
+        record = json.loads(file.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CorruptFileError(f"the sidecar {str(file)!r} is not valid JSON") from None
+    return record if isinstance(record, dict) and record.get("format") == fmt else None

@@ -25,7 +25,8 @@ from .._validation import (
     check_meta,
     check_option,
 )
-from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from ..errors import ForgetkitError, InputTypeError
+from ..kinds import kind_of
 from ..kinds.summary import SUMMARY_DTYPE, SummaryOutputs, summarize_outputs
 from ..run import Run
 from .atomic import atomic_write, remove, write_json_atomic
@@ -33,40 +34,16 @@ from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
 from .integrity import crc_array
 from .lock import RunLock
-from .npy import open_memmap, verify_tensor
+from .npy import open_records, verify_tensor
 from .pair import commit_pair, open_pair, pending_path
 from .parquet import staging_path
-from .record import (
-    RECORD_VERSION,
-    check_record,
-    jsonable,
-    record_encoder,
-    sidecar_path,
-    with_checksums,
-)
+from .record import read_sidecar_of, record_encoder, sidecar_path, with_checksums
+from .summary_parquet import load_summary_parquet, write_summary_parquet
+from .summary_record import FORMAT, summary_record, summary_run
 from .writer import LockedWriter, check_run_fields
 
-FORMAT = "forgetkit-summary"
 #: Room for the NPY header, rewritten in place as epochs are appended.
 HEADER_BYTES = 256
-
-
-def summary_record(*, n_samples, n_classes, epochs, labels, sample_ids=None,
-                   class_names=None, meta=None):
-    """The sidecar record of a summary run."""
-    return {
-        "format": FORMAT,
-        "version": RECORD_VERSION,
-        "kind": "summary",
-        "fields": [name for name in SUMMARY_DTYPE.names],
-        "n_samples": int(n_samples),
-        "n_classes": int(n_classes),
-        "epochs": [int(e) for e in epochs],
-        "labels": [int(v) for v in labels],
-        "sample_ids": jsonable(sample_ids),
-        "class_names": class_names,
-        "meta": meta,
-    }
 
 
 def staged_summary(path):
@@ -103,29 +80,9 @@ def is_summary(path):
     return read_summary_record(path) is not None
 
 
-def read_sidecar_of(file, fmt):
-    """The record of format ``fmt`` (a summary's, a top-k run's) in the sidecar ``file``
-    (None if absent or of another format)."""
-    try:
-        record = json.loads(file.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise CorruptFileError(f"the sidecar {str(file)!r} is not valid JSON") from None
-    return record if isinstance(record, dict) and record.get("format") == fmt else None
-
-
-def _read_summary_sidecar(file):
+def read_summary_sidecar(file):
     """The summary record in the sidecar ``file`` (None if absent or not a summary's)."""
     return read_sidecar_of(file, FORMAT)
-
-
-def _open_records(path):
-    try:
-        return open_memmap(path)
-    except ForgetkitError as err:
-        raise ForgetkitError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
-                             f"({err})") from None
 
 
 def load_summary(path, *, labels=None, verify=True):
@@ -133,47 +90,12 @@ def load_summary(path, *, labels=None, verify=True):
     stored checksums (`forgetkit.load`)."""
     if read_summary_record(path) is None:
         raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
-    records, record, _ = open_pair(path, _open_records, _read_summary_sidecar)
+    records, record, _ = open_pair(path, open_records, read_summary_sidecar)
     if record is None:
         raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
     return summary_run(path, records, record, labels,
                        f"the sidecar {str(sidecar_path(path))!r}",
                        verify=(lambda: verify_tensor(path, records, record)) if verify else None)
-
-
-def summary_run(path, records, record, labels, where, *, verify=None):
-    """The summary Run of ``records`` (E, N) of SUMMARY_DTYPE and their metadata
-    ``record`` (``where`` names it), fields range-checked; ``labels`` override; ``verify``
-    (a callable) checks the checksums once the sizes are known to agree."""
-    check_record({k: v for k, v in record.items() if k != "kind"}, where)  # kind: summary
-    for name in ("n_samples", "n_classes", "epochs", "labels"):
-        if record.get(name) is None and not (name == "labels" and labels is not None):
-            raise CorruptFileError(f"{where} lacks the field {name!r}")
-    if records.dtype != SUMMARY_DTYPE or records.ndim != 2 \
-            or records.shape[1] != record["n_samples"]:
-        raise ForgetkitError(f"{str(path)!r} must hold summary records of shape (epochs, "
-                             f"{record['n_samples']}) and dtype {SUMMARY_DTYPE.descr}; got "
-                             f"{records.dtype} of shape {records.shape}")
-    epochs = record["epochs"][: records.shape[0]]
-    if records.shape[0] == 0 or len(epochs) != records.shape[0]:
-        raise ForgetkitError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
-                             f"names {len(record['epochs'])}; a summary needs at least one epoch")
-    if verify is not None:
-        verify()
-    for field in ("label", "other", "lse"):
-        if not np.isfinite(records[field]).all():
-            raise ForgetkitError(f"{str(path)!r}: field {field!r} holds NaN or inf")
-    other = records["other_class"]
-    if other.size and (int(other.min()) < 0 or int(other.max()) >= record["n_classes"]):
-        raise CorruptFileError(f"{str(path)!r}: field 'other_class' holds classes outside "
-                               f"[0, {record['n_classes']}): the file is corrupt")
-    try:
-        return Run(SummaryOutputs(records, record["n_classes"]),
-                   record["labels"] if labels is None else labels, kind="summary",
-                   epochs=epochs, sample_ids=record.get("sample_ids"),
-                   class_names=record.get("class_names"), meta=record.get("meta"), source=path)
-    except ForgetkitError as err:
-        raise type(err)(f"{str(path)!r}: {err}") from None
 
 
 def summarize(run, path=None, *, progress=False):
@@ -203,16 +125,11 @@ def summarize(run, path=None, *, progress=False):
             raise InputTypeError(f"run must be a forgetkit.Run or the path of a run file; got "
                                  f"{type(run).__name__} {run!r}"[:200])
         run = load(run)
-    if run.kind == "probs":
-        raise ForgetkitError("summarize needs logits (the summary holds logits and their "
-                             "log-sum-exp); got a run of probabilities")
+    kind = kind_of(run)  # a summary is copied; logits or a top-k run give theirs (exact)
     records = np.empty((run.n_epochs, run.n_samples), dtype=SUMMARY_DTYPE)
     bar = Progress(run.n_epochs, "summary", enabled=progress)
     for e in range(run.n_epochs):
-        if not run.holds_every_class:  # a summary (copied), or a top-k run's (exact)
-            records[e] = run.outputs[e:e + 1].summary(run.labels)[0]
-        else:
-            summarize_outputs(run.epoch_values(e), run.labels, out=records[e])
+        records[e] = kind.summary(run, slice(e, e + 1))[0]
         bar.update()
     if path is None:
         return Run(SummaryOutputs(records, run.n_classes), run.labels, kind="summary",
@@ -228,8 +145,6 @@ def summarize(run, path=None, *, progress=False):
         labels=run.labels, sample_ids=run.sample_ids, class_names=run.class_names,
         meta=run.meta)
     if path.suffix.lower() == ".parquet":
-        from .summary_parquet import load_summary_parquet, write_summary_parquet
-
         with RunLock(path), atomic_write(path) as tmp:
             write_summary_parquet(tmp, records, record)
         return load_summary_parquet(path)
@@ -386,7 +301,7 @@ class SummaryWriter(LockedWriter):
         """Replace the epochs from position ``keep`` on by ``records`` (one epoch; ``meta``:
         the run's new metadata or None): a new file and sidecar, committed as one, so that a
         kill leaves the old run or the new."""
-        old = _open_records(self.path)
+        old = open_records(self.path)
         epochs, crcs = self.epochs, self.crcs
         self.epochs, self.crcs = epochs[:keep] + [epoch], crcs[:keep] + [self._crc(records)]
         before = self._use_meta(meta)
@@ -437,15 +352,13 @@ class SummaryWriter(LockedWriter):
     def _stage(self, source):
         """Stage the epochs of the finished Parquet summary ``source`` (verified) to resume
         it: the records and the sidecar, committed as one."""
-        from .summary_parquet import load_summary_parquet
-
         run = load_summary_parquet(source)
         if run.n_samples != self.n_samples or run.n_classes != self.n_classes:
             raise ForgetkitError(f"the existing summary at {str(source)!r} has n_samples="
                                  f"{run.n_samples}, n_classes={run.n_classes}; this writer has "
                                  f"{self.n_samples}, {self.n_classes} (use mode='w' to start "
                                  "over, or another path)")
-        records = run.outputs.records
+        records = kind_of(run).read_records(run)
         crcs = [crc_array(records[e]) for e in range(len(records))]
 
         def write_tensor(tmp):
@@ -463,9 +376,7 @@ class SummaryWriter(LockedWriter):
         """Write the staged epochs to the Parquet file (atomically), then remove the
         staging: a kill before the rename leaves the staging (loaded, and resumed), after it
         the finished file."""
-        from .summary_parquet import write_summary_parquet
-
-        records = _open_records(self.path)[: len(self.epochs)]
+        records = open_records(self.path)[: len(self.epochs)]
         with atomic_write(self.target) as tmp:
             write_summary_parquet(tmp, records, self._record())
         for staged in (self.path, sidecar_path(self.path), pending_path(self.path)):
@@ -493,7 +404,7 @@ class SummaryWriter(LockedWriter):
                 raise ForgetkitError(f"the existing summary at {str(self.path)!r} has "
                                      f"{field}={record.get(field)}; this writer has {field}={mine} "
                                      "(use mode='w' to start over, or another path)")
-        stored, record, _ = open_pair(self.path, _open_records, _read_summary_sidecar)
+        stored, record, _ = open_pair(self.path, open_records, read_summary_sidecar)
         n = stored.shape[0]
         if verify_tensor(self.path, stored, record)[0]:
             crcs = list(record[CRC_KEY]["outputs"][:n])

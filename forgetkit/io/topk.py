@@ -16,8 +16,8 @@ On disk (NPY), three files:
   the forgetting pass reads and verifies only those), and of the token table with the
   vocabulary size and k.
 
-Loading verifies each epoch on its first read (`EpochChecks`), once per process for an
-unchanged file.
+Loading verifies each epoch on its first read (`forgetkit.io.topk_record.EpochChecks`), once
+per process for an unchanged file.
 
 `TopKWriter` appends epoch by epoch as `SummaryWriter` does (lock, resume, replace,
 durable): each epoch's records are written and flushed, then the sidecar, then the header,
@@ -34,22 +34,20 @@ from pathlib import Path
 
 import numpy as np
 
+from .._deprecation import keyword_options
 from .._progress import Progress
 from .._validation import check_int, check_meta, check_option
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from ..kinds import kind_of
 from ..kinds import topk as _topk
 from ..kinds.topk import (
     DEFAULT_TOP_K,
-    ID_ENCODINGS,
     TOKEN_DTYPE,
-    U16_VOCAB,
     TopKOutputs,
     check_records,
     convert_records,
-    id_encoding,
     ids_of,
     is_topk_dtype,
-    token_ids,
     top_k_of,
     topk_dtype,
 )
@@ -57,28 +55,26 @@ from ..run import Run
 from .atomic import atomic_write, fsync_path, remove_stale_temps
 from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
-from .integrity import (
-    bad_epochs,
-    check_fields,
-    crc_array,
-    crc_ints,
-    is_verified,
-    mismatch,
-    remember_verified,
-    stored_checksums,
-)
+from .integrity import crc_ints
 from .lock import RunLock
-from .npy import verify_tensor
-from .pair import READ_ATTEMPTS, _identity, commit_pair, open_pair
-from .record import RECORD_VERSION, check_record, needs_checksums, record_encoder, sidecar_path
-from .summary import SummaryWriter, _open_records, read_sidecar_of, summary_header
+from .npy import open_records, verify_tensor
+from .pair import READ_ATTEMPTS, commit_pair, file_identity, open_pair
+from .record import read_sidecar_of, record_encoder, sidecar_path
+from .summary import SummaryWriter, summary_header
+from .topk_parquet import write_topk_parquet
+from .topk_record import (
+    ARGMAX_KEY,
+    FORMAT,
+    argmax_crc,
+    check_topk_record,
+    epoch_crcs,
+    record_dtype,
+    table_crc,
+    topk_record,
+    topk_run,
+)
 
-FORMAT = "forgetkit-topk"
-#: The key, beside "outputs" in a top-k record's checksums, of the argmax ids' checksums.
-ARGMAX_KEY = "argmax"
 TOKENS_SUFFIX = ".tokens.npy"
-#: Tokens whose records are value-checked at a time when a run is loaded unverified.
-CHECK_TOKENS = 1 << 20
 
 
 def tokens_path(path):
@@ -112,33 +108,6 @@ def token_table(targets, sequence_ids, positions, vocab_size):
     return table
 
 
-def table_crc(table, vocab_size, k):
-    """The checksum of a top-k run's token table and of its vocabulary size and k (so that
-    a changed sidecar cannot make the records another vocabulary's)."""
-    return crc_array(np.asarray([vocab_size, k], dtype="<i8"), crc_array(table))
-
-
-def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None, ids=None):
-    """The sidecar record of a top-k run (without the epochs' checksums); ``ids``: the id
-    encoding (default `forgetkit.kinds.topk.id_encoding`)."""
-    return {
-        "format": FORMAT,
-        "version": RECORD_VERSION,
-        "kind": "topk",
-        "fields": list(topk_dtype(k, vocab_size).names),
-        "n_samples": int(n_tokens),
-        "n_classes": int(vocab_size),
-        "vocab_size": int(vocab_size),
-        "k": int(k),
-        "ids": id_encoding(vocab_size) if ids is None else ids,
-        "epochs": [int(e) for e in epochs],
-        "tokens": {"crc32c": table_crc(table, vocab_size, k), "n_tokens": int(n_tokens)},
-        "sample_ids": None,
-        "class_names": None,
-        "meta": meta,
-    }
-
-
 def _encoder(record, table):
     """``(epochs, crcs) -> EncodedRecord``: `record_encoder` of a top-k record (the labels,
     its targets, live in the token table); ``crcs`` are `epoch_crcs` pairs, stored as the
@@ -155,23 +124,12 @@ def _with_argmax(encode):
     return encoded
 
 
-def argmax_crc(records):
-    """The CRC32C of one epoch's argmax ids (`forgetkit.kinds.topk.token_ids` (records, 0)) as
-    little-endian int32 (what the forgetting pass reads; the same for every id encoding)."""
-    return crc_array(np.ascontiguousarray(token_ids(records, 0), dtype="<i4"))
-
-
-def epoch_crcs(records):
-    """(CRC32C of one epoch's records, of its argmax ids)."""
-    return crc_array(records), argmax_crc(records)
-
-
 def read_topk_record(path):
     """The sidecar record of the top-k run at ``path``, or None if ``path`` is not one."""
     if Path(path).suffix.lower() != ".npy":
         return None
     try:
-        return _read_topk_sidecar(sidecar_path(path))
+        return read_topk_sidecar(sidecar_path(path))
     except CorruptFileError:
         return None  # not ours to judge: the NPY loader reports it
 
@@ -181,48 +139,9 @@ def is_topk(path):
     return read_topk_record(path) is not None
 
 
-def _read_topk_sidecar(file):
+def read_topk_sidecar(file):
     """The top-k record in the sidecar ``file`` (None if absent or not a top-k run's)."""
     return read_sidecar_of(file, FORMAT)
-
-
-def _check_topk_record(record, where):
-    """The fields of a top-k record, type-checked: (n_tokens, vocab_size, k)."""
-    if record.get("kind") != "topk" or "labels" in record:
-        raise CorruptFileError(f'{where}: a top-k run\'s record has "kind": "topk" and no '
-                               "labels (they are its token table's targets); got kind="
-                               f"{record.get('kind')!r}" + (" and labels" if "labels" in record
-                                                            else ""))
-    check_record({k: v for k, v in record.items() if k not in ("kind", "labels")}, where)
-    for name in ("n_samples", "vocab_size", "k", "epochs", "tokens"):
-        if record.get(name) is None:
-            raise CorruptFileError(f"{where} lacks the field {name!r}")
-    n, vocab, k = record["n_samples"], record["vocab_size"], record["k"]
-    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (vocab, k)) \
-        and 1 <= k <= vocab and vocab >= 2 and record.get("n_classes", vocab) == vocab \
-        and isinstance(record["tokens"], dict)
-    if not ok:
-        raise CorruptFileError(f"{where}: fields 'vocab_size', 'k' and 'tokens' must be a "
-                               f"vocabulary >= 2, 1 <= k <= vocab_size and the token table's "
-                               f"checksum; got vocab_size={vocab!r}, k={k!r}")
-    try:
-        record_dtype(record)
-    except ForgetkitError:
-        raise CorruptFileError(f"{where}: field 'ids' must be an id encoding ("
-                               f"{', '.join(ID_ENCODINGS)}) that holds vocab_size={vocab} "
-                               f"ids; got {record.get('ids')!r}") from None
-    return n, vocab, k
-
-
-def record_dtype(record):
-    """The records' dtype that a top-k run's (checked) sidecar record names: its ``ids``
-    encoding, or for runs written before it was recorded uint16 ids up to 65,536 ids, else
-    uint32."""
-    vocab = record["vocab_size"]
-    ids = record.get("ids", "uint16" if vocab <= U16_VOCAB else "uint32")
-    if not isinstance(ids, str):
-        raise ForgetkitError(f"not an id encoding: {ids!r}")
-    return topk_dtype(record["k"], vocab, ids=ids)
 
 
 def read_tokens(path, record, *, verify=True):
@@ -260,128 +179,25 @@ def load_topk(path, *, labels=None, verify=True):
     checksums (`forgetkit.load`)."""
     where = f"the sidecar {str(sidecar_path(path))!r}"
     for attempt in range(READ_ATTEMPTS):
-        before = _identity(sidecar_path(path))
-        records, record, _ = open_pair(path, _open_records, _read_topk_sidecar)
+        before = file_identity(sidecar_path(path))
+        records, record, _ = open_pair(path, open_records, read_topk_sidecar)
         if record is None:
             raise ForgetkitError(f"{str(path)!r} is not a forgetkit top-k run (no {FORMAT} "
                                  "sidecar)")
-        _check_topk_record(record, where)
+        check_topk_record(record, where)
         try:
             table = read_tokens(path, record, verify=verify)
             break
         except CorruptFileError:
             # a writer committed another run meanwhile (its token table replaced ours):
             # read the pair again
-            if attempt + 1 == READ_ATTEMPTS or _identity(sidecar_path(path)) == before:
+            if attempt + 1 == READ_ATTEMPTS or file_identity(sidecar_path(path)) == before:
                 raise
     return topk_run(path, records, record, table, labels, where, verify=verify)
 
 
-def topk_run(path, records, record, table, labels, where, *, verify=True, verified=False):
-    """The top-k Run of ``records`` (E, N), their sidecar ``record`` (``where`` names it)
-    and token ``table``; ``labels`` override the targets. With ``verify`` and checksums,
-    each epoch is checked against its checksum on its first full read (`EpochChecks`; its
-    values were checked when written); otherwise the values are checked here.
-    ``verified``: the caller verified every epoch already."""
-    n, vocab, k = _check_topk_record(record, where)
-    dtype = record_dtype(record)
-    if records.dtype != dtype or records.ndim != 2 or records.shape[1] != n:
-        raise CorruptFileError(f"{str(path)!r} must hold top-k records of shape (epochs, {n}) "
-                               f"and dtype {dtype.descr}; got {records.dtype} of shape "
-                               f"{records.shape}")
-    epochs = record["epochs"][: records.shape[0]]
-    if records.shape[0] == 0 or len(epochs) != records.shape[0]:
-        raise CorruptFileError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
-                               f"names {len(record['epochs'])}; a top-k run needs at least one "
-                               "epoch")
-    checks, sums = None, None
-    if verify:
-        sums = stored_checksums(record, where)
-        if sums is None and needs_checksums(record):
-            raise CorruptFileError(f"{where} lacks its checksums (field {CRC_KEY!r})")
-    if sums is not None:
-        check_fields(record, sums, path)
-        if crc_ints(table["target"]) != sums["labels"]:
-            raise CorruptFileError(f"{str(path)!r}: the targets do not match their checksum")
-        if len(sums["outputs"]) < len(records):
-            raise CorruptFileError(f"{where} has checksums of {len(sums['outputs'])} epochs; "
-                                   f"the file holds {len(records)}")
-        if not (verified or is_verified(path)):
-            argmax = sums.get(ARGMAX_KEY)
-            ok = isinstance(argmax, list) and len(argmax) >= len(records) and all(
-                isinstance(c, int) and not isinstance(c, bool) for c in argmax)
-            checks = EpochChecks(path, sums["outputs"][: len(records)], epochs,
-                                 argmax[: len(records)] if ok else None)
-    else:
-        for start in range(0, n, CHECK_TOKENS):
-            part = slice(start, start + CHECK_TOKENS)
-            try:
-                check_records(records[:, part], table["target"][part], vocab)
-            except ForgetkitError as err:
-                raise CorruptFileError(f"{str(path)!r}: {err}") from None
-    try:
-        return Run(TopKOutputs(records, vocab, table["sequence"], table["position"],
-                               checks=checks),
-                   table["target"] if labels is None else labels, kind="topk", epochs=epochs,
-                   sample_ids=record.get("sample_ids"), meta=record.get("meta"), source=path)
-    except ForgetkitError as err:
-        raise type(err)(f"{str(path)!r}: {err}") from None
-
-
-class EpochChecks:
-    """The stored epochs of a memory-mapped top-k run not yet verified against their
-    checksums: each is verified on its first full read (`all`, in threads: every read but
-    the forgetting pass's), and the argmax ids that the forgetting pass reads alone
-    against their own checksums (`check_argmax`). A
-    mismatch is the CorruptFileError naming the file and the epoch; once every epoch holds,
-    the file counts as verified in this process (`forgetkit.io.integrity.is_verified`)."""
-
-    def __init__(self, path, crcs, epochs, argmax=None):
-        self.path, self.crcs, self.epochs = path, list(crcs), list(epochs)
-        self.argmax = None if argmax is None else list(argmax)
-        self.done = [False] * len(self.crcs)
-        self.argmax_done = [False] * len(self.crcs)
-
-    def check_argmax(self, records, e, ids):
-        """Verify the argmax ids ``ids`` (int32 (N,), read from epoch index ``e`` of
-        ``records``) against their checksum, or the whole epoch where the file has none
-        (thread-safe: each epoch is one thread's)."""
-        if self.done[e] or self.argmax_done[e]:
-            return
-        if self.argmax is None:
-            self.check(records, e)
-        elif crc_array(np.asarray(ids, dtype="<i4")) != self.argmax[e]:
-            raise mismatch(self.path, self.epochs[e], e)
-        self.argmax_done[e] = True
-
-    def check(self, records, e):
-        """Verify epoch index ``e`` of ``records`` (E, N) unless it was (thread-safe: each
-        epoch is one thread's)."""
-        if not self.done[e]:
-            if crc_array(records[e]) != self.crcs[e]:
-                raise mismatch(self.path, self.epochs[e], e)
-            self.done[e] = True
-
-    def all(self, records):
-        """Verify every epoch of ``records`` not yet verified."""
-        todo = [e for e, done in enumerate(self.done) if not done]
-        bad = bad_epochs([records[e] for e in todo], [self.crcs[e] for e in todo])
-        if bad:
-            e = todo[bad[0]]
-            raise mismatch(self.path, self.epochs[e], e)
-        for e in todo:
-            self.done[e] = True
-        self.complete()
-
-    def complete(self):
-        """Whether every epoch was verified (the file then counts as verified)."""
-        if all(self.done):
-            remember_verified(self.path)
-            return True
-        return False
-
-
-def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=None,
+@keyword_options(renamed={"k": "top_k"})
+def to_topk(run, top_k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=None,
             progress=False):
     """The top-k run of a logits run (its samples taken as tokens), in memory or written.
 
@@ -390,8 +206,9 @@ def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=Non
     run : Run or str or Path
         Logits of shape (n_epochs, n_tokens, vocab_size) (a Run, or a run file to load),
         read one epoch at a time; labels are the target token ids.
-    k : int, default 8
-        The largest logits kept per epoch and token, 1 <= k <= vocab_size.
+    top_k : int, default 8
+        The largest logits kept per epoch and token, 1 <= top_k <= vocab_size (``k=``, its
+        old name, still works with a FutureWarning).
     path : str or Path, optional
         ``.npy`` (with its token table and sidecar) or ``.parquet`` to write; None keeps the
         run in memory.
@@ -412,17 +229,19 @@ def to_topk(run, k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions=Non
             raise InputTypeError(f"run must be a forgetkit.Run or the path of a run file; got "
                                  f"{type(run).__name__}")
         run = load(run)
-    if run.kind != "logits":
+    kind = kind_of(run)
+    if not (kind.full and kind.softmax):
         raise ForgetkitError(f"to_topk needs logits (a top-k run holds the largest logits and "
-                             f"the log-sum-exp); got a run of kind {run.kind!r}")
+                             f"the log-sum-exp); got a run of kind {run.kind!r}: "
+                             f"{kind.holds}")
     n = run.n_samples
     sequence_ids = np.arange(n) if sequence_ids is None else sequence_ids
     positions = np.zeros(n, np.int32) if positions is None else positions
     table = token_table(run.labels, sequence_ids, positions, run.n_classes)
-    records = np.empty((run.n_epochs, n), dtype=topk_dtype(k, run.n_classes))
+    records = np.empty((run.n_epochs, n), dtype=topk_dtype(top_k, run.n_classes))
     bar = Progress(run.n_epochs, "top-k records", enabled=progress)
     for e in range(run.n_epochs):
-        _topk.topk_records(run.epoch_values(e), run.labels, k, out=records[e])
+        _topk.topk_records(run.epoch_values(e), run.labels, top_k, out=records[e])
         bar.update()
     top = Run(TopKOutputs(records, run.n_classes, table["sequence"], table["position"]),
               run.labels, kind="topk", epochs=run.epochs, sample_ids=run.sample_ids,
@@ -444,29 +263,30 @@ def save_topk(run, path):
     as one; or .parquet), its ids in the vocabulary's encoding (`topk_dtype`: a run read
     with uint32 ids is written with 24-bit ones); returns ``path``."""
     path = Path(path)
-    outputs = run.outputs
+    kind, outputs = kind_of(run), run.outputs
+
+    def epoch_records(e):  # (N,) records of epoch index e, verified, one epoch in memory
+        return kind.read_records(run, slice(e, e + 1))[0]
+
     table = token_table(run.labels, outputs.sequence_ids, outputs.positions, run.n_classes)
     record = topk_record(n_tokens=run.n_samples, vocab_size=run.n_classes, k=run.top_k,
                          epochs=run.epochs, table=table, meta=run.meta)
     record["sample_ids"] = None if run.sample_ids is None else \
         [v.item() if isinstance(v, np.generic) else v for v in run.sample_ids.tolist()]
     if path.suffix.lower() == ".parquet":
-        from .topk_parquet import write_topk_parquet
-
         with RunLock(path), atomic_write(path) as tmp:
-            write_topk_parquet(tmp, outputs.records, record, table)
+            write_topk_parquet(tmp, epoch_records, record, table)
         return path
     if path.suffix.lower() != ".npy":
         raise ForgetkitError(f"a top-k run is saved as .npy or .parquet; got {str(path)!r}")
-    records = outputs.records
     dtype = record_dtype(record)
 
     def write_tensor(tmp):
         crcs = []
         with open(tmp, "wb") as f:
-            f.write(summary_header(*records.shape, dtype))
-            for e in range(len(records)):
-                epoch = convert_records(np.ascontiguousarray(records[e]), dtype)
+            f.write(summary_header(run.n_epochs, run.n_samples, dtype))
+            for e in range(run.n_epochs):
+                epoch = convert_records(np.ascontiguousarray(epoch_records(e)), dtype)
                 crcs.append(epoch_crcs(epoch))
                 f.write(memoryview(epoch.reshape(-1).view(np.uint8)))
         return crcs
@@ -497,7 +317,9 @@ class TopKWriter(SummaryWriter):
     ----------
     path : str or Path, ``.npy``
     vocab_size : int >= 2
-    k : int, 1 <= k <= vocab_size
+    top_k : int, 1 <= top_k <= vocab_size
+        The largest logits kept per checkpoint and token (``k=``, its old name, still works
+        with a FutureWarning).
     targets : array-like of int of shape (n_tokens,)
         The target token id of each token (the run's labels), in [0, vocab_size).
     sequence_ids, positions : array-like of int of shape (n_tokens,)
@@ -511,7 +333,8 @@ class TopKWriter(SummaryWriter):
         Flush every epoch to disk (fsync) before `append` returns.
     """
 
-    def __init__(self, path, *, vocab_size, k, targets, sequence_ids, positions, meta=None,
+    @keyword_options(renamed={"k": "top_k"})
+    def __init__(self, path, *, vocab_size, top_k, targets, sequence_ids, positions, meta=None,
                  mode="a", durable=True):
         self.path = self.target = Path(path)
         self.parquet = False  # (SummaryWriter's staging of Parquet files)
@@ -520,8 +343,8 @@ class TopKWriter(SummaryWriter):
                                  f"table); got {str(self.path)!r}")
         check_option("mode", mode, ("a", "w", "x"))
         self.n_classes = check_int("vocab_size", vocab_size, minimum=2)
-        self.dtype = topk_dtype(k, self.n_classes)  # (a resumed run's own: _existing_epochs)
-        self.top_k = int(k)
+        self.dtype = topk_dtype(top_k, self.n_classes)  # (a resumed run's own: _existing_epochs)
+        self.top_k = int(top_k)
         self.table = token_table(targets, sequence_ids, positions, self.n_classes)
         self.n_samples = len(self.table)
         self.labels = self.table["target"]
@@ -599,8 +422,8 @@ class TopKWriter(SummaryWriter):
             raise ForgetkitError(f"{str(self.path)!r} exists but is not a forgetkit top-k run "
                                  "(a full run, a summary, or another file); use mode='w' or "
                                  "another path")
-        stored, record, _ = open_pair(self.path, _open_records, _read_topk_sidecar)
-        _check_topk_record(record, f"the sidecar of {str(self.path)!r}")
+        stored, record, _ = open_pair(self.path, open_records, read_topk_sidecar)
+        check_topk_record(record, f"the sidecar of {str(self.path)!r}")
         for field, mine in (("vocab_size", self.n_classes), ("k", self.top_k),
                             ("n_samples", self.n_samples)):
             if record.get(field) != mine:
@@ -646,3 +469,16 @@ def _settle_tokens(path, record):
         os.replace(pending, tokens_path(path))
     else:
         pending.unlink()
+
+
+def topk_bad_epochs(path, records, record, sums):
+    """What verifying a top-k run adds: its token table's targets against the labels'
+    checksum (CorruptFileError), and the indices of the epochs whose argmax ids (what the
+    forgetting pass reads and checks alone) do not match their checksums."""
+    if crc_ints(read_tokens(path, record)["target"]) != sums["labels"]:
+        raise CorruptFileError(f"{str(path)!r}: the targets do not match their checksum")
+    argmax = sums.get(ARGMAX_KEY)
+    if not isinstance(argmax, list):
+        return set()
+    return {e for e in range(len(records))
+            if e >= len(argmax) or argmax_crc(records[e]) != argmax[e]}

@@ -25,10 +25,17 @@ from ..errors import CorruptFileError
 from ..kinds.topk import TOKEN_DTYPE, convert_records, ids_of, set_token_ids, token_ids
 from .integrity import KEY, checksums, crc_array
 from .parquet import CRC_METADATA_KEY, PARQUET_KEY, PARQUET_WRITE_OPTIONS, parquet_checksums
-from .summary_parquet import has_format, open_record_parquet, read_epoch_groups
-from .topk import ARGMAX_KEY, argmax_crc
+from .record_parquet import has_format, open_record_parquet, read_epoch_groups
+from .topk_record import (
+    ARGMAX_KEY,
+    FORMAT,
+    argmax_crc,
+    check_topk_record,
+    record_dtype,
+    table_crc,
+    topk_run,
+)
 
-FORMAT = "forgetkit-topk"
 TOKEN_COLUMNS = {"sequence": "sequence", "position": "position", "target_id": "target"}
 
 
@@ -41,13 +48,12 @@ def _schema(k, ids_type, record):
                      metadata={PARQUET_KEY: json.dumps(record).encode()})
 
 
-def write_topk_parquet(path, records, record, table):
-    """Write top-k ``records`` (E, N) with their ``record`` (`topk_record`) and token
-    ``table`` to ``path``; the checksums are those of the records in the record's id
-    encoding (the NPY layout)."""
-    from .topk import record_dtype
-
-    n = records.shape[1]
+def write_topk_parquet(path, epoch_records, record, table):
+    """Write the top-k records of every epoch of ``record`` (`topk_record`),
+    ``epoch_records(e)`` (N,) those of epoch index ``e``, and the token ``table`` to
+    ``path``; the checksums are those of the records in the record's id encoding (the NPY
+    layout)."""
+    n = len(table)
     k = record["k"]
     rec = {key: v for key, v in record.items() if key != KEY}
     dtype = record_dtype(rec)
@@ -57,7 +63,7 @@ def write_topk_parquet(path, records, record, table):
     crcs, argmax = [], []
     with pq.ParquetWriter(path, schema, **PARQUET_WRITE_OPTIONS) as writer:
         for e, epoch in enumerate(rec["epochs"]):
-            rows = convert_records(np.ascontiguousarray(records[e]), dtype)
+            rows = convert_records(np.ascontiguousarray(epoch_records(e)), dtype)
             crcs.append(crc_array(rows))
             argmax.append(argmax_crc(rows))
             columns = [pa.array(np.full(n, epoch, np.int64)), pa.array(np.arange(n)),
@@ -91,8 +97,6 @@ def _list_column(table, name, k, dtype, where):
 
 def load_topk_parquet(path, *, labels=None, verify=True):
     """A top-k run from the Parquet file ``path`` (see the module docstring)."""
-    from .topk import topk_run
-
     records, record, table = read_topk_parquet(path, verify=verify)
     # every epoch was verified as it was read; unverified, the Run checks the values
     return topk_run(path, records, record, table, labels,
@@ -102,12 +106,10 @@ def load_topk_parquet(path, *, labels=None, verify=True):
 def read_topk_parquet(path, *, name=None, verify=True):
     """(records (E, N), record, token table) of the top-k Parquet file ``path`` (a path
     or an open file, which messages call ``name``), every epoch verified as it is read."""
-    from .topk import _check_topk_record, record_dtype, table_crc
-
     name = str(path) if name is None else name
     pf, md, record, where = open_record_parquet(path, FORMAT, "top-k run", name=name,
                                                 verify=verify)
-    n, vocab, k = _check_topk_record(record, where)
+    n, vocab, k = check_topk_record(record, where)
     if not isinstance(n, int) or n < 1:
         raise CorruptFileError(f"{where} lacks a valid n_samples")
     sums = parquet_checksums(md, where, verify=verify)
