@@ -115,21 +115,6 @@ def resolve(path):
     raise ImportError(path)
 
 
-#: Callables whose top-k width the docs name ``top_k`` while this branch's code still says
-#: ``k`` (issue 34: the rename, with ``k=`` deprecated, is merged from another branch).
-TOP_K_PENDING = ("to_topk", "TopKWriter")
-
-
-def signature(func, name):
-    """``inspect.signature(func)``, with ``k`` read as ``top_k`` for `TOP_K_PENDING`."""
-    sig = inspect.signature(func)
-    if name.rsplit(".", 1)[-1] in TOP_K_PENDING and "k" in sig.parameters \
-            and "top_k" not in sig.parameters:
-        sig = sig.replace(parameters=[p.replace(name="top_k") if p.name == "k" else p
-                                      for p in sig.parameters.values()])
-    return sig
-
-
 def _default(param):
     named = NAMED_DEFAULTS.get(param.name)
     if named is not None and param.default == named[1]:
@@ -147,7 +132,7 @@ def format_signature(path, obj):
     if isinstance(obj, property) or (inspect.isclass(obj) and issubclass(obj, BaseException)):
         return name
     func = obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
-    params = list(signature(func, path).parameters.values())
+    params = list(inspect.signature(func).parameters.values())
     if not inspect.isclass(obj) and not isinstance(obj, staticmethod) \
             and inspect.isclass(resolve(path.rsplit(".", 1)[0])):
         params = params[1:]  # a method's self or cls
@@ -321,7 +306,7 @@ def check_call(obj, name, args, *, strict_names):
         return f"`{name}({args})` is not a call in Python syntax"
     if inspect.ismodule(obj):
         return f"`{name}({args})` calls a module"
-    sig = signature(_callable(obj), name)
+    sig = inspect.signature(_callable(obj))
     params = list(sig.parameters.values())
     if params and params[0].name in ("self", "cls"):
         params = params[1:]
