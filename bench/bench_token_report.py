@@ -3,7 +3,8 @@
     python -m bench.bench_token_report [--tokens 1000000 --epochs 10 --seeds 0]
 
 Two rows, each `forgetkit report RUN -o OUT` in a fresh process (loading included), CPU
-seconds (user + system: the machine may be shared), wall seconds and the HTML's size:
+seconds (user + system: the machine may be shared), wall seconds, the HTML's size, and as
+the baseline `forgetkit analyze RUN` (loading and the forgetting pass) in a fresh process:
 
 - the sample run data_samples/lm_fortunes_gpt2_heldout_top8.npy (3,048 tokens, 26
   checkpoints, vocabulary 8,192): every sequence shown;
@@ -29,16 +30,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data_samples" / "lm_fortunes_gpt2_heldout_top8.npy"
 
 
-def report(run, out, seeds):
-    """`forgetkit report` of ``run`` in a fresh process: CPU s, wall s, bytes written."""
+def timed(args):
+    """(CPU s, wall s) of ``forgetkit ARGS`` in a fresh process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "forgetkit.cli", "report", str(run), "-o", str(out),
-                    "--quiet", "--seeds", *map(str, seeds)], check=True)
+    subprocess.run([sys.executable, "-m", "forgetkit.cli", *args], check=True,
+                   stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def report(run, out, seeds):
+    """`forgetkit report` of ``run`` (CPU s, wall s, size), and its baseline in the same
+    run: `forgetkit analyze` (loading and the forgetting pass) in a fresh process."""
+    base_cpu, _ = timed(["analyze", str(run)])
+    cpu, wall = timed(["report", str(run), "-o", str(out), "--quiet", "--seeds",
+                       *map(str, seeds)])
     return {"run": run.name, "cpu_s": round(cpu, 1), "wall_s": round(wall, 1),
+            "analyze_cpu_s": round(base_cpu, 2), "x_analyze": round(cpu / base_cpu, 1),
             "html_mb": round(out.stat().st_size / 2**20, 2)}
 
 
