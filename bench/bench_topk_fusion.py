@@ -55,7 +55,7 @@ def write_run(path, n_epochs, n_tokens, vocab, k, *, seed=0):
     rest = np.log(vocab - POOL) - 4.0  # the other classes' log-sum-exp, well below the pool
     rows = np.arange(n_tokens)[:, None]
     records = np.empty(n_tokens, dtype=topk_dtype(k, vocab))
-    with TopKWriter(path, vocab_size=vocab, k=k, targets=targets,
+    with TopKWriter(path, vocab_size=vocab, top_k=k, targets=targets,
                     sequence_ids=np.arange(n_tokens) // 512,
                     positions=np.arange(n_tokens) % 512, mode="w", durable=False) as w:
         for e in range(n_epochs):

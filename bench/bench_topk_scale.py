@@ -67,7 +67,7 @@ def write_run(path, n_epochs, n_tokens, k, vocab, *, seed=0):
     records = np.empty(n_tokens, dtype=topk_dtype(k, vocab))
     steps = (np.arange(k) * STRIDE)[None, :]
     wall, cpu = time.perf_counter(), time.process_time()
-    with fk.TopKWriter(path, vocab_size=vocab, k=k, targets=targets, sequence_ids=sequences,
+    with fk.TopKWriter(path, vocab_size=vocab, top_k=k, targets=targets, sequence_ids=sequences,
                        positions=positions, mode="w", durable=False) as w:
         for e in range(n_epochs):
             correct = (learned <= e) & (rng.random(n_tokens) > 0.1)

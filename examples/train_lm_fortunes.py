@@ -364,7 +364,7 @@ def warm(out, *, k=16, vocab=8192):
     n = 127 * 8
     y = g.integers(0, vocab, n)
     seq, pos = np.repeat(np.arange(8), 127), np.tile(np.arange(1, 128), 8).astype(np.int32)
-    with fk.TopKWriter(out / "warm.npy", vocab_size=vocab, k=k, targets=y, sequence_ids=seq,
+    with fk.TopKWriter(out / "warm.npy", vocab_size=vocab, top_k=k, targets=y, sequence_ids=seq,
                        positions=pos, meta={"split": "heldout"}, mode="w") as w:
         for e in range(4):
             z = g.normal(size=(n, vocab)).astype(np.float32)
@@ -442,7 +442,7 @@ def write_sample(npz, path):
             "tokenizer": "lm_fortunes_tokenizer.json",
             **{key: source.get(key) for key in ("model", "corpus", "steps", "every", "batch",
                                                 "lr")}}
-    with fk.TopKWriter(path, vocab_size=vocab, k=k, targets=z["targets"],
+    with fk.TopKWriter(path, vocab_size=vocab, top_k=k, targets=z["targets"],
                        sequence_ids=z["sequence_ids"], positions=z["positions"], meta=meta,
                        mode="w") as w:
         for i, epoch in enumerate(z["epochs"]):

@@ -316,7 +316,7 @@ def test_kf_on_dask_equals_in_memory_on_tie_heavy_data(mode):
 def test_every_fuser_predicts_a_dask_run_as_in_memory(client, real_small):
     run = on_dask(real_small, 700)
     for fuser in (fk.CheckpointAverage("horizontal", max_checkpoints=3),
-                  fk.LikelihoodFusion(max_checkpoints=4), fk.EnsembleSelection(3)):
+                  fk.LikelihoodFusion(max_checkpoints=4), fk.EnsembleSelection(max_checkpoints=3)):
         fuser.fit(real_small)
         np.testing.assert_array_equal(fuser.predict_proba(run).compute(),
                                       fuser.predict_proba(real_small))

@@ -330,7 +330,7 @@ def topk_twin(run, seq, pos, tmp_path=None, k=4):
         return fk.Run(TopKOutputs(records, VOCAB, seq, pos), run.labels, kind="topk",
                       epochs=run.epochs, sample_ids=run.sample_ids)
     path = tmp_path / "topk.npy"
-    with TopKWriter(path, vocab_size=VOCAB, k=k, targets=run.labels, sequence_ids=seq,
+    with TopKWriter(path, vocab_size=VOCAB, top_k=k, targets=run.labels, sequence_ids=seq,
                     positions=pos) as writer:
         for e in range(run.n_epochs):
             writer.append(int(run.epochs[e]), z[e])

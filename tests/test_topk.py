@@ -47,7 +47,7 @@ def topk_of(run, k=K, path=None, **options):
                          for e in range(run.n_epochs)])
         return fk.Run(_topk.TopKOutputs(recs, run.n_classes, seq, pos), run.labels,
                       kind="topk", epochs=run.epochs)
-    with fk.TopKWriter(path, vocab_size=run.n_classes, k=k, targets=run.labels,
+    with fk.TopKWriter(path, vocab_size=run.n_classes, top_k=k, targets=run.labels,
                        sequence_ids=seq, positions=pos, **options) as w:
         for e in range(run.n_epochs):
             w.append(run.epochs[e], topk_records(run.epoch_values(e), run.labels, k))
@@ -188,7 +188,7 @@ def test_writer_takes_logits_and_resumes(tmp_path):
     full = token_run(n_epochs=4)
     path = tmp_path / "t.npy"
     seq, pos = tokens(full.n_samples)
-    args = dict(vocab_size=V, k=K, targets=full.labels, sequence_ids=seq, positions=pos)
+    args = dict(vocab_size=V, top_k=K, targets=full.labels, sequence_ids=seq, positions=pos)
     with fk.TopKWriter(path, **args) as w:
         w.append(0, full.epoch_values(0))  # logits: the records are taken here
         w.append(1, full.epoch_values(1))
@@ -405,7 +405,7 @@ def test_24_bit_ids_decode_alike_from_any_layout():
 def test_ids_outside_a_wide_vocabulary_are_refused(tmp_path):
     full = wide_run(n_epochs=1)
     good = topk_records(full.epoch_values(0), full.labels, 8)
-    w = fk.TopKWriter(tmp_path / "w.npy", **writer_args(full, k=8))
+    w = fk.TopKWriter(tmp_path / "w.npy", **writer_args(full, top_k=8))
     for bad_id in (WIDE, (1 << 24) - 1):
         recs = good.copy()
         ids = np.array(token_ids(recs))
@@ -427,7 +427,7 @@ def test_runs_written_with_uint32_ids_still_load_resume_and_convert(tmp_path, mo
 
     full = wide_run()
     seq, pos = tokens(full.n_samples)
-    args = dict(vocab_size=WIDE, k=8, targets=full.labels, sequence_ids=seq, positions=pos)
+    args = dict(vocab_size=WIDE, top_k=8, targets=full.labels, sequence_ids=seq, positions=pos)
     recs = [topk_records(full.epoch_values(e), full.labels, 8) for e in range(3)]
     with monkeypatch.context() as m:  # the writer as it was before 24-bit ids
         m.setattr(_topk, "id_encoding", lambda v: "uint16" if v <= 1 << 16 else "uint32")
@@ -465,7 +465,7 @@ def test_runs_written_with_uint32_ids_still_load_resume_and_convert(tmp_path, mo
 # ------------------------------------------------------------------ bad input
 def writer_args(run, **changes):
     seq, pos = tokens(run.n_samples)
-    args = dict(vocab_size=run.n_classes, k=K, targets=run.labels, sequence_ids=seq,
+    args = dict(vocab_size=run.n_classes, top_k=K, targets=run.labels, sequence_ids=seq,
                 positions=pos)
     args.update(changes)
     return args
@@ -525,7 +525,7 @@ def test_bad_records_are_refused_and_nothing_is_written(tmp_path):
 def test_the_writer_refuses_bad_setups(tmp_path):
     full = token_run(n_epochs=1, n_tokens=50)
     with pytest.raises(fk.ForgetkitError, match=r"k must lie in \[1, vocab_size=40\]"):
-        fk.TopKWriter(tmp_path / "a.npy", **writer_args(full, k=41))
+        fk.TopKWriter(tmp_path / "a.npy", **writer_args(full, top_k=41))
     with pytest.raises(fk.ForgetkitError, match=r"token ids in \[0, vocab_size=30\); got"):
         fk.TopKWriter(tmp_path / "a.npy", **writer_args(full, vocab_size=30))
     with pytest.raises(fk.ForgetkitError, match="positions must be 50 integers"):
@@ -538,21 +538,21 @@ def test_the_writer_refuses_bad_setups(tmp_path):
     # a different vocabulary, k, or tokenization than the stored run
     for change, message in [(dict(vocab_size=50), "vocab_size=40; this writer has "
                                                   "vocab_size=50"),
-                            (dict(k=2), "k=4; this writer has k=2"),
+                            (dict(top_k=2), "k=4; this writer has k=2"),
                             (dict(positions=np.where(np.arange(50) == 9, 99, tokens(50)[1])),
                              "another token table: token 9 has position 10 there and 99 here")]:
         with pytest.raises(fk.ForgetkitError, match=message):
             fk.TopKWriter(path, **writer_args(full, **change))
-    fk.TopKWriter(path, **writer_args(full, k=2), mode="w").close()  # starts over
+    fk.TopKWriter(path, **writer_args(full, top_k=2), mode="w").close()  # starts over
     assert json.loads((tmp_path / "t.forgetkit.json").read_text())["k"] == 2
     with pytest.raises(RunExistsError):
-        fk.TopKWriter(path, **writer_args(full, k=2), mode="x")
+        fk.TopKWriter(path, **writer_args(full, top_k=2), mode="x")
     fk.save(full, tmp_path / "full.npy")
     with pytest.raises(fk.ForgetkitError, match="not a forgetkit top-k run"):
         fk.TopKWriter(tmp_path / "full.npy", **writer_args(full))
-    with fk.TopKWriter(path, **writer_args(full, k=2)):
+    with fk.TopKWriter(path, **writer_args(full, top_k=2)):
         with pytest.raises(RunLockedError):
-            fk.TopKWriter(path, **writer_args(full, k=2))
+            fk.TopKWriter(path, **writer_args(full, top_k=2))
 
 
 def test_a_token_table_that_does_not_match_is_refused(tmp_path):
@@ -644,7 +644,7 @@ from forgetkit.kinds.topk import topk_records
 n, v = 2000, 300
 rng = np.random.default_rng(0)
 y = rng.integers(0, v, n)
-with fk.TopKWriter(sys.argv[1], vocab_size=v, k=8, targets=y, sequence_ids=np.arange(n) // 50,
+with fk.TopKWriter(sys.argv[1], vocab_size=v, top_k=8, targets=y, sequence_ids=np.arange(n) // 50,
                    positions=np.arange(n) % 50) as w:
     for e in range(10000):
         z = rng.normal(size=(n, v)).astype(np.float32)
@@ -662,7 +662,7 @@ def test_a_killed_writer_keeps_its_completed_epochs(tmp_path):
     run = fk.load(path)
     assert run.n_epochs >= 3 and run.epochs.tolist() == list(range(run.n_epochs))
     assert fk.verify(path)["bad"] == [] and run.top_k == 8
-    with fk.TopKWriter(path, vocab_size=300, k=8, targets=run.labels,
+    with fk.TopKWriter(path, vocab_size=300, top_k=8, targets=run.labels,
                        sequence_ids=run.sequence_ids, positions=run.positions) as w:
         assert w.epochs == run.epochs.tolist()  # resumes after them
 
