@@ -94,7 +94,7 @@ def test_several_devices_share_checkpoints_by_who_is_free(tmp_path, monkeypatch)
 
     test, files = train_and_save(tmp_path, epochs=tuple(range(6)))
     recorded = fk.load(tmp_path / "recorded.npy")
-    load, next_position, done = R._Device.load, R._Results.next_position, []
+    load, next_position, done = R.Device.load, R._Results.next_position, []
 
     def slow_load(self, item):
         first = self.model is net
@@ -116,7 +116,7 @@ def test_several_devices_share_checkpoints_by_who_is_free(tmp_path, monkeypatch)
             other_asked.set()
         return p
 
-    monkeypatch.setattr(R._Device, "load", slow_load)
+    monkeypatch.setattr(R.Device, "load", slow_load)
     monkeypatch.setattr(R._Results, "next_position", in_turn)
     for balance in (True, False):
         monkeypatch.setattr(R, "BALANCE", balance)
@@ -277,7 +277,7 @@ from forgetkit.exporters.torch import replay
 
 g = torch.Generator().manual_seed(1)
 x, y = torch.randn(90, 6, generator=g), torch.randint(0, 3, (90,), generator=g)
-load, loads = R._Device.load, []
+load, loads = R.Device.load, []
 
 def slow(self, item):  # a replay that is still running when killed
     loads.append(1)
@@ -286,7 +286,7 @@ def slow(self, item):  # a replay that is still running when killed
     time.sleep(0.3)
     return load(self, item)
 
-R._Device.load = slow
+R.Device.load = slow
 net = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
 replay(net, str(Path(sys.argv[1]).parent / "model_*.pt"), (x, y), sys.argv[1],
        batch_size=32, dtype="float32", progress=False)
@@ -458,13 +458,13 @@ def test_staged_checkpoints_load_as_bytes_or_converted(tmp_path, monkeypatch):
     plain = [replay(make(), ckpts, test, tmp_path / f"plain{i}.npy", dtype="float32")
              for i, (make, ckpts, _) in enumerate(cases)]
     assert_same_run(plain[0], fk.load(tmp_path / "recorded.npy"))
-    load, bytewise = R._Device.load, []
+    load, bytewise = R.Device.load, []
 
     def watched(self, item):
         bytewise.append(item.tensors is None)
         return load(self, item)
 
-    monkeypatch.setattr(R._Device, "load", watched)
+    monkeypatch.setattr(R.Device, "load", watched)
     monkeypatch.setattr(R, "STAGE_ALWAYS", True)
     for i, (make, ckpts, as_bytes) in enumerate(cases):
         for devices in (["cpu"], ["cpu", "cpu"]):

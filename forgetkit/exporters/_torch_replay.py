@@ -30,7 +30,6 @@ from functools import partial
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
 from .._progress import Progress
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
@@ -44,6 +43,9 @@ from ._checkpoints import (
     ordered,
     resolved,
 )
+from ._torch_devices import as_device, batches_of, place, resident, token_batches
+from ._torch_logits import LogitRecorder
+from ._torch_tokens import TokenRecorder
 
 #: File suffixes read as PyTorch checkpoints (a folder given as ``checkpoints``).
 SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
@@ -285,7 +287,7 @@ def unpack(buffer, layout):
 
 
 @dataclass
-class _Item:
+class Item:
     """A checkpoint read, checked, hashed and (on a GPU) copied to its device."""
 
     position: int
@@ -296,7 +298,7 @@ class _Item:
     flat: object = None  # the device buffer of the staged tensors (`pack`'s layout)
 
 
-class _Device:
+class Device:
     """One device's model instance, data and reader thread."""
 
     def __init__(self, model, device, batches, *, keys, trust_pickle, pool, cuda_graph=False):
@@ -315,7 +317,7 @@ class _Device:
         self.bytewise = _bytewise(self.targets)
         # a graph replays fixed memory: the batches must be resident on the device
         self.graphable = bool(cuda_graph) and CAPTURE.supports(device) and \
-            _resident(batches, device)
+            resident(batches, device)
 
     def evaluate_graphable(self, recorder, epoch, batches=None):
         """The recorder's evaluation (of ``batches``, default all) with nothing waiting for
@@ -330,7 +332,7 @@ class _Device:
         stored); on a GPU start its copy to the device (all its tensors packed into one
         pinned buffer: one copy at full speed)."""
         tensors, digest = self.weights(checkpoint, wait=False)
-        item = _Item(position, checkpoint, digest, tensors)
+        item = Item(position, checkpoint, digest, tensors)
         if self.staged:
             host, layout = pack(tensors, pin=self.cuda)
             if self.cuda:
@@ -402,103 +404,6 @@ def _bytewise(targets):
             return None
         views.append(view)
     return views, [v.numel() for v in views]
-
-
-def _as_tensor(x):
-    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-
-
-def _is_array(x):
-    return isinstance(x, (torch.Tensor, np.ndarray))
-
-
-def batches_of(data, *, batch_size, label_key):
-    """The evaluation batches of ``data`` as a list, read once: an (inputs, labels) pair of
-    arrays or tensors, a dict of arrays (the labels under ``label_key``), a map-style
-    Dataset, a DataLoader (not shuffling), or an iterable of batches (each checked to hold
-    its labels under ``label_key``, unless it is None)."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(map(_is_array, data)):
-        inputs, labels = map(_as_tensor, data)
-        if len(inputs) != len(labels):
-            raise ForgetkitError(f"inputs ({len(inputs)}) and labels ({len(labels)}) differ "
-                                 "in length")
-        return [(inputs[i:i + batch_size], labels[i:i + batch_size])
-                for i in range(0, len(inputs), batch_size)]
-    if isinstance(data, Mapping) and data and all(map(_is_array, data.values())):
-        if label_key not in data:
-            raise ForgetkitError(f"a dict of arrays must hold the labels under label_key="
-                                 f"{label_key!r}; got keys {sorted(data)}")
-        columns = {k: _as_tensor(v) for k, v in data.items()}
-        n = len(columns[label_key])
-        return [{k: v[i:i + batch_size] for k, v in columns.items()}
-                for i in range(0, n, batch_size)]
-    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
-        data = DataLoader(data, batch_size=batch_size, shuffle=False)
-    if isinstance(data, DataLoader) and isinstance(data.sampler, RandomSampler):
-        raise ForgetkitError("the DataLoader shuffles (shuffle=True); a replay needs the same "
-                             "samples in the same order for every checkpoint")
-    try:
-        batches = list(data)
-    except TypeError:
-        raise InputTypeError(f"data must be (inputs, labels) arrays, a dict of arrays, a "
-                             f"Dataset, a DataLoader or an iterable of batches; got "
-                             f"{type(data).__name__}") from None
-    if not batches:
-        raise ForgetkitError("data yielded no batch")
-    from .torch import split_batch  # (torch.py imports this module at its end)
-
-    for b in batches if label_key is not None else ():
-        split_batch(b, label_key)  # the batch shape is checked before any checkpoint is read
-    return [_map_tensors(b, _as_tensor_or_keep) for b in batches]
-
-
-def _as_tensor_or_keep(v):
-    return torch.as_tensor(v) if isinstance(v, np.ndarray) else v
-
-
-def _map_tensors(batch, fn):
-    if isinstance(batch, Mapping):
-        return {k: fn(v) for k, v in batch.items()}
-    return tuple(fn(v) for v in batch)
-
-
-def _resident(batches, device):
-    for b in batches:
-        for v in (b.values() if isinstance(b, Mapping) else b):
-            if isinstance(v, torch.Tensor) and v.device != device:
-                return False
-    return True
-
-
-def _nbytes(batches):
-    total = 0
-    for b in batches:
-        for v in (b.values() if isinstance(b, Mapping) else b):
-            if isinstance(v, torch.Tensor):
-                total += v.numel() * v.element_size()
-    return total
-
-
-def place(batches, device):
-    """The batches on ``device`` (resident) when they fit in half its free memory, else in
-    pinned host memory (copied to the device batch by batch, asynchronously)."""
-    def tensor_op(op):
-        return lambda v: op(v) if isinstance(v, torch.Tensor) else v
-
-    if device.type != "cuda":
-        return [_map_tensors(b, tensor_op(lambda t: t.to(device))) for b in batches]
-    free, _ = torch.cuda.mem_get_info(device)
-    if _nbytes(batches) <= free // 2:
-        return [_map_tensors(b, tensor_op(lambda t: t.to(device))) for b in batches]
-    return [_map_tensors(b, tensor_op(lambda t: t.pin_memory())) for b in batches]
-
-
-def as_device(d):
-    """A torch.device (an int: that CUDA device; "cuda": the current one, by index)."""
-    d = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return d
 
 
 def _devices(device, devices, model):
@@ -734,7 +639,7 @@ def _work(dev, d, checkpoints, recorder, results, autocast):
     """Device ``d``'s loop: take positions, read ahead, load, evaluate; each result (or
     error) is put at its position. On a GPU the evaluation is captured as a graph first,
     while the first checkpoints are read."""
-    pending = deque()  # (position, future of its _Item), positions increasing
+    pending = deque()  # (position, future of its Item), positions increasing
     graph = None  # a _Graph once captured; False where it cannot be
     labels = None  # the same for every checkpoint (the recorder checks that they are)
 
@@ -910,16 +815,13 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
 def _replay(model, order, data, path, pool, *, device, devices, batch_size, trust_pickle,
             on_duplicate, output_fn, label_key, autocast, cuda_graph, progress, tokens=False,
             top_k=None, **recorder_options):
-    from ._torch_tokens import _as_batches
-    from .torch import LogitRecorder, TokenRecorder
-
     recorder_options.setdefault("max_pending", 4)  # epochs of small outputs may queue
     log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
                     recorder_options.get("meta"), on_duplicate, path)
     targets = _devices(device, devices, model)
     if tokens:  # the token data's forms: columns or an (N, T) tensor are batched first;
         # the recorder checks each batch (labels are optional)
-        batches = batches_of(_as_batches(data, batch_size, "input_ids"),
+        batches = batches_of(token_batches(data, batch_size, "input_ids"),
                              batch_size=batch_size, label_key=None)
         cuda_graph = False  # the token evaluation waits for the device (ties, masks)
     else:
@@ -935,7 +837,7 @@ def _replay(model, order, data, path, pool, *, device, devices, batch_size, trus
     else:
         recorder = LogitRecorder(path, batches, output_fn=output_fn, batch_size=batch_size,
                                  label_key=label_key, **recorder_options)
-    devs = [_Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle, pool=pool,
+    devs = [Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle, pool=pool,
                     cuda_graph=cuda_graph) for m, t in zip(replicas, targets, strict=False)]
     with ThreadPoolExecutor(2, thread_name_prefix="forgetkit-replay-resume") as ahead:
         start = log.resume(order, devs[0].digest, pool=ahead)

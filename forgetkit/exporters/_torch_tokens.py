@@ -19,6 +19,7 @@ import torch
 from ..errors import ForgetkitError, InputTypeError
 from . import _torch_distributed as ddp
 from ._common import RecorderBase
+from ._torch_devices import default_output, host_copy, to_device, token_batches
 
 #: The label that marks a position as ignored (Hugging Face's and torch's loss convention).
 IGNORE_INDEX = -100
@@ -77,28 +78,6 @@ def token_targets(batch, *, input_key, label_key):
     return target, kept
 
 
-def _as_batches(data, batch_size, input_key):
-    """The evaluation batches of ``data``: a tensor or array of input ids (N, T), a dict of
-    such columns (``input_ids``, ``attention_mask``, labels), or an iterable of dict
-    batches (a DataLoader) as it is."""
-    if isinstance(data, (torch.Tensor, np.ndarray)):
-        data = {input_key: data}
-    if isinstance(data, Mapping):
-        if input_key not in data:
-            raise ForgetkitError(f"the token data must hold the input ids under "
-                                 f"input_key={input_key!r}; got keys {sorted(data)}")
-        columns = {k: torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v
-                   for k, v in data.items()}
-        n = len(columns[input_key])
-        bad = [k for k, v in columns.items() if len(v) != n]
-        if bad:
-            raise ForgetkitError(f"the token data's columns differ in length: {input_key!r} "
-                                 f"has {n} sequences, {bad[0]!r} {len(columns[bad[0]])}")
-        return [{k: v[i:i + batch_size] for k, v in columns.items()}
-                for i in range(0, n, batch_size)]
-    return data
-
-
 def _dict_batch(batch, input_key):
     if isinstance(batch, torch.Tensor):
         return {input_key: batch}
@@ -153,8 +132,6 @@ class TokenRecorder(RecorderBase):
     def __init__(self, path, data, *, top_k=8, batch_size=32, output_fn=None,
                  input_key="input_ids", label_key="labels", sequence_ids=None, group=None,
                  meta=None, mode="a", max_pending=2, durable=True):
-        from .torch import default_output
-
         super().__init__(path, meta=meta, mode=mode, max_pending=max_pending,
                          durable=durable, dtype="float32")
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
@@ -162,7 +139,7 @@ class TokenRecorder(RecorderBase):
         self.top_k = int(top_k)
         self.batch_size = int(batch_size)
         self.input_key, self.label_key = input_key, label_key
-        self.data = _as_batches(data, self.batch_size, input_key)
+        self.data = token_batches(data, self.batch_size, input_key)
         self.output_fn = output_fn or default_output
         self.sequence_ids = None if sequence_ids is None else np.asarray(sequence_ids)
         self.group = group
@@ -203,8 +180,6 @@ class TokenRecorder(RecorderBase):
         ``catch``, the evaluation's error, to raise on every rank); ``labels`` is ``index``
         (what a replay stores with the rows). ``sync`` is taken for the replay's sake: the
         evaluation always waits for the device (ties and masks are resolved there)."""
-        from .torch import _to
-
         device = next(model.parameters(), torch.empty(0)).device
         k = self.top_k
         rows, index, seqs, vocab = [], [], [], None
@@ -221,9 +196,9 @@ class TokenRecorder(RecorderBase):
                     start += n
                     seqs.append(np.asarray(positions, dtype=np.int64))
                     if len(inputs) == 1:
-                        out = model(_to({self.input_key: ids}, device)[self.input_key])
+                        out = model(to_device({self.input_key: ids}, device)[self.input_key])
                     else:
-                        out = model(**_to(inputs, device))
+                        out = model(**to_device(inputs, device))
                     logits = self.output_fn(out)
                     if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(ids.shape):
                         raise ForgetkitError(
@@ -241,7 +216,7 @@ class TokenRecorder(RecorderBase):
                         raise ForgetkitError(f"top_k={k} is larger than the vocabulary ({v} "
                                              f"logits per token); nothing written for epoch "
                                              f"{epoch}")
-                    target, kept = token_targets(_to(batch, logits.device),
+                    target, kept = token_targets(to_device(batch, logits.device),
                                                  input_key=self.input_key,
                                                  label_key=self.label_key)
                     at = kept.nonzero()  # (n_kept, 2): row, position - 1
@@ -285,8 +260,6 @@ class TokenRecorder(RecorderBase):
     def host_copy(self, values):
         """The callable returning the rows ``values`` (on the device) on the host; its copy
         started (as `forgetkit.exporters.torch.host_copy`)."""
-        from .torch import host_copy
-
         if values is None:  # no target on this device's shard (refused when committed)
             width = 2 * self.top_k + 2
             return lambda: np.empty((0, width), np.float32)

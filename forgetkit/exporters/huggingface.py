@@ -33,8 +33,8 @@ from transformers import TrainerCallback, default_data_collator
 from ..errors import CorruptFileError, ForgetkitError
 from ._checkpoints import ReplayLog, content_hash, existing_run, hash_pool, ordered, paths_of
 from ._torch_replay import (
-    _Device,
-    _Item,
+    Device,
+    Item,
     as_device,
     autocast_dtype,
     batches_of,
@@ -202,7 +202,7 @@ def model_class_of(folder):
     return cls
 
 
-class _Pretrained(_Device):
+class _Pretrained(Device):
     """A device whose model is each checkpoint loaded with ``from_pretrained``."""
 
     def __init__(self, model_class, device, batches, pool):
@@ -223,7 +223,7 @@ class _Pretrained(_Device):
         state = model.state_dict()
         digest = content_hash([(k, str(t.dtype), tuple(t.shape), flat_bytes(t))
                                for k, t in sorted(state.items())], pool=self.pool)
-        return _Item(position, checkpoint, digest, model.to(self.device).eval())
+        return Item(position, checkpoint, digest, model.to(self.device).eval())
 
     def load(self, item):
         self.model, item.tensors = item.tensors, None
