@@ -597,6 +597,105 @@ def test_cli_replay(tmp_path, capsys, monkeypatch):
     assert "no checkpoint matches 'none_*.pt'" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------ torch.distributed
+DISTRIBUTED_REPLAY = """
+import json, os, sys
+import numpy as np, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[2])
+from tests.test_replay import data, small_net
+from tests.test_tokens_record import TinyLM, token_data
+from forgetkit.exporters.torch import replay
+
+tmp = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x, y = data()
+files = [f"{tmp}/model_{e}.pt" for e in range(7)]
+out = {}
+
+def attempt(name, fn):
+    try:
+        out[name] = fn()
+    except Exception as err:
+        out[name] = f"{type(err).__name__}: {err}"
+
+def logits(path, checkpoints, **options):
+    run = replay(small_net(), checkpoints, (x, y), f"{tmp}/{path}", batch_size=32,
+                 dtype="float32", progress=False, **options)
+    return None if run is None else run.epochs.tolist()
+
+attempt("logits", lambda: logits("logits.npy", files))
+attempt("summary", lambda: logits("summary.npy", files, summary=True))
+attempt("resumed", lambda: logits("resumed.npy", files))  # holds epochs 0 and 1 already
+attempt("tokens", lambda: None if (run := replay(
+    TinyLM(9), f"{tmp}/lm-*.pt", token_data(), f"{tmp}/tokens.npy", top_k=5, batch_size=4,
+    progress=False)) is None else run.epochs.tolist())
+attempt("other files", lambda: logits("other.npy", files[:6 + rank]))
+attempt("corrupt", lambda: logits("corrupt.npy", files[:4] + [f"{tmp}/broken_4.pt"]))
+attempt("duplicate", lambda: logits("dup.npy", files[:3] + [f"{tmp}/again_3.pt"],
+                                    on_duplicate="error"))
+with open(f"{tmp}/rank{rank}.json", "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+def test_replay_under_torch_distributed_equals_one_process(tmp_path):
+    """torchrun with 2 ranks (gloo): each rank evaluates every other checkpoint, rank 0
+    writes the run equal bit for bit to a one-process replay (logits, summary, tokens,
+    resumed); the other rank writes nothing and returns None; a failure on either rank is
+    raised on both, the epochs before it kept."""
+    from .test_tokens_record import TinyLM, token_data
+
+    torch.manual_seed(0)
+    x, y = data()
+    files = []
+    for e in range(7):
+        net = small_net()
+        with torch.no_grad():
+            net[1].running_mean.normal_()
+        files.append(tmp_path / f"model_{e}.pt")
+        torch.save(net.state_dict(), files[-1])
+        torch.save(TinyLM(e).state_dict(), tmp_path / f"lm-{e}.pt")
+    (tmp_path / "broken_4.pt").write_bytes(files[4].read_bytes()[:200])
+    (tmp_path / "again_3.pt").write_bytes(files[1].read_bytes())
+    options = dict(batch_size=32, dtype="float32", progress=False)
+    replay(small_net(), files[:2], (x, y), tmp_path / "resumed.npy", **options)
+    script = tmp_path / "worker.py"
+    script.write_text(DISTRIBUTED_REPLAY)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", str(script), str(tmp_path), str(ROOT)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["logits"] == list(range(7)) and ranks[1]["logits"] is None
+    for name, extra in (("logits", {}), ("summary", {"summary": True})):
+        one = tmp_path / f"one_{name}.npy"
+        replay(small_net(), files, (x, y), one, **options, **extra)
+        assert np.load(tmp_path / f"{name}.npy").tobytes() == np.load(one).tobytes()
+        assert fk.load(tmp_path / f"{name}.npy").meta == fk.load(one).meta
+    assert fk.load(tmp_path / "resumed.npy").meta == fk.load(tmp_path / "one_logits.npy").meta
+    assert np.load(tmp_path / "resumed.npy").tobytes() == \
+        np.load(tmp_path / "one_logits.npy").tobytes()
+    one = replay(TinyLM(9), str(tmp_path / "lm-*.pt"), token_data(), tmp_path / "one_lm.npy",
+                 top_k=5, batch_size=4, progress=False)
+    assert ranks[0]["tokens"] == list(range(7)) and ranks[1]["tokens"] is None
+    assert np.load(tmp_path / "tokens.npy").tobytes() == np.load(tmp_path / "one_lm.npy").tobytes()
+    assert np.array_equal(fk.load(tmp_path / "tokens.npy").positions, one.positions)
+    # failures: the same error on both ranks; the epochs before the failing one are written
+    for r in ranks:
+        assert r["other files"].startswith("ForgetkitError: the ranks replay different "
+                                           "checkpoints"), r["other files"]
+        assert r["corrupt"].startswith("CorruptFileError: cannot read checkpoint") and \
+            "broken_4.pt" in r["corrupt"], r["corrupt"]
+        assert "has the same weights as" in r["duplicate"] and \
+            "on_duplicate='error'" in r["duplicate"], r["duplicate"]
+    assert not (tmp_path / "other.npy").exists()
+    assert fk.load(tmp_path / "corrupt.npy").epochs.tolist() == [0, 1, 2, 3]
+    assert fk.load(tmp_path / "dup.npy").epochs.tolist() == [0, 1, 2]
+
+
 # ------------------------------------------------------------- PyTorch Lightning
 def test_lightning_model_checkpoints_replay_to_the_recorded_run(tmp_path):
     L = import_real_part("lightning", "PyTorch Lightning (pip install forgetkit[lightning])")

@@ -33,6 +33,7 @@ import torch
 
 from .._progress import Progress
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from . import _torch_distributed as ddp
 from ._checkpoints import (
     Checkpoint,
     ReplayLog,
@@ -406,7 +407,9 @@ def _bytewise(targets):
     return views, [v.numel() for v in views]
 
 
-def _devices(device, devices, model):
+def _devices(device, devices, model, ctx=None):
+    """The devices to evaluate on: ``devices``, else ``device``, else where the model is (on a
+    rank of an NCCL process group, its current CUDA device when the model is on the CPU)."""
     if devices is not None:
         if device is not None:
             raise ForgetkitError("pass device=... or devices=..., not both")
@@ -416,7 +419,10 @@ def _devices(device, devices, model):
         return out
     if device is not None:
         return [as_device(device)]
-    return [next(model.parameters(), torch.empty(0)).device]
+    own = next(model.parameters(), torch.empty(0)).device
+    if own.type == "cpu" and ctx is not None and ctx.device.type == "cuda":
+        return [ctx.device]
+    return [own]
 
 
 class _Results:
@@ -635,10 +641,10 @@ def _autocast(dev, autocast):
     return torch.autocast(dev.device.type, dtype=autocast, cache_enabled=False)
 
 
-def _work(dev, d, checkpoints, recorder, results, autocast):
+def _work(dev, d, checkpoints, recorder, results, autocast, keep):
     """Device ``d``'s loop: take positions, read ahead, load, evaluate; each result (or
-    error) is put at its position. On a GPU the evaluation is captured as a graph first,
-    while the first checkpoints are read."""
+    error) is put at its position, its outputs as ``keep(values)`` returns them. On a GPU
+    the evaluation is captured as a graph first, while the first checkpoints are read."""
     pending = deque()  # (position, future of its Item), positions increasing
     graph = None  # a _Graph once captured; False where it cannot be
     labels = None  # the same for every checkpoint (the recorder checks that they are)
@@ -677,10 +683,9 @@ def _work(dev, d, checkpoints, recorder, results, autocast):
                     labels = local["labels"].cpu().numpy()
                     values = local["values"]
                     results.result_bytes(values.numel() * values.element_size())
-                # the copy to the host starts here, in this device's order; nothing waits
-                # for the device (NaN or inf outputs are refused by the run's writer)
-                host = recorder.host_copy(local["values"])
-                results.put(p, d, (item, (host, labels, local["classes"])))
+                # the copy to the host (``keep``) starts here, in this device's order;
+                # nothing waits for the device (NaN or inf outputs are refused when written)
+                results.put(p, d, (item, (keep(local["values"]), labels, local["classes"])))
             except BaseException as err:
                 results.put(p, d, err)
                 break
@@ -723,7 +728,7 @@ def autocast_dtype(autocast):
 def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=None,
            batch_size=256, trust_pickle=False, on_duplicate="warn", output_fn=None,
            label_key="labels", autocast=None, cuda_graph=True, progress=True, tokens=False,
-           top_k=None, **recorder_options):
+           top_k=None, group=None, **recorder_options):
     """Evaluate every saved checkpoint of a training on ``data`` and write the run that
     `LogitRecorder` would have written while it trained.
 
@@ -807,80 +812,129 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
                        batch_size=batch_size, trust_pickle=trust_pickle,
                        on_duplicate=on_duplicate, output_fn=output_fn, label_key=label_key,
                        autocast=autocast, cuda_graph=cuda_graph, progress=progress,
-                       tokens=tokens or top_k is not None, top_k=top_k, **recorder_options)
+                       group=group, tokens=tokens or top_k is not None, top_k=top_k,
+                       **recorder_options)
     finally:
         pool.shutdown(wait=False)
 
 
 def _replay(model, order, data, path, pool, *, device, devices, batch_size, trust_pickle,
-            on_duplicate, output_fn, label_key, autocast, cuda_graph, progress, tokens=False,
-            top_k=None, **recorder_options):
+            on_duplicate, output_fn, label_key, autocast, cuda_graph, progress, group,
+            tokens=False, top_k=None, **recorder_options):
     recorder_options.setdefault("max_pending", 4)  # epochs of small outputs may queue
-    log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
-                    recorder_options.get("meta"), on_duplicate, path)
-    targets = _devices(device, devices, model)
-    if tokens:  # the token data's forms: columns or an (N, T) tensor are batched first;
-        # the recorder checks each batch (labels are optional)
-        batches = batches_of(token_batches(data, batch_size, "input_ids"),
-                             batch_size=batch_size, label_key=None)
-        cuda_graph = False  # the token evaluation waits for the device (ties, masks)
-    else:
-        batches = batches_of(data, batch_size=batch_size, label_key=label_key)
-    keys = list(model.state_dict())
-    replicas = [model.to(targets[0])] + [copy.deepcopy(model).to(t) for t in targets[1:]]
-    for m in replicas:
-        m.eval()
-    if tokens:
-        recorder = TokenRecorder(path, batches, top_k=8 if top_k is None else top_k,
-                                 output_fn=output_fn, batch_size=batch_size,
-                                 label_key=label_key, **recorder_options)
-    else:
-        recorder = LogitRecorder(path, batches, output_fn=output_fn, batch_size=batch_size,
-                                 label_key=label_key, **recorder_options)
-    devs = [Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle, pool=pool,
-                    cuda_graph=cuda_graph) for m, t in zip(replicas, targets, strict=False)]
-    with ThreadPoolExecutor(2, thread_name_prefix="forgetkit-replay-resume") as ahead:
-        start = log.resume(order, devs[0].digest, pool=ahead)
-    return drive(order[start:], devs, recorder, log, autocast=autocast, progress=progress)
+    ctx = ddp.context(group)
+    ddp.same_checkpoints(ctx, order)
+    log = ddp.on_rank0(ctx, lambda: ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
+                                              recorder_options.get("meta"), on_duplicate, path))
+
+    def prepare():
+        targets = _devices(device, devices, model, ctx)
+        if tokens:  # the token data's forms: columns or an (N, T) tensor are batched first;
+            # the recorder checks each batch (labels are optional)
+            batches = batches_of(token_batches(data, batch_size, "input_ids"),
+                                 batch_size=batch_size, label_key=None)
+        else:
+            batches = batches_of(data, batch_size=batch_size, label_key=label_key)
+        keys = list(model.state_dict())
+        replicas = [model.to(targets[0])] + [copy.deepcopy(model).to(t) for t in targets[1:]]
+        for m in replicas:
+            m.eval()
+        if tokens:
+            recorder = TokenRecorder(path, batches, top_k=8 if top_k is None else top_k,
+                                     output_fn=output_fn, batch_size=batch_size,
+                                     label_key=label_key, **recorder_options)
+        else:
+            recorder = LogitRecorder(path, batches, output_fn=output_fn,
+                                     batch_size=batch_size, label_key=label_key,
+                                     **recorder_options)
+        # the token evaluation waits for the device (ties, masks): no graph
+        devs = [Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle,
+                       pool=pool, cuda_graph=cuda_graph and not tokens)
+                for m, t in zip(replicas, targets, strict=False)]
+        return recorder, devs
+
+    recorder, devs = ddp.on_every_rank(ctx, "preparing the replay", prepare)
+
+    def resume():
+        with ThreadPoolExecutor(2, thread_name_prefix="forgetkit-replay-resume") as ahead:
+            return log.resume(order, devs[0].digest, pool=ahead)
+
+    start = ddp.broadcast(ctx, ddp.on_rank0(ctx, resume))
+    return drive(order[start:], devs, recorder, log, autocast=autocast, progress=progress,
+                 ctx=ctx)
 
 
-def drive(order, devs, recorder, log, *, autocast=None, progress=True):
+def drive(order, devs, recorder, log, *, autocast=None, progress=True, ctx=None):
     """Replay the checkpoints ``order`` on the devices ``devs`` (a worker thread each,
     taking whole checkpoints as `_Results` hands them out), storing them through
     ``recorder`` in epoch order as ``log`` says (checked against the stored ones, duplicates
-    handled); returns the run."""
+    handled); returns the run.
+
+    Under torch.distributed (``ctx``, a `_torch_distributed.Context`) this rank evaluates
+    checkpoints ``rank, rank + W, ...`` of ``order``; after each round of W checkpoints rank 0
+    receives the others' outputs and stores the round in epoch order (``log`` is rank 0's;
+    the other ranks write nothing and return None). Whatever fails, on any rank, is raised
+    on every rank before anything of its checkpoint is written."""
     from ..io import load
 
     path = recorder.path
-    bar = Progress(len(order), f"replay into {path}", enabled=progress, unit="checkpoints")
-    results = _Results(len(order), len(devs))
+    rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world)
+    mine = order[rank::world]
+    bar = Progress(len(order), f"replay into {path}", enabled=progress and rank == 0,
+                   unit="checkpoints")
+    results = _Results(len(mine), len(devs))
+    # rank 0 copies its outputs to the host as it goes; the others send theirs from the device
+    keep = recorder.host_copy if rank == 0 else (lambda values: values)
     workers = [threading.Thread(target=_work, name=f"forgetkit-replay-{d}", daemon=True,
-                                args=(dev, d, order, recorder, results, autocast))
+                                args=(dev, d, mine, recorder, results, autocast, keep))
                for d, dev in enumerate(devs)]
-    written = 0
+    written = [0]
+
+    def store(first, received):
+        """Rank 0: store the round's results (checkpoints ``first``, ``first + 1``...)."""
+        for r, result in enumerate(received[:len(order) - first]):
+            if isinstance(result, BaseException):
+                raise result
+            checkpoint = order[first + r]
+            digest, values, labels, n_classes = result
+            if rank == 0 and r:  # another rank's outputs, on this rank's collective device
+                values = recorder.host_copy(values)
+            if log.admit(checkpoint, digest):
+                recorder._commit(checkpoint.epoch, values, labels, n_classes,
+                                 meta=log.meta_with(checkpoint, digest))
+                written[0] += 1
+            bar.update()
+
+    def finish():
+        recorder.close()
+        if written[0] == 0 and not log.stored:
+            raise ForgetkitError(f"no checkpoint was replayed into {str(path)!r} (every one "
+                                 "was a duplicate left out)")
+
     try:
         for w in workers:
             w.start()
         with recorder:
-            for p, checkpoint in enumerate(order):
-                result = results.take(p)
-                if isinstance(result, BaseException):
-                    raise result
-                item, local = result
-                digest = resolved(item.digest)
-                if log.admit(checkpoint, digest):
-                    host, labels, n_classes = local
-                    recorder._commit(checkpoint.epoch, host, labels, n_classes,
-                                     meta=log.meta_with(checkpoint, digest))
-                    written += 1
-                bar.update()
+            for first in range(0, len(order), world):
+                result = None
+                if first + rank < len(order):
+                    result = results.take(first // world)
+                    if not isinstance(result, BaseException):
+                        item, (values, labels, n_classes) = result
+                        try:
+                            result = (resolved(item.digest), values, labels, n_classes)
+                        except Exception as err:  # hashing failed: a read error
+                            result = err
+                if ctx is None:
+                    store(first, [result])
+                else:
+                    received = ddp.gather_results(ctx, order[first].epoch, result)
+                    ddp.on_rank0(ctx, partial(store, first, received))
+            ddp.on_rank0(ctx, finish)
     finally:
         results.close()
         for w in workers:
             w.join()
         for dev in devs:
             dev.reader.shutdown(wait=True, cancel_futures=True)
-    if written == 0 and not log.stored:
-        raise ForgetkitError(f"no checkpoint was replayed into {str(path)!r} (every one was "
-                             "a duplicate left out)")
-    return load(path)
+    return load(path) if rank == 0 else None
