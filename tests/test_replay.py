@@ -630,6 +630,10 @@ attempt("resumed", lambda: logits("resumed.npy", files))  # holds epochs 0 and 1
 attempt("tokens", lambda: None if (run := replay(
     TinyLM(9), f"{tmp}/lm-*.pt", token_data(), f"{tmp}/tokens.npy", top_k=5, batch_size=4,
     progress=False)) is None else run.epochs.tolist())
+from forgetkit.exporters.huggingface import replay as hf_replay
+attempt("hf", lambda: None if (run := hf_replay(
+    f"{tmp}/hf", token_data(), f"{tmp}/hf.npy", top_k=5, batch_size=4,
+    progress=False)) is None else run.epochs.tolist())
 attempt("other files", lambda: logits("other.npy", files[:6 + rank]))
 attempt("corrupt", lambda: logits("corrupt.npy", files[:4] + [f"{tmp}/broken_4.pt"]))
 attempt("duplicate", lambda: logits("dup.npy", files[:3] + [f"{tmp}/again_3.pt"],
@@ -657,6 +661,12 @@ def test_replay_under_torch_distributed_equals_one_process(tmp_path):
         files.append(tmp_path / f"model_{e}.pt")
         torch.save(net.state_dict(), files[-1])
         torch.save(TinyLM(e).state_dict(), tmp_path / f"lm-{e}.pt")
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from .test_tokens_record import tiny_gpt2
+
+    for e in (1, 2, 3):
+        tiny_gpt2(transformers, seed=e).save_pretrained(tmp_path / "hf" / f"checkpoint-{e}")
     (tmp_path / "broken_4.pt").write_bytes(files[4].read_bytes()[:200])
     (tmp_path / "again_3.pt").write_bytes(files[1].read_bytes())
     options = dict(batch_size=32, dtype="float32", progress=False)
@@ -683,6 +693,12 @@ def test_replay_under_torch_distributed_equals_one_process(tmp_path):
     assert ranks[0]["tokens"] == list(range(7)) and ranks[1]["tokens"] is None
     assert np.load(tmp_path / "tokens.npy").tobytes() == np.load(tmp_path / "one_lm.npy").tobytes()
     assert np.array_equal(fk.load(tmp_path / "tokens.npy").positions, one.positions)
+    from forgetkit.exporters.huggingface import replay as hf_replay
+
+    hf_replay(tmp_path / "hf", token_data(), tmp_path / "one_hf.npy", top_k=5, batch_size=4,
+              progress=False)
+    assert ranks[0]["hf"] == [1, 2, 3] and ranks[1]["hf"] is None
+    assert np.load(tmp_path / "hf.npy").tobytes() == np.load(tmp_path / "one_hf.npy").tobytes()
     # failures: the same error on both ranks; the epochs before the failing one are written
     for r in ranks:
         assert r["other files"].startswith("ForgetkitError: the ranks replay different "
@@ -751,6 +767,10 @@ def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
     assert run.epochs.tolist() == [4, 8]  # the Trainer's global steps
     assert [os.path.basename(e["file"]) for e in run.meta["replay"]["checkpoints"]] == \
         ["checkpoint-4", "checkpoint-8"]
+    # on several devices (issue 36: models built in two threads at once failed)
+    two = hf_replay(tmp_path / "out", test, tmp_path / "two.npy", batch_size=10,
+                    dtype="float32", devices=["cpu", "cpu"])
+    assert np.array_equal(np.asarray(two.outputs), np.asarray(recorded.outputs))
     # the CLI: a Trainer output directory and arrays
     np.savez(tmp_path / "test.npz", input_ids=test.ids.numpy(),
              attention_mask=test.mask.numpy(), labels=test.labels.numpy())
@@ -769,6 +789,67 @@ def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
                      "--dtype", "float32", "--quiet"]) == 0
     assert np.array_equal(np.asarray(fk.load(tmp_path / "ds.npy").outputs),
                           np.asarray(recorded.outputs))
+
+
+def test_trainer_folders_load_into_one_model_per_device(tmp_path, monkeypatch):
+    """Checkpoint folders of one architecture: one model per device, built once, receives
+    each folder's weights (a language model's tied output embedding included), on one or
+    several devices, logits or tokens, with or without labels (then the next input ids are
+    the targets); a folder of another config gets a model of its own."""
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from forgetkit.exporters import huggingface as H
+
+    from .test_tokens_record import Sequences, expected_run, tiny_gpt2, token_data
+
+    for e in (1, 2, 3):
+        tiny_gpt2(transformers, seed=e).save_pretrained(tmp_path / "out" / f"checkpoint-{e}")
+    data = token_data(7, seed=2)
+    unlabelled = {k: v for k, v in data.items() if k != "labels"}
+    built = []
+    build = H.build
+    monkeypatch.setattr(H, "build", lambda *a: built.append(a[1]) or build(*a))
+    options = dict(top_k=5, batch_size=3, progress=False)
+    run = H.replay(tmp_path / "out", data, tmp_path / "one.npy", **options)
+    assert len(built) == 1 and run.epochs.tolist() == [1, 2, 3]
+    reference = []  # from_pretrained per folder, as the Trainer's model
+    for e in (1, 2, 3):
+        model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" /
+                                                             f"checkpoint-{e}").eval()
+        with torch.no_grad():
+            reference.append(model(input_ids=data["input_ids"],
+                                   attention_mask=data["attention_mask"]).logits)
+    for e, logits in enumerate(reference):
+        records, *_ = expected_run(lambda ids, z=logits: {"logits": z}, data, 5)
+        stored = np.load(tmp_path / "one.npy")[e]
+        assert np.array_equal(fk.kinds.topk.token_ids(stored),
+                              fk.kinds.topk.token_ids(records))
+        np.testing.assert_allclose(stored["logits"], records["logits"], rtol=1e-5, atol=1e-5)
+    # the content hash is the one of the model from_pretrained builds: runs replayed before
+    # resume
+    from forgetkit.exporters._checkpoints import content_hash
+    from forgetkit.exporters._torch_replay import flat_bytes
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" / "checkpoint-1")
+    assert run.meta["replay"]["checkpoints"][0]["sha256"] == content_hash(
+        [(k, str(t.dtype), tuple(t.shape), flat_bytes(t))
+         for k, t in sorted(model.state_dict().items())])
+    built.clear()
+    two = H.replay(tmp_path / "out", Sequences(unlabelled), tmp_path / "two.npy",
+                   devices=["cpu", "cpu"], **options)
+    assert len(built) == 1  # copied to the second device
+    labelled = dict(unlabelled, labels=torch.where(data["attention_mask"].bool(),
+                                                   data["input_ids"], -100))
+    full = H.replay(tmp_path / "out", labelled, tmp_path / "full.npy", **options)
+    assert np.load(tmp_path / "two.npy").tobytes() == np.load(tmp_path / "full.npy").tobytes()
+    assert np.array_equal(two.positions, full.positions)
+    assert len(full.positions) > len(run.positions)  # no position labelled -100
+    # a folder of another configuration: from_pretrained, a model of its own
+    tiny_gpt2(transformers, vocab=40).save_pretrained(tmp_path / "out" / "checkpoint-4")
+    built.clear()
+    with pytest.raises(fk.ForgetkitError, match="vocabulary of 40 tokens"):
+        H.replay(tmp_path / "out", data, tmp_path / "mixed.npy", **options)
+    assert [os.path.basename(str(f)) for f in built] == ["checkpoint-1", "checkpoint-4"]
 
 
 def test_trainer_callback_takes_what_it_needs_from_its_arguments(tmp_path):

@@ -297,6 +297,7 @@ class Item:
     tensors: list  # in the model's key order, on the device once staged (None: `flat`)
     event: object = None  # CUDA event: the copy to the device is done
     flat: object = None  # the device buffer of the staged tensors (`pack`'s layout)
+    model: object = None  # a model of its own, evaluated instead of the device's
 
 
 class Device:
@@ -354,12 +355,16 @@ class Device:
         """The content hash of a checkpoint's weights."""
         return self.weights(checkpoint)[1]
 
+    def state(self, checkpoint):
+        """The checkpoint's state dict with the model's keys (the file mapped into memory)."""
+        state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle,
+                                      mmap=True)
+        return fit_keys(state, self.keys, checkpoint.file)
+
     def weights(self, checkpoint, *, wait=True):
         """(tensors in the model's key order, content hash) of a checkpoint, checked;
         ``wait=False``: the hash a `PendingHash`, computed on the pool."""
-        state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle,
-                                      mmap=True)
-        state = fit_keys(state, self.keys, checkpoint.file)
+        state = self.state(checkpoint)
         tensors = [state[k] for k in self.keys]
         for k, t, target in zip(self.keys, tensors, self.targets, strict=False):
             if t.shape != target.shape:
