@@ -597,6 +597,41 @@ def test_cli_replay(tmp_path, capsys, monkeypatch):
     assert "no checkpoint matches 'none_*.pt'" in capsys.readouterr().err
 
 
+LM_MODULE = """
+from tests.test_tokens_record import TinyLM
+
+def make_model():
+    return TinyLM(9)
+"""
+
+
+def test_cli_replay_top_k_writes_a_token_run(tmp_path, capsys, monkeypatch):
+    from .test_tokens_record import TinyLM, token_data
+
+    for e in (0, 1):
+        torch.save(TinyLM(e).state_dict(), tmp_path / f"lm-{e}.pt")
+    (tmp_path / "lms.py").write_text(LM_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    data = token_data()
+    np.savez(tmp_path / "tokens.npz", **{k: v.numpy() for k, v in data.items()})
+    args = ["replay", "lm-*.pt", "--model", "lms:make_model", "--data", "tokens.npz",
+            "--batch-size", "4", "--quiet"]
+    assert cli_main(args + ["--top-k", "5", "--out", "k5.npy"]) == 0
+    expected = replay(TinyLM(9), str(tmp_path / "lm-*.pt"), data, tmp_path / "py.npy",
+                      top_k=5, batch_size=4, progress=False)
+    assert expected.kind == "topk" and expected.top_k == 5
+    assert np.load(tmp_path / "k5.npy").tobytes() == np.load(tmp_path / "py.npy").tobytes()
+    assert cli_main(args + ["--tokens", "--out", "k8.npy"]) == 0
+    assert fk.load(tmp_path / "k8.npy").top_k == 8
+    assert cli_main(args + ["--tokens", "--dtype", "float16", "--out", "x.npy"]) == 1
+    assert "--dtype does not apply to a token run" in capsys.readouterr().err
+    np.savez(tmp_path / "bad.npz", ids=data["input_ids"].numpy())
+    bad = [a if a != "tokens.npz" else "bad.npz" for a in args]
+    assert cli_main(bad + ["--tokens", "--out", "y.npy"]) == 1
+    assert "must hold the token ids as 'input_ids'" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------ torch.distributed
 DISTRIBUTED_REPLAY = """
 import json, os, sys
@@ -844,6 +879,12 @@ def test_trainer_folders_load_into_one_model_per_device(tmp_path, monkeypatch):
     assert np.load(tmp_path / "two.npy").tobytes() == np.load(tmp_path / "full.npy").tobytes()
     assert np.array_equal(two.positions, full.positions)
     assert len(full.positions) > len(run.positions)  # no position labelled -100
+    # the command line: a Trainer's folder and arrays, --top-k
+    np.savez(tmp_path / "tokens.npz", **{k: v.numpy() for k, v in data.items()})
+    assert cli_main(["replay", str(tmp_path / "out"), "--data", str(tmp_path / "tokens.npz"),
+                     "--out", str(tmp_path / "cli.npy"), "--top-k", "5", "--batch-size", "3",
+                     "--quiet"]) == 0
+    assert np.load(tmp_path / "cli.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()
     # a folder of another configuration: from_pretrained, a model of its own
     tiny_gpt2(transformers, vocab=40).save_pretrained(tmp_path / "out" / "checkpoint-4")
     built.clear()
