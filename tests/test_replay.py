@@ -632,6 +632,33 @@ def test_cli_replay_top_k_writes_a_token_run(tmp_path, capsys, monkeypatch):
     assert "must hold the token ids as 'input_ids'" in capsys.readouterr().err
 
 
+def test_token_replay_refuses_nan_and_settles_cut_ties_exactly(tmp_path):
+    """A token replay refuses a checkpoint whose logits are not finite (earlier epochs
+    kept); the top-k that a GPU evaluation computes without waiting says when a batch cut a
+    tie (then the exact, sorting path is taken) and otherwise equals it."""
+    from forgetkit.exporters._torch_tokens import topk_candidates, topk_rows
+
+    from .test_tokens_record import TinyLM, token_data
+
+    for e in (0, 1):
+        torch.save(TinyLM(e).state_dict(), tmp_path / f"lm-{e}.pt")
+    bad = TinyLM(2)
+    with torch.no_grad():
+        bad.out.bias[3] = float("nan")
+    torch.save(bad.state_dict(), tmp_path / "lm-2.pt")
+    with pytest.raises(fk.ForgetkitError, match="epoch 2 contain NaN or inf"):
+        replay(TinyLM(9), str(tmp_path / "lm-*.pt"), token_data(), tmp_path / "run.npy",
+               top_k=5, batch_size=4, progress=False)
+    assert fk.load(tmp_path / "run.npy").epochs.tolist() == [0, 1]
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(50, 40, generator=g)
+    t = torch.randint(0, 40, (50,), generator=g)
+    rows, settled = topk_candidates(z, t, 5)
+    assert bool(settled) and torch.equal(rows, topk_rows(z, t, 5))
+    z[7, :] = 0.0  # every logit equal: torch.topk takes 5 of 40 ties
+    assert not bool(topk_candidates(z, t, 5)[1])
+
+
 # ------------------------------------------------------------ torch.distributed
 DISTRIBUTED_REPLAY = """
 import json, os, sys

@@ -684,6 +684,9 @@ def _work(dev, d, checkpoints, recorder, results, autocast, keep):
                 else:
                     with _autocast(dev, autocast):
                         local = dev.evaluate_graphable(recorder, epoch)
+                if local.get("finite") is False:  # an evaluation that checked (tokens)
+                    raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf; not "
+                                         "stored")
                 if labels is None:
                     labels = local["labels"].cpu().numpy()
                     values = local["values"]
@@ -848,6 +851,7 @@ def _replay(model, order, data, path, pool, *, device, devices, batch_size, trus
             recorder = TokenRecorder(path, batches, top_k=8 if top_k is None else top_k,
                                      output_fn=output_fn, batch_size=batch_size,
                                      label_key=label_key, **recorder_options)
+            recorder.same_batches = True  # each device's placed batches, read once
         else:
             recorder = LogitRecorder(path, batches, output_fn=output_fn,
                                      batch_size=batch_size, label_key=label_key,

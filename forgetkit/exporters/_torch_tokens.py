@@ -31,16 +31,29 @@ def topk_rows(logits, targets, k):
     logits and their ids (int32 bits). Order: logits descending, equal logits by ascending
     id (``ids[0]`` is the argmax with numpy's rule: the lowest id among ties). Computed in
     float32 (float64 for float64 logits), then rounded to float32."""
+    return topk_candidates(logits, targets, k, exact=True)[0]
+
+
+def topk_candidates(logits, targets, k, *, exact=False):
+    """``(rows, settled)``: `topk_rows` of ``logits`` without waiting for the device
+    (``exact=False``): ``rows`` are `topk_rows`'s where ``settled`` (a bool tensor on the
+    device) is True; where it is False, some row has more logits equal to its k-th largest
+    than torch.topk took (which of them it takes is not said), and `topk_rows` must be
+    called. With ``exact`` such rows are sorted here (waiting for the device) and
+    ``settled`` is None."""
     z = logits if logits.dtype == torch.float64 else logits.float()
     values, ids = torch.topk(z, k, dim=-1, sorted=True)
-    # torch.topk does not say which of equal logits it takes: where more logits equal the
-    # k-th largest than were taken, the row is sorted (stably: ties by ascending id)
     kth = values[:, -1:]
     cut = (z == kth).sum(-1) > (values == kth).sum(-1)
-    if bool(cut.any()):
-        rows = cut.nonzero().squeeze(1)
-        exact = torch.sort(z[rows], dim=-1, descending=True, stable=True)
-        values[rows], ids[rows] = exact.values[:, :k], exact.indices[:, :k]
+    settled = None
+    if exact:
+        # the rows cut inside a tie are sorted (stably: ties by ascending id)
+        if bool(cut.any()):
+            rows = cut.nonzero().squeeze(1)
+            exact_rows = torch.sort(z[rows], dim=-1, descending=True, stable=True)
+            values[rows], ids[rows] = exact_rows.values[:, :k], exact_rows.indices[:, :k]
+    else:
+        settled = ~cut.any()
     order = ids.argsort(dim=-1)  # ties inside the k: by ascending id
     values, ids = values.gather(-1, order), ids.gather(-1, order)
     order = values.argsort(dim=-1, descending=True, stable=True)
@@ -48,7 +61,7 @@ def topk_rows(logits, targets, k):
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     target = z.gather(-1, targets[:, None])
     return torch.cat([target.float(), lse.float(), values.float(),
-                      ids.to(torch.int32).view(torch.float32)], dim=1)
+                      ids.to(torch.int32).view(torch.float32)], dim=1), settled
 
 
 def rows_to_records(rows, k, vocab_size):
@@ -144,6 +157,9 @@ class TokenRecorder(RecorderBase):
         self.sequence_ids = None if sequence_ids is None else np.asarray(sequence_ids)
         self.group = group
         self._shard_loaders = {}
+        #: the batches are the same objects, never changed, at every evaluation (a replay's)
+        self.same_batches = False
+        self._target_cache = {}
         self._table = None  # (sequence index, position, target) of the first recorded epoch
         self._index_of_first = None
         self._vocab = None
@@ -179,11 +195,23 @@ class TokenRecorder(RecorderBase):
         count), ``classes`` (the vocabulary size), ``finite`` and ``error`` (with
         ``catch``, the evaluation's error, to raise on every rank); ``labels`` is ``index``
         (what a replay stores with the rows). ``sync`` is taken for the replay's sake: the
-        evaluation always waits for the device (ties and masks are resolved there)."""
+        evaluation waits for the device once, at its end.
+
+        On a GPU nothing waits for the device between batches: whether a batch's top-k
+        needs the exact (sorting) path is read back while the next batch is evaluated,
+        and only such a batch is completed then; the non-finite check is read at the end."""
         device = next(model.parameters(), torch.empty(0)).device
         k = self.top_k
         rows, index, seqs, vocab = [], [], [], None
-        finite, start = True, 0
+        finite, start = torch.ones((), dtype=torch.bool, device=device), 0
+        unsettled = None  # the last batch's (row number, z, targets, settled, its event)
+
+        def settle():
+            i, z, t, settled, event = unsettled
+            event.synchronize()
+            if not bool(settled):
+                rows[i] = topk_rows(z, t, k)
+
         try:
             with torch.inference_mode():
                 for positions, batch in batches:
@@ -191,7 +219,8 @@ class TokenRecorder(RecorderBase):
                     inputs = {key: v for key, v in batch.items() if key != self.label_key}
                     ids = batch[self.input_key]
                     n = len(ids)
-                    if positions is None:
+                    own = positions is None
+                    if own:
                         positions = np.arange(start, start + n)
                     start += n
                     seqs.append(np.asarray(positions, dtype=np.int64))
@@ -216,21 +245,26 @@ class TokenRecorder(RecorderBase):
                         raise ForgetkitError(f"top_k={k} is larger than the vocabulary ({v} "
                                              f"logits per token); nothing written for epoch "
                                              f"{epoch}")
-                    target, kept = token_targets(to_device(batch, logits.device),
-                                                 input_key=self.input_key,
-                                                 label_key=self.label_key)
-                    at = kept.nonzero()  # (n_kept, 2): row, position - 1
-                    t = target[kept].long()
-                    if len(t) and bool(((t < 0) | (t >= v)).any()):
-                        bad = int(t[(t < 0) | (t >= v)][0])
-                        raise ForgetkitError(f"epoch {epoch}: target token id {bad} is outside "
-                                             f"the vocabulary of {v} (labels other than -100 "
-                                             "must be token ids)")
-                    z = logits[:, :-1][kept]
-                    finite = finite and bool(torch.isfinite(z).all())
-                    rows.append(topk_rows(z, t, k))
-                    rank_seq = torch.as_tensor(seqs[-1], device=at.device)
-                    index.append(torch.stack([rank_seq[at[:, 0]], at[:, 1] + 1, t], dim=1))
+                    at, t, where = self._targets(batch, seqs[-1], logits.device, v, epoch,
+                                                 cache=own and self.same_batches)
+                    z = logits[at[:, 0], at[:, 1]]  # the kept positions' logits, in order
+                    finite &= torch.isfinite(z).all()
+                    index.append(where)
+                    if logits.device.type != "cuda":
+                        rows.append(topk_rows(z, t, k))
+                        continue
+                    r, settled = topk_candidates(z, t, k)
+                    flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+                    flag.copy_(settled, non_blocking=True)
+                    event = torch.cuda.Event(blocking=True)
+                    event.record()
+                    rows.append(r)
+                    if unsettled is not None:
+                        settle()
+                    unsettled = (len(rows) - 1, z, t, flag, event)
+                if unsettled is not None:
+                    settle()
+                finite = bool(finite)
         except Exception as err:
             if not catch:
                 raise
@@ -243,6 +277,30 @@ class TokenRecorder(RecorderBase):
                 "values": torch.cat(rows) if rows else None, "index": index, "labels": index,
                 "seqs": np.concatenate(seqs) if seqs else np.empty(0, np.int64),
                 "sequences": start, "classes": vocab}
+
+    def _targets(self, batch, seqs, device, vocab, epoch, *, cache):
+        """``(at, t, index)`` of a batch on ``device``: the kept positions (n, 2) (row,
+        position - 1), their targets (n,) and the tokens' index rows (n, 3) (sequence
+        index from ``seqs``, position, target); the targets checked against ``vocab``.
+        With ``cache`` (the same batch object at every evaluation: a replay's) found once
+        per batch."""
+        key = (id(batch), vocab, str(device))
+        if cache and key in self._target_cache:
+            return self._target_cache[key]
+        target, kept = token_targets(to_device(batch, device), input_key=self.input_key,
+                                     label_key=self.label_key)
+        at = kept.nonzero()  # (n_kept, 2): row, position - 1
+        t = target[kept].long()
+        if len(t) and bool(((t < 0) | (t >= vocab)).any()):
+            bad = int(t[(t < 0) | (t >= vocab)][0])
+            raise ForgetkitError(f"epoch {epoch}: target token id {bad} is outside the "
+                                 f"vocabulary of {vocab} (labels other than -100 must be "
+                                 "token ids)")
+        rank_seq = torch.as_tensor(seqs, device=at.device)
+        found = at, t, torch.stack([rank_seq[at[:, 0]], at[:, 1] + 1, t], dim=1)
+        if cache:
+            self._target_cache[key] = found
+        return found
 
     def _store(self, epoch, index, values, vocab):
         """Queue the epoch's rows ``values`` (n, 2k + 2) on the device, with ``index`` (n, 3):

@@ -439,6 +439,7 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
         if tokens:
             recorder = TokenRecorder(path, batches, batch_size=batch_size, label_key=label_key,
                                      top_k=8 if top_k is None else top_k, **recorder_options)
+            recorder.same_batches = True  # each device's placed batches, read once
         else:
             recorder = LogitRecorder(path, batches, batch_size=batch_size,
                                      label_key=label_key, **recorder_options)
