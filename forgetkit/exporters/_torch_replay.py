@@ -300,15 +300,35 @@ class Item:
     model: object = None  # a model of its own, evaluated instead of the device's
 
 
+def shared_names(state):
+    """``(keys, tied)`` of a model's state dict (``keep_vars``): one key per tensor (the
+    first name of tied weights, such as a language model's output and input embeddings),
+    and each key's other names."""
+    first, keys, tied = {}, [], {k: [] for k in state}
+    for k, t in state.items():
+        at = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) if t.numel() else None
+        if at is not None and at in first:
+            tied[first[at]].append(k)
+            tied[k].append(first[at])
+        else:
+            keys.append(k)
+            if at is not None:
+                first[at] = k
+    return keys, tied
+
+
 class Device:
-    """One device's model instance, data and reader thread."""
+    """One device's model instance, data and reader thread. ``keys``: the model's state
+    dict keys (a checkpoint must hold each, tied weights under each of their names); each
+    tensor is read and loaded once."""
 
     def __init__(self, model, device, batches, *, keys, trust_pickle, pool, cuda_graph=False):
         self.device = device
         self.model = model
-        self.keys = keys
+        self.names = keys
         state = model.state_dict(keep_vars=True)
-        self.targets = [state[k] for k in keys]
+        self.keys, self.tied = shared_names({k: state[k] for k in keys})
+        self.targets = [state[k] for k in self.keys]
         self.batches = batches
         self.trust_pickle = trust_pickle
         self.pool = pool
@@ -359,7 +379,7 @@ class Device:
         """The checkpoint's state dict with the model's keys (the file mapped into memory)."""
         state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle,
                                       mmap=True)
-        return fit_keys(state, self.keys, checkpoint.file)
+        return fit_keys(state, self.names, checkpoint.file)
 
     def weights(self, checkpoint, *, wait=True):
         """(tensors in the model's key order, content hash) of a checkpoint, checked;

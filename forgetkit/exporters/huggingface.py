@@ -263,24 +263,6 @@ def build(model_class, folder):
     return model.eval()
 
 
-def shared_names(model):
-    """``(keys, aliases)`` of a model's state dict: one key per tensor (the first of tied
-    weights, such as a language model's output and input embeddings), and each key's other
-    names (its tied ones)."""
-    state = model.state_dict(keep_vars=True)
-    first, keys, aliases = {}, [], {k: [] for k in state}
-    for k, t in state.items():
-        at = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) if t.numel() else None
-        if at is not None and at in first:
-            aliases[first[at]].append(k)
-            aliases[k].append(first[at])
-        else:
-            keys.append(k)
-            if at is not None:
-                first[at] = k
-    return keys, aliases
-
-
 class PretrainedDevice(Device):
     """One device's model for a Trainer's checkpoint folders: built once (from the first
     folder), it receives each folder's weights in place as a state dict does (read,
@@ -289,12 +271,11 @@ class PretrainedDevice(Device):
     own, evaluated in its place."""
 
     def __init__(self, model, model_class, config, device, batches, pool):
-        keys, self.aliases = shared_names(model)
-        super().__init__(model, device, batches, keys=keys, trust_pickle=False, pool=pool)
+        super().__init__(model, device, batches, keys=list(model.state_dict()),
+                         trust_pickle=False, pool=pool)
         self.resident, self.model_class, self.config = model, model_class, config
         # buffers a folder may not hold (from_pretrained keeps the model's own)
         self.defaults = {k: v.detach().cpu().clone() for k, v in model.named_buffers()}
-        self.names = list(model.state_dict())
 
     def state(self, checkpoint):
         """The folder's state dict under every name of the model's (tied weights under each
@@ -302,7 +283,7 @@ class PretrainedDevice(Device):
         state = folder_state(checkpoint.file)
         for k in self.names:
             if k not in state:
-                alias = next((a for a in self.aliases[k] if a in state), None)
+                alias = next((a for a in self.tied[k] if a in state), None)
                 if alias is not None:
                     state[k] = state[alias]
                 elif k in self.defaults:
