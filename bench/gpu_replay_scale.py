@@ -20,6 +20,8 @@ Measured in one process, once each (``--phases`` picks them):
 - ``forward``: one forward pass per checkpoint over the data already on the GPU, one model
   whose weights never change (gpt2: with the top-k, log-sum-exp and target logit of every
   kept token on the device); the floor is max(read, forward);
+- ``evaluate`` (gpt2): the replay's token evaluation alone (``TokenRecorder._evaluate``
+  on the placed batches) once per checkpoint, weights unchanged;
 - ``replay``: ``torch.replay(model, files, data, run, device="cuda:0")``, all of it;
   ``replay_hf`` (gpt2): ``huggingface.replay(folder, data, run, device="cuda:0")``;
 - ``naive``: the loop a user writes (a model built per checkpoint: resnet
@@ -191,6 +193,21 @@ def forward_all(args, model, data, n, dev):
                     model(xs[i:i + args.batch_size])
 
 
+def evaluate_all(args, model, data, out, dev):
+    """gpt2: the replay's token evaluation alone, ``n`` times, one model whose weights
+    never change (no reading, loading or writing)."""
+    from forgetkit.exporters._torch_devices import batches_of, place, token_batches
+    from forgetkit.exporters.torch import TokenRecorder
+
+    batches = batches_of(token_batches(data, args.batch_size, "input_ids"),
+                         batch_size=args.batch_size, label_key=None)
+    recorder = TokenRecorder(out / "unused.npy", batches, top_k=args.top_k)
+    recorder.same_batches = True
+    placed = place(batches, dev)
+    for _ in range(args.n):
+        recorder._evaluate(model, 0, ((None, b) for b in placed), catch=False, sync=False)
+
+
 def naive(args, files, dirs, data, dev):
     """The loop users write, over the first ``--naive-n`` checkpoints."""
     n = min(args.naive_n, len(files))
@@ -292,8 +309,8 @@ def main(argv=None):
     p.add_argument("--gpus", default="2,4", help="GPU counts beside one")
     p.add_argument("--hf-gpus", default=None, help="of those, for torchrun_hf (default all)")
     p.add_argument("--thread-gpus", default=None, help="of those, for threads (default all)")
-    p.add_argument("--phases", default="read,forward,replay,replay_hf,torchrun,torchrun_hf,"
-                                       "threads,naive")
+    p.add_argument("--phases", default="read,forward,evaluate,replay,replay_hf,torchrun,"
+                                       "torchrun_hf,threads,naive")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="a tiny GPT-2 (a check on the CPU)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -351,6 +368,8 @@ def main(argv=None):
                 save("read_hf", timed(lambda: read_hf(dirs))[0])
         if "forward" in phases:
             save("forward", timed(lambda: forward_all(args, model, data, args.n, dev))[0])
+        if gpt2 and "evaluate" in phases:
+            save("evaluate", timed(lambda: evaluate_all(args, model, data, out, dev))[0])
         if "naive" in phases:
             t, n = timed(lambda: naive(args, files, dirs, data, dev))
             result["naive_checkpoints"] = n

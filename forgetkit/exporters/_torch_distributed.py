@@ -22,6 +22,7 @@ written for that epoch.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -453,11 +454,31 @@ def same_checkpoints(ctx, checkpoints):
                 f"{other[at:at + 1]}; every rank must be given the same checkpoints")
 
 
+def outgoing(values):
+    """``(values, event)``: a rank's outputs to send to rank 0, with the CUDA event after
+    which they are computed (recorded now on their device's current stream; None off a
+    GPU), so that the exchange, on a stream of its own, waits for them alone."""
+    if values is None or values.device.type != "cuda":
+        return values, None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(values.device))
+    return values, event
+
+
+def exchange_stream(ctx):
+    """A context in which this thread's collectives and copies run on a CUDA stream of
+    their own (under NCCL): they then wait for the outputs they send, not for the
+    evaluation queued behind them, and the evaluation does not wait for them."""
+    if ctx is None or ctx.device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(ctx.device))
+
+
 def gather_results(ctx, epoch, result):
     """One round's results on rank 0: each rank's ``result`` of the checkpoint it evaluated
     (None when it has none this round; an exception when it failed): ``(digest, values,
-    labels, classes)`` with ``values`` a tensor on the rank's device (rank 0's: the callable
-    of its host copy, kept as it is) and ``labels`` a numpy array. Returns, on rank 0, the
+    labels, classes)`` with ``values`` what `outgoing` returned (rank 0's: the callable of
+    its host copy, kept as it is) and ``labels`` a numpy array. Returns, on rank 0, the
     world's results in rank order (``values`` of the other ranks as tensors on rank 0's
     collective device; an error as the exception), and [] elsewhere."""
     if isinstance(result, BaseException):
@@ -469,8 +490,15 @@ def gather_results(ctx, epoch, result):
         meta = {"error": None, "digest": digest, "classes": classes,
                 "labels": (str(labels.dtype), labels.shape)}
         if ctx.rank != 0:
-            meta.update(dtype=str(values.dtype).split(".")[-1], shape=tuple(values.shape),
-                        nbytes=values.numel() * values.element_size())
+            values, ready = values
+            if ready is not None:
+                stream = torch.cuda.current_stream(values.device)
+                stream.wait_event(ready)
+                values.record_stream(stream)  # computed on the evaluation's stream
+            meta.update(none=values is None, nbytes=0 if values is None else
+                        values.numel() * values.element_size())
+            if values is not None:
+                meta.update(dtype=str(values.dtype).split(".")[-1], shape=tuple(values.shape))
     metas = [None] * ctx.world
     _collective(ctx, epoch, dist.all_gather_object, metas, meta)
     sizes = [0 if m is None or m["error"] is not None or r == 0
@@ -479,7 +507,7 @@ def gather_results(ctx, epoch, result):
     if max(sizes) > 0:
         raw = torch.zeros(max(sizes), dtype=torch.uint8, device=ctx.device)
         if sizes[ctx.rank]:
-            _, values, labels, _ = result
+            labels = result[2]
             parts = [values.contiguous().reshape(-1).view(torch.uint8).to(ctx.device),
                      torch.from_numpy(np.ascontiguousarray(labels).reshape(-1).view(np.uint8))
                      .to(ctx.device)]
@@ -497,7 +525,8 @@ def gather_results(ctx, epoch, result):
         else:
             buf = raws[r]
             n = m["nbytes"]
-            values = buf[:n].view(getattr(torch, m["dtype"])).reshape(m["shape"])
+            values = None if m["none"] else \
+                buf[:n].view(getattr(torch, m["dtype"])).reshape(m["shape"])
             labels = buf[n:sizes[r]].cpu().numpy().view(np.dtype(m["labels"][0]))
             out.append((m["digest"], values, labels.reshape(m["labels"][1]), m["classes"]))
     return out

@@ -913,7 +913,7 @@ def drive(order, devs, recorder, log, *, autocast=None, progress=True, ctx=None)
                    unit="checkpoints")
     results = _Results(len(mine), len(devs))
     # rank 0 copies its outputs to the host as it goes; the others send theirs from the device
-    keep = recorder.host_copy if rank == 0 else (lambda values: values)
+    keep = recorder.host_copy if rank == 0 else ddp.outgoing
     workers = [threading.Thread(target=_work, name=f"forgetkit-replay-{d}", daemon=True,
                                 args=(dev, d, mine, recorder, results, autocast, keep))
                for d, dev in enumerate(devs)]
@@ -943,7 +943,7 @@ def drive(order, devs, recorder, log, *, autocast=None, progress=True, ctx=None)
     try:
         for w in workers:
             w.start()
-        with recorder:
+        with recorder, ddp.exchange_stream(ctx):
             for first in range(0, len(order), world):
                 result = None
                 if first + rank < len(order):

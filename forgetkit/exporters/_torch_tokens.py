@@ -42,9 +42,13 @@ def topk_candidates(logits, targets, k, *, exact=False):
     called. With ``exact`` such rows are sorted here (waiting for the device) and
     ``settled`` is None."""
     z = logits if logits.dtype == torch.float64 else logits.float()
-    values, ids = torch.topk(z, k, dim=-1, sorted=True)
-    kth = values[:, -1:]
-    cut = (z == kth).sum(-1) > (values == kth).sum(-1)
+    # one more than k: a logit equal to the k-th largest was left out (a tie cut) exactly
+    # when the (k + 1)-th largest equals the k-th
+    more = min(k + 1, z.shape[-1])
+    values, ids = torch.topk(z, more, dim=-1, sorted=True)
+    cut = values[:, k] == values[:, k - 1] if more > k else \
+        torch.zeros(len(z), dtype=torch.bool, device=z.device)
+    values, ids = values[:, :k], ids[:, :k]
     settled = None
     if exact:
         # the rows cut inside a tie are sorted (stably: ties by ascending id)
