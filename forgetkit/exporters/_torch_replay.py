@@ -11,6 +11,14 @@ while the first one is read, and replayed for every batch of every checkpoint. W
 devices each evaluates whole checkpoints (the next one goes to the device that asks first);
 the main thread stores them in epoch order through `LogitRecorder` (whose background thread
 copies the outputs to the host and writes them).
+
+Under torch.distributed (torchrun, one node or several) every rank runs this pipeline on its
+own share of the checkpoints (rank r: checkpoints r, r + W, ...; one process per GPU, no
+interpreter shared); after each round of W checkpoints the others' outputs go to rank 0
+(`_torch_distributed.gather_results`, on a CUDA stream of its own under NCCL), which stores
+them in epoch order through the same recorder and replay log as one process does: the run
+is the one-process run, bit for bit. Whatever fails on any rank is raised on every rank
+before the failing checkpoint is written.
 """
 
 from __future__ import annotations
@@ -784,8 +792,10 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
     device : str or torch.device, optional
         Where to evaluate (default: where ``model`` is).
     devices : list of int or str, optional
-        Several devices: whole checkpoints per device (a model copy on each; the next
-        checkpoint goes to the device that is free first), written in epoch order.
+        Several devices in this process: whole checkpoints per device (a model copy and a
+        thread on each; the next checkpoint goes to the device that is free first), written
+        in epoch order. For several GPUs, one process per GPU (torchrun, below) scales as
+        well or better and reaches other nodes.
     batch_size : int, default 256
         For data given as arrays or a Dataset.
     trust_pickle : bool, default False
@@ -818,11 +828,22 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
         after the checkpoints it holds (matched by content hash); a run whose epochs came
         from other checkpoints is refused (``mode="w"`` replaces it).
 
+    group : torch.distributed ProcessGroup, optional
+        Under torch.distributed (a process group initialised, e.g. by torchrun): the ranks
+        that share the replay (default: the world). Every rank calls `replay` with the same
+        checkpoints and data; each evaluates checkpoints rank, rank + W, ... on its device
+        (default: under NCCL, the rank's current CUDA device when ``model`` is on the CPU);
+        rank 0 writes the run, equal bit for bit to a one-process replay (resumed and
+        checked for duplicates alike); the other ranks write nothing and return None. A
+        failure on any rank (a checkpoint list that differs, a read or evaluation error, a
+        check of the run) is raised on every rank before that checkpoint is written.
+
     Returns
     -------
     Run
-        The run at ``path``. Its ``meta["replay"]["checkpoints"]`` holds, per epoch, the
-        checkpoint's file, step and SHA-256 content hash.
+        The run at ``path`` (None on ranks other than 0). Its
+        ``meta["replay"]["checkpoints"]`` holds, per epoch, the checkpoint's file, step and
+        SHA-256 content hash.
     """
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")

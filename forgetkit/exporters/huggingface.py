@@ -363,8 +363,11 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
     epochs : list of int, optional
         Epoch numbers in the order given. Default: each checkpoint's global step (its
         ``trainer_state.json``), else the number in its folder name.
-    device, devices : where to evaluate (default: the CPU); several devices take whole
-        checkpoints each.
+    device, devices : where to evaluate (default: the CPU; under torch.distributed with
+        NCCL, the rank's current CUDA device); several devices take whole checkpoints each.
+        Each device builds the model once (``from_pretrained`` of the first folder) and
+        receives every folder's weights of the same config in place; a folder of another
+        config is built with ``from_pretrained`` into a model of its own.
     batch_size : int, default 256
     collate_fn : callable, optional
         Default: padding with the checkpoint's tokenizer when it saved one (what the
@@ -374,11 +377,16 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
     tokens : bool, default False; top_k : int, optional (default 8; implies ``tokens``)
         Write the top-k token run that `LogitRecorderCallback` writes in token mode (a
         causal language model's next tokens; ``recorder_options`` as `TokenRecorder` takes
-        them). A checkpoint whose vocabulary differs from the run's is refused.
+        them; without labels the targets are the next input ids). A checkpoint whose
+        vocabulary differs from the run's is refused.
+    group : torch.distributed ProcessGroup, optional
+        As for `forgetkit.exporters.torch.replay`: under torch.distributed each rank
+        evaluates its share of the folders and rank 0 writes the run.
 
     Returns
     -------
-    Run, with ``meta["replay"]["checkpoints"]`` (folder, step and content hash per epoch).
+    Run, with ``meta["replay"]["checkpoints"]`` (folder, step and content hash per epoch);
+    None on ranks other than 0.
     """
     import transformers
 
