@@ -436,7 +436,28 @@ def _int_list(text, option, what):
         raise ForgetkitError(f"{option} must list {what}; got {text!r}") from None
 
 
+def _torchrun_group():
+    """Under torchrun (``WORLD_SIZE`` above 1, no process group yet): torch.distributed
+    with the process group initialised here (NCCL on the local rank's GPU, else gloo), for
+    `_cmd_replay` to destroy; otherwise None."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return None
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist
+
+
 def _cmd_replay(args):
+    """Replay checkpoints into a run; under torchrun every rank replays its share of the
+    checkpoints and rank 0 writes (and prints)."""
     import warnings
 
     if args.out in args.checkpoints:
@@ -466,6 +487,7 @@ def _cmd_replay(args):
     except ImportError as err:
         raise ForgetkitError(f"replay needs {err.name or 'a framework'}: pip install "
                              f"forgetkit[{'huggingface' if trainer else 'torch'}]") from None
+    group = _torchrun_group()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -487,10 +509,12 @@ def _cmd_replay(args):
                 run = replay(model, args.checkpoints, data, args.out,
                              trust_pickle=args.trust_pickle, **options)
         finally:
+            if group is not None:
+                group.destroy_process_group()
             for w in caught:
                 print(f"forgetkit replay: warning: {' '.join(str(w.message).split())}",
                       file=sys.stderr)
-    if not args.quiet:
+    if run is not None and not args.quiet:  # (None: a rank other than 0)
         n = len(run.meta.get("replay", {}).get("checkpoints", []))
         print(f"wrote {args.out}: {run.n_epochs} epochs from {n} checkpoints")
 

@@ -742,6 +742,19 @@ def test_replay_under_torch_distributed_equals_one_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["logits"] == list(range(7)) and ranks[1]["logits"] is None
+    # the command line under torchrun: it starts the process group itself
+    (tmp_path / "nets.py").write_text("from tests.test_replay import small_net\n")
+    np.savez(tmp_path / "test.npz", inputs=x.numpy(), labels=y.numpy())
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", "-m", "forgetkit.cli", "replay",
+                           "model_*.pt", "--model", "nets:small_net", "--data", "test.npz",
+                           "--out", "cli.npy", "--dtype", "float32", "--batch-size", "32"],
+                          env=dict(env, PYTHONPATH=os.pathsep.join(
+                              [str(ROOT), env.get("PYTHONPATH", "")])),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("wrote cli.npy: 7 epochs from 7 checkpoints") == 1
+    assert np.load(tmp_path / "cli.npy").tobytes() == np.load(tmp_path / "logits.npy").tobytes()
     for name, extra in (("logits", {}), ("summary", {"summary": True})):
         one = tmp_path / f"one_{name}.npy"
         replay(small_net(), files, (x, y), one, **options, **extra)
