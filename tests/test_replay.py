@@ -637,6 +637,7 @@ def test_token_replay_refuses_nan_and_settles_cut_ties_exactly(tmp_path):
     kept); the top-k that a GPU evaluation computes without waiting says when a batch cut a
     tie (then the exact, sorting path is taken) and otherwise equals it."""
     from forgetkit.exporters._torch_tokens import topk_candidates, topk_rows
+    from forgetkit.exporters.torch import TokenRecorder
 
     from .test_tokens_record import TinyLM, token_data
 
@@ -650,6 +651,11 @@ def test_token_replay_refuses_nan_and_settles_cut_ties_exactly(tmp_path):
         replay(TinyLM(9), str(tmp_path / "lm-*.pt"), token_data(), tmp_path / "run.npy",
                top_k=5, batch_size=4, progress=False)
     assert fk.load(tmp_path / "run.npy").epochs.tolist() == [0, 1]
+    minus = TinyLM(3)
+    with torch.no_grad():
+        minus.out.bias[4] = -float("inf")  # -inf is refused too (not only NaN and +inf)
+    with pytest.raises(fk.ForgetkitError, match="NaN or inf"):
+        TokenRecorder(tmp_path / "minus.npy", token_data(), top_k=5).record(minus, 0)
     g = torch.Generator().manual_seed(3)
     z = torch.randn(50, 40, generator=g)
     t = torch.randint(0, 40, (50,), generator=g)
