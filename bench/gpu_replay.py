@@ -112,9 +112,9 @@ def read_all(files):
 def read_and_hash(files):
     """What the replay's reader does before the copy to the GPU, one file after another."""
     from forgetkit.exporters._checkpoints import hash_pool
-    from forgetkit.exporters._torch_replay import _Device
+    from forgetkit.exporters._torch_replay import Device
 
-    class Reader(_Device):
+    class Reader(Device):
         def __init__(self, keys, pool):
             self.keys, self.pool, self.trust_pickle = keys, pool, False
             self.targets = [_Shape(s) for s in shapes]

@@ -116,9 +116,9 @@ def wrap(owner, name, label, *, gpu=False, extra=None):
 
 def instrument():
     """Wrap the replay's parts (once per process)."""
-    wrap(R._Device, "read", "read", extra=lambda self, position, c: {"p": position})
-    wrap(R._Device, "load", "load", gpu=True, extra=lambda self, item: {"p": item.position})
-    wrap(R._Device, "evaluate_graphable", "eager_eval", gpu=True,
+    wrap(R.Device, "read", "read", extra=lambda self, position, c: {"p": position})
+    wrap(R.Device, "load", "load", gpu=True, extra=lambda self, item: {"p": item.position})
+    wrap(R.Device, "evaluate_graphable", "eager_eval", gpu=True,
          extra=lambda self, *a: {"n_batches": len(a[2]) if len(a) > 2 and a[2] else
                                  len(self.batches)})
     wrap(R._Graph, "evaluate", "graph_eval", gpu=True)

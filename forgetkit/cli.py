@@ -396,13 +396,19 @@ def _factory(spec, option):
         raise ForgetkitError(f"{option} {spec!r} raised {type(err).__name__}: {err}") from None
 
 
-def _replay_data(spec, *, trainer):
+def _replay_data(spec, *, trainer, tokens=False):
     """The --data of a replay: a MODULE:CALLABLE, arrays in a .npz (inputs and labels, or
-    named model inputs and labels), or (a Trainer's checkpoints) a datasets folder."""
+    named model inputs and labels; token runs: input_ids, optionally attention_mask and
+    labels), or (a Trainer's checkpoints) a datasets folder."""
     path = Path(spec)
     if path.suffix == ".npz" and path.is_file():
         with np.load(path) as f:
             arrays = {k: f[k] for k in f.files}
+        if tokens:
+            if "input_ids" not in arrays:
+                raise ForgetkitError(f"--data {spec!r} must hold the token ids as 'input_ids' "
+                                     f"for a token run; it holds {sorted(arrays)}")
+            return arrays
         labels = next((k for k in ("labels", "label", "y") if k in arrays), None)
         if labels is None:
             raise ForgetkitError(f"--data {spec!r} must hold the labels as 'labels' (or "
@@ -436,7 +442,28 @@ def _int_list(text, option, what):
         raise ForgetkitError(f"{option} must list {what}; got {text!r}") from None
 
 
+def _torchrun_group():
+    """Under torchrun (``WORLD_SIZE`` above 1, no process group yet): torch.distributed
+    with the process group initialised here (NCCL on the local rank's GPU, else gloo), for
+    `_cmd_replay` to destroy; otherwise None."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return None
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist
+
+
 def _cmd_replay(args):
+    """Replay checkpoints into a run; under torchrun every rank replays its share of the
+    checkpoints and rank 0 writes (and prints)."""
     import warnings
 
     if args.out in args.checkpoints:
@@ -445,8 +472,15 @@ def _cmd_replay(args):
     epochs = _int_list(args.epochs, "--epochs", "epoch numbers such as 1,2,3")
     options = dict(epochs=epochs, device=args.device, devices=devices,
                    batch_size=args.batch_size, on_duplicate=args.on_duplicate,
-                   autocast=args.autocast, progress=not args.quiet, dtype=args.dtype,
-                   mode=args.mode)
+                   autocast=args.autocast, progress=not args.quiet, mode=args.mode)
+    tokens = args.tokens or args.top_k is not None
+    if tokens:
+        if args.dtype is not None:
+            raise ForgetkitError("--dtype does not apply to a token run (--tokens, --top-k): "
+                                 "its logits are stored as float32")
+        options.update(tokens=True, top_k=args.top_k)
+    elif args.dtype is not None:
+        options["dtype"] = args.dtype
     trainer = args.model is None
     try:
         if trainer:
@@ -459,6 +493,7 @@ def _cmd_replay(args):
     except ImportError as err:
         raise ForgetkitError(f"replay needs {err.name or 'a framework'}: pip install "
                              f"forgetkit[{'huggingface' if trainer else 'torch'}]") from None
+    group = _torchrun_group()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -471,19 +506,21 @@ def _cmd_replay(args):
                     if model_class is None:
                         raise ForgetkitError(f"--model-class: transformers has no "
                                              f"{args.model_class!r}")
-                data = _replay_data(args.data, trainer=True)
+                data = _replay_data(args.data, trainer=True, tokens=tokens)
                 run = replay(args.checkpoints[0], data, args.out, model_class=model_class,
                              **options)
             else:
                 model = _factory(args.model, "--model")
-                data = _replay_data(args.data, trainer=False)
+                data = _replay_data(args.data, trainer=False, tokens=tokens)
                 run = replay(model, args.checkpoints, data, args.out,
                              trust_pickle=args.trust_pickle, **options)
         finally:
+            if group is not None:
+                group.destroy_process_group()
             for w in caught:
                 print(f"forgetkit replay: warning: {' '.join(str(w.message).split())}",
                       file=sys.stderr)
-    if not args.quiet:
+    if run is not None and not args.quiet:  # (None: a rank other than 0)
         n = len(run.meta.get("replay", {}).get("checkpoints", []))
         print(f"wrote {args.out}: {run.n_epochs} epochs from {n} checkpoints")
 
@@ -502,8 +539,15 @@ def _add_replay_command(sub):
     p.add_argument("--out", required=True, metavar="RUN", help="run file (.npy, .parquet)")
     p.add_argument("--device", help="e.g. cuda, cuda:1, cpu (default: where the model is)")
     p.add_argument("--devices", metavar="0,1", help="several GPUs: whole checkpoints each")
-    p.add_argument("--dtype", choices=("float16", "float32", "float64"), default="float16",
-                   help="stored precision of the outputs")
+    p.add_argument("--dtype", choices=("float16", "float32", "float64"),
+                   help="stored precision of the outputs (default float16)")
+    p.add_argument("--top-k", type=int, metavar="K",
+                   help="a causal language model's top-k token run: per target token the "
+                        "target's logit, the log-sum-exp and the K largest logits (implies "
+                        "--tokens)")
+    p.add_argument("--tokens", action="store_true",
+                   help="write a top-k token run (K = 8 unless --top-k); --data holds "
+                        "input_ids (and optionally attention_mask and labels)")
     p.add_argument("--autocast", choices=("bfloat16", "float16"),
                    help="evaluate under torch.autocast (default: the model's precision)")
     p.add_argument("--batch-size", type=int, default=256)

@@ -94,7 +94,7 @@ def test_several_devices_share_checkpoints_by_who_is_free(tmp_path, monkeypatch)
 
     test, files = train_and_save(tmp_path, epochs=tuple(range(6)))
     recorded = fk.load(tmp_path / "recorded.npy")
-    load, next_position, done = R._Device.load, R._Results.next_position, []
+    load, next_position, done = R.Device.load, R._Results.next_position, []
 
     def slow_load(self, item):
         first = self.model is net
@@ -116,7 +116,7 @@ def test_several_devices_share_checkpoints_by_who_is_free(tmp_path, monkeypatch)
             other_asked.set()
         return p
 
-    monkeypatch.setattr(R._Device, "load", slow_load)
+    monkeypatch.setattr(R.Device, "load", slow_load)
     monkeypatch.setattr(R._Results, "next_position", in_turn)
     for balance in (True, False):
         monkeypatch.setattr(R, "BALANCE", balance)
@@ -277,7 +277,7 @@ from forgetkit.exporters.torch import replay
 
 g = torch.Generator().manual_seed(1)
 x, y = torch.randn(90, 6, generator=g), torch.randint(0, 3, (90,), generator=g)
-load, loads = R._Device.load, []
+load, loads = R.Device.load, []
 
 def slow(self, item):  # a replay that is still running when killed
     loads.append(1)
@@ -286,7 +286,7 @@ def slow(self, item):  # a replay that is still running when killed
     time.sleep(0.3)
     return load(self, item)
 
-R._Device.load = slow
+R.Device.load = slow
 net = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
 replay(net, str(Path(sys.argv[1]).parent / "model_*.pt"), (x, y), sys.argv[1],
        batch_size=32, dtype="float32", progress=False)
@@ -458,13 +458,13 @@ def test_staged_checkpoints_load_as_bytes_or_converted(tmp_path, monkeypatch):
     plain = [replay(make(), ckpts, test, tmp_path / f"plain{i}.npy", dtype="float32")
              for i, (make, ckpts, _) in enumerate(cases)]
     assert_same_run(plain[0], fk.load(tmp_path / "recorded.npy"))
-    load, bytewise = R._Device.load, []
+    load, bytewise = R.Device.load, []
 
     def watched(self, item):
         bytewise.append(item.tensors is None)
         return load(self, item)
 
-    monkeypatch.setattr(R._Device, "load", watched)
+    monkeypatch.setattr(R.Device, "load", watched)
     monkeypatch.setattr(R, "STAGE_ALWAYS", True)
     for i, (make, ckpts, as_bytes) in enumerate(cases):
         for devices in (["cpu"], ["cpu", "cpu"]):
@@ -597,6 +597,202 @@ def test_cli_replay(tmp_path, capsys, monkeypatch):
     assert "no checkpoint matches 'none_*.pt'" in capsys.readouterr().err
 
 
+LM_MODULE = """
+from tests.test_tokens_record import TinyLM
+
+def make_model():
+    return TinyLM(9)
+"""
+
+
+def test_cli_replay_top_k_writes_a_token_run(tmp_path, capsys, monkeypatch):
+    from .test_tokens_record import TinyLM, token_data
+
+    for e in (0, 1):
+        torch.save(TinyLM(e).state_dict(), tmp_path / f"lm-{e}.pt")
+    (tmp_path / "lms.py").write_text(LM_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    data = token_data()
+    np.savez(tmp_path / "tokens.npz", **{k: v.numpy() for k, v in data.items()})
+    args = ["replay", "lm-*.pt", "--model", "lms:make_model", "--data", "tokens.npz",
+            "--batch-size", "4", "--quiet"]
+    assert cli_main(args + ["--top-k", "5", "--out", "k5.npy"]) == 0
+    expected = replay(TinyLM(9), str(tmp_path / "lm-*.pt"), data, tmp_path / "py.npy",
+                      top_k=5, batch_size=4, progress=False)
+    assert expected.kind == "topk" and expected.top_k == 5
+    assert np.load(tmp_path / "k5.npy").tobytes() == np.load(tmp_path / "py.npy").tobytes()
+    assert cli_main(args + ["--tokens", "--out", "k8.npy"]) == 0
+    assert fk.load(tmp_path / "k8.npy").top_k == 8
+    assert cli_main(args + ["--tokens", "--dtype", "float16", "--out", "x.npy"]) == 1
+    assert "--dtype does not apply to a token run" in capsys.readouterr().err
+    np.savez(tmp_path / "bad.npz", ids=data["input_ids"].numpy())
+    bad = [a if a != "tokens.npz" else "bad.npz" for a in args]
+    assert cli_main(bad + ["--tokens", "--out", "y.npy"]) == 1
+    assert "must hold the token ids as 'input_ids'" in capsys.readouterr().err
+
+
+def test_token_replay_refuses_nan_and_settles_cut_ties_exactly(tmp_path):
+    """A token replay refuses a checkpoint whose logits are not finite (earlier epochs
+    kept); the top-k that a GPU evaluation computes without waiting says when a batch cut a
+    tie (then the exact, sorting path is taken) and otherwise equals it."""
+    from forgetkit.exporters._torch_tokens import topk_candidates, topk_rows
+    from forgetkit.exporters.torch import TokenRecorder
+
+    from .test_tokens_record import TinyLM, token_data
+
+    for e in (0, 1):
+        torch.save(TinyLM(e).state_dict(), tmp_path / f"lm-{e}.pt")
+    bad = TinyLM(2)
+    with torch.no_grad():
+        bad.out.bias[3] = float("nan")
+    torch.save(bad.state_dict(), tmp_path / "lm-2.pt")
+    with pytest.raises(fk.ForgetkitError, match="epoch 2 contain NaN or inf"):
+        replay(TinyLM(9), str(tmp_path / "lm-*.pt"), token_data(), tmp_path / "run.npy",
+               top_k=5, batch_size=4, progress=False)
+    assert fk.load(tmp_path / "run.npy").epochs.tolist() == [0, 1]
+    minus = TinyLM(3)
+    with torch.no_grad():
+        minus.out.bias[4] = -float("inf")  # -inf is refused too (not only NaN and +inf)
+    with pytest.raises(fk.ForgetkitError, match="NaN or inf"):
+        TokenRecorder(tmp_path / "minus.npy", token_data(), top_k=5).record(minus, 0)
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(50, 40, generator=g)
+    t = torch.randint(0, 40, (50,), generator=g)
+    rows, settled = topk_candidates(z, t, 5)
+    assert bool(settled) and torch.equal(rows, topk_rows(z, t, 5))
+    z[7, :] = 0.0  # every logit equal: torch.topk takes 5 of 40 ties
+    assert not bool(topk_candidates(z, t, 5)[1])
+
+
+# ------------------------------------------------------------ torch.distributed
+DISTRIBUTED_REPLAY = """
+import json, os, sys
+import numpy as np, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[2])
+from tests.test_replay import data, small_net
+from tests.test_tokens_record import TinyLM, token_data
+from forgetkit.exporters.torch import replay
+
+tmp = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x, y = data()
+files = [f"{tmp}/model_{e}.pt" for e in range(7)]
+out = {}
+
+def attempt(name, fn):
+    try:
+        out[name] = fn()
+    except Exception as err:
+        out[name] = f"{type(err).__name__}: {err}"
+
+def logits(path, checkpoints, **options):
+    run = replay(small_net(), checkpoints, (x, y), f"{tmp}/{path}", batch_size=32,
+                 dtype="float32", progress=False, **options)
+    return None if run is None else run.epochs.tolist()
+
+attempt("logits", lambda: logits("logits.npy", files))
+attempt("summary", lambda: logits("summary.npy", files, summary=True))
+attempt("resumed", lambda: logits("resumed.npy", files))  # holds epochs 0 and 1 already
+attempt("tokens", lambda: None if (run := replay(
+    TinyLM(9), f"{tmp}/lm-*.pt", token_data(), f"{tmp}/tokens.npy", top_k=5, batch_size=4,
+    progress=False)) is None else run.epochs.tolist())
+from forgetkit.exporters.huggingface import replay as hf_replay
+attempt("hf", lambda: None if (run := hf_replay(
+    f"{tmp}/hf", token_data(), f"{tmp}/hf.npy", top_k=5, batch_size=4,
+    progress=False)) is None else run.epochs.tolist())
+attempt("other files", lambda: logits("other.npy", files[:6 + rank]))
+attempt("corrupt", lambda: logits("corrupt.npy", files[:4] + [f"{tmp}/broken_4.pt"]))
+attempt("duplicate", lambda: logits("dup.npy", files[:3] + [f"{tmp}/again_3.pt"],
+                                    on_duplicate="error"))
+with open(f"{tmp}/rank{rank}.json", "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+def test_replay_under_torch_distributed_equals_one_process(tmp_path):
+    """torchrun with 2 ranks (gloo): each rank evaluates every other checkpoint, rank 0
+    writes the run equal bit for bit to a one-process replay (logits, summary, tokens,
+    resumed); the other rank writes nothing and returns None; a failure on either rank is
+    raised on both, the epochs before it kept."""
+    from .test_tokens_record import TinyLM, token_data
+
+    torch.manual_seed(0)
+    x, y = data()
+    files = []
+    for e in range(7):
+        net = small_net()
+        with torch.no_grad():
+            net[1].running_mean.normal_()
+        files.append(tmp_path / f"model_{e}.pt")
+        torch.save(net.state_dict(), files[-1])
+        torch.save(TinyLM(e).state_dict(), tmp_path / f"lm-{e}.pt")
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from .test_tokens_record import tiny_gpt2
+
+    for e in (1, 2, 3):
+        tiny_gpt2(transformers, seed=e).save_pretrained(tmp_path / "hf" / f"checkpoint-{e}")
+    (tmp_path / "broken_4.pt").write_bytes(files[4].read_bytes()[:200])
+    (tmp_path / "again_3.pt").write_bytes(files[1].read_bytes())
+    options = dict(batch_size=32, dtype="float32", progress=False)
+    replay(small_net(), files[:2], (x, y), tmp_path / "resumed.npy", **options)
+    script = tmp_path / "worker.py"
+    script.write_text(DISTRIBUTED_REPLAY)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", str(script), str(tmp_path), str(ROOT)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["logits"] == list(range(7)) and ranks[1]["logits"] is None
+    # the command line under torchrun: it starts the process group itself
+    (tmp_path / "nets.py").write_text("from tests.test_replay import small_net\n")
+    np.savez(tmp_path / "test.npz", inputs=x.numpy(), labels=y.numpy())
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", "-m", "forgetkit.cli", "replay",
+                           "model_*.pt", "--model", "nets:small_net", "--data", "test.npz",
+                           "--out", "cli.npy", "--dtype", "float32", "--batch-size", "32"],
+                          env=dict(env, PYTHONPATH=os.pathsep.join(
+                              [str(ROOT), env.get("PYTHONPATH", "")])),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("wrote cli.npy: 7 epochs from 7 checkpoints") == 1
+    assert np.load(tmp_path / "cli.npy").tobytes() == np.load(tmp_path / "logits.npy").tobytes()
+    for name, extra in (("logits", {}), ("summary", {"summary": True})):
+        one = tmp_path / f"one_{name}.npy"
+        replay(small_net(), files, (x, y), one, **options, **extra)
+        assert np.load(tmp_path / f"{name}.npy").tobytes() == np.load(one).tobytes()
+        assert fk.load(tmp_path / f"{name}.npy").meta == fk.load(one).meta
+    assert fk.load(tmp_path / "resumed.npy").meta == fk.load(tmp_path / "one_logits.npy").meta
+    assert np.load(tmp_path / "resumed.npy").tobytes() == \
+        np.load(tmp_path / "one_logits.npy").tobytes()
+    one = replay(TinyLM(9), str(tmp_path / "lm-*.pt"), token_data(), tmp_path / "one_lm.npy",
+                 top_k=5, batch_size=4, progress=False)
+    assert ranks[0]["tokens"] == list(range(7)) and ranks[1]["tokens"] is None
+    assert np.load(tmp_path / "tokens.npy").tobytes() == np.load(tmp_path / "one_lm.npy").tobytes()
+    assert np.array_equal(fk.load(tmp_path / "tokens.npy").positions, one.positions)
+    from forgetkit.exporters.huggingface import replay as hf_replay
+
+    hf_replay(tmp_path / "hf", token_data(), tmp_path / "one_hf.npy", top_k=5, batch_size=4,
+              progress=False)
+    assert ranks[0]["hf"] == [1, 2, 3] and ranks[1]["hf"] is None
+    assert np.load(tmp_path / "hf.npy").tobytes() == np.load(tmp_path / "one_hf.npy").tobytes()
+    # failures: the same error on both ranks; the epochs before the failing one are written
+    for r in ranks:
+        assert r["other files"].startswith("ForgetkitError: the ranks replay different "
+                                           "checkpoints"), r["other files"]
+        assert r["corrupt"].startswith("CorruptFileError: cannot read checkpoint") and \
+            "broken_4.pt" in r["corrupt"], r["corrupt"]
+        assert "has the same weights as" in r["duplicate"] and \
+            "on_duplicate='error'" in r["duplicate"], r["duplicate"]
+    assert not (tmp_path / "other.npy").exists()
+    assert fk.load(tmp_path / "corrupt.npy").epochs.tolist() == [0, 1, 2, 3]
+    assert fk.load(tmp_path / "dup.npy").epochs.tolist() == [0, 1, 2]
+
+
 # ------------------------------------------------------------- PyTorch Lightning
 def test_lightning_model_checkpoints_replay_to_the_recorded_run(tmp_path):
     L = import_real_part("lightning", "PyTorch Lightning (pip install forgetkit[lightning])")
@@ -652,6 +848,10 @@ def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
     assert run.epochs.tolist() == [4, 8]  # the Trainer's global steps
     assert [os.path.basename(e["file"]) for e in run.meta["replay"]["checkpoints"]] == \
         ["checkpoint-4", "checkpoint-8"]
+    # on several devices (issue 36: models built in two threads at once failed)
+    two = hf_replay(tmp_path / "out", test, tmp_path / "two.npy", batch_size=10,
+                    dtype="float32", devices=["cpu", "cpu"])
+    assert np.array_equal(np.asarray(two.outputs), np.asarray(recorded.outputs))
     # the CLI: a Trainer output directory and arrays
     np.savez(tmp_path / "test.npz", input_ids=test.ids.numpy(),
              attention_mask=test.mask.numpy(), labels=test.labels.numpy())
@@ -670,6 +870,73 @@ def test_trainer_checkpoints_replay_to_the_recorded_run(tmp_path):
                      "--dtype", "float32", "--quiet"]) == 0
     assert np.array_equal(np.asarray(fk.load(tmp_path / "ds.npy").outputs),
                           np.asarray(recorded.outputs))
+
+
+def test_trainer_folders_load_into_one_model_per_device(tmp_path, monkeypatch):
+    """Checkpoint folders of one architecture: one model per device, built once, receives
+    each folder's weights (a language model's tied output embedding included), on one or
+    several devices, logits or tokens, with or without labels (then the next input ids are
+    the targets); a folder of another config gets a model of its own."""
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from forgetkit.exporters import huggingface as H
+
+    from .test_tokens_record import Sequences, expected_run, tiny_gpt2, token_data
+
+    for e in (1, 2, 3):
+        tiny_gpt2(transformers, seed=e).save_pretrained(tmp_path / "out" / f"checkpoint-{e}")
+    data = token_data(7, seed=2)
+    unlabelled = {k: v for k, v in data.items() if k != "labels"}
+    built = []
+    build = H.build
+    monkeypatch.setattr(H, "build", lambda *a: built.append(a[1]) or build(*a))
+    options = dict(top_k=5, batch_size=3, progress=False)
+    run = H.replay(tmp_path / "out", data, tmp_path / "one.npy", **options)
+    assert len(built) == 1 and run.epochs.tolist() == [1, 2, 3]
+    reference = []  # from_pretrained per folder, as the Trainer's model
+    for e in (1, 2, 3):
+        model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" /
+                                                             f"checkpoint-{e}").eval()
+        with torch.no_grad():
+            reference.append(model(input_ids=data["input_ids"],
+                                   attention_mask=data["attention_mask"]).logits)
+    for e, logits in enumerate(reference):
+        records, *_ = expected_run(lambda ids, z=logits: {"logits": z}, data, 5)
+        stored = np.load(tmp_path / "one.npy")[e]
+        assert np.array_equal(fk.kinds.topk.token_ids(stored),
+                              fk.kinds.topk.token_ids(records))
+        np.testing.assert_allclose(stored["logits"], records["logits"], rtol=1e-5, atol=1e-5)
+    # the content hash is the one of the model from_pretrained builds: runs replayed before
+    # resume
+    from forgetkit.exporters._checkpoints import content_hash
+    from forgetkit.exporters._torch_replay import flat_bytes
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" / "checkpoint-1")
+    assert run.meta["replay"]["checkpoints"][0]["sha256"] == content_hash(
+        [(k, str(t.dtype), tuple(t.shape), flat_bytes(t))
+         for k, t in sorted(model.state_dict().items())])
+    built.clear()
+    two = H.replay(tmp_path / "out", Sequences(unlabelled), tmp_path / "two.npy",
+                   devices=["cpu", "cpu"], **options)
+    assert len(built) == 1  # copied to the second device
+    labelled = dict(unlabelled, labels=torch.where(data["attention_mask"].bool(),
+                                                   data["input_ids"], -100))
+    full = H.replay(tmp_path / "out", labelled, tmp_path / "full.npy", **options)
+    assert np.load(tmp_path / "two.npy").tobytes() == np.load(tmp_path / "full.npy").tobytes()
+    assert np.array_equal(two.positions, full.positions)
+    assert len(full.positions) > len(run.positions)  # no position labelled -100
+    # the command line: a Trainer's folder and arrays, --top-k
+    np.savez(tmp_path / "tokens.npz", **{k: v.numpy() for k, v in data.items()})
+    assert cli_main(["replay", str(tmp_path / "out"), "--data", str(tmp_path / "tokens.npz"),
+                     "--out", str(tmp_path / "cli.npy"), "--top-k", "5", "--batch-size", "3",
+                     "--quiet"]) == 0
+    assert np.load(tmp_path / "cli.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()
+    # a folder of another configuration: from_pretrained, a model of its own
+    tiny_gpt2(transformers, vocab=40).save_pretrained(tmp_path / "out" / "checkpoint-4")
+    built.clear()
+    with pytest.raises(fk.ForgetkitError, match="vocabulary of 40 tokens"):
+        H.replay(tmp_path / "out", data, tmp_path / "mixed.npy", **options)
+    assert [os.path.basename(str(f)) for f in built] == ["checkpoint-1", "checkpoint-4"]
 
 
 def test_trainer_callback_takes_what_it_needs_from_its_arguments(tmp_path):

@@ -22,7 +22,10 @@ written for that epoch.
 
 from __future__ import annotations
 
+import contextlib
+import pickle
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -366,3 +369,164 @@ def gather_tokens(ctx, epoch, local, shard, store):
     if err is not None:
         raise err
     return result
+
+
+# ------------------------------------------------------------------------ replays
+# A replay under torch.distributed: every rank evaluates a share of the checkpoints on its
+# own device (rank r: checkpoints r, r + W, ...); in rounds of W checkpoints, the ranks'
+# results go to rank 0, which stores them in epoch order (through the same recorder and
+# replay log as one process) and broadcasts its verdict, which every rank raises or returns.
+
+def _sendable(err):
+    """``err`` if it pickles (it is sent to the other ranks as it is), else a ForgetkitError
+    with its type and message."""
+    try:
+        pickle.dumps(err)
+        return err
+    except Exception:
+        return ForgetkitError(f"{type(err).__name__}: {err}")
+
+
+def on_every_rank(ctx, what, fn):
+    """``fn()`` on every rank; when it fails on any, every rank raises (the failing rank its
+    own error, the others a ForgetkitError naming it)."""
+    if ctx is None:
+        return fn()
+    try:
+        result, error = fn(), None
+    except Exception as err:
+        result, error = None, err
+    errors = [None] * ctx.world
+    _collective(ctx, 0, dist.all_gather_object, errors,
+                None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    if failed:
+        raise ForgetkitError(f"rank {failed[0]} failed while {what} ({errors[failed[0]]})")
+    return result
+
+
+def on_rank0(ctx, fn):
+    """``fn()`` on rank 0 alone, its error raised on every rank; returns its result on rank 0
+    and None elsewhere."""
+    if ctx is None:
+        return fn()
+    verdict = [None]
+    if ctx.rank == 0:
+        try:
+            result = fn()
+        except Exception as err:
+            verdict[0] = _sendable(err)
+            result = None
+    _collective(ctx, 0, dist.broadcast_object_list, verdict, src=ctx.dst, device=ctx.device)
+    if verdict[0] is not None:
+        raise verdict[0]
+    return result if ctx.rank == 0 else None
+
+
+def broadcast(ctx, value):
+    """Rank 0's ``value`` on every rank (a picklable value)."""
+    if ctx is None:
+        return value
+    box = [value if ctx.rank == 0 else None]
+    _collective(ctx, 0, dist.broadcast_object_list, box, src=ctx.dst, device=ctx.device)
+    return box[0]
+
+
+def same_checkpoints(ctx, checkpoints):
+    """Raise on every rank unless every rank replays the same checkpoints: the same epoch
+    numbers and file names (their folders may differ between nodes)."""
+    if ctx is None:
+        return
+    mine = [(c.epoch, Path(c.file).name) for c in checkpoints]
+    theirs = [None] * ctx.world
+    _collective(ctx, 0, dist.all_gather_object, theirs, mine)
+    for r, other in enumerate(theirs):
+        if other != theirs[0]:
+            at = next((i for i, (a, b) in enumerate(zip(theirs[0], other, strict=False))
+                       if a != b),
+                      min(len(other), len(theirs[0])))
+            raise ForgetkitError(
+                f"the ranks replay different checkpoints: rank 0 has {len(theirs[0])} "
+                f"(epochs {[e for e, _ in theirs[0][:5]]}...), rank {r} {len(other)}; first "
+                f"difference at checkpoint {at + 1}: {theirs[0][at:at + 1]} against "
+                f"{other[at:at + 1]}; every rank must be given the same checkpoints")
+
+
+def outgoing(values):
+    """``(values, event)``: a rank's outputs to send to rank 0, with the CUDA event after
+    which they are computed (recorded now on their device's current stream; None off a
+    GPU), so that the exchange, on a stream of its own, waits for them alone."""
+    if values is None or values.device.type != "cuda":
+        return values, None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(values.device))
+    return values, event
+
+
+def exchange_stream(ctx):
+    """A context in which this thread's collectives and copies run on a CUDA stream of
+    their own (under NCCL): they then wait for the outputs they send, not for the
+    evaluation queued behind them, and the evaluation does not wait for them."""
+    if ctx is None or ctx.device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(ctx.device))
+
+
+def gather_results(ctx, epoch, result):
+    """One round's results on rank 0: each rank's ``result`` of the checkpoint it evaluated
+    (None when it has none this round; an exception when it failed): ``(digest, values,
+    labels, classes)`` with ``values`` what `outgoing` returned (rank 0's: the callable of
+    its host copy, kept as it is) and ``labels`` a numpy array. Returns, on rank 0, the
+    world's results in rank order (``values`` of the other ranks as tensors on rank 0's
+    collective device; an error as the exception), and [] elsewhere."""
+    if isinstance(result, BaseException):
+        meta = {"error": _sendable(result)}
+    elif result is None:
+        meta = None
+    else:
+        digest, values, labels, classes = result
+        meta = {"error": None, "digest": digest, "classes": classes,
+                "labels": (str(labels.dtype), labels.shape)}
+        if ctx.rank != 0:
+            values, ready = values
+            if ready is not None:
+                stream = torch.cuda.current_stream(values.device)
+                stream.wait_event(ready)
+                values.record_stream(stream)  # computed on the evaluation's stream
+            meta.update(none=values is None, nbytes=0 if values is None else
+                        values.numel() * values.element_size())
+            if values is not None:
+                meta.update(dtype=str(values.dtype).split(".")[-1], shape=tuple(values.shape))
+    metas = [None] * ctx.world
+    _collective(ctx, epoch, dist.all_gather_object, metas, meta)
+    sizes = [0 if m is None or m["error"] is not None or r == 0
+             else m["nbytes"] + int(np.prod(m["labels"][1])) * np.dtype(m["labels"][0]).itemsize
+             for r, m in enumerate(metas)]
+    if max(sizes) > 0:
+        raw = torch.zeros(max(sizes), dtype=torch.uint8, device=ctx.device)
+        if sizes[ctx.rank]:
+            labels = result[2]
+            parts = [values.contiguous().reshape(-1).view(torch.uint8).to(ctx.device),
+                     torch.from_numpy(np.ascontiguousarray(labels).reshape(-1).view(np.uint8))
+                     .to(ctx.device)]
+            raw[:sizes[ctx.rank]] = torch.cat(parts)
+        raws = [torch.empty_like(raw) for _ in range(ctx.world)] if ctx.rank == 0 else None
+        _collective(ctx, epoch, dist.gather, raw, raws, dst=ctx.dst)
+    if ctx.rank != 0:
+        return []
+    out = []
+    for r, m in enumerate(metas):
+        if m is None or m["error"] is not None:
+            out.append(None if m is None else m["error"])
+        elif r == 0:
+            out.append(result)
+        else:
+            buf = raws[r]
+            n = m["nbytes"]
+            values = None if m["none"] else \
+                buf[:n].view(getattr(torch, m["dtype"])).reshape(m["shape"])
+            labels = buf[n:sizes[r]].cpu().numpy().view(np.dtype(m["labels"][0]))
+            out.append((m["digest"], values, labels.reshape(m["labels"][1]), m["classes"]))
+    return out

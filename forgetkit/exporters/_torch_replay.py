@@ -11,6 +11,14 @@ while the first one is read, and replayed for every batch of every checkpoint. W
 devices each evaluates whole checkpoints (the next one goes to the device that asks first);
 the main thread stores them in epoch order through `LogitRecorder` (whose background thread
 copies the outputs to the host and writes them).
+
+Under torch.distributed (torchrun, one node or several) every rank runs this pipeline on its
+own share of the checkpoints (rank r: checkpoints r, r + W, ...; one process per GPU, no
+interpreter shared); after each round of W checkpoints the others' outputs go to rank 0
+(`_torch_distributed.gather_results`, on a CUDA stream of its own under NCCL), which stores
+them in epoch order through the same recorder and replay log as one process does: the run
+is the one-process run, bit for bit. Whatever fails on any rank is raised on every rank
+before the failing checkpoint is written.
 """
 
 from __future__ import annotations
@@ -30,10 +38,10 @@ from functools import partial
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
 from .._progress import Progress
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
+from . import _torch_distributed as ddp
 from ._checkpoints import (
     Checkpoint,
     ReplayLog,
@@ -44,6 +52,9 @@ from ._checkpoints import (
     ordered,
     resolved,
 )
+from ._torch_devices import as_device, batches_of, place, resident, token_batches
+from ._torch_logits import LogitRecorder
+from ._torch_tokens import TokenRecorder
 
 #: File suffixes read as PyTorch checkpoints (a folder given as ``checkpoints``).
 SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
@@ -285,7 +296,7 @@ def unpack(buffer, layout):
 
 
 @dataclass
-class _Item:
+class Item:
     """A checkpoint read, checked, hashed and (on a GPU) copied to its device."""
 
     position: int
@@ -294,17 +305,38 @@ class _Item:
     tensors: list  # in the model's key order, on the device once staged (None: `flat`)
     event: object = None  # CUDA event: the copy to the device is done
     flat: object = None  # the device buffer of the staged tensors (`pack`'s layout)
+    model: object = None  # a model of its own, evaluated instead of the device's
 
 
-class _Device:
-    """One device's model instance, data and reader thread."""
+def shared_names(state):
+    """``(keys, tied)`` of a model's state dict (``keep_vars``): one key per tensor (the
+    first name of tied weights, such as a language model's output and input embeddings),
+    and each key's other names."""
+    first, keys, tied = {}, [], {k: [] for k in state}
+    for k, t in state.items():
+        at = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) if t.numel() else None
+        if at is not None and at in first:
+            tied[first[at]].append(k)
+            tied[k].append(first[at])
+        else:
+            keys.append(k)
+            if at is not None:
+                first[at] = k
+    return keys, tied
+
+
+class Device:
+    """One device's model instance, data and reader thread. ``keys``: the model's state
+    dict keys (a checkpoint must hold each, tied weights under each of their names); each
+    tensor is read and loaded once."""
 
     def __init__(self, model, device, batches, *, keys, trust_pickle, pool, cuda_graph=False):
         self.device = device
         self.model = model
-        self.keys = keys
+        self.names = keys
         state = model.state_dict(keep_vars=True)
-        self.targets = [state[k] for k in keys]
+        self.keys, self.tied = shared_names({k: state[k] for k in keys})
+        self.targets = [state[k] for k in self.keys]
         self.batches = batches
         self.trust_pickle = trust_pickle
         self.pool = pool
@@ -315,7 +347,7 @@ class _Device:
         self.bytewise = _bytewise(self.targets)
         # a graph replays fixed memory: the batches must be resident on the device
         self.graphable = bool(cuda_graph) and CAPTURE.supports(device) and \
-            _resident(batches, device)
+            resident(batches, device)
 
     def evaluate_graphable(self, recorder, epoch, batches=None):
         """The recorder's evaluation (of ``batches``, default all) with nothing waiting for
@@ -330,7 +362,7 @@ class _Device:
         stored); on a GPU start its copy to the device (all its tensors packed into one
         pinned buffer: one copy at full speed)."""
         tensors, digest = self.weights(checkpoint, wait=False)
-        item = _Item(position, checkpoint, digest, tensors)
+        item = Item(position, checkpoint, digest, tensors)
         if self.staged:
             host, layout = pack(tensors, pin=self.cuda)
             if self.cuda:
@@ -351,12 +383,16 @@ class _Device:
         """The content hash of a checkpoint's weights."""
         return self.weights(checkpoint)[1]
 
+    def state(self, checkpoint):
+        """The checkpoint's state dict with the model's keys (the file mapped into memory)."""
+        state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle,
+                                      mmap=True)
+        return fit_keys(state, self.names, checkpoint.file)
+
     def weights(self, checkpoint, *, wait=True):
         """(tensors in the model's key order, content hash) of a checkpoint, checked;
         ``wait=False``: the hash a `PendingHash`, computed on the pool."""
-        state, _, _ = read_checkpoint(checkpoint.file, trust_pickle=self.trust_pickle,
-                                      mmap=True)
-        state = fit_keys(state, self.keys, checkpoint.file)
+        state = self.state(checkpoint)
         tensors = [state[k] for k in self.keys]
         for k, t, target in zip(self.keys, tensors, self.targets, strict=False):
             if t.shape != target.shape:
@@ -404,104 +440,9 @@ def _bytewise(targets):
     return views, [v.numel() for v in views]
 
 
-def _as_tensor(x):
-    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-
-
-def _is_array(x):
-    return isinstance(x, (torch.Tensor, np.ndarray))
-
-
-def batches_of(data, *, batch_size, label_key):
-    """The evaluation batches of ``data`` as a list, read once: an (inputs, labels) pair of
-    arrays or tensors, a dict of arrays (the labels under ``label_key``), a map-style
-    Dataset, a DataLoader (not shuffling), or an iterable of batches (each checked to hold
-    its labels under ``label_key``, unless it is None)."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(map(_is_array, data)):
-        inputs, labels = map(_as_tensor, data)
-        if len(inputs) != len(labels):
-            raise ForgetkitError(f"inputs ({len(inputs)}) and labels ({len(labels)}) differ "
-                                 "in length")
-        return [(inputs[i:i + batch_size], labels[i:i + batch_size])
-                for i in range(0, len(inputs), batch_size)]
-    if isinstance(data, Mapping) and data and all(map(_is_array, data.values())):
-        if label_key not in data:
-            raise ForgetkitError(f"a dict of arrays must hold the labels under label_key="
-                                 f"{label_key!r}; got keys {sorted(data)}")
-        columns = {k: _as_tensor(v) for k, v in data.items()}
-        n = len(columns[label_key])
-        return [{k: v[i:i + batch_size] for k, v in columns.items()}
-                for i in range(0, n, batch_size)]
-    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
-        data = DataLoader(data, batch_size=batch_size, shuffle=False)
-    if isinstance(data, DataLoader) and isinstance(data.sampler, RandomSampler):
-        raise ForgetkitError("the DataLoader shuffles (shuffle=True); a replay needs the same "
-                             "samples in the same order for every checkpoint")
-    try:
-        batches = list(data)
-    except TypeError:
-        raise InputTypeError(f"data must be (inputs, labels) arrays, a dict of arrays, a "
-                             f"Dataset, a DataLoader or an iterable of batches; got "
-                             f"{type(data).__name__}") from None
-    if not batches:
-        raise ForgetkitError("data yielded no batch")
-    from .torch import split_batch  # (torch.py imports this module at its end)
-
-    for b in batches if label_key is not None else ():
-        split_batch(b, label_key)  # the batch shape is checked before any checkpoint is read
-    return [_map_tensors(b, _as_tensor_or_keep) for b in batches]
-
-
-def _as_tensor_or_keep(v):
-    return torch.as_tensor(v) if isinstance(v, np.ndarray) else v
-
-
-def _map_tensors(batch, fn):
-    if isinstance(batch, Mapping):
-        return {k: fn(v) for k, v in batch.items()}
-    return tuple(fn(v) for v in batch)
-
-
-def _resident(batches, device):
-    for b in batches:
-        for v in (b.values() if isinstance(b, Mapping) else b):
-            if isinstance(v, torch.Tensor) and v.device != device:
-                return False
-    return True
-
-
-def _nbytes(batches):
-    total = 0
-    for b in batches:
-        for v in (b.values() if isinstance(b, Mapping) else b):
-            if isinstance(v, torch.Tensor):
-                total += v.numel() * v.element_size()
-    return total
-
-
-def place(batches, device):
-    """The batches on ``device`` (resident) when they fit in half its free memory, else in
-    pinned host memory (copied to the device batch by batch, asynchronously)."""
-    def tensor_op(op):
-        return lambda v: op(v) if isinstance(v, torch.Tensor) else v
-
-    if device.type != "cuda":
-        return [_map_tensors(b, tensor_op(lambda t: t.to(device))) for b in batches]
-    free, _ = torch.cuda.mem_get_info(device)
-    if _nbytes(batches) <= free // 2:
-        return [_map_tensors(b, tensor_op(lambda t: t.to(device))) for b in batches]
-    return [_map_tensors(b, tensor_op(lambda t: t.pin_memory())) for b in batches]
-
-
-def as_device(d):
-    """A torch.device (an int: that CUDA device; "cuda": the current one, by index)."""
-    d = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return d
-
-
-def _devices(device, devices, model):
+def _devices(device, devices, model, ctx=None):
+    """The devices to evaluate on: ``devices``, else ``device``, else where the model is (on a
+    rank of an NCCL process group, its current CUDA device when the model is on the CPU)."""
     if devices is not None:
         if device is not None:
             raise ForgetkitError("pass device=... or devices=..., not both")
@@ -511,7 +452,10 @@ def _devices(device, devices, model):
         return out
     if device is not None:
         return [as_device(device)]
-    return [next(model.parameters(), torch.empty(0)).device]
+    own = next(model.parameters(), torch.empty(0)).device
+    if own.type == "cpu" and ctx is not None and ctx.device.type == "cuda":
+        return [ctx.device]
+    return [own]
 
 
 class _Results:
@@ -730,11 +674,11 @@ def _autocast(dev, autocast):
     return torch.autocast(dev.device.type, dtype=autocast, cache_enabled=False)
 
 
-def _work(dev, d, checkpoints, recorder, results, autocast):
+def _work(dev, d, checkpoints, recorder, results, autocast, keep):
     """Device ``d``'s loop: take positions, read ahead, load, evaluate; each result (or
-    error) is put at its position. On a GPU the evaluation is captured as a graph first,
-    while the first checkpoints are read."""
-    pending = deque()  # (position, future of its _Item), positions increasing
+    error) is put at its position, its outputs as ``keep(values)`` returns them. On a GPU
+    the evaluation is captured as a graph first, while the first checkpoints are read."""
+    pending = deque()  # (position, future of its Item), positions increasing
     graph = None  # a _Graph once captured; False where it cannot be
     labels = None  # the same for every checkpoint (the recorder checks that they are)
 
@@ -768,14 +712,16 @@ def _work(dev, d, checkpoints, recorder, results, autocast):
                 else:
                     with _autocast(dev, autocast):
                         local = dev.evaluate_graphable(recorder, epoch)
+                if local.get("finite") is False:  # an evaluation that checked (tokens)
+                    raise ForgetkitError(f"outputs of epoch {epoch} contain NaN or inf; not "
+                                         "stored")
                 if labels is None:
                     labels = local["labels"].cpu().numpy()
                     values = local["values"]
                     results.result_bytes(values.numel() * values.element_size())
-                # the copy to the host starts here, in this device's order; nothing waits
-                # for the device (NaN or inf outputs are refused by the run's writer)
-                host = recorder.host_copy(local["values"])
-                results.put(p, d, (item, (host, labels, local["classes"])))
+                # the copy to the host (``keep``) starts here, in this device's order;
+                # nothing waits for the device (NaN or inf outputs are refused when written)
+                results.put(p, d, (item, (keep(local["values"]), labels, local["classes"])))
             except BaseException as err:
                 results.put(p, d, err)
                 break
@@ -818,7 +764,7 @@ def autocast_dtype(autocast):
 def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=None,
            batch_size=256, trust_pickle=False, on_duplicate="warn", output_fn=None,
            label_key="labels", autocast=None, cuda_graph=True, progress=True, tokens=False,
-           top_k=None, **recorder_options):
+           top_k=None, group=None, **recorder_options):
     """Evaluate every saved checkpoint of a training on ``data`` and write the run that
     `LogitRecorder` would have written while it trained.
 
@@ -846,8 +792,10 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
     device : str or torch.device, optional
         Where to evaluate (default: where ``model`` is).
     devices : list of int or str, optional
-        Several devices: whole checkpoints per device (a model copy on each; the next
-        checkpoint goes to the device that is free first), written in epoch order.
+        Several devices in this process: whole checkpoints per device (a model copy and a
+        thread on each; the next checkpoint goes to the device that is free first), written
+        in epoch order. For several GPUs, one process per GPU (torchrun, below) scales as
+        well or better and reaches other nodes.
     batch_size : int, default 256
         For data given as arrays or a Dataset.
     trust_pickle : bool, default False
@@ -880,11 +828,22 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
         after the checkpoints it holds (matched by content hash); a run whose epochs came
         from other checkpoints is refused (``mode="w"`` replaces it).
 
+    group : torch.distributed ProcessGroup, optional
+        Under torch.distributed (a process group initialised, e.g. by torchrun): the ranks
+        that share the replay (default: the world). Every rank calls `replay` with the same
+        checkpoints and data; each evaluates checkpoints rank, rank + W, ... on its device
+        (default: under NCCL, the rank's current CUDA device when ``model`` is on the CPU);
+        rank 0 writes the run, equal bit for bit to a one-process replay (resumed and
+        checked for duplicates alike); the other ranks write nothing and return None. A
+        failure on any rank (a checkpoint list that differs, a read or evaluation error, a
+        check of the run) is raised on every rank before that checkpoint is written.
+
     Returns
     -------
     Run
-        The run at ``path``. Its ``meta["replay"]["checkpoints"]`` holds, per epoch, the
-        checkpoint's file, step and SHA-256 content hash.
+        The run at ``path`` (None on ranks other than 0). Its
+        ``meta["replay"]["checkpoints"]`` holds, per epoch, the checkpoint's file, step and
+        SHA-256 content hash.
     """
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
@@ -902,83 +861,130 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
                        batch_size=batch_size, trust_pickle=trust_pickle,
                        on_duplicate=on_duplicate, output_fn=output_fn, label_key=label_key,
                        autocast=autocast, cuda_graph=cuda_graph, progress=progress,
-                       tokens=tokens or top_k is not None, top_k=top_k, **recorder_options)
+                       group=group, tokens=tokens or top_k is not None, top_k=top_k,
+                       **recorder_options)
     finally:
         pool.shutdown(wait=False)
 
 
 def _replay(model, order, data, path, pool, *, device, devices, batch_size, trust_pickle,
-            on_duplicate, output_fn, label_key, autocast, cuda_graph, progress, tokens=False,
-            top_k=None, **recorder_options):
-    from ._torch_tokens import _as_batches
-    from .torch import LogitRecorder, TokenRecorder
-
+            on_duplicate, output_fn, label_key, autocast, cuda_graph, progress, group,
+            tokens=False, top_k=None, **recorder_options):
     recorder_options.setdefault("max_pending", 4)  # epochs of small outputs may queue
-    log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
-                    recorder_options.get("meta"), on_duplicate, path)
-    targets = _devices(device, devices, model)
-    if tokens:  # the token data's forms: columns or an (N, T) tensor are batched first;
-        # the recorder checks each batch (labels are optional)
-        batches = batches_of(_as_batches(data, batch_size, "input_ids"),
-                             batch_size=batch_size, label_key=None)
-        cuda_graph = False  # the token evaluation waits for the device (ties, masks)
-    else:
-        batches = batches_of(data, batch_size=batch_size, label_key=label_key)
-    keys = list(model.state_dict())
-    replicas = [model.to(targets[0])] + [copy.deepcopy(model).to(t) for t in targets[1:]]
-    for m in replicas:
-        m.eval()
-    if tokens:
-        recorder = TokenRecorder(path, batches, top_k=8 if top_k is None else top_k,
-                                 output_fn=output_fn, batch_size=batch_size,
-                                 label_key=label_key, **recorder_options)
-    else:
-        recorder = LogitRecorder(path, batches, output_fn=output_fn, batch_size=batch_size,
-                                 label_key=label_key, **recorder_options)
-    devs = [_Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle, pool=pool,
-                    cuda_graph=cuda_graph) for m, t in zip(replicas, targets, strict=False)]
-    with ThreadPoolExecutor(2, thread_name_prefix="forgetkit-replay-resume") as ahead:
-        start = log.resume(order, devs[0].digest, pool=ahead)
-    return drive(order[start:], devs, recorder, log, autocast=autocast, progress=progress)
+    ctx = ddp.context(group)
+    ddp.same_checkpoints(ctx, order)
+    log = ddp.on_rank0(ctx, lambda: ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
+                                              recorder_options.get("meta"), on_duplicate, path))
+
+    def prepare():
+        targets = _devices(device, devices, model, ctx)
+        if tokens:  # the token data's forms: columns or an (N, T) tensor are batched first;
+            # the recorder checks each batch (labels are optional)
+            batches = batches_of(token_batches(data, batch_size, "input_ids"),
+                                 batch_size=batch_size, label_key=None)
+        else:
+            batches = batches_of(data, batch_size=batch_size, label_key=label_key)
+        keys = list(model.state_dict())
+        replicas = [model.to(targets[0])] + [copy.deepcopy(model).to(t) for t in targets[1:]]
+        for m in replicas:
+            m.eval()
+        if tokens:
+            recorder = TokenRecorder(path, batches, top_k=8 if top_k is None else top_k,
+                                     output_fn=output_fn, batch_size=batch_size,
+                                     label_key=label_key, **recorder_options)
+            recorder.same_batches = True  # each device's placed batches, read once
+        else:
+            recorder = LogitRecorder(path, batches, output_fn=output_fn,
+                                     batch_size=batch_size, label_key=label_key,
+                                     **recorder_options)
+        # the token evaluation waits for the device (ties, masks): no graph
+        devs = [Device(m, t, place(batches, t), keys=keys, trust_pickle=trust_pickle,
+                       pool=pool, cuda_graph=cuda_graph and not tokens)
+                for m, t in zip(replicas, targets, strict=False)]
+        return recorder, devs
+
+    recorder, devs = ddp.on_every_rank(ctx, "preparing the replay", prepare)
+
+    def resume():
+        with ThreadPoolExecutor(2, thread_name_prefix="forgetkit-replay-resume") as ahead:
+            return log.resume(order, devs[0].digest, pool=ahead)
+
+    start = ddp.broadcast(ctx, ddp.on_rank0(ctx, resume))
+    return drive(order[start:], devs, recorder, log, autocast=autocast, progress=progress,
+                 ctx=ctx)
 
 
-def drive(order, devs, recorder, log, *, autocast=None, progress=True):
+def drive(order, devs, recorder, log, *, autocast=None, progress=True, ctx=None):
     """Replay the checkpoints ``order`` on the devices ``devs`` (a worker thread each,
     taking whole checkpoints as `_Results` hands them out), storing them through
     ``recorder`` in epoch order as ``log`` says (checked against the stored ones, duplicates
-    handled); returns the run."""
+    handled); returns the run.
+
+    Under torch.distributed (``ctx``, a `_torch_distributed.Context`) this rank evaluates
+    checkpoints ``rank, rank + W, ...`` of ``order``; after each round of W checkpoints rank 0
+    receives the others' outputs and stores the round in epoch order (``log`` is rank 0's;
+    the other ranks write nothing and return None). Whatever fails, on any rank, is raised
+    on every rank before anything of its checkpoint is written."""
     from ..io import load
 
     path = recorder.path
-    bar = Progress(len(order), f"replay into {path}", enabled=progress, unit="checkpoints")
-    results = _Results(len(order), len(devs))
+    rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world)
+    mine = order[rank::world]
+    bar = Progress(len(order), f"replay into {path}", enabled=progress and rank == 0,
+                   unit="checkpoints")
+    results = _Results(len(mine), len(devs))
+    # rank 0 copies its outputs to the host as it goes; the others send theirs from the device
+    keep = recorder.host_copy if rank == 0 else ddp.outgoing
     workers = [threading.Thread(target=_work, name=f"forgetkit-replay-{d}", daemon=True,
-                                args=(dev, d, order, recorder, results, autocast))
+                                args=(dev, d, mine, recorder, results, autocast, keep))
                for d, dev in enumerate(devs)]
-    written = 0
+    written = [0]
+
+    def store(first, received):
+        """Rank 0: store the round's results (checkpoints ``first``, ``first + 1``...)."""
+        for r, result in enumerate(received[:len(order) - first]):
+            if isinstance(result, BaseException):
+                raise result
+            checkpoint = order[first + r]
+            digest, values, labels, n_classes = result
+            if rank == 0 and r:  # another rank's outputs, on this rank's collective device
+                values = recorder.host_copy(values)
+            if log.admit(checkpoint, digest):
+                recorder._commit(checkpoint.epoch, values, labels, n_classes,
+                                 meta=log.meta_with(checkpoint, digest))
+                written[0] += 1
+            bar.update()
+
+    def finish():
+        recorder.close()
+        if written[0] == 0 and not log.stored:
+            raise ForgetkitError(f"no checkpoint was replayed into {str(path)!r} (every one "
+                                 "was a duplicate left out)")
+
     try:
         for w in workers:
             w.start()
-        with recorder:
-            for p, checkpoint in enumerate(order):
-                result = results.take(p)
-                if isinstance(result, BaseException):
-                    raise result
-                item, local = result
-                digest = resolved(item.digest)
-                if log.admit(checkpoint, digest):
-                    host, labels, n_classes = local
-                    recorder._commit(checkpoint.epoch, host, labels, n_classes,
-                                     meta=log.meta_with(checkpoint, digest))
-                    written += 1
-                bar.update()
+        with recorder, ddp.exchange_stream(ctx):
+            for first in range(0, len(order), world):
+                result = None
+                if first + rank < len(order):
+                    result = results.take(first // world)
+                    if not isinstance(result, BaseException):
+                        item, (values, labels, n_classes) = result
+                        try:
+                            result = (resolved(item.digest), values, labels, n_classes)
+                        except Exception as err:  # hashing failed: a read error
+                            result = err
+                if ctx is None:
+                    store(first, [result])
+                else:
+                    received = ddp.gather_results(ctx, order[first].epoch, result)
+                    ddp.on_rank0(ctx, partial(store, first, received))
+            ddp.on_rank0(ctx, finish)
     finally:
         results.close()
         for w in workers:
             w.join()
         for dev in devs:
             dev.reader.shutdown(wait=True, cancel_futures=True)
-    if written == 0 and not log.stored:
-        raise ForgetkitError(f"no checkpoint was replayed into {str(path)!r} (every one was "
-                             "a duplicate left out)")
-    return load(path)
+    return load(path) if rank == 0 else None

@@ -19,6 +19,7 @@ import torch
 from ..errors import ForgetkitError, InputTypeError
 from . import _torch_distributed as ddp
 from ._common import RecorderBase
+from ._torch_devices import default_output, host_copy, to_device, token_batches
 
 #: The label that marks a position as ignored (Hugging Face's and torch's loss convention).
 IGNORE_INDEX = -100
@@ -30,16 +31,33 @@ def topk_rows(logits, targets, k):
     logits and their ids (int32 bits). Order: logits descending, equal logits by ascending
     id (``ids[0]`` is the argmax with numpy's rule: the lowest id among ties). Computed in
     float32 (float64 for float64 logits), then rounded to float32."""
+    return topk_candidates(logits, targets, k, exact=True)[0]
+
+
+def topk_candidates(logits, targets, k, *, exact=False):
+    """``(rows, settled)``: `topk_rows` of ``logits`` without waiting for the device
+    (``exact=False``): ``rows`` are `topk_rows`'s where ``settled`` (a bool tensor on the
+    device) is True; where it is False, some row has more logits equal to its k-th largest
+    than torch.topk took (which of them it takes is not said), and `topk_rows` must be
+    called. With ``exact`` such rows are sorted here (waiting for the device) and
+    ``settled`` is None."""
     z = logits if logits.dtype == torch.float64 else logits.float()
-    values, ids = torch.topk(z, k, dim=-1, sorted=True)
-    # torch.topk does not say which of equal logits it takes: where more logits equal the
-    # k-th largest than were taken, the row is sorted (stably: ties by ascending id)
-    kth = values[:, -1:]
-    cut = (z == kth).sum(-1) > (values == kth).sum(-1)
-    if bool(cut.any()):
-        rows = cut.nonzero().squeeze(1)
-        exact = torch.sort(z[rows], dim=-1, descending=True, stable=True)
-        values[rows], ids[rows] = exact.values[:, :k], exact.indices[:, :k]
+    # one more than k: a logit equal to the k-th largest was left out (a tie cut) exactly
+    # when the (k + 1)-th largest equals the k-th
+    more = min(k + 1, z.shape[-1])
+    values, ids = torch.topk(z, more, dim=-1, sorted=True)
+    cut = values[:, k] == values[:, k - 1] if more > k else \
+        torch.zeros(len(z), dtype=torch.bool, device=z.device)
+    values, ids = values[:, :k], ids[:, :k]
+    settled = None
+    if exact:
+        # the rows cut inside a tie are sorted (stably: ties by ascending id)
+        if bool(cut.any()):
+            rows = cut.nonzero().squeeze(1)
+            exact_rows = torch.sort(z[rows], dim=-1, descending=True, stable=True)
+            values[rows], ids[rows] = exact_rows.values[:, :k], exact_rows.indices[:, :k]
+    else:
+        settled = ~cut.any()
     order = ids.argsort(dim=-1)  # ties inside the k: by ascending id
     values, ids = values.gather(-1, order), ids.gather(-1, order)
     order = values.argsort(dim=-1, descending=True, stable=True)
@@ -47,7 +65,7 @@ def topk_rows(logits, targets, k):
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     target = z.gather(-1, targets[:, None])
     return torch.cat([target.float(), lse.float(), values.float(),
-                      ids.to(torch.int32).view(torch.float32)], dim=1)
+                      ids.to(torch.int32).view(torch.float32)], dim=1), settled
 
 
 def rows_to_records(rows, k, vocab_size):
@@ -75,28 +93,6 @@ def token_targets(batch, *, input_key, label_key):
     if mask is not None:
         kept &= torch.as_tensor(mask)[:, 1:].to(target.device) != 0
     return target, kept
-
-
-def _as_batches(data, batch_size, input_key):
-    """The evaluation batches of ``data``: a tensor or array of input ids (N, T), a dict of
-    such columns (``input_ids``, ``attention_mask``, labels), or an iterable of dict
-    batches (a DataLoader) as it is."""
-    if isinstance(data, (torch.Tensor, np.ndarray)):
-        data = {input_key: data}
-    if isinstance(data, Mapping):
-        if input_key not in data:
-            raise ForgetkitError(f"the token data must hold the input ids under "
-                                 f"input_key={input_key!r}; got keys {sorted(data)}")
-        columns = {k: torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v
-                   for k, v in data.items()}
-        n = len(columns[input_key])
-        bad = [k for k, v in columns.items() if len(v) != n]
-        if bad:
-            raise ForgetkitError(f"the token data's columns differ in length: {input_key!r} "
-                                 f"has {n} sequences, {bad[0]!r} {len(columns[bad[0]])}")
-        return [{k: v[i:i + batch_size] for k, v in columns.items()}
-                for i in range(0, n, batch_size)]
-    return data
 
 
 def _dict_batch(batch, input_key):
@@ -153,8 +149,6 @@ class TokenRecorder(RecorderBase):
     def __init__(self, path, data, *, top_k=8, batch_size=32, output_fn=None,
                  input_key="input_ids", label_key="labels", sequence_ids=None, group=None,
                  meta=None, mode="a", max_pending=2, durable=True):
-        from .torch import default_output
-
         super().__init__(path, meta=meta, mode=mode, max_pending=max_pending,
                          durable=durable, dtype="float32")
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
@@ -162,11 +156,14 @@ class TokenRecorder(RecorderBase):
         self.top_k = int(top_k)
         self.batch_size = int(batch_size)
         self.input_key, self.label_key = input_key, label_key
-        self.data = _as_batches(data, self.batch_size, input_key)
+        self.data = token_batches(data, self.batch_size, input_key)
         self.output_fn = output_fn or default_output
         self.sequence_ids = None if sequence_ids is None else np.asarray(sequence_ids)
         self.group = group
         self._shard_loaders = {}
+        #: the batches are the same objects, never changed, at every evaluation (a replay's)
+        self.same_batches = False
+        self._target_cache = {}
         self._table = None  # (sequence index, position, target) of the first recorded epoch
         self._index_of_first = None
         self._vocab = None
@@ -202,13 +199,23 @@ class TokenRecorder(RecorderBase):
         count), ``classes`` (the vocabulary size), ``finite`` and ``error`` (with
         ``catch``, the evaluation's error, to raise on every rank); ``labels`` is ``index``
         (what a replay stores with the rows). ``sync`` is taken for the replay's sake: the
-        evaluation always waits for the device (ties and masks are resolved there)."""
-        from .torch import _to
+        evaluation waits for the device once, at its end.
 
+        On a GPU nothing waits for the device between batches: whether a batch's top-k
+        needs the exact (sorting) path is read back while the next batch is evaluated,
+        and only such a batch is completed then; the non-finite check is read at the end."""
         device = next(model.parameters(), torch.empty(0)).device
         k = self.top_k
         rows, index, seqs, vocab = [], [], [], None
-        finite, start = True, 0
+        finite, start = torch.ones((), dtype=torch.bool, device=device), 0
+        unsettled = None  # the last batch's (row number, z, targets, settled, its event)
+
+        def settle():
+            i, z, t, settled, event = unsettled
+            event.synchronize()
+            if not bool(settled):
+                rows[i] = topk_rows(z, t, k)
+
         try:
             with torch.inference_mode():
                 for positions, batch in batches:
@@ -216,14 +223,15 @@ class TokenRecorder(RecorderBase):
                     inputs = {key: v for key, v in batch.items() if key != self.label_key}
                     ids = batch[self.input_key]
                     n = len(ids)
-                    if positions is None:
+                    own = positions is None
+                    if own:
                         positions = np.arange(start, start + n)
                     start += n
                     seqs.append(np.asarray(positions, dtype=np.int64))
                     if len(inputs) == 1:
-                        out = model(_to({self.input_key: ids}, device)[self.input_key])
+                        out = model(to_device({self.input_key: ids}, device)[self.input_key])
                     else:
-                        out = model(**_to(inputs, device))
+                        out = model(**to_device(inputs, device))
                     logits = self.output_fn(out)
                     if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(ids.shape):
                         raise ForgetkitError(
@@ -241,21 +249,28 @@ class TokenRecorder(RecorderBase):
                         raise ForgetkitError(f"top_k={k} is larger than the vocabulary ({v} "
                                              f"logits per token); nothing written for epoch "
                                              f"{epoch}")
-                    target, kept = token_targets(_to(batch, logits.device),
-                                                 input_key=self.input_key,
-                                                 label_key=self.label_key)
-                    at = kept.nonzero()  # (n_kept, 2): row, position - 1
-                    t = target[kept].long()
-                    if len(t) and bool(((t < 0) | (t >= v)).any()):
-                        bad = int(t[(t < 0) | (t >= v)][0])
-                        raise ForgetkitError(f"epoch {epoch}: target token id {bad} is outside "
-                                             f"the vocabulary of {v} (labels other than -100 "
-                                             "must be token ids)")
-                    z = logits[:, :-1][kept]
-                    finite = finite and bool(torch.isfinite(z).all())
-                    rows.append(topk_rows(z, t, k))
-                    rank_seq = torch.as_tensor(seqs[-1], device=at.device)
-                    index.append(torch.stack([rank_seq[at[:, 0]], at[:, 1] + 1, t], dim=1))
+                    at, t, where = self._targets(batch, seqs[-1], logits.device, v, epoch,
+                                                 cache=own and self.same_batches)
+                    z = logits[at[:, 0], at[:, 1]]  # the kept positions' logits, in order
+                    if len(z):  # one reduction pass (NaN propagates), no mask written
+                        low, high = torch.aminmax(z)
+                        finite &= torch.isfinite(low) & torch.isfinite(high)
+                    index.append(where)
+                    if logits.device.type != "cuda":
+                        rows.append(topk_rows(z, t, k))
+                        continue
+                    r, settled = topk_candidates(z, t, k)
+                    flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+                    flag.copy_(settled, non_blocking=True)
+                    event = torch.cuda.Event(blocking=True)
+                    event.record()
+                    rows.append(r)
+                    if unsettled is not None:
+                        settle()
+                    unsettled = (len(rows) - 1, z, t, flag, event)
+                if unsettled is not None:
+                    settle()
+                finite = bool(finite)
         except Exception as err:
             if not catch:
                 raise
@@ -268,6 +283,30 @@ class TokenRecorder(RecorderBase):
                 "values": torch.cat(rows) if rows else None, "index": index, "labels": index,
                 "seqs": np.concatenate(seqs) if seqs else np.empty(0, np.int64),
                 "sequences": start, "classes": vocab}
+
+    def _targets(self, batch, seqs, device, vocab, epoch, *, cache):
+        """``(at, t, index)`` of a batch on ``device``: the kept positions (n, 2) (row,
+        position - 1), their targets (n,) and the tokens' index rows (n, 3) (sequence
+        index from ``seqs``, position, target); the targets checked against ``vocab``.
+        With ``cache`` (the same batch object at every evaluation: a replay's) found once
+        per batch."""
+        key = (id(batch), vocab, str(device))
+        if cache and key in self._target_cache:
+            return self._target_cache[key]
+        target, kept = token_targets(to_device(batch, device), input_key=self.input_key,
+                                     label_key=self.label_key)
+        at = kept.nonzero()  # (n_kept, 2): row, position - 1
+        t = target[kept].long()
+        if len(t) and bool(((t < 0) | (t >= vocab)).any()):
+            bad = int(t[(t < 0) | (t >= vocab)][0])
+            raise ForgetkitError(f"epoch {epoch}: target token id {bad} is outside the "
+                                 f"vocabulary of {vocab} (labels other than -100 must be "
+                                 "token ids)")
+        rank_seq = torch.as_tensor(seqs, device=at.device)
+        found = at, t, torch.stack([rank_seq[at[:, 0]], at[:, 1] + 1, t], dim=1)
+        if cache:
+            self._target_cache[key] = found
+        return found
 
     def _store(self, epoch, index, values, vocab):
         """Queue the epoch's rows ``values`` (n, 2k + 2) on the device, with ``index`` (n, 3):
@@ -285,8 +324,6 @@ class TokenRecorder(RecorderBase):
     def host_copy(self, values):
         """The callable returning the rows ``values`` (on the device) on the host; its copy
         started (as `forgetkit.exporters.torch.host_copy`)."""
-        from .torch import host_copy
-
         if values is None:  # no target on this device's shard (refused when committed)
             width = 2 * self.top_k + 2
             return lambda: np.empty((0, width), np.float32)

@@ -21,28 +21,32 @@ log-sum-exp and the k largest logits with their ids), in the callback and in `re
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from functools import partial
 from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 from transformers import TrainerCallback, default_data_collator
 
 from ..errors import CorruptFileError, ForgetkitError
+from . import _torch_distributed as ddp
 from ._checkpoints import ReplayLog, content_hash, existing_run, hash_pool, ordered, paths_of
+from ._torch_devices import as_device, batches_of, place
+from ._torch_logits import LogitRecorder
 from ._torch_replay import (
-    _Device,
-    _Item,
-    as_device,
+    Device,
+    Item,
     autocast_dtype,
-    batches_of,
     drive,
+    fit_keys,
     flat_bytes,
-    place,
+    read_checkpoint,
 )
-from .torch import LogitRecorder, TokenRecorder
+from ._torch_tokens import TokenRecorder
 
 __all__ = ["LogitRecorderCallback", "replay"]
 
@@ -202,31 +206,127 @@ def model_class_of(folder):
     return cls
 
 
-class _Pretrained(_Device):
-    """A device whose model is each checkpoint loaded with ``from_pretrained``."""
+#: Keys of a ``config.json`` that do not change the model it builds.
+NOT_ARCHITECTURE = ("_name_or_path", "transformers_version")
 
-    def __init__(self, model_class, device, batches, pool):
-        self.model_class, self.device, self.batches, self.pool = \
-            model_class, device, batches, pool
-        self.model = None
-        self.cuda, self.graphable = device.type == "cuda", False
-        self.reader = ThreadPoolExecutor(1, thread_name_prefix="forgetkit-replay-read")
+#: A saved model folder's weight files, in the order looked for (each also as shards listed
+#: in ``<name>.index.json``).
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+# from_pretrained is not safe in two threads at once (it patches torch's module
+# initialisation while it builds a model): one builds at a time
+_BUILDING = threading.Lock()
+
+
+def folder_config(folder):
+    """The ``config.json`` of a checkpoint folder as a dict, less `NOT_ARCHITECTURE`."""
+    try:
+        with open(Path(folder) / "config.json") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:
+        raise CorruptFileError(f"cannot read {str(Path(folder) / 'config.json')!r}: {err}") \
+            from None
+    return {k: v for k, v in config.items() if k not in NOT_ARCHITECTURE}
+
+
+def folder_state(folder):
+    """The state dict saved in a model folder: its ``model.safetensors`` or
+    ``pytorch_model.bin`` (or their shards), read ``weights_only`` and mapped into memory."""
+    folder = Path(folder)
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return read_checkpoint(folder / name, mmap=True)[0]
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            try:
+                with open(index) as f:
+                    shards = sorted(set(json.load(f)["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError) as err:
+                raise CorruptFileError(f"cannot read {str(index)!r}: {err}") from None
+            state = {}
+            for shard in shards:
+                state.update(read_checkpoint(folder / shard, mmap=True)[0])
+            return state
+    raise CorruptFileError(f"checkpoint folder {str(folder)!r} holds no "
+                           f"{' or '.join(WEIGHT_FILES)} (nor their shards)")
+
+
+def build(model_class, folder):
+    """``model_class.from_pretrained(folder)`` in eval mode, from the local folder."""
+    try:
+        with _BUILDING:
+            model = model_class.from_pretrained(folder, local_files_only=True)
+    except Exception as err:
+        message = " ".join(str(err).split())[:300]
+        raise CorruptFileError(f"cannot load checkpoint {str(folder)!r} with "
+                               f"{model_class.__name__}.from_pretrained: {message}") from None
+    return model.eval()
+
+
+class PretrainedDevice(Device):
+    """One device's model for a Trainer's checkpoint folders: built once (from the first
+    folder), it receives each folder's weights in place as a state dict does (read,
+    hashed and copied to the device ahead). A folder whose config differs from the model's,
+    or whose weights do not fit it, is loaded with ``from_pretrained`` into a model of its
+    own, evaluated in its place."""
+
+    def __init__(self, model, model_class, config, device, batches, pool):
+        super().__init__(model, device, batches, keys=list(model.state_dict()),
+                         trust_pickle=False, pool=pool)
+        self.resident, self.model_class, self.config = model, model_class, config
+        # buffers a folder may not hold (from_pretrained keeps the model's own)
+        self.defaults = {k: v.detach().cpu().clone() for k, v in model.named_buffers()}
+
+    def state(self, checkpoint):
+        """The folder's state dict under every name of the model's (tied weights under each
+        of their names, missing buffers the model's own), checked by `fit_keys`."""
+        state = folder_state(checkpoint.file)
+        for k in self.names:
+            if k not in state:
+                alias = next((a for a in self.tied[k] if a in state), None)
+                if alias is not None:
+                    state[k] = state[alias]
+                elif k in self.defaults:
+                    state[k] = self.defaults[k]
+        return fit_keys(state, self.names, checkpoint.file)
+
+    def fits(self, checkpoint, fn):
+        """``fn()`` (a read of the checkpoint into this model), or None where the folder's
+        config differs from the model's or its weights do not fit it."""
+        if folder_config(checkpoint.file) != self.config:
+            return None
+        try:
+            return fn()
+        except ForgetkitError as err:
+            if type(err) is not ForgetkitError:  # a read error, the folder's own
+                raise
+            return None
+
+    def own_model(self, checkpoint):
+        """(model, content hash) of a folder loaded with ``from_pretrained``."""
+        model = build(self.model_class, checkpoint.file)
+        digest = content_hash([(k, str(t.dtype), tuple(t.shape), flat_bytes(t))
+                               for k, t in sorted(model.state_dict().items())], pool=self.pool)
+        return model, digest
 
     def read(self, position, checkpoint):
-        try:
-            model = self.model_class.from_pretrained(checkpoint.file, local_files_only=True)
-        except Exception as err:
-            message = " ".join(str(err).split())[:300]
-            raise CorruptFileError(f"cannot load checkpoint {checkpoint.file!r} with "
-                                   f"{self.model_class.__name__}.from_pretrained: "
-                                   f"{message}") from None
-        state = model.state_dict()
-        digest = content_hash([(k, str(t.dtype), tuple(t.shape), flat_bytes(t))
-                               for k, t in sorted(state.items())], pool=self.pool)
-        return _Item(position, checkpoint, digest, model.to(self.device).eval())
+        item = self.fits(checkpoint, lambda: super(PretrainedDevice, self).read(position,
+                                                                                checkpoint))
+        if item is not None:
+            return item
+        model, digest = self.own_model(checkpoint)
+        return Item(position, checkpoint, digest, None, model=model.to(self.device))
+
+    def digest(self, checkpoint):
+        digest = self.fits(checkpoint, lambda: super(PretrainedDevice, self).digest(checkpoint))
+        return digest if digest is not None else self.own_model(checkpoint)[1]
 
     def load(self, item):
-        self.model, item.tensors = item.tensors, None
+        if item.model is not None:
+            self.model = item.model
+            return
+        self.model = self.resident
+        super().load(item)
 
 
 class _Rows(Dataset):
@@ -245,7 +345,7 @@ class _Rows(Dataset):
 def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, epochs=None,
            device=None, devices=None, batch_size=256, collate_fn=None, label_key="labels",
            on_duplicate="warn", autocast=None, progress=True, tokens=False, top_k=None,
-           **recorder_options):
+           group=None, **recorder_options):
     """Evaluate every checkpoint a `transformers.Trainer` saved on ``dataset`` and write the
     run that `LogitRecorderCallback` would have written while it trained.
 
@@ -263,8 +363,11 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
     epochs : list of int, optional
         Epoch numbers in the order given. Default: each checkpoint's global step (its
         ``trainer_state.json``), else the number in its folder name.
-    device, devices : where to evaluate (default: the CPU); several devices take whole
-        checkpoints each.
+    device, devices : where to evaluate (default: the CPU; under torch.distributed with
+        NCCL, the rank's current CUDA device); several devices take whole checkpoints each.
+        Each device builds the model once (``from_pretrained`` of the first folder) and
+        receives every folder's weights of the same config in place; a folder of another
+        config is built with ``from_pretrained`` into a model of its own.
     batch_size : int, default 256
     collate_fn : callable, optional
         Default: padding with the checkpoint's tokenizer when it saved one (what the
@@ -274,11 +377,16 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
     tokens : bool, default False; top_k : int, optional (default 8; implies ``tokens``)
         Write the top-k token run that `LogitRecorderCallback` writes in token mode (a
         causal language model's next tokens; ``recorder_options`` as `TokenRecorder` takes
-        them). A checkpoint whose vocabulary differs from the run's is refused.
+        them; without labels the targets are the next input ids). A checkpoint whose
+        vocabulary differs from the run's is refused.
+    group : torch.distributed ProcessGroup, optional
+        As for `forgetkit.exporters.torch.replay`: under torch.distributed each rank
+        evaluates its share of the folders and rank 0 writes the run.
 
     Returns
     -------
-    Run, with ``meta["replay"]["checkpoints"]`` (folder, step and content hash per epoch).
+    Run, with ``meta["replay"]["checkpoints"]`` (folder, step and content hash per epoch);
+    None on ranks other than 0.
     """
     import transformers
 
@@ -301,20 +409,38 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
         dataset = dataset.remove_columns([c for c in names if c not in keep])
     else:
         collate = without_unused(collate, keep)
-    batches = batches_of(DataLoader(dataset, batch_size=batch_size, collate_fn=collate),
-                         batch_size=batch_size, label_key=label_key)
-    targets = [as_device(d) for d in devices] if devices is not None \
-        else [as_device(device or "cpu")]
-    log = ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
-                    recorder_options.get("meta"), on_duplicate, path)
-    if tokens or top_k is not None:
-        recorder = TokenRecorder(path, batches, batch_size=batch_size, label_key=label_key,
-                                 top_k=8 if top_k is None else top_k, **recorder_options)
-    else:
-        recorder = LogitRecorder(path, batches, batch_size=batch_size, label_key=label_key,
-                                 **recorder_options)
+    tokens = tokens or top_k is not None
+    ctx = ddp.context(group)
+    ddp.same_checkpoints(ctx, order)
+    log = ddp.on_rank0(ctx, lambda: ReplayLog(existing_run(path, recorder_options.get("mode", "a")),
+                                              recorder_options.get("meta"), on_duplicate, path))
+
+    def prepare(pool):
+        # token batches need no labels (the targets are then the next input ids)
+        batches = batches_of(DataLoader(dataset, batch_size=batch_size, collate_fn=collate),
+                             batch_size=batch_size, label_key=None if tokens else label_key)
+        if devices is not None:
+            targets = [as_device(d) for d in devices]
+        elif device is not None or ctx is None or ctx.device.type != "cuda":
+            targets = [as_device(device or "cpu")]
+        else:  # a rank of an NCCL process group: its current CUDA device
+            targets = [ctx.device]
+        if tokens:
+            recorder = TokenRecorder(path, batches, batch_size=batch_size, label_key=label_key,
+                                     top_k=8 if top_k is None else top_k, **recorder_options)
+            recorder.same_batches = True  # each device's placed batches, read once
+        else:
+            recorder = LogitRecorder(path, batches, batch_size=batch_size,
+                                     label_key=label_key, **recorder_options)
+        model = build(model_class, order[0].file)
+        config = folder_config(order[0].file)
+        models = [model.to(targets[0])] + [copy.deepcopy(model).to(t) for t in targets[1:]]
+        devs = [PretrainedDevice(m, model_class, config, t, place(batches, t), pool)
+                for m, t in zip(models, targets, strict=True)]
+        return recorder, devs
+
     with hash_pool() as pool:
-        devs = [_Pretrained(model_class, t, place(batches, t), pool) for t in targets]
-        start = log.resume(order, lambda c: devs[0].read(0, c).digest)
+        recorder, devs = ddp.on_every_rank(ctx, "preparing the replay", partial(prepare, pool))
+        start = ddp.broadcast(ctx, ddp.on_rank0(ctx, lambda: log.resume(order, devs[0].digest)))
         return drive(order[start:], devs, recorder, log, autocast=autocast_dtype(autocast),
-                     progress=progress)
+                     progress=progress, ctx=ctx)

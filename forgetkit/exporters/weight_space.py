@@ -30,7 +30,8 @@ from ..probs import softmax
 from ..run import check_run
 from ..splits import split_indices
 from ._checkpoints import checkpoint_files, hash_pool, ordered
-from ._torch_replay import SUFFIXES, batches_of, fit_keys, own_epoch, read_checkpoint
+from ._torch_devices import batches_of, default_output, split_batch
+from ._torch_replay import SUFFIXES, fit_keys, own_epoch, read_checkpoint
 
 #: Uniform averages of the last n checkpoints that `compare_weight_space` adds by default.
 DEFAULT_LAST = (2, 5, 10)
@@ -144,8 +145,6 @@ def update_batch_norm(model, batches, *, label_key="labels", device=None):
     batches, `batches_of`): statistics reset, momentum None (a cumulative average), train
     mode for the passes, then the momenta and mode restored; what
     ``torch.optim.swa_utils.update_bn`` computes."""
-    from .torch import split_batch
-
     layers = [m for m in model.modules()
               if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     if not layers:
@@ -256,8 +255,6 @@ def greedy_soup(val_accuracy, soup_accuracy):
 def predict_proba(model, batches, *, label_key="labels", output_fn=None, device=None):
     """(softmax probabilities float64 (N, C), labels int64 (N,)) of ``model`` in eval mode
     on ``batches`` (`batches_of`)."""
-    from .torch import default_output, split_batch
-
     output_fn = output_fn or default_output
     was_training = model.training
     model.eval()
@@ -360,8 +357,6 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
         raise ForgetkitError(f"the checkpoints' epoch numbers {numbers[:6]}... are not the "
                              f"run's {list(map(int, run.epochs[:6]))}...: pass epochs= or the "
                              "run of these checkpoints")
-    from .torch import split_batch
-
     batches = batches_of(data, batch_size=batch_size, label_key=label_key)
     labels = run.labels
     data_labels = np.concatenate([np.asarray(split_batch(b, label_key)[2]).reshape(-1)
