@@ -1,5 +1,5 @@
-"""The kernels' two builds (serial for small calls, parallel for large ones), which build a
-call runs, the compile notice and ``forgetkit warmup``."""
+"""The kernels' one build run on threads (the caller's alone for small calls), the numpy
+twins, the compile notice and ``forgetkit warmup``."""
 
 import io
 import re
@@ -23,77 +23,79 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(a, b)
 
 
-#: The kernels whose two builds tests/test_parallel_kernels.py compares (each of its tests
-#: runs on both): the test below compiles the parallel builds of the others only.
-BOTH_BUILDS_ELSEWHERE = {
-    "argmax_f16", "argmax_f16_at", "argmax_float_at", "row_top", "softmax_rows",
-    "combine_softmax", "softmax_stats", "take_samples", "label_leads", "window_grid_counts",
-    "mix_window_into", "em_pass", "score_recipes", "live_rows", "add_softmax_live_rows",
-    "class_max", "add_into", "selection_cached_counts"}
-
-
-def test_parallel_builds_and_numpy_twins_give_the_same_bits(tmp_path, monkeypatch):
+def test_threads_and_numpy_twins_give_the_same_bits(tmp_path, monkeypatch):
     """The warmup's passes (forgetting, dynamics, label issues, compare with every fuser and
     the probability cache on and off, the exact eps search, the EM pass) on float16 runs in
-    memory and memory-mapped give the same bits on the numpy twins (the serial build where
-    a kernel has none) as on the parallel builds (the serial ones of the kernels
-    test_parallel_kernels compares on both builds), and reach every kernel but the
+    memory and memory-mapped give the same bits on the numpy twins (the kernel on one
+    thread where it has none) as on every thread, and reach every kernel but the
     float32/64 argmax ones."""
     (tmp_path / "s").mkdir(), (tmp_path / "p").mkdir()
     with jit.forced("numpy"):
         twins = warmup.workload(tmp_path / "s", dtypes=(np.float16,))
-    reached, choose = set(), jit.choose
+    reached, run = set(), jit.run
 
-    def parallel_where_not_compared_elsewhere(parallel, work, args):
-        reached.add(parallel.__name__)
-        if parallel.__name__ in BOTH_BUILDS_ELSEWHERE:
-            return parallel.serial
-        return choose(parallel, work, args)
+    def recording(k, n_threads, args):
+        reached.add(k.__name__)
+        return run(k, n_threads, args)
 
-    monkeypatch.setattr(jit, "choose", parallel_where_not_compared_elsewhere)
+    monkeypatch.setattr(jit, "run", recording)
     with jit.forced("parallel"):
-        parallel = warmup.workload(tmp_path / "p", dtypes=(np.float16,))
-    assert len(twins) == len(parallel) > 10
-    for a, b in zip(twins, parallel, strict=True):
+        threaded = warmup.workload(tmp_path / "p", dtypes=(np.float16,))
+    assert len(twins) == len(threaded) > 10
+    for a, b in zip(twins, threaded, strict=True):
         _assert_same(a, b)
     assert {k.__name__ for k in jit.KERNELS} - reached <= {"argmax_float", "argmax_float_at"}
 
 
-def test_choose_runs_small_calls_serially_and_large_ones_in_parallel(monkeypatch):
+def test_small_calls_run_on_the_callers_thread_and_large_ones_on_every_thread():
     import numba
 
-    k = kernels._argmax.argmax_f16
-    args = (np.zeros((2, 3), np.int16), np.empty(2, np.int32))
-    assert jit.choose(k, jit.PARALLEL_WORK - 1, args) is k.serial
-    assert jit.choose(k, jit.COMPILE_WORK, args) is k
-    # in between: parallel where that build is already compiled, else serial
-    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: False)
-    assert jit.choose(k, jit.PARALLEL_WORK, args) is k.serial
-    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: True)
-    assert jit.choose(k, jit.PARALLEL_WORK, args) is k
     threads = numba.get_num_threads()
+    assert jit.threads(jit.PARALLEL_WORK - 1) == 1
+    assert jit.threads(jit.PARALLEL_WORK) == threads
+    assert jit.threads(None) == threads  # a kernel called directly
     try:
         numba.set_num_threads(1)
-        assert jit.choose(k, jit.COMPILE_WORK, args) is k.serial  # one thread: serial
+        assert jit.threads(1 << 30) == 1
     finally:
         numba.set_num_threads(threads)
     with jit.forced("parallel"):
-        assert jit.choose(k, 0, args) is k
-    with jit.forced("serial"):
-        assert jit.choose(k, jit.COMPILE_WORK, args) is k.serial
+        assert jit.threads(0) == threads
+    for build in ("serial", "numpy"):
+        with jit.forced(build):
+            assert jit.threads(1 << 30) == 1
     with pytest.raises(ValueError, match="build must be 'serial', 'parallel', 'numpy' or None; "
                                          "got 'gpu'"):
         with jit.forced("gpu"):
             pass
 
 
+@pytest.mark.parametrize("n_threads", [2, 3, 8])
+def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_threads):
+    """`jit.run` on more threads than numba's (the pool grows) or fewer: each block of
+    rows runs once, whichever thread claims it, and the counts the threads return add up
+    to the call's."""
+    k = kernels._argmax.mixture_correct_count
+    rng = np.random.default_rng(3)
+    a, b = rng.random((5000, 4)), rng.random((5000, 4))
+    y = rng.integers(0, 4, 5000)
+    expected = int(np.count_nonzero((0.3 * a + 0.7 * b).argmax(axis=1) == y))
+    for blocks in (1, 7, 64):
+        assert jit.run(k, n_threads, (a, b, y, 0.3, blocks)) == expected
+        assert jit.run(k, 1, (a, b, y, 0.3, blocks)) == expected
+    out = np.full(5000, -7, np.int32)
+    jit.run(kernels._argmax.argmax_float, n_threads, (a, out, 64))
+    np.testing.assert_array_equal(out, a.argmax(axis=1))
+
+
 def test_compiled_sees_builds_in_this_process_and_in_the_cache():
     bits = np.zeros((4, 3), np.int16)
     kernels.argmax_rows(bits.view(np.float16), np.empty(4, np.int32))  # compiles or loads
     k = kernels._argmax.argmax_f16
-    assert jit._compiled(k.serial, (kernels.source(bits.view(np.float16)),
-                                    np.empty(4, np.int32)))
-    assert not jit._compiled(k.serial, (np.zeros((4, 3, 2), np.int16), np.empty(4, np.int32)))
+    assert jit._compiled(k.build, k.full_args((kernels.source(bits.view(np.float16)),
+                                               np.empty(4, np.int32)), 1))
+    assert not jit._compiled(k.build, k.full_args((np.zeros((4, 3, 2), np.int16),
+                                                   np.empty(4, np.int32)), 1))
 
 
 class _Terminal(io.StringIO):
@@ -140,10 +142,10 @@ def test_cli_warmup_compiles_the_workload_and_reports(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(warmup, "workload", lambda folder: calls.append(jit._FORCED))
     assert cli.main(["warmup"]) == 0
-    assert calls == ["serial", "parallel"]
+    assert calls == ["parallel"]  # one pass: one build per kernel, on every thread
     out, err = capsys.readouterr()
     assert re.search(r"forgetkit's kernels are compiled into numba's cache \(\d+\.\d s\)", out)
-    assert "compiling forgetkit's kernels (serial) ..." in err
+    assert "compiling forgetkit's kernels ..." in err
     assert cli.main(["warmup", "--quiet"]) == 0
     assert capsys.readouterr() == ("", "")
 

@@ -1,73 +1,162 @@
-"""How the kernels are compiled, which build a call runs, and the compile notice.
+"""How the kernels are compiled and run on threads, and the compile notice.
 
 Compiling is what a first run pays: numba compiles each kernel for each set of argument
 types on its first call and keeps the result in its on-disk cache. A ``parallel=True``
-build compiles 3-4x slower than the same function compiled serially (numba turns each
-prange loop into a gufunc compiled on its own). So every kernel (``@kernel``) has two
-builds, each compiled lazily and cached:
+build compiles 2-4x slower than the same function compiled serially (numba's parfor passes
+analyse the loop, then compile its body again as a gufunc of its own), and a kernel with
+both builds compiles both. So every kernel (``@kernel``) has one build, serial and
+``nogil``, over the row blocks it claims (``schedule``), and the threads come from here:
 
-- the parallel one (the module's name: what large runs use, and what the tests of the
-  kernels call directly);
-- a serial one (``.serial``: the same function, prange read as range) for calls whose
-  work is too small for threads to pay.
+- a call runs that build on the caller's thread and on ``threads - 1`` threads of one
+  shared pool (`run`), each thread claiming blocks from the call's shared counter until
+  none is left; a thread that starts late finds none and returns at once;
+- a kernel returns the integer sums of the blocks its thread ran (None, an int, an int
+  array, or a tuple of them); `run` adds them up over the threads (integer sums: the same
+  bits in any order) and passes the total to the kernel's ``finish`` (numpy steps after
+  the loop). Per-row results are written in place. So a call gives the same bits for any
+  number of threads and blocks (tested);
+- calls reading fewer than ``PARALLEL_WORK`` values, ``numba.get_num_threads() == 1`` and
+  `forced` "serial" run on the caller's thread alone.
 
-`choose` picks the build of a call from its work (about the number of stored values or
-float64 entries it reads): below ``PARALLEL_WORK`` serial; from ``COMPILE_WORK`` on
-parallel; in between parallel only where that build is already compiled for these
-argument types (in this process or in numba's cache, e.g. by ``forgetkit warmup``), so
-that a mid-sized run does not pay a parallel compile to save milliseconds. Both builds give
-the same bits (the block-parallel kernels merge their blocks' sums in block order; tested).
+One compile serves every thread count, and a first run's compile is the warm run's build:
+no kernel waits for a parallel build that a mid-sized run would never compile.
 
 The kernels of the Knowledge Fusion fit and of `compare` also have exact numpy twins
 (``twins``): a call reading fewer than ``TWIN_WORK`` values whose build is not compiled
 runs the twin instead (`use_twin`), so that a first run on a sample-sized run compiles
-only the kernels without one (on the clean sample run, the forgetting pass's argmax).
+only the kernels without one.
 
 `compile_notice` turns the pause of a first run into one line on a terminal, and
-`warmup` (``forgetkit warmup``, ``python -m forgetkit.kernels``) compiles both builds of
-every kernel into the cache, for images and CI.
+``forgetkit warmup`` (``python -m forgetkit.kernels``) compiles every kernel into the
+cache, for images and CI.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
-import types
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numba
+import numpy as np
 from numba import njit
 from numba.core import event
 
-#: Calls reading fewer values than this run the serial build (a serial pass over 2**18
-#: float16 values takes about 1 ms).
-PARALLEL_WORK = 1 << 18
-#: Calls reading at least this many values run the parallel build even where it must be
-#: compiled first (about 4 s of compiling per kernel saves more than that in a few calls).
-COMPILE_WORK = 1 << 24
+#: Calls reading fewer values than this run on the caller's thread alone (a serial pass
+#: over 2**17 float16 values takes about 0.1 ms, what waking the pool's threads costs).
+PARALLEL_WORK = 1 << 17
 
-#: Calls reading fewer values than this whose kernel build is not compiled yet run the
-#: kernel's exact numpy twin where it has one (``twins``): on a sample-sized run compiling
-#: costs seconds, the twin milliseconds more than the kernel.
+#: Calls reading fewer values than this whose kernel is not compiled yet run the kernel's
+#: exact numpy twin where it has one (``twins``): on a sample-sized run compiling costs
+#: seconds, the twin milliseconds more than the kernel.
 TWIN_WORK = 1 << 22
 
-#: Every kernel's parallel build, in definition order (``warmup`` and the tests use it).
+#: Row blocks per thread of a call (see ``schedule``): several per thread let the threads
+#: that run faster take more of them, when rows cost unevenly or a core is slowed down.
+BLOCKS_PER_THREAD = 8
+
+#: Every kernel, in definition order (``warmup`` and the tests use it).
 KERNELS = []
 
 
-def kernel(fn):
-    """Decorator: ``fn`` compiled with ``parallel=True`` and ``cache=True``, its serial
-    twin (own cache files) as the ``.serial`` attribute."""
-    parallel = njit(parallel=True, cache=True)(fn)
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
-                              fn.__closure__)
-    twin.__qualname__ = f"{fn.__qualname__}_serial"  # numba's cache files follow it
-    twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
-    parallel.serial = njit(cache=True)(twin)
-    KERNELS.append(parallel)
-    return parallel
+def n_blocks(threads=None):
+    """Row blocks of a call on ``threads`` threads (default: numba's thread count)."""
+    return BLOCKS_PER_THREAD * (numba.get_num_threads() if threads is None else threads)
 
 
+class Kernel:
+    """A kernel: ``build``, the function compiled with ``nogil=True, cache=True``, whose
+    last two parameters are ``n_blocks`` (the blocks of rows, see ``schedule``) and
+    ``counter`` (the call's block counter); ``finish(total, *args)`` turns the threads'
+    summed results into the call's result (default: the total).
+
+    Calling it with the function's arguments less ``counter`` (and less ``n_blocks`` too,
+    for kernels whose rows need no knowledge of their blocks: then ``n_blocks()``) runs it
+    on the threads `threads` gives and returns the result."""
+
+    def __init__(self, fn, finish=None):
+        self.py_func, self.finish = fn, finish
+        self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        self.__module__ = fn.__module__
+        self.build = njit(nogil=True, cache=True)(fn)
+        self._arity = fn.__code__.co_argcount
+
+    def full_args(self, args, threads):
+        """``args`` with the trailing ``n_blocks`` (where the caller leaves it out) and a new
+        counter."""
+        if len(args) == self._arity - 2:
+            args = (*args, n_blocks(threads))
+        return (*args, np.zeros(1, dtype=np.int64))
+
+    def __call__(self, *args):
+        return run(self, threads(None), args)
+
+    def __repr__(self):
+        return f"<kernel {self.__module__}.{self.__qualname__}>"
+
+
+def kernel(fn=None, *, finish=None):
+    """Decorator: ``fn`` as a `Kernel` (``@kernel`` or ``@kernel(finish=...)``)."""
+    if fn is None:
+        return lambda f: kernel(f, finish=finish)
+    k = Kernel(fn, finish)
+    KERNELS.append(k)
+    return k
+
+
+# ------------------------------------------------------------------ threads
+_POOL = None  # (pid, number of workers, ThreadPoolExecutor)
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(workers):
+    """The shared pool with at least ``workers`` threads (a new one after a fork: the
+    parent's threads do not exist in the child)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < workers:
+            old = _POOL
+            _POOL = (os.getpid(), workers,
+                     ThreadPoolExecutor(workers, thread_name_prefix="forgetkit-kernel"))
+            if old is not None and old[0] == os.getpid():
+                old[2].shutdown(wait=False)
+        return _POOL[2]
+
+
+def _add(results):
+    """The element-wise sum of the threads' results (None, ints, int arrays or tuples)."""
+    first = results[0]
+    if first is None:
+        return None
+    if isinstance(first, tuple):
+        return tuple(_add(list(parts)) for parts in zip(*results, strict=True))
+    total = first
+    for r in results[1:]:
+        total = total + r
+    return total
+
+
+def run(k, n_threads, args):
+    """Kernel ``k`` on ``args`` (its arguments less the counter) on ``n_threads`` threads:
+    the caller's and ``n_threads - 1`` of the pool's; returns ``k.finish`` of the summed
+    results. A pool thread still queued when the caller has claimed every block is
+    cancelled (it would find none)."""
+    full = k.full_args(args, n_threads)
+    if n_threads <= 1:
+        total = k.build(*full)
+    else:
+        pool = _pool(n_threads - 1)
+        futures = [pool.submit(k.build, *full) for _ in range(n_threads - 1)]
+        results = [k.build(*full)]
+        results += [f.result() for f in futures if not f.cancel()]
+        total = _add(results)
+    return total if k.finish is None else k.finish(total, *args)
+
+
+# ------------------------------------------------------------------ which path a call takes
 #: (dispatcher, argument types) -> whether numba's on-disk cache had a build, looked up once
 _IN_CACHE = {}
 
@@ -87,17 +176,18 @@ def _compiled(dispatcher, args):
         return False
 
 
-#: "serial", "parallel" or "numpy": every call runs that build, "numpy" the kernels' numpy
-#: twins where they have one and the serial build otherwise (`forced`); None: chosen.
+#: "serial", "parallel" or "numpy": every call runs so, "numpy" the kernels' numpy twins
+#: where they have one and the kernel on one thread otherwise (`forced`); None: chosen.
 _FORCED = None
 _BUILDS = ("serial", "parallel", "numpy", None)
 
 
 @contextmanager
 def forced(build):
-    """Within the block every kernel call runs ``build`` ("serial", "parallel" or "numpy":
-    the numpy twins, the serial build where a kernel has none; None: chosen by work): for
-    the tests, which compare the builds, and for `warmup`."""
+    """Within the block every kernel call runs as ``build`` says: "serial" on the caller's
+    thread alone, "parallel" on every thread whatever its size, "numpy" the numpy twins
+    (one thread where a kernel has none); None: chosen by work. For the tests, which
+    compare them."""
     global _FORCED
     if build not in _BUILDS:
         raise ValueError(f"build must be 'serial', 'parallel', 'numpy' or None; got {build!r}")
@@ -108,32 +198,30 @@ def forced(build):
         _FORCED = before
 
 
-def choose(parallel, work, args):
-    """The build of kernel ``parallel`` to run on ``args`` for a call reading ``work``
-    values (see the module's docstring)."""
-    if _FORCED is not None:
-        return parallel if _FORCED == "parallel" else parallel.serial
-    if work < PARALLEL_WORK or numba.get_num_threads() < 2:
-        return parallel.serial
-    if work >= COMPILE_WORK or _compiled(parallel, args):
-        return parallel
-    return parallel.serial
+def threads(work):
+    """The number of threads of a call reading ``work`` values (None: any size; see the
+    module's docstring)."""
+    if _FORCED in ("serial", "numpy"):
+        return 1
+    if _FORCED is None and work is not None and work < PARALLEL_WORK:
+        return 1
+    return numba.get_num_threads()
 
 
-def use_twin(parallel, work, args):
-    """Whether a call of kernel ``parallel`` that has a numpy twin runs the twin: forced
-    "numpy", or (not forced) a call reading fewer than ``TWIN_WORK`` values for which the
-    build `choose` picks is not compiled, in this process or in numba's cache. A first run
-    on a small run so compiles nothing the twins cover; after ``forgetkit warmup`` (or a
-    large call) the compiled kernels run."""
+def use_twin(k, work, args):
+    """Whether a call of kernel ``k`` that has a numpy twin runs the twin: forced "numpy",
+    or (not forced) a call reading fewer than ``TWIN_WORK`` values for which the kernel is
+    not compiled, in this process or in numba's cache. A first run on a small run so
+    compiles nothing the twins cover; after a large call (or ``forgetkit warmup``) the
+    compiled kernel runs."""
     if _FORCED is not None:
         return _FORCED == "numpy"
-    return work < TWIN_WORK and not _compiled(choose(parallel, work, args), args)
+    return work < TWIN_WORK and not _compiled(k.build, k.full_args(args, 1))
 
 
-def call(parallel, work, *args):
-    """``choose(parallel, work, args)(*args)``."""
-    return choose(parallel, work, args)(*args)
+def call(k, work, *args):
+    """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads."""
+    return run(k, threads(work), args)
 
 
 # ------------------------------------------------------------------ compile notice
