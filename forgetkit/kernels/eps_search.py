@@ -164,7 +164,7 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     return diff
 
 
-@njit(inline="always")
+@njit(cache=True)  # compiled once for both grid kernels (see softmax.exp_row)
 def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
     """One sample of ``grid_correct_counts``: adds to the difference array diff (G+1,) the
     grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first."""

@@ -151,7 +151,10 @@ def is_table_row(row, m):
     return is_f16(row) and m == 0.0
 
 
-@njit(inline="always")
+# exp_row and combine_row are compiled once (per argument types) and called by the kernels,
+# not inlined into each: every softmax kernel compiled its own copy of them, seconds of a
+# first run; a call per row costs little beside the row's exps.
+@njit(cache=True)
 def exp_row(row, out, table):
     """out = exp(x - m) of one row of stored values (C,), unnormalised; table: the
     ``f16_exp_table()``.
@@ -275,7 +278,7 @@ def window_mean_row(values, epochs, row, table, scratch, out):
     return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, False)
 
 
-@njit(inline="always")
+@njit(cache=True)
 def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumulate):
     """One row of ``combine_softmax``: total (C,) = the softmaxes of values[e, row] for e in
     epochs combined (mean if ``weights`` is empty, else weighted, added to total when
