@@ -115,7 +115,8 @@ def prepare(sizes):
 
 
 def process(tree, cache, size, tasks, repeat):
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(tree))
+    path = os.pathsep.join([str(tree)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=path)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", size, ",".join(tasks),
            str(repeat)]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
