@@ -2,10 +2,11 @@
 
 Compiling is what a first run pays: numba compiles each kernel for each set of argument
 types on its first call and keeps the result in its on-disk cache. A ``parallel=True``
-build compiles 2-4x slower than the same function compiled serially (numba's parfor passes
-analyse the loop, then compile its body again as a gufunc of its own), and a kernel with
-both builds compiles both. So every kernel (``@kernel``) has one build, serial and
-``nogil``, over the row blocks it claims (``schedule``), and the threads come from here:
+build compiles about twice as long as the same function compiled serially (numba's parfor
+passes fuse and analyse the loop, then lower its body again as a gufunc of its own:
+grid_correct_counts took 7.1 s of CPU against 3.9 s), and a kernel with both builds
+compiled both. So every kernel (``@kernel``) has one build, serial and ``nogil``, over the
+row blocks it claims (``schedule``), and the threads come from here:
 
 - a call runs that build on the caller's thread and on ``threads - 1`` threads of one
   shared pool (`run`), each thread claiming blocks from the call's shared counter until
