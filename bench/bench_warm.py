@@ -8,8 +8,10 @@ For each size and tree: a new empty ``NUMBA_CACHE_DIR``; a first process (cold: 
 is empty) runs the tasks in order, each once, timed with its compiling; then a second
 process (warm: the cache the first left, no ``forgetkit warmup``) runs each task
 ``--repeat`` times: its first call (the kernels loaded from the cache) and the best of
-all. The trees alternate within each size; ``--rounds`` repeats the whole (the best of the
-rounds is kept). Each task runs on a new `Run` (the forgetting pass is kept on a run).
+all; beside wall seconds, the process's CPU seconds (all its threads: on a shared machine,
+what the first call compiles shows there undisturbed). The trees alternate within each
+size; ``--rounds`` repeats the whole (the best of the rounds is kept). Each task runs on a
+new `Run` (the forgetting pass is kept on a run).
 
 Sizes: ``sample`` the clean sample run (60 x 10,000 x 10, float16, in memory);
 ``cifar`` the CIFAR-100 test size of the paper's main setting (60 x 10,000 x 100, float32
@@ -79,13 +81,14 @@ def child(size, tasks, repeat):
     make = _run_maker(size)
     out = {"forgetkit": fk.__file__, "threads": numba.get_num_threads()}
     for name in tasks:
-        times = []
+        times, cpu = [], []
         for _ in range(repeat):
             run = make()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             _task(name, run)
             times.append(time.perf_counter() - t)
-        out[name] = times
+            cpu.append(time.process_time() - c)
+        out[name], out[f"{name}_cpu"] = times, cpu
     print(json.dumps(out))
 
 
@@ -136,20 +139,22 @@ def measure(tree, size, tasks, repeat):
         warm = process(tree, cache, size, tasks, repeat)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return {name: {"cold": cold[name][0], "warm_first": warm[name][0],
-                   "warm_best": min(warm[name])} for name in tasks} | {
+    return {name: {"cold": cold[name][0], "cold_cpu": cold[f"{name}_cpu"][0],
+                   "warm_first": warm[name][0], "warm_best": min(warm[name]),
+                   "warm_best_cpu": min(warm[f"{name}_cpu"])} for name in tasks} | {
         "threads": warm["threads"]}
 
 
 def table(rows, trees):
     base = trees[0]
     lines = ["| size | task | " + " | ".join(
-        f"{Path(t).name}: cold s, warm first s, warm best s" for t in trees)
+        f"{Path(t).name}: cold s (CPU), warm first s, warm best s (CPU)" for t in trees)
         + " | warm best / first tree's | cold / first tree's |",
         "|---|---|" + "---|" * (len(trees) + 2)]
     for (size, task), per in rows.items():
-        cells = [f"{per[t]['cold']:.3f}, {per[t]['warm_first']:.3f}, {per[t]['warm_best']:.3f}"
-                 for t in trees]
+        cells = [f"{per[t]['cold']:.3f} ({per[t].get('cold_cpu', float('nan')):.2f}), "
+                 f"{per[t]['warm_first']:.3f}, {per[t]['warm_best']:.3f} "
+                 f"({per[t].get('warm_best_cpu', float('nan')):.2f})" for t in trees]
         warm = ", ".join(f"{per[t]['warm_best'] / per[base]['warm_best']:.2f}"
                          for t in trees[1:])
         cold = ", ".join(f"{per[t]['cold'] / per[base]['cold']:.2f}" for t in trees[1:])
