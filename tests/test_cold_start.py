@@ -210,3 +210,39 @@ def test_the_tests_compile_a_signature_once_across_processes(tmp_path, monkeypat
     out, _ = other.communicate(timeout=60)
     assert other.returncode == 0
     assert out.split() == ["1", "0"]  # one cache hit, no miss: loaded, not compiled
+
+
+def test_twins_note_their_kernels_for_a_compile_after_the_run(tmp_path, monkeypatch):
+    """A call that takes its twin because its kernel is not compiled notes the kernel and
+    its argument types; ``python -m forgetkit.kernels --later FILE`` (the detached process
+    `jit.compile_later` starts at exit, not under pytest) compiles them into the cache,
+    where the next process finds them."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    monkeypatch.setattr(jit, "_WANTED", set())
+    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: False)
+    a, b = np.zeros((3, 2)), np.zeros((3, 2))
+    kernels.mix(a, b, 0.5)  # the twin
+    sig = tuple(jit.typeof(x) for x in kernels._eps.mix.full_args((a, b, 0.5), 1))
+    assert jit._WANTED == {("forgetkit.kernels.eps_search", "mix", sig)}
+    assert jit.compile_later() is None and jit._WANTED  # under pytest: nothing started
+    with jit.forced("serial"):
+        kernels.mix(a, b, 0.5)
+    assert len(jit._WANTED) == 1  # forced calls note nothing
+    path = tmp_path / "wanted.pkl"
+    path.write_bytes(pickle.dumps(sorted(jit._WANTED, key=str)))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "forgetkit.kernels", "--later", str(path)], env=env,
+                   check=True, timeout=300)
+    assert not path.exists()
+    found = subprocess.run(
+        [sys.executable, "-c", "import numpy as np; from forgetkit.kernels import jit, "
+         "eps_search as e; a = np.zeros((3, 2)); "
+         "print(jit._compiled(e.mix.build, e.mix.full_args((a, a, 0.5), 1)))"],
+        env=env, capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "True"

@@ -25,7 +25,10 @@ no kernel waits for a parallel build that a mid-sized run would never compile.
 The kernels of the Knowledge Fusion fit and of `compare` also have exact numpy twins
 (``twins``): a call reading fewer than ``TWIN_WORK`` values whose build is not compiled
 runs the twin instead (`use_twin`), so that a first run on a sample-sized run compiles
-only the kernels without one.
+only the kernels without one. The kernels whose twins ran are then compiled after the run,
+in the background (`compile_later`: a detached process at exit, lowest priority), so that
+the next run finds them compiled and runs them: the twins cost a first run milliseconds,
+a later run several times the kernel's time.
 
 `compile_notice` turns the pause of a first run into one line on a terminal, and
 ``forgetkit warmup`` (``python -m forgetkit.kernels``) compiles every kernel into the
@@ -34,8 +37,13 @@ cache, for images and CI.
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import os
+import pickle
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -217,12 +225,79 @@ def use_twin(k, work, args):
     compiled kernel runs."""
     if _FORCED is not None:
         return _FORCED == "numpy"
-    return work < TWIN_WORK and not _compiled(k.build, k.full_args(args, 1))
+    if work >= TWIN_WORK:
+        return False
+    full = k.full_args(args, 1)
+    if _compiled(k.build, full):
+        return False
+    _want(k, full)
+    return True
 
 
 def call(k, work, *args):
     """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads."""
     return run(k, threads(work), args)
+
+
+# ------------------------------------------------------------------ compiled after the run
+def typeof(value):
+    """numba's type of an argument, as a kernel's dispatcher sees it."""
+    return numba.typeof(value, numba.core.typing.typeof.Purpose.argument)
+
+
+#: Environment variable: "0" compiles nothing in the background (`compile_later`).
+BACKGROUND = "FORGETKIT_BACKGROUND_COMPILE"
+#: (module, kernel name, argument types) of the calls whose twin ran in this process
+_WANTED = set()
+
+
+def _want(k, full_args):
+    """Note that kernel ``k`` ran its twin on these arguments: `compile_later` compiles it."""
+    try:
+        sig = tuple(typeof(a) for a in full_args)
+    except Exception:  # no compiler (NUMBA_DISABLE_JIT)
+        return
+    if not _WANTED:
+        atexit.register(compile_later)
+    _WANTED.add((k.py_func.__module__, k.__name__, sig))
+
+
+def compile_later():
+    """At exit, where twins ran for kernels not compiled: start a detached process, at the
+    lowest priority, that compiles those kernels for those argument types into numba's
+    cache (``python -m forgetkit.kernels --later FILE``). Not under pytest, nor with
+    FORGETKIT_BACKGROUND_COMPILE=0, nor off POSIX. Returns the process, or None."""
+    if (not _WANTED or os.environ.get(BACKGROUND) == "0" or "pytest" in sys.modules
+            or os.name != "posix"):
+        return None
+    fd, path = tempfile.mkstemp(prefix="forgetkit-compile-", suffix=".pkl")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(sorted(_WANTED, key=str), f)
+    _WANTED.clear()
+    # this forgetkit, however the process found it
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    return subprocess.Popen([sys.executable, "-m", "forgetkit.kernels", "--later", path],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def compile_wanted(path):
+    """The background process of `compile_later`: compile (or load from the cache) each
+    (module, kernel, argument types) of the pickle at ``path``, then remove it. One such
+    process compiles at a time (a lock file in the temporary folder); the others wait and
+    then load what it saved."""
+    import fcntl  # POSIX: the background compile is started on POSIX only
+
+    os.nice(19)
+    with open(path, "rb") as f:
+        wanted = pickle.load(f)
+    os.remove(path)
+    with open(os.path.join(tempfile.gettempdir(), "forgetkit-compile.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for module, name, sig in wanted:
+            getattr(importlib.import_module(module), name).build.compile(sig)
 
 
 # ------------------------------------------------------------------ compile notice
