@@ -6,7 +6,8 @@
 
 For each size and tree: a new empty ``NUMBA_CACHE_DIR``; a first process (cold: the cache
 is empty) runs the tasks in order, each once, timed with its compiling; then a second
-process (warm: the cache the first left, no ``forgetkit warmup``) runs each task
+process (warm: the cache the first left, no ``forgetkit warmup``; it starts once the
+background compile the first process left, if any, has ended: ``settle`` s) runs each task
 ``--repeat`` times: its first call (the kernels loaded from the cache) and the best of
 all; beside wall seconds, the process's CPU seconds (all its threads: on a shared machine,
 what the first call compiles shows there undisturbed). The trees alternate within each
@@ -131,15 +132,27 @@ def process(tree, cache, size, tasks, repeat):
     return result
 
 
+def settled(timeout=600):
+    """Wait until no background compile (``forgetkit.kernels --later``, started at the exit
+    of a process whose twins ran) is running; returns the seconds waited."""
+    t = time.perf_counter()
+    time.sleep(1.0)  # the detached process starts after its parent's exit
+    while time.perf_counter() - t < timeout and subprocess.run(
+            ["pgrep", "-f", "forgetkit.kernels --later"], capture_output=True).returncode == 0:
+        time.sleep(0.5)
+    return time.perf_counter() - t
+
+
 def measure(tree, size, tasks, repeat):
     """{task: {cold, warm_first, warm_best}} of one tree and size, in a new cache."""
     cache = tempfile.mkdtemp(prefix="nbcache-warm-")
     try:
         cold = process(tree, cache, size, tasks, 1)
+        settle = settled()
         warm = process(tree, cache, size, tasks, repeat)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return {name: {"cold": cold[name][0], "cold_cpu": cold[f"{name}_cpu"][0],
+    return {name: {"settle": settle, "cold": cold[name][0], "cold_cpu": cold[f"{name}_cpu"][0],
                    "warm_first": warm[name][0], "warm_best": min(warm[name]),
                    "warm_best_cpu": min(warm[f"{name}_cpu"])} for name in tasks} | {
         "threads": warm["threads"]}

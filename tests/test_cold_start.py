@@ -11,6 +11,7 @@ from numba import njit
 
 from forgetkit import cli, kernels
 from forgetkit.kernels import jit, warmup
+from forgetkit.kernels.schedule import claim
 
 
 def _assert_same(a, b):
@@ -52,7 +53,9 @@ def test_small_calls_run_on_the_callers_thread_and_large_ones_on_every_thread():
 
     threads = numba.get_num_threads()
     assert jit.threads(jit.PARALLEL_WORK - 1) == 1
-    assert jit.threads(jit.PARALLEL_WORK) == threads
+    assert jit.threads(jit.PARALLEL_WORK) == min(2, threads)
+    assert jit.threads(threads * jit.THREAD_WORK) == threads  # one per THREAD_WORK values
+    assert jit.threads(1 << 40) == threads
     assert jit.threads(None) == threads  # a kernel called directly
     try:
         numba.set_num_threads(1)
@@ -86,6 +89,38 @@ def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_thr
     out = np.full(5000, -7, np.int32)
     jit.run(kernels._argmax.argmax_float, n_threads, (a, out, 64))
     np.testing.assert_array_equal(out, a.argmax(axis=1))
+
+
+def test_calls_from_several_threads_at_once_share_the_pool_or_run_alone():
+    """Callers on several threads at once: one holds the pool, the others run on their own
+    thread; every result is right, and an error in a pool thread reaches its caller."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    k = kernels._argmax.mixture_correct_count
+    rng = np.random.default_rng(4)
+    a, b = rng.random((3000, 5)), rng.random((3000, 5))
+    y = rng.integers(0, 5, 3000)
+    expected = [int(np.count_nonzero((e * a + (1 - e) * b).argmax(axis=1) == y))
+                for e in np.linspace(0, 1, 40)]
+    with ThreadPoolExecutor(4) as callers:
+        got = list(callers.map(lambda e: jit.run(k, 3, (a, b, y, e, 16)),
+                               np.linspace(0, 1, 40)))
+    assert got == expected
+    for _ in range(5):  # block 5 on the caller's thread or on a pool thread
+        with pytest.raises(ValueError, match="block 5"):
+            jit.run(_FAILING, 3, (np.zeros(4), 16))
+    assert jit.run(k, 3, (a, b, y, 0.0, 16)) == expected[0]  # the pool is free again
+
+
+def _raise_at_block_5(x, n_blocks, counter):
+    blk = claim(counter)
+    while blk < n_blocks:
+        if blk == 5:
+            raise ValueError("block 5")
+        blk = claim(counter)
+
+
+_FAILING = jit.Kernel(_raise_at_block_5)  # not a forgetkit kernel: not in jit.KERNELS
 
 
 def test_compiled_sees_builds_in_this_process_and_in_the_cache():

@@ -16,8 +16,9 @@ row blocks it claims (``schedule``), and the threads come from here:
   bits in any order) and passes the total to the kernel's ``finish`` (numpy steps after
   the loop). Per-row results are written in place. So a call gives the same bits for any
   number of threads and blocks (tested);
-- calls reading fewer than ``PARALLEL_WORK`` values, ``numba.get_num_threads() == 1`` and
-  `forced` "serial" run on the caller's thread alone.
+- a call takes one thread per ``THREAD_WORK`` values it reads, up to
+  ``numba.get_num_threads()``: calls reading fewer than ``PARALLEL_WORK`` values, and
+  `forced` "serial", run on the caller's thread alone.
 
 One compile serves every thread count, and a first run's compile is the warm run's build:
 no kernel waits for a parallel build that a mid-sized run would never compile.
@@ -46,7 +47,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numba
@@ -54,9 +54,12 @@ import numpy as np
 from numba import njit
 from numba.core import event
 
-#: Calls reading fewer values than this run on the caller's thread alone (a serial pass
-#: over 2**17 float16 values takes about 0.1 ms, what waking the pool's threads costs).
-PARALLEL_WORK = 1 << 17
+#: Values a call reads per thread it wakes, at least: calls reading fewer than twice this
+#: run on the caller's thread alone (a pass over 2**16 values takes some 50 microseconds,
+#: several times what waking a thread costs).
+THREAD_WORK = 1 << 16
+#: Calls reading fewer values than this run on the caller's thread alone.
+PARALLEL_WORK = 2 * THREAD_WORK
 
 #: Calls reading fewer values than this whose kernel is not compiled yet run the kernel's
 #: exact numpy twin where it has one (``twins``): on a sample-sized run compiling costs
@@ -117,22 +120,54 @@ def kernel(fn=None, *, finish=None):
 
 
 # ------------------------------------------------------------------ threads
-_POOL = None  # (pid, number of workers, ThreadPoolExecutor)
+class _Worker:
+    """A pool thread: runs ``task`` = (function, arguments) each time ``go`` is released,
+    then releases ``done`` (two locks: a hand-off costs a few microseconds, where a
+    ThreadPoolExecutor's futures cost tens per thread and call)."""
+
+    def __init__(self):
+        self.go, self.done = threading.Lock(), threading.Lock()
+        self.go.acquire()
+        self.done.acquire()
+        self.task = self.result = self.error = None
+        threading.Thread(target=self._loop, name="forgetkit-kernel", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self.go.acquire()
+            fn, args = self.task
+            try:
+                self.result, self.error = fn(*args), None
+            except BaseException as error:  # re-raised on the caller's thread
+                self.result, self.error = None, error
+            self.task = None
+            self.done.release()
+
+
+class _Pool:
+    """The pool's threads, grown on demand; ``busy`` is held by the call running on them."""
+
+    def __init__(self):
+        self.pid, self.workers, self.busy = os.getpid(), [], threading.Lock()
+
+    def take(self, n):
+        while len(self.workers) < n:
+            self.workers.append(_Worker())
+        return self.workers[:n]
+
+
+_POOL = None
 _POOL_LOCK = threading.Lock()
 
 
-def _pool(workers):
-    """The shared pool with at least ``workers`` threads (a new one after a fork: the
-    parent's threads do not exist in the child)."""
+def _pool():
+    """The shared pool (a new one after a fork: the parent's threads do not exist in the
+    child)."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < workers:
-            old = _POOL
-            _POOL = (os.getpid(), workers,
-                     ThreadPoolExecutor(workers, thread_name_prefix="forgetkit-kernel"))
-            if old is not None and old[0] == os.getpid():
-                old[2].shutdown(wait=False)
-        return _POOL[2]
+        if _POOL is None or _POOL.pid != os.getpid():
+            _POOL = _Pool()
+        return _POOL
 
 
 def _add(results):
@@ -151,16 +186,29 @@ def _add(results):
 def run(k, n_threads, args):
     """Kernel ``k`` on ``args`` (its arguments less the counter) on ``n_threads`` threads:
     the caller's and ``n_threads - 1`` of the pool's; returns ``k.finish`` of the summed
-    results. A pool thread still queued when the caller has claimed every block is
-    cancelled (it would find none)."""
+    results. While another thread's call holds the pool, the call runs on its caller's
+    thread alone (the cores are busy)."""
     full = k.full_args(args, n_threads)
-    if n_threads <= 1:
+    pool = _pool() if n_threads > 1 else None
+    if pool is None or not pool.busy.acquire(blocking=False):
         total = k.build(*full)
     else:
-        pool = _pool(n_threads - 1)
-        futures = [pool.submit(k.build, *full) for _ in range(n_threads - 1)]
-        results = [k.build(*full)]
-        results += [f.result() for f in futures if not f.cancel()]
+        try:
+            workers = pool.take(n_threads - 1)
+            for w in workers:
+                w.task = (k.build, full)
+                w.go.release()
+            try:
+                results = [k.build(*full)]
+            finally:  # the workers finish (or find no block left) before the pool is free
+                for w in workers:
+                    w.done.acquire()
+            for w in workers:
+                if w.error is not None:
+                    raise w.error
+                results.append(w.result)
+        finally:
+            pool.busy.release()
         total = _add(results)
     return total if k.finish is None else k.finish(total, *args)
 
@@ -212,8 +260,8 @@ def threads(work):
     module's docstring)."""
     if _FORCED in ("serial", "numpy"):
         return 1
-    if _FORCED is None and work is not None and work < PARALLEL_WORK:
-        return 1
+    if _FORCED is None and work is not None:
+        return max(1, min(numba.get_num_threads(), work // THREAD_WORK))
     return numba.get_num_threads()
 
 
