@@ -14,8 +14,9 @@ row blocks it claims (``schedule``), and the threads come from here:
 - a kernel returns the integer sums of the blocks its thread ran (None, an int, an int
   array, or a tuple of them); `run` adds them up over the threads (integer sums: the same
   bits in any order) and passes the total to the kernel's ``finish`` (numpy steps after
-  the loop). Per-row results are written in place. So a call gives the same bits for any
-  number of threads and blocks (tested);
+  the loop). Per-row results are written in place, and the one float sum (the EM pass)
+  is kept per block and added in block order by its wrapper. So a call gives the same bits
+  for any number of threads and blocks (tested);
 - a call takes one thread per ``THREAD_WORK`` values it reads, up to
   ``numba.get_num_threads()``: calls reading fewer than ``PARALLEL_WORK`` values, and
   `forced` "serial", run on the caller's thread alone.
