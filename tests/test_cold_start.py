@@ -281,3 +281,16 @@ def test_twins_note_their_kernels_for_a_compile_after_the_run(tmp_path, monkeypa
          "print(jit._compiled(e.mix.build, e.mix.full_args((a, a, 0.5), 1)))"],
         env=env, capture_output=True, text=True, check=True)
     assert found.stdout.strip() == "True"
+
+
+def test_a_forked_child_starts_its_own_pool():
+    """A child forked after calls on the pool (multiprocessing's fork start method) runs
+    kernels on threads of its own: the parent's do not exist there."""
+    import multiprocessing
+
+    k = kernels._argmax.mixture_correct_count
+    a = np.random.default_rng(5).random((2000, 3))
+    y = a.argmax(axis=1)
+    assert jit.run(k, 3, (a, a, y, 0.5, 16)) == 2000  # the parent's pool is started
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(jit.run, (k, 3, (a, a, y, 0.5, 16))) == 2000

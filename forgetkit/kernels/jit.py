@@ -110,6 +110,14 @@ class Kernel:
     def __repr__(self):
         return f"<kernel {self.__module__}.{self.__qualname__}>"
 
+    def __reduce__(self):  # by name, as a function pickles
+        return _kernel_named, (self.__module__, self.__name__)
+
+
+def _kernel_named(module, name):
+    """The kernel ``name`` of ``module`` (unpickling a `Kernel`)."""
+    return getattr(importlib.import_module(module), name)
+
 
 def kernel(fn=None, *, finish=None):
     """Decorator: ``fn`` as a `Kernel` (``@kernel`` or ``@kernel(finish=...)``)."""
@@ -149,7 +157,7 @@ class _Pool:
     """The pool's threads, grown on demand; ``busy`` is held by the call running on them."""
 
     def __init__(self):
-        self.pid, self.workers, self.busy = os.getpid(), [], threading.Lock()
+        self.workers, self.busy = [], threading.Lock()
 
     def take(self, n):
         while len(self.workers) < n:
@@ -162,13 +170,23 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool():
-    """The shared pool (a new one after a fork: the parent's threads do not exist in the
-    child)."""
+    """The shared pool, started on first use."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL.pid != os.getpid():
+        if _POOL is None:
             _POOL = _Pool()
         return _POOL
+
+
+def _after_fork():
+    """In a forked child: a new pool on first use (the parent's threads do not exist there,
+    and a lock another thread held at the fork stays held)."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _add(results):
