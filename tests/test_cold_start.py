@@ -1,5 +1,5 @@
-"""The kernels' two builds (serial for small calls, parallel for large ones), which build a
-call runs, the compile notice and ``forgetkit warmup``."""
+"""The kernels' one build run on threads (the caller's alone for small calls), the numpy
+twins, the compile notice and ``forgetkit warmup``."""
 
 import io
 import re
@@ -11,6 +11,7 @@ from numba import njit
 
 from forgetkit import cli, kernels
 from forgetkit.kernels import jit, warmup
+from forgetkit.kernels.schedule import claim
 
 
 def _assert_same(a, b):
@@ -23,77 +24,113 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(a, b)
 
 
-#: The kernels whose two builds tests/test_parallel_kernels.py compares (each of its tests
-#: runs on both): the test below compiles the parallel builds of the others only.
-BOTH_BUILDS_ELSEWHERE = {
-    "argmax_f16", "argmax_f16_at", "argmax_float_at", "row_top", "softmax_rows",
-    "combine_softmax", "softmax_stats", "take_samples", "label_leads", "window_grid_counts",
-    "mix_window_into", "em_pass", "score_recipes", "live_rows", "add_softmax_live_rows",
-    "class_max", "add_into", "selection_cached_counts"}
-
-
-def test_parallel_builds_and_numpy_twins_give_the_same_bits(tmp_path, monkeypatch):
+def test_threads_and_numpy_twins_give_the_same_bits(tmp_path, monkeypatch):
     """The warmup's passes (forgetting, dynamics, label issues, compare with every fuser and
     the probability cache on and off, the exact eps search, the EM pass) on float16 runs in
-    memory and memory-mapped give the same bits on the numpy twins (the serial build where
-    a kernel has none) as on the parallel builds (the serial ones of the kernels
-    test_parallel_kernels compares on both builds), and reach every kernel but the
+    memory and memory-mapped give the same bits on the numpy twins (the kernel on one
+    thread where it has none) as on every thread, and reach every kernel but the
     float32/64 argmax ones."""
     (tmp_path / "s").mkdir(), (tmp_path / "p").mkdir()
     with jit.forced("numpy"):
         twins = warmup.workload(tmp_path / "s", dtypes=(np.float16,))
-    reached, choose = set(), jit.choose
+    reached, run = set(), jit.run
 
-    def parallel_where_not_compared_elsewhere(parallel, work, args):
-        reached.add(parallel.__name__)
-        if parallel.__name__ in BOTH_BUILDS_ELSEWHERE:
-            return parallel.serial
-        return choose(parallel, work, args)
+    def recording(k, n_threads, args):
+        reached.add(k.__name__)
+        return run(k, n_threads, args)
 
-    monkeypatch.setattr(jit, "choose", parallel_where_not_compared_elsewhere)
+    monkeypatch.setattr(jit, "run", recording)
     with jit.forced("parallel"):
-        parallel = warmup.workload(tmp_path / "p", dtypes=(np.float16,))
-    assert len(twins) == len(parallel) > 10
-    for a, b in zip(twins, parallel, strict=True):
+        threaded = warmup.workload(tmp_path / "p", dtypes=(np.float16,))
+    assert len(twins) == len(threaded) > 10
+    for a, b in zip(twins, threaded, strict=True):
         _assert_same(a, b)
     assert {k.__name__ for k in jit.KERNELS} - reached <= {"argmax_float", "argmax_float_at"}
 
 
-def test_choose_runs_small_calls_serially_and_large_ones_in_parallel(monkeypatch):
+def test_small_calls_run_on_the_callers_thread_and_large_ones_on_every_thread():
     import numba
 
-    k = kernels._argmax.argmax_f16
-    args = (np.zeros((2, 3), np.int16), np.empty(2, np.int32))
-    assert jit.choose(k, jit.PARALLEL_WORK - 1, args) is k.serial
-    assert jit.choose(k, jit.COMPILE_WORK, args) is k
-    # in between: parallel where that build is already compiled, else serial
-    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: False)
-    assert jit.choose(k, jit.PARALLEL_WORK, args) is k.serial
-    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: True)
-    assert jit.choose(k, jit.PARALLEL_WORK, args) is k
     threads = numba.get_num_threads()
+    assert jit.threads(jit.PARALLEL_WORK - 1) == 1
+    assert jit.threads(jit.PARALLEL_WORK) == min(2, threads)
+    assert jit.threads(threads * jit.THREAD_WORK) == threads  # one per THREAD_WORK values
+    assert jit.threads(1 << 40) == threads
+    assert jit.threads(None) == threads  # a kernel called directly
     try:
         numba.set_num_threads(1)
-        assert jit.choose(k, jit.COMPILE_WORK, args) is k.serial  # one thread: serial
+        assert jit.threads(1 << 30) == 1
     finally:
         numba.set_num_threads(threads)
     with jit.forced("parallel"):
-        assert jit.choose(k, 0, args) is k
-    with jit.forced("serial"):
-        assert jit.choose(k, jit.COMPILE_WORK, args) is k.serial
+        assert jit.threads(0) == threads
+    for build in ("serial", "numpy"):
+        with jit.forced(build):
+            assert jit.threads(1 << 30) == 1
     with pytest.raises(ValueError, match="build must be 'serial', 'parallel', 'numpy' or None; "
                                          "got 'gpu'"):
         with jit.forced("gpu"):
             pass
 
 
+@pytest.mark.parametrize("n_threads", [2, 3, 8])
+def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_threads):
+    """`jit.run` on more threads than numba's (the pool grows) or fewer: each block of
+    rows runs once, whichever thread claims it, and the counts the threads return add up
+    to the call's."""
+    k = kernels._argmax.mixture_correct_count
+    rng = np.random.default_rng(3)
+    a, b = rng.random((5000, 4)), rng.random((5000, 4))
+    y = rng.integers(0, 4, 5000)
+    expected = int(np.count_nonzero((0.3 * a + 0.7 * b).argmax(axis=1) == y))
+    for blocks in (1, 7, 64):
+        assert jit.run(k, n_threads, (a, b, y, 0.3, blocks)) == expected
+        assert jit.run(k, 1, (a, b, y, 0.3, blocks)) == expected
+    out = np.full(5000, -7, np.int32)
+    jit.run(kernels._argmax.argmax_float, n_threads, (a, out, 64))
+    np.testing.assert_array_equal(out, a.argmax(axis=1))
+
+
+def test_calls_from_several_threads_at_once_share_the_pool_or_run_alone():
+    """Callers on several threads at once: one holds the pool, the others run on their own
+    thread; every result is right, and an error in a pool thread reaches its caller."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    k = kernels._argmax.mixture_correct_count
+    rng = np.random.default_rng(4)
+    a, b = rng.random((3000, 5)), rng.random((3000, 5))
+    y = rng.integers(0, 5, 3000)
+    expected = [int(np.count_nonzero((e * a + (1 - e) * b).argmax(axis=1) == y))
+                for e in np.linspace(0, 1, 40)]
+    with ThreadPoolExecutor(4) as callers:
+        got = list(callers.map(lambda e: jit.run(k, 3, (a, b, y, e, 16)),
+                               np.linspace(0, 1, 40)))
+    assert got == expected
+    for _ in range(5):  # block 5 on the caller's thread or on a pool thread
+        with pytest.raises(ValueError, match="block 5"):
+            jit.run(_FAILING, 3, (np.zeros(4), 16))
+    assert jit.run(k, 3, (a, b, y, 0.0, 16)) == expected[0]  # the pool is free again
+
+
+def _raise_at_block_5(x, n_blocks, counter):
+    blk = claim(counter)
+    while blk < n_blocks:
+        if blk == 5:
+            raise ValueError("block 5")
+        blk = claim(counter)
+
+
+_FAILING = jit.Kernel(_raise_at_block_5)  # not a forgetkit kernel: not in jit.KERNELS
+
+
 def test_compiled_sees_builds_in_this_process_and_in_the_cache():
     bits = np.zeros((4, 3), np.int16)
     kernels.argmax_rows(bits.view(np.float16), np.empty(4, np.int32))  # compiles or loads
     k = kernels._argmax.argmax_f16
-    assert jit._compiled(k.serial, (kernels.source(bits.view(np.float16)),
-                                    np.empty(4, np.int32)))
-    assert not jit._compiled(k.serial, (np.zeros((4, 3, 2), np.int16), np.empty(4, np.int32)))
+    assert jit._compiled(k.build, k.full_args((kernels.source(bits.view(np.float16)),
+                                               np.empty(4, np.int32)), 1))
+    assert not jit._compiled(k.build, k.full_args((np.zeros((4, 3, 2), np.int16),
+                                                   np.empty(4, np.int32)), 1))
 
 
 class _Terminal(io.StringIO):
@@ -140,10 +177,10 @@ def test_cli_warmup_compiles_the_workload_and_reports(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(warmup, "workload", lambda folder: calls.append(jit._FORCED))
     assert cli.main(["warmup"]) == 0
-    assert calls == ["serial", "parallel"]
+    assert calls == ["parallel"]  # one pass: one build per kernel, on every thread
     out, err = capsys.readouterr()
     assert re.search(r"forgetkit's kernels are compiled into numba's cache \(\d+\.\d s\)", out)
-    assert "compiling forgetkit's kernels (serial) ..." in err
+    assert "compiling forgetkit's kernels ..." in err
     assert cli.main(["warmup", "--quiet"]) == 0
     assert capsys.readouterr() == ("", "")
 
@@ -208,3 +245,52 @@ def test_the_tests_compile_a_signature_once_across_processes(tmp_path, monkeypat
     out, _ = other.communicate(timeout=60)
     assert other.returncode == 0
     assert out.split() == ["1", "0"]  # one cache hit, no miss: loaded, not compiled
+
+
+def test_twins_note_their_kernels_for_a_compile_after_the_run(tmp_path, monkeypatch):
+    """A call that takes its twin because its kernel is not compiled notes the kernel and
+    its argument types; ``python -m forgetkit.kernels --later FILE`` (the detached process
+    `jit.compile_later` starts at exit, not under pytest) compiles them into the cache,
+    where the next process finds them."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    monkeypatch.setattr(jit, "_WANTED", set())
+    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: False)
+    a, b = np.zeros((3, 2)), np.zeros((3, 2))
+    kernels.mix(a, b, 0.5)  # the twin
+    sig = tuple(jit.typeof(x) for x in kernels._eps.mix.full_args((a, b, 0.5), 1))
+    assert jit._WANTED == {("forgetkit.kernels.eps_search", "mix", sig)}
+    assert jit.compile_later() is None and jit._WANTED  # under pytest: nothing started
+    with jit.forced("serial"):
+        kernels.mix(a, b, 0.5)
+    assert len(jit._WANTED) == 1  # forced calls note nothing
+    path = tmp_path / "wanted.pkl"
+    path.write_bytes(pickle.dumps(sorted(jit._WANTED, key=str)))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "forgetkit.kernels", "--later", str(path)], env=env,
+                   check=True, timeout=300)
+    assert not path.exists()
+    found = subprocess.run(
+        [sys.executable, "-c", "import numpy as np; from forgetkit.kernels import jit, "
+         "eps_search as e; a = np.zeros((3, 2)); "
+         "print(jit._compiled(e.mix.build, e.mix.full_args((a, a, 0.5), 1)))"],
+        env=env, capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "True"
+
+
+def test_a_forked_child_starts_its_own_pool():
+    """A child forked after calls on the pool (multiprocessing's fork start method) runs
+    kernels on threads of its own: the parent's do not exist there."""
+    import multiprocessing
+
+    k = kernels._argmax.mixture_correct_count
+    a = np.random.default_rng(5).random((2000, 3))
+    y = a.argmax(axis=1)
+    assert jit.run(k, 3, (a, a, y, 0.5, 16)) == 2000  # the parent's pool is started
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(jit.run, (k, 3, (a, a, y, 0.5, 16))) == 2000

@@ -1,5 +1,5 @@
 """The kernels' numpy twins (``kernels.twins``), which small calls run while the kernel is
-not compiled: each gives the bits of its kernel's serial build, declines where it does not
+not compiled: each gives the bits of its kernel on one thread, declines where it does not
 apply, and `jit.use_twin` picks it only where it should."""
 
 import numpy as np
@@ -25,7 +25,7 @@ def f16_logits(shape, seed, scale=4.0):
 
 
 def both(fn):
-    """fn() with every kernel call on its serial build, then on the numpy twins."""
+    """fn() with every kernel call on the caller's thread alone, then on the numpy twins."""
     with kernels.forced("serial"):
         serial = fn()
     with kernels.forced("numpy"):
@@ -208,7 +208,7 @@ def test_grid_twin_leaves_large_grids_to_the_kernel(monkeypatch):
 
 
 def keps_counts(a, b, y, leads, grid):
-    return kernels._eps.grid_correct_counts.serial(a, b, y, *leads, grid, 1e-12, 1)
+    return jit.run(kernels._eps.grid_correct_counts, 1, (a, b, y, *leads, grid, 1e-12, 1))
 
 
 def test_use_twin_runs_twins_for_small_calls_whose_kernel_is_not_compiled(monkeypatch):
@@ -221,7 +221,7 @@ def test_use_twin_runs_twins_for_small_calls_whose_kernel_is_not_compiled(monkey
     assert not jit.use_twin(k, 10, args)  # compiled (e.g. by forgetkit warmup): the kernel
     with kernels.forced("numpy"):
         assert jit.use_twin(k, jit.TWIN_WORK, args)
-        assert jit.choose(k, 10, args) is k.serial  # a kernel without a twin: serial
+        assert jit.threads(1 << 30) == 1  # a kernel without a twin: one thread
     for build in ("serial", "parallel"):
         with kernels.forced(build):
             assert not jit.use_twin(k, 10, args)

@@ -15,8 +15,9 @@ from .conftest import make_run
 
 @pytest.fixture(autouse=True, params=["serial", "parallel"])
 def build(request):
-    """Every test runs on each build of the kernels (``kernels.forced``): calls below
-    ``kernels.jit.PARALLEL_WORK`` take the serial one, large ones the parallel one."""
+    """Every test runs on the caller's thread alone and on every thread
+    (``kernels.forced``; unforced, calls below ``kernels.jit.PARALLEL_WORK`` take one
+    thread, larger ones all)."""
     with kernels.forced(request.param):
         yield request.param
 
@@ -241,32 +242,29 @@ def test_em_pass_equals_numpy_and_takes_the_parallel_path_above_its_size(monkeyp
 
 
 def test_claimed_blocks_run_each_block_once_at_any_number_of_threads():
-    """The shared counter of ``kernels.schedule`` hands out every block exactly once, with
-    more worker slots than threads, one slot, or a single block."""
-    import numba
-    from numba import njit, prange
+    """The shared counter of ``kernels.schedule`` hands out every block exactly once to
+    threads claiming at once (nogil workers, as ``jit.run`` runs the kernels), with more
+    threads than blocks, one thread, or a single block."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from numba import njit
 
     from forgetkit.kernels.schedule import claim, new_counter
 
-    @njit(parallel=True)
-    def visits(n_blocks):
-        seen = np.zeros(n_blocks, dtype=np.int64)
-        counter = new_counter()
-        for _ in prange(n_blocks):
+    @njit(nogil=True)
+    def visits(seen, n_blocks, counter):
+        blk = claim(counter)
+        while blk < n_blocks:
+            seen[blk] += 1
             blk = claim(counter)
-            while blk < n_blocks:
-                seen[blk] += 1
-                blk = claim(counter)
-        return seen
 
-    threads = numba.get_num_threads()
-    try:
-        for t in sorted({1, threads}):
-            numba.set_num_threads(t)
-            for n_blocks in (1, 2, 7, 1000):
-                np.testing.assert_array_equal(visits(n_blocks), np.ones(n_blocks))
-    finally:
-        numba.set_num_threads(threads)
+    with ThreadPoolExecutor(4) as pool:
+        for threads in (1, 4):
+            for n_blocks in (1, 2, 7, 1000, 100_000):
+                seen, counter = np.zeros(n_blocks, dtype=np.int64), new_counter()
+                futures = [pool.submit(visits, seen, n_blocks, counter) for _ in range(threads)]
+                [f.result() for f in futures]
+                np.testing.assert_array_equal(seen, np.ones(n_blocks))
 
 
 def test_compare_does_not_depend_on_threads_or_blocks(tmp_path, monkeypatch):
@@ -289,7 +287,7 @@ def test_compare_does_not_depend_on_threads_or_blocks(tmp_path, monkeypatch):
         for t in sorted({1, threads}):
             numba.set_num_threads(t)
             for blocks_per_thread in (1, 3, 8):
-                monkeypatch.setattr(kernels, "BLOCKS_PER_THREAD", blocks_per_thread)
+                monkeypatch.setattr(kernels.jit, "BLOCKS_PER_THREAD", blocks_per_thread)
                 tables.append(compare_splits(fk.load(tmp_path / "r.npy"),
                                              memory_budget=1 << 20))
     finally:

@@ -15,10 +15,10 @@
 - ``dynamics``: per-sample label probability, margin and correctness of an epoch (data
   maps, AUM, label issues);
 - ``floats``: float16-bit and float64-key helpers shared by the others;
-- ``schedule``: the block counter from which the threads of the kernels that take
-  ``n_blocks`` (and the EM pass) claim their blocks;
-- ``jit``: each kernel's two builds (parallel for large calls, serial for small ones: they
-  compile 3-4x faster), which one a call runs, and the compile notice;
+- ``schedule``: the block counter from which the threads of a call claim their blocks of
+  rows;
+- ``jit``: each kernel's one build (serial, ``nogil``), the threads a call runs it on (the
+  caller's and a shared pool's), and the compile notice;
 - ``twins``: exact numpy twins of the kernels of the Knowledge Fusion fit and `compare`,
   which small calls run while the kernel is not compiled (``jit.use_twin``);
 - ``warmup``: compiles every kernel into numba's cache (``forgetkit warmup``).
@@ -26,13 +26,12 @@
 The functions below are the one layer the rest of the package calls: they pass float16 data
 as its raw int16 bits (numba has no float16 arithmetic), hand the float16 exp table to the
 softmax kernels, choose the number of thread blocks and, from the work of the call, the
-kernel's build (``jit.choose``) or its numpy twin (``jit.use_twin``). The kernels
-themselves take plain contiguous arrays and do not validate their inputs.
+number of threads (``jit.threads``) or the kernel's numpy twin (``jit.use_twin``). The
+kernels themselves take plain contiguous arrays and do not validate their inputs.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from . import argmax as _argmax
@@ -46,30 +45,19 @@ from . import selection as _selection
 from . import softmax as _softmax
 from . import topk as _topk
 from . import twins as _twins
-from .jit import KERNELS, call, compile_notice, forced, use_twin  # noqa: F401
+from .jit import KERNELS, call, compile_notice, forced, n_blocks, use_twin  # noqa: F401
 from .softmax import f16_exp_table
 
-#: Row blocks per thread of the block-parallel kernels (each block keeps its own counts,
-#: merged at the end; threads claim blocks one at a time, see ``schedule``): several per
-#: thread let the threads that run faster take more of them, when rows cost unevenly (as in
-#: the eps search, where most samples are decided at once) or a core is slowed down.
-BLOCKS_PER_THREAD = 8
 
-
-def n_blocks():
-    """Number of row blocks for the block-parallel kernels."""
-    return BLOCKS_PER_THREAD * numba.get_num_threads()
-
-
-def _run(parallel, work, args, twin):
-    """Kernel ``parallel`` on ``args`` (the build `jit.choose` picks), or where
+def _run(k, work, args, twin):
+    """Kernel ``k`` on ``args`` (on the threads `jit.threads` gives), or where
     `jit.use_twin` says so its exact numpy twin on the same arguments (``twins``); a twin
     that does not apply to them (returns None) leaves the call to the kernel."""
-    if use_twin(parallel, work, args):
+    if use_twin(k, work, args):
         result = twin(*args)
         if result is not None:
             return result
-    return call(parallel, work, *args)
+    return call(k, work, *args)
 
 
 def stored(values):
@@ -286,7 +274,11 @@ def mix_into(a, b, eps, labels, leads, correct):
 def win_intervals(a, b, labels):
     """Per sample, the interval of eps where eps*a + (1-eps)*b ranks the label first; see
     ``eps_search.win_intervals``."""
-    return call(_eps.win_intervals, a.size, a, b, labels)
+    n = a.shape[0]
+    out = (np.zeros(n), np.ones(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool),
+           np.ones(n, dtype=bool))
+    call(_eps.win_intervals, a.size, a, b, labels, *out)
+    return out
 
 
 def mixture_correct_count(a, b, labels, eps):
@@ -329,10 +321,25 @@ def live_rows(total, labels, bound, slack, order=None):
     (rows int64 (R,) in the order of ``order`` (default ascending), cand_ptr (R+1,), cand),
     and the number of the other rows that stay right; see ``selection.live_rows``."""
     order = np.arange(total.shape[0]) if order is None else np.asarray(order, dtype=np.int64)
-    rows, ptr, cand, n_right = _run(_selection.live_rows, order.size * total.shape[1],
-                                    (total, labels, bound, slack, order, n_blocks()),
-                                    _twins.live_rows)
-    return rows, ptr, cand, int(n_right)
+    work = order.size * total.shape[1]
+    n_cand = np.empty(order.size, dtype=np.int64)
+    args = (total, labels, bound, slack, order, n_cand)
+    if use_twin(_selection.live_rows, work, args):
+        rows, ptr, cand, n_right = _twins.live_rows(*args[:5])
+        return rows, ptr, cand, int(n_right)
+    n_right = call(_selection.live_rows, work, *args)
+    return (*_live_candidates(total, bound, slack, order, n_cand, work), int(n_right))
+
+
+def _live_candidates(total, bound, slack, order, n_cand, work):
+    """(rows, cand_ptr, cand) of the live rows, those of ``order`` with n_cand > 0."""
+    live = np.flatnonzero(n_cand)
+    rows = order[live]
+    ptr = np.zeros(live.size + 1, dtype=np.int64)
+    np.cumsum(n_cand[live], out=ptr[1:])
+    cand = np.empty(ptr[-1], dtype=np.int64)
+    call(_selection.live_candidates, work, total, bound, slack, rows, ptr, cand)
+    return rows, ptr, cand
 
 
 def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, state,
@@ -345,11 +352,14 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
     right for every vector, number of rows holding inf or nan); see
     ``selection.add_softmax_live_rows``."""
     order = np.asarray(order, dtype=np.int64)
-    rows, ptr, cand, n_right, n_bad = call(
-        _selection.add_softmax_live_rows, order.size * total.shape[1], source(values),
+    work = order.size * total.shape[1]
+    n_cand = np.empty(order.size, dtype=np.int64)
+    n_right, n_bad = call(
+        _selection.add_softmax_live_rows, work, source(values),
         np.asarray(picks, dtype=np.int64), np.asarray(src, dtype=np.int64), total, labels,
-        bound, slack, order, *state, shift, inv, f16_exp_table(), n_blocks())
-    return rows, ptr, cand, int(n_right), int(n_bad)
+        bound, slack, order, *state, shift, inv, f16_exp_table(), n_cand, n_blocks())
+    return (*_live_candidates(total, bound, slack, order, n_cand, work), int(n_right),
+            int(n_bad))
 
 
 def selection_correct_counts(values, src, total, rows, labels, shift, inv, top, ptr, cand,
@@ -438,9 +448,11 @@ def em_pass(q, w):
     """(mean_n log(q[n] @ w), the sums of the EM update sum_n q[n] / (q[n] @ w) (k,)) of
     mixture weights w (k,) over components q (N, k) > 0, C-contiguous, from one parallel
     pass; the same bits for any number of threads (``mixture.em_pass``)."""
-    grad = np.empty(q.shape[1])
-    total = call(_mixture.em_pass, q.size, q, np.ascontiguousarray(w, dtype=np.float64), grad)
-    return total / q.shape[0], grad
+    blocks = -(-q.shape[0] // _mixture.EM_BLOCK)
+    parts, logs, grad = np.empty((blocks, q.shape[1])), np.empty(blocks), np.empty(q.shape[1])
+    call(_mixture.em_pass, q.size, q, np.ascontiguousarray(w, dtype=np.float64), parts, logs,
+         blocks)
+    return _mixture.merge_blocks(parts, logs, grad) / q.shape[0], grad
 
 
 # ------------------------------------------------------------- certified fusion (top-k runs)

@@ -1,11 +1,17 @@
 """``python -m forgetkit.kernels``: compile every kernel into numba's cache (see
-``forgetkit.kernels.warmup``)."""
+``forgetkit.kernels.warmup``); ``--later FILE``: the background compile of
+``forgetkit.kernels.jit.compile_later``."""
 
 import sys
 
-from .warmup import warmup
-
 if __name__ == "__main__":
-    seconds = warmup(quiet="--quiet" in sys.argv[1:])
-    if "--quiet" not in sys.argv[1:]:
-        print(f"forgetkit's kernels are compiled into numba's cache ({seconds:.1f} s)")
+    if sys.argv[1:2] == ["--later"]:
+        from .jit import compile_wanted
+
+        compile_wanted(sys.argv[2])
+    else:
+        from .warmup import warmup
+
+        seconds = warmup(quiet="--quiet" in sys.argv[1:])
+        if "--quiet" not in sys.argv[1:]:
+            print(f"forgetkit's kernels are compiled into numba's cache ({seconds:.1f} s)")

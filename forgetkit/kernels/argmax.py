@@ -5,10 +5,11 @@ index (numpy's rule)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .floats import F16_EXP_MASK, f16_key
 from .jit import kernel
+from .schedule import claim, span
 from .simd import WIDTH, finish_row, rows_max_f16
 
 
@@ -33,7 +34,7 @@ def _argmax_pair_f16(row0, row1):
 
 
 @kernel
-def argmax_f16(bits, out):
+def argmax_f16(bits, out, n_blocks, counter):
     """Row-wise argmax of float16 values given as int16 bits.
 
     bits: int16 (rows, C) C-contiguous; out: int32 (rows,). A row holding inf or nan gets -1.
@@ -44,52 +45,62 @@ def argmax_f16(bits, out):
     (max key, then the first index holding it).
     """
     rows, n_classes = bits.shape
-    if n_classes <= 0xFFFF:
-        steps = n_classes // WIDTH
-        for group in prange((rows + 3) // 4):
-            r0 = 4 * group
-            r1, r2, r3 = min(r0 + 1, rows - 1), min(r0 + 2, rows - 1), min(r0 + 3, rows - 1)
-            # a short last group repeats its last row
-            best, most = rows_max_f16(bits[r0], bits[r1], bits[r2], bits[r3], steps)
-            out[r0] = finish_row(bits[r0], best[0], most[0], steps * WIDTH)
-            out[r1] = finish_row(bits[r1], best[1], most[1], steps * WIDTH)
-            out[r2] = finish_row(bits[r2], best[2], most[2], steps * WIDTH)
-            out[r3] = finish_row(bits[r3], best[3], most[3], steps * WIDTH)
-        return
-    for r in prange(rows):
-        row = bits[r]
-        magnitude = np.int16(0)
-        best_key = np.int16(-32768)
-        for c in range(n_classes):
-            best_key = max(best_key, f16_key(row[c]))
-            magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
-        for c in range(n_classes):
-            if f16_key(row[c]) == best_key:
-                out[r] = c
-                break
-        if magnitude >= F16_EXP_MASK:  # inf or nan somewhere in the row
-            out[r] = -1
+    groups = (rows + 3) // 4
+    steps = n_classes // WIDTH
+    blk = claim(counter)
+    while blk < n_blocks:
+        if n_classes <= 0xFFFF:
+            lo, hi = span(blk, groups, n_blocks)
+            for group in range(lo, hi):
+                r0 = 4 * group
+                r1, r2, r3 = min(r0 + 1, rows - 1), min(r0 + 2, rows - 1), min(r0 + 3, rows - 1)
+                # a short last group repeats its last row
+                best, most = rows_max_f16(bits[r0], bits[r1], bits[r2], bits[r3], steps)
+                out[r0] = finish_row(bits[r0], best[0], most[0], steps * WIDTH)
+                out[r1] = finish_row(bits[r1], best[1], most[1], steps * WIDTH)
+                out[r2] = finish_row(bits[r2], best[2], most[2], steps * WIDTH)
+                out[r3] = finish_row(bits[r3], best[3], most[3], steps * WIDTH)
+        else:
+            lo, hi = span(blk, rows, n_blocks)
+            for r in range(lo, hi):
+                row = bits[r]
+                magnitude = np.int16(0)
+                best_key = np.int16(-32768)
+                for c in range(n_classes):
+                    best_key = max(best_key, f16_key(row[c]))
+                    magnitude = max(magnitude, np.int16(row[c] & np.int16(0x7FFF)))
+                for c in range(n_classes):
+                    if f16_key(row[c]) == best_key:
+                        out[r] = c
+                        break
+                if magnitude >= F16_EXP_MASK:  # inf or nan somewhere in the row
+                    out[r] = -1
+        blk = claim(counter)
 
 
 @kernel
-def argmax_float(values, out):
+def argmax_float(values, out, n_blocks, counter):
     """Row-wise argmax of float32/float64 values (rows, C) into int32 ``out``; -1 if not finite."""
     rows, n_classes = values.shape
-    for r in prange(rows):
-        best = 0
-        best_v = values[r, 0]
-        if not np.isfinite(best_v):
-            out[r] = -1
-            continue
-        for c in range(1, n_classes):
-            v = values[r, c]
-            if not np.isfinite(v):
-                best = -1
-                break
-            if v > best_v:
-                best = c
-                best_v = v
-        out[r] = best
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, rows, n_blocks)
+        for r in range(lo, hi):
+            best = 0
+            best_v = values[r, 0]
+            if not np.isfinite(best_v):
+                out[r] = -1
+                continue
+            for c in range(1, n_classes):
+                v = values[r, c]
+                if not np.isfinite(v):
+                    best = -1
+                    break
+                if v > best_v:
+                    best = c
+                    best_v = v
+            out[r] = best
+        blk = claim(counter)
 
 
 @njit(inline="always")
@@ -107,29 +118,36 @@ def first_argmax_mix(a, b, wa, wb):
 
 
 @kernel
-def mixture_correct_count(a, b, labels, eps):
+def mixture_correct_count(a, b, labels, eps, n_blocks, counter):
     """Number of samples that eps*a + (1-eps)*b classifies correctly. a, b: float64 (N, C)."""
     count = 0
-    for n in prange(a.shape[0]):
-        if first_argmax_mix(a[n], b[n], eps, 1.0 - eps) == labels[n]:
-            count += 1
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, a.shape[0], n_blocks)
+        for n in range(lo, hi):
+            if first_argmax_mix(a[n], b[n], eps, 1.0 - eps) == labels[n]:
+                count += 1
+        blk = claim(counter)
     return count
 
 
 @kernel
-def sum_correct_count_rows(s, p, labels, rows):
+def sum_correct_count_rows(s, p, labels, rows, n_blocks, counter):
     """Number of ``rows`` whose argmax of s[r] + p[r] is labels[r]. s, p: float64 (N, C)."""
     count = 0
-    for i in prange(rows.shape[0]):
-        r = rows[i]
-        best = first_argmax_mix(s[r], p[r], 1.0, 1.0)
-        if best == labels[r]:
-            count += 1
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, rows.shape[0], n_blocks)
+        for i in range(lo, hi):
+            r = rows[i]
+            if first_argmax_mix(s[r], p[r], 1.0, 1.0) == labels[r]:
+                count += 1
+        blk = claim(counter)
     return count
 
 
 @kernel
-def argmax_f16_at(bits, src, order, out):
+def argmax_f16_at(bits, src, order, out, n_blocks, counter):
     """out[e, i] = first argmax of the float16 row bits[e, src[i]] (int16 bits, at most
     0xFFFF classes), read in place (a sample subset of a memmap is not gathered first); -1
     for a row holding inf or nan. bits: int16 (E, M, C); src: int64 (R,); order (R,): the
@@ -139,45 +157,57 @@ def argmax_f16_at(bits, src, order, out):
     n_epochs, n_rows = out.shape
     step = 2 if bits.shape[2] <= 256 else 1
     per_epoch = (n_rows + step - 1) // step
-    for j in prange(n_epochs * per_epoch):
-        e = j // per_epoch
-        k0 = (j - e * per_epoch) * step
-        i0 = order[k0]
-        i1 = order[min(k0 + step - 1, n_rows - 1)]  # i0 itself for wide rows or the last
-        out[e, i0], out[e, i1] = _argmax_pair_f16(bits[e, src[i0]], bits[e, src[i1]])
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_epochs * per_epoch, n_blocks)
+        for j in range(lo, hi):
+            e = j // per_epoch
+            k0 = (j - e * per_epoch) * step
+            i0 = order[k0]
+            i1 = order[min(k0 + step - 1, n_rows - 1)]  # i0 itself for wide rows or the last
+            out[e, i0], out[e, i1] = _argmax_pair_f16(bits[e, src[i0]], bits[e, src[i1]])
+        blk = claim(counter)
 
 
 @kernel
-def argmax_float_at(values, src, order, out):
+def argmax_float_at(values, src, order, out, n_blocks, counter):
     """``argmax_f16_at`` for float32/float64 values (E, M, C)."""
     n_epochs, n_rows = out.shape
-    for j in prange(n_epochs * n_rows):
-        e = j // n_rows
-        i = order[j - e * n_rows]
-        row = values[e, src[i]]
-        best = 0
-        best_v = row[0]
-        for c in range(1, row.shape[0]):
-            if row[c] > best_v:
-                best = c
-                best_v = row[c]
-        finite = True
-        for c in range(row.shape[0]):
-            finite &= np.isfinite(row[c])
-        out[e, i] = best if finite else -1
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_epochs * n_rows, n_blocks)
+        for j in range(lo, hi):
+            e = j // n_rows
+            i = order[j - e * n_rows]
+            row = values[e, src[i]]
+            best = 0
+            best_v = row[0]
+            for c in range(1, row.shape[0]):
+                if row[c] > best_v:
+                    best = c
+                    best_v = row[c]
+            finite = True
+            for c in range(row.shape[0]):
+                finite &= np.isfinite(row[c])
+            out[e, i] = best if finite else -1
+        blk = claim(counter)
 
 
 @kernel
-def row_top(p, labels, pred, top, at_label):
+def row_top(p, labels, pred, top, at_label, n_blocks, counter):
     """Per row of finite p (N, C): pred = first argmax (numpy's rule), top = the max and
     at_label = p[label] (what accuracy, NLL and ECE need, in one parallel pass)."""
-    for r in prange(p.shape[0]):
-        best = 0
-        best_v = p[r, 0]
-        for c in range(1, p.shape[1]):
-            if p[r, c] > best_v:
-                best = c
-                best_v = p[r, c]
-        pred[r] = best
-        top[r] = best_v
-        at_label[r] = p[r, labels[r]]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, p.shape[0], n_blocks)
+        for r in range(lo, hi):
+            best = 0
+            best_v = p[r, 0]
+            for c in range(1, p.shape[1]):
+                if p[r, c] > best_v:
+                    best = c
+                    best_v = p[r, c]
+            pred[r] = best
+            top[r] = best_v
+            at_label[r] = p[r, labels[r]]
+        blk = claim(counter)

@@ -19,11 +19,12 @@ import sys
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 from .jit import kernel
+from .schedule import claim, span
 from .simd import WIDTH, finish_row, rows_max_crc_f16, rows_max_f16
 
 #: Row lanes of a block, each with its own CRC chain.
@@ -220,13 +221,13 @@ else:
 
 
 @kernel
-def argmax_crc_f16(bits, out, n_blocks, crcs):
+def argmax_crc_f16(bits, out, crc_blocks, crcs, n_blocks, counter):
     """``argmax.argmax_f16`` of every row of every epoch, and the CRC32C of each lane's bytes.
 
     bits: int16 (E, N, C) C-contiguous, float16 bits, at most 0xFFFF classes; out: int32
-    (E, N), -1 for a row holding inf or nan; crcs: uint32 (E, n_blocks, LANES), the CRC32C
+    (E, N), -1 for a row holding inf or nan; crcs: uint32 (E, crc_blocks, LANES), the CRC32C
     (standard: initial and final value inverted) of the bytes of each lane. Block b of an
-    epoch holds rows [b*N // n_blocks, (b+1)*N // n_blocks); lane j < LANES-1 of a block of
+    epoch holds rows [b*N // crc_blocks, (b+1)*N // crc_blocks); lane j < LANES-1 of a block of
     n rows the q = n // LANES rows from j*q, the last lane the rest. The bytes of an epoch
     are its lanes in order (`lane_bytes`). Row k of each of the four lanes is taken together
     by `simd.rows_max_f16` (the argmax of ``argmax_f16``); each lane has its own crc32 chain
@@ -235,61 +236,66 @@ def argmax_crc_f16(bits, out, n_blocks, crcs):
     scalar crc32 work runs beside the vector work; without SSE4.2, the table after the
     loop), the bytes past the last step after it; shorter rows continue each chain after
     the rows over the whole 8-byte words read so far (words cross rows: no per-row rest).
+    The threads claim the E * crc_blocks (epoch, block) pairs in ``n_blocks`` groups.
     """
     n_epochs, n_rows, n_classes = bits.shape
     row = 2 * n_classes
     steps = n_classes // WIDTH
     start = steps * WIDTH  # the first class past the vector steps
     inloop = steps >= INLOOP_STEPS
-    for task in prange(n_epochs * n_blocks):
-        e = task // n_blocks
-        blk = task - e * n_blocks
-        lo = blk * n_rows // n_blocks
-        hi = (blk + 1) * n_rows // n_blocks
-        q = (hi - lo) // LANES
-        step = q * row  # bytes between the lanes
-        base = (e * n_rows + lo) * row  # the block's first byte
-        c0 = c1 = c2 = c3 = np.uint32(0xFFFFFFFF)
-        p = base  # lane 0's next byte to checksum; lane j's is p + j * step
-        for k in range(q):  # row k of each lane
-            r = lo + k
-            row0, row1, row2, row3 = (bits[e, r], bits[e, r + q], bits[e, r + 2 * q],
-                                      bits[e, r + 3 * q])
-            if inloop:
-                best, most, chains = _rows_max_crc(row0, row1, row2, row3, steps,
-                                                   (c0, c1, c2, c3))
-                c0 = _crc_row_rest(chains[0], row0, 2 * start)
-                c1 = _crc_row_rest(chains[1], row1, 2 * start)
-                c2 = _crc_row_rest(chains[2], row2, 2 * start)
-                c3 = _crc_row_rest(chains[3], row3, 2 * start)
-                p += row
-            else:
-                best, most = rows_max_f16(row0, row1, row2, row3, steps)
-                stop = base + (k + 1) * row
-                while p + 8 <= stop:
-                    c0 = _crc_u64(c0, _load_u64(bits, p))
-                    c1 = _crc_u64(c1, _load_u64(bits, p + step))
-                    c2 = _crc_u64(c2, _load_u64(bits, p + 2 * step))
-                    c3 = _crc_u64(c3, _load_u64(bits, p + 3 * step))
-                    p += 8
-            out[e, r] = finish_row(row0, best[0], most[0], start)
-            out[e, r + q] = finish_row(row1, best[1], most[1], start)
-            out[e, r + 2 * q] = finish_row(row2, best[2], most[2], start)
-            out[e, r + 3 * q] = finish_row(row3, best[3], most[3], start)
-        end = base + step  # lane 0's end
-        c0 = _crc_tail(c0, bits, p, end)
-        c1 = _crc_tail(c1, bits, p + step, end + step)
-        c2 = _crc_tail(c2, bits, p + 2 * step, end + 2 * step)
-        p += 3 * step  # the last lane: its remainder, then its rest (fewer than LANES rows)
-        for r in range(lo + LANES * q, hi):
-            out[e, r] = finish_row(bits[e, r], np.int32(-2147483648), np.int16(0), 0)
-        end = base + (hi - lo) * row
-        c3, p = _crc_words(c3, bits, p, end)
-        c3 = _crc_tail(c3, bits, p, end)
-        crcs[e, blk, 0] = ~c0
-        crcs[e, blk, 1] = ~c1
-        crcs[e, blk, 2] = ~c2
-        crcs[e, blk, 3] = ~c3
+    claimed = claim(counter)
+    while claimed < n_blocks:
+        first, end_task = span(claimed, n_epochs * crc_blocks, n_blocks)
+        for task in range(first, end_task):
+            e = task // crc_blocks
+            blk = task - e * crc_blocks
+            lo = blk * n_rows // crc_blocks
+            hi = (blk + 1) * n_rows // crc_blocks
+            q = (hi - lo) // LANES
+            step = q * row  # bytes between the lanes
+            base = (e * n_rows + lo) * row  # the block's first byte
+            c0 = c1 = c2 = c3 = np.uint32(0xFFFFFFFF)
+            p = base  # lane 0's next byte to checksum; lane j's is p + j * step
+            for k in range(q):  # row k of each lane
+                r = lo + k
+                row0, row1, row2, row3 = (bits[e, r], bits[e, r + q], bits[e, r + 2 * q],
+                                          bits[e, r + 3 * q])
+                if inloop:
+                    best, most, chains = _rows_max_crc(row0, row1, row2, row3, steps,
+                                                       (c0, c1, c2, c3))
+                    c0 = _crc_row_rest(chains[0], row0, 2 * start)
+                    c1 = _crc_row_rest(chains[1], row1, 2 * start)
+                    c2 = _crc_row_rest(chains[2], row2, 2 * start)
+                    c3 = _crc_row_rest(chains[3], row3, 2 * start)
+                    p += row
+                else:
+                    best, most = rows_max_f16(row0, row1, row2, row3, steps)
+                    stop = base + (k + 1) * row
+                    while p + 8 <= stop:
+                        c0 = _crc_u64(c0, _load_u64(bits, p))
+                        c1 = _crc_u64(c1, _load_u64(bits, p + step))
+                        c2 = _crc_u64(c2, _load_u64(bits, p + 2 * step))
+                        c3 = _crc_u64(c3, _load_u64(bits, p + 3 * step))
+                        p += 8
+                out[e, r] = finish_row(row0, best[0], most[0], start)
+                out[e, r + q] = finish_row(row1, best[1], most[1], start)
+                out[e, r + 2 * q] = finish_row(row2, best[2], most[2], start)
+                out[e, r + 3 * q] = finish_row(row3, best[3], most[3], start)
+            end = base + step  # lane 0's end
+            c0 = _crc_tail(c0, bits, p, end)
+            c1 = _crc_tail(c1, bits, p + step, end + step)
+            c2 = _crc_tail(c2, bits, p + 2 * step, end + 2 * step)
+            p += 3 * step  # the last lane: its remainder, then its rest (fewer than LANES rows)
+            for r in range(lo + LANES * q, hi):
+                out[e, r] = finish_row(bits[e, r], np.int32(-2147483648), np.int16(0), 0)
+            end = base + (hi - lo) * row
+            c3, p = _crc_words(c3, bits, p, end)
+            c3 = _crc_tail(c3, bits, p, end)
+            crcs[e, blk, 0] = ~c0
+            crcs[e, blk, 1] = ~c1
+            crcs[e, blk, 2] = ~c2
+            crcs[e, blk, 3] = ~c3
+        claimed = claim(counter)
 
 
 def lane_bytes(n_rows, n_classes, n_blocks):

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange, types
+from numba import types
 from numba.extending import overload
 
 from .floats import F16_EXP_MASK, to_f64
 from .jit import kernel
-from .schedule import claim, new_counter
+from .schedule import claim, span
 from .softmax import exp_row
 
 #: Probabilities below this are taken as this before a log (the smallest normal float64).
@@ -33,7 +33,7 @@ def _finite_impl(value):
 
 @kernel
 def label_margins(values, labels, table, softmax, p, margin, correct, total, total_log,
-                  n_blocks):
+                  n_blocks, counter):
     """Per row r of one epoch's stored outputs ``values`` (N, C) (float16 as int16 bits),
     with y = labels[r] and o the largest other class (the lowest index among equals):
 
@@ -56,52 +56,50 @@ def label_margins(values, labels, table, softmax, p, margin, correct, total, tot
     n_rows, n_classes = values.shape
     accumulate = total.shape[0] > 0
     accumulate_log = total_log.shape[0] > 0
-    n_blocks = max(1, min(n_blocks, n_rows))
-    bad = np.zeros(n_blocks, dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        tmp = np.empty(n_classes)
+    tmp = np.empty(n_classes)
+    n_bad = 0
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_rows, n_blocks)
+        for r in range(lo, hi):
+            row = values[r]
+            y = labels[r]
+            other = -1
+            best = -np.inf
+            finite = True
+            for c in range(n_classes):
+                finite = finite and _finite(row[c])
+                v = to_f64(row[c])
+                if c != y and (other < 0 or v > best):
+                    best = v
+                    other = c
+            if not finite:
+                n_bad += 1
+                p[r] = np.nan
+                margin[r] = np.nan
+                correct[r] = False
+                continue
+            zy = to_f64(row[y])
+            correct[r] = zy > best or (zy == best and y < other)
+            if softmax:
+                _, shift, inv = exp_row(row, tmp, table)
+                p[r] = tmp[y] * inv
+                margin[r] = zy - best
+                if accumulate:
+                    for c in range(n_classes):
+                        total[r, c] += tmp[c] * inv
+                if accumulate_log:
+                    log_inv = math.log(inv)
+                    for c in range(n_classes):
+                        total_log[r, c] += (to_f64(row[c]) - shift) + log_inv
+            else:
+                p[r] = zy
+                margin[r] = math.log(max(zy, TINY)) - math.log(max(best, TINY))
+                if accumulate:
+                    for c in range(n_classes):
+                        total[r, c] += to_f64(row[c])
+                if accumulate_log:
+                    for c in range(n_classes):
+                        total_log[r, c] += math.log(max(to_f64(row[c]), TINY))
         blk = claim(counter)
-        while blk < n_blocks:
-            for r in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                row = values[r]
-                y = labels[r]
-                other = -1
-                best = -np.inf
-                finite = True
-                for c in range(n_classes):
-                    finite = finite and _finite(row[c])
-                    v = to_f64(row[c])
-                    if c != y and (other < 0 or v > best):
-                        best = v
-                        other = c
-                if not finite:
-                    bad[blk] += 1
-                    p[r] = np.nan
-                    margin[r] = np.nan
-                    correct[r] = False
-                    continue
-                zy = to_f64(row[y])
-                correct[r] = zy > best or (zy == best and y < other)
-                if softmax:
-                    _, shift, inv = exp_row(row, tmp, table)
-                    p[r] = tmp[y] * inv
-                    margin[r] = zy - best
-                    if accumulate:
-                        for c in range(n_classes):
-                            total[r, c] += tmp[c] * inv
-                    if accumulate_log:
-                        log_inv = math.log(inv)
-                        for c in range(n_classes):
-                            total_log[r, c] += (to_f64(row[c]) - shift) + log_inv
-                else:
-                    p[r] = zy
-                    margin[r] = math.log(max(zy, TINY)) - math.log(max(best, TINY))
-                    if accumulate:
-                        for c in range(n_classes):
-                            total[r, c] += to_f64(row[c])
-                    if accumulate_log:
-                        for c in range(n_classes):
-                            total_log[r, c] += math.log(max(to_f64(row[c]), TINY))
-            blk = claim(counter)
-    return bad.sum()
+    return n_bad

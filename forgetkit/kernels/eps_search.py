@@ -7,12 +7,12 @@ See docs/definitions.md ("The exact epsilon search") for why the band re-check i
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .argmax import first_argmax_mix
 from .floats import LOW63, float_of_key64, key64
 from .jit import kernel
-from .schedule import claim, column_sums, cumulative, new_counter, store
+from .schedule import claim, span
 from .softmax import combine_scratch, window_mean_row
 
 
@@ -63,13 +63,17 @@ def _lead(row, y):
 
 
 @kernel
-def label_leads(p, labels, lead, magnitude, top, correct):
+def label_leads(p, labels, lead, magnitude, top, correct, n_blocks, counter):
     """Per row n of p (N, C) finite float64: lead[n] = p[n, y] - max of p[n, c != y],
     magnitude[n] = max |p[n]|, top[n] = the first class c != y holding that max when the
     lead is <= 0 (else -1) and correct[n] = whether y is the first argmax (numpy's rule).
     These describe the current fusion for ``grid_correct_counts``."""
-    for n in prange(p.shape[0]):
-        _label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, p.shape[0], n_blocks)
+        for n in range(lo, hi):
+            _label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
+        blk = claim(counter)
 
 
 @njit(inline="always")
@@ -120,13 +124,25 @@ def _win_bounds(a, b, y, band):
             empty > 0)
 
 
-@kernel
-def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band, n_blocks):
+def _grid_counts(diff, *args):
+    """The grid counts of a difference array (G+1,) summed over the threads: int64 (G,)."""
+    return np.cumsum(diff[:-1])
+
+
+def _window_counts(total, *args):
+    """(`_grid_counts` of the summed difference array, the number of bad pairs)."""
+    return _grid_counts(total[0]), total[1]
+
+
+@kernel(finish=_grid_counts)
+def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band, n_blocks,
+                        counter):
     """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.
 
     a, b: float64 (N, C); labels: int64 (N,); b_lead, b_magnitude, b_top: ``label_leads``
-    of b; grid: float64 (G,) ascending; n_blocks: number of sample blocks (one counts row
-    each, merged at the end). Returns int64 (G,).
+    of b; grid: float64 (G,) ascending; n_blocks: number of sample blocks. Returns int64
+    (G,): each thread adds its samples to a difference array of its own, summed over the
+    threads and accumulated by the kernel's ``finish``.
 
     For one sample the true class wins on an interval of eps (its margins are linear in
     eps). With band = rel_band * max|value| of the sample: a label that leads both rows by
@@ -137,25 +153,18 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     the two are re-checked with the brute-force arithmetic, so the counts equal the
     brute-force grid's exactly, ties included.
     """
-    n_samples, n_classes = a.shape
-    n_grid = grid.shape[0]
-    n_blocks = max(1, min(n_blocks, n_samples))
-    diff = np.empty((n_blocks, n_grid + 1), dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        local = np.empty(n_grid + 1, dtype=np.int64)  # the block's, stored at its end
+    diff = np.zeros(grid.shape[0] + 1, dtype=np.int64)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, a.shape[0], n_blocks)
+        for n in range(lo, hi):
+            _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
+                      rel_band, diff)
         blk = claim(counter)
-        while blk < n_blocks:
-            local[:] = 0
-            for n in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
-                _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
-                          rel_band, local)
-            store(diff[blk], local)
-            blk = claim(counter)
-    return cumulative(column_sums(diff)[:n_grid])
+    return diff
 
 
-@njit(inline="always")
+@njit(cache=True)  # compiled once for both grid kernels (see softmax.exp_row)
 def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
     """One sample of ``grid_correct_counts``: adds to the difference array diff (G+1,) the
     grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first."""
@@ -190,114 +199,106 @@ def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
             diff[g + 1] -= 1
 
 
-@kernel
+@kernel(finish=_window_counts)
 def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_magnitude,
-                       b_top, grid, rel_band, n_blocks):
+                       b_top, grid, rel_band, n_blocks, counter):
     """``grid_correct_counts`` of a = the mean softmax of the stored outputs values[epochs]
     (E, M, C) at rows src (N,) (each row as ``combine_softmax`` computes it), without
     storing a: each row's mean is made in a scratch row and used at once. Rows are read in
     ``order``. Returns (counts int64 (G,), the number of (epoch, row) pairs holding inf or
     nan)."""
-    n_samples, n_classes = b.shape
-    n_grid = grid.shape[0]
-    n_blocks = max(1, min(n_blocks, n_samples))
-    diff = np.empty((n_blocks, n_grid + 1), dtype=np.int64)
-    bad = np.empty(n_blocks, dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        scratch, a = combine_scratch(n_classes), np.empty(n_classes)
-        local = np.empty(n_grid + 1, dtype=np.int64)  # the block's, stored at its end
+    n_classes = b.shape[1]
+    scratch, a = combine_scratch(n_classes), np.empty(n_classes)
+    diff = np.zeros(grid.shape[0] + 1, dtype=np.int64)
+    n_bad = 0
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, b.shape[0], n_blocks)
+        for j in range(lo, hi):
+            n = order[j]
+            row_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
+            if row_bad:
+                n_bad += row_bad
+                continue
+            _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid, rel_band,
+                      diff)
         blk = claim(counter)
-        while blk < n_blocks:
-            local[:] = 0
-            n_bad = 0
-            for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
-                n = order[j]
-                row_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
-                if row_bad:
-                    n_bad += row_bad
-                    continue
-                _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
-                          rel_band, local)
-            store(diff[blk], local)
-            bad[blk] = n_bad
-            blk = claim(counter)
-    return cumulative(column_sums(diff)[:n_grid]), bad.sum()
+    return diff, n_bad
 
 
 @kernel
 def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, magnitude, top,
-                    correct, n_blocks):
+                    correct, n_blocks, counter):
     """``mix_into`` of a = the mean softmax of values[epochs] at rows src (as
     ``window_grid_counts`` computes it), without storing a. Returns the number of (epoch,
     row) pairs holding inf or nan."""
-    n_samples, n_classes = b.shape
-    n_blocks = max(1, min(n_blocks, n_samples))
-    bad = np.empty(n_blocks, dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        scratch, a = combine_scratch(n_classes), np.empty(n_classes)
+    n_classes = b.shape[1]
+    scratch, a = combine_scratch(n_classes), np.empty(n_classes)
+    n_bad = 0
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, b.shape[0], n_blocks)
+        for j in range(lo, hi):
+            n = order[j]
+            n_bad += window_mean_row(values, epochs, src[n], table, scratch, a)
+            _mix_row(a, b[n], eps)
+            _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
         blk = claim(counter)
-        while blk < n_blocks:
-            n_bad = 0
-            for j in range(blk * n_samples // n_blocks, (blk + 1) * n_samples // n_blocks):
-                n = order[j]
-                n_bad += window_mean_row(values, epochs, src[n], table, scratch, a)
-                _mix_row(a, b[n], eps)
-                _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
-            bad[blk] = n_bad
-            blk = claim(counter)
-    return bad.sum()
+    return n_bad
 
 
 @kernel
-def win_intervals(a, b, labels):
-    """Per sample, the interval of eps in [0, 1] where eps*a + (1-eps)*b ranks the label first.
-
-    Returns lo, hi (float64 (N,)), lo_open, hi_open, valid (bool (N,)); a class below the label
-    must be beaten strictly, one above it only matched (argmax ties go to the lowest index).
+def win_intervals(a, b, labels, lo, hi, lo_open, hi_open, valid, n_blocks, counter):
+    """Per sample, the interval of eps in [0, 1] where eps*a + (1-eps)*b ranks the label first:
+    lo, hi (float64 (N,)), lo_open, hi_open, valid (bool (N,)), written in place; a class
+    below the label must be beaten strictly, one above it only matched (argmax ties go to
+    the lowest index).
     """
-    n_samples, n_classes = a.shape
-    lo = np.zeros(n_samples)
-    hi = np.ones(n_samples)
-    lo_open = np.zeros(n_samples, dtype=np.bool_)
-    hi_open = np.zeros(n_samples, dtype=np.bool_)
-    valid = np.ones(n_samples, dtype=np.bool_)
-    for n in prange(n_samples):
-        y = labels[n]
-        ay = a[n, y]
-        by = b[n, y]
-        low, high = 0.0, 1.0
-        lopen, hopen = False, False
-        ok = True
-        for c in range(n_classes):
-            if c == y:
-                continue
-            strict = c < y
-            icpt = by - b[n, c]
-            slope = (ay - a[n, c]) - icpt
-            if slope == 0.0:
-                if icpt < 0.0 or (strict and icpt == 0.0):
-                    ok = False
-                    break
-                continue
-            t = -icpt / slope
-            if slope > 0.0:
-                if t > low or (t == low and strict):
-                    low = t
-                    lopen = strict
-            else:
-                if t < high or (t == high and strict):
-                    high = t
-                    hopen = strict
-        if ok and (low > high or (low == high and (lopen or hopen))):
-            ok = False
-        lo[n] = low
-        hi[n] = high
-        lo_open[n] = lopen
-        hi_open[n] = hopen
-        valid[n] = ok
-    return lo, hi, lo_open, hi_open, valid
+    n_classes = a.shape[1]
+    blk = claim(counter)
+    while blk < n_blocks:
+        first, end = span(blk, a.shape[0], n_blocks)
+        for n in range(first, end):
+            _win_interval(a, b, labels, n_classes, n, lo, hi, lo_open, hi_open, valid)
+        blk = claim(counter)
+
+
+@njit(inline="always")
+def _win_interval(a, b, labels, n_classes, n, lo, hi, lo_open, hi_open, valid):
+    """One sample of `win_intervals`."""
+    y = labels[n]
+    ay = a[n, y]
+    by = b[n, y]
+    low, high = 0.0, 1.0
+    lopen, hopen = False, False
+    ok = True
+    for c in range(n_classes):
+        if c == y:
+            continue
+        strict = c < y
+        icpt = by - b[n, c]
+        slope = (ay - a[n, c]) - icpt
+        if slope == 0.0:
+            if icpt < 0.0 or (strict and icpt == 0.0):
+                ok = False
+                break
+            continue
+        t = -icpt / slope
+        if slope > 0.0:
+            if t > low or (t == low and strict):
+                low = t
+                lopen = strict
+        else:
+            if t < high or (t == high and strict):
+                high = t
+                hopen = strict
+    if ok and (low > high or (low == high and (lopen or hopen))):
+        ok = False
+    lo[n] = low
+    hi[n] = high
+    lo_open[n] = lopen
+    hi_open[n] = hopen
+    valid[n] = ok
 
 
 @njit(inline="always")
@@ -310,16 +311,24 @@ def _mix_row(a, b, eps):
 
 
 @kernel
-def mix(a, b, eps):
+def mix(a, b, eps, n_blocks, counter):
     """b <- eps*a + (1-eps)*b in place (numpy's arithmetic). a, b: float64 (N, C)."""
-    for n in prange(a.shape[0]):
-        _mix_row(a[n], b[n], eps)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, a.shape[0], n_blocks)
+        for n in range(lo, hi):
+            _mix_row(a[n], b[n], eps)
+        blk = claim(counter)
 
 
 @kernel
-def mix_into(a, b, eps, labels, lead, magnitude, top, correct):
+def mix_into(a, b, eps, labels, lead, magnitude, top, correct, n_blocks, counter):
     """b <- eps*a + (1-eps)*b in place (numpy's arithmetic), then ``label_leads`` of b into
     lead, magnitude, top and correct. a, b: float64 (N, C); labels: int64 (N,)."""
-    for n in prange(a.shape[0]):
-        _mix_row(a[n], b[n], eps)
-        _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, a.shape[0], n_blocks)
+        for n in range(lo, hi):
+            _mix_row(a[n], b[n], eps)
+            _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+        blk = claim(counter)

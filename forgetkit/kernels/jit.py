@@ -1,73 +1,238 @@
-"""How the kernels are compiled, which build a call runs, and the compile notice.
+"""How the kernels are compiled and run on threads, and the compile notice.
 
 Compiling is what a first run pays: numba compiles each kernel for each set of argument
 types on its first call and keeps the result in its on-disk cache. A ``parallel=True``
-build compiles 3-4x slower than the same function compiled serially (numba turns each
-prange loop into a gufunc compiled on its own). So every kernel (``@kernel``) has two
-builds, each compiled lazily and cached:
+build compiles about twice as long as the same function compiled serially (numba's parfor
+passes fuse and analyse the loop, then lower its body again as a gufunc of its own:
+grid_correct_counts took 7.1 s of CPU against 3.9 s), and a kernel with both builds
+compiled both. So every kernel (``@kernel``) has one build, serial and ``nogil``, over the
+row blocks it claims (``schedule``), and the threads come from here:
 
-- the parallel one (the module's name: what large runs use, and what the tests of the
-  kernels call directly);
-- a serial one (``.serial``: the same function, prange read as range) for calls whose
-  work is too small for threads to pay.
+- a call runs that build on the caller's thread and on ``threads - 1`` threads of one
+  shared pool (`run`), each thread claiming blocks from the call's shared counter until
+  none is left; a thread that starts late finds none and returns at once;
+- a kernel returns the integer sums of the blocks its thread ran (None, an int, an int
+  array, or a tuple of them); `run` adds them up over the threads (integer sums: the same
+  bits in any order) and passes the total to the kernel's ``finish`` (numpy steps after
+  the loop). Per-row results are written in place, and the one float sum (the EM pass)
+  is kept per block and added in block order by its wrapper. So a call gives the same bits
+  for any number of threads and blocks (tested);
+- a call takes one thread per ``THREAD_WORK`` values it reads, up to
+  ``numba.get_num_threads()``: calls reading fewer than ``PARALLEL_WORK`` values, and
+  `forced` "serial", run on the caller's thread alone.
 
-`choose` picks the build of a call from its work (about the number of stored values or
-float64 entries it reads): below ``PARALLEL_WORK`` serial; from ``COMPILE_WORK`` on
-parallel; in between parallel only where that build is already compiled for these
-argument types (in this process or in numba's cache, e.g. by ``forgetkit warmup``), so
-that a mid-sized run does not pay a parallel compile to save milliseconds. Both builds give
-the same bits (the block-parallel kernels merge their blocks' sums in block order; tested).
+One compile serves every thread count, and a first run's compile is the warm run's build:
+no kernel waits for a parallel build that a mid-sized run would never compile.
 
 The kernels of the Knowledge Fusion fit and of `compare` also have exact numpy twins
 (``twins``): a call reading fewer than ``TWIN_WORK`` values whose build is not compiled
 runs the twin instead (`use_twin`), so that a first run on a sample-sized run compiles
-only the kernels without one (on the clean sample run, the forgetting pass's argmax).
+only the kernels without one. The kernels whose twins ran are then compiled after the run,
+in the background (`compile_later`: a detached process at exit, lowest priority), so that
+the next run finds them compiled and runs them: the twins cost a first run milliseconds,
+a later run several times the kernel's time.
 
 `compile_notice` turns the pause of a first run into one line on a terminal, and
-`warmup` (``forgetkit warmup``, ``python -m forgetkit.kernels``) compiles both builds of
-every kernel into the cache, for images and CI.
+``forgetkit warmup`` (``python -m forgetkit.kernels``) compiles every kernel into the
+cache, for images and CI.
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib
+import os
+import pickle
+import subprocess
 import sys
+import tempfile
+import threading
 import time
-import types
 from contextlib import contextmanager
 
 import numba
+import numpy as np
 from numba import njit
 from numba.core import event
 
-#: Calls reading fewer values than this run the serial build (a serial pass over 2**18
-#: float16 values takes about 1 ms).
-PARALLEL_WORK = 1 << 18
-#: Calls reading at least this many values run the parallel build even where it must be
-#: compiled first (about 4 s of compiling per kernel saves more than that in a few calls).
-COMPILE_WORK = 1 << 24
+#: Values a call reads per thread it wakes, at least: calls reading fewer than twice this
+#: run on the caller's thread alone (a pass over 2**16 values takes some 50 microseconds,
+#: several times what waking a thread costs).
+THREAD_WORK = 1 << 16
+#: Calls reading fewer values than this run on the caller's thread alone.
+PARALLEL_WORK = 2 * THREAD_WORK
 
-#: Calls reading fewer values than this whose kernel build is not compiled yet run the
-#: kernel's exact numpy twin where it has one (``twins``): on a sample-sized run compiling
-#: costs seconds, the twin milliseconds more than the kernel.
+#: Calls reading fewer values than this whose kernel is not compiled yet run the kernel's
+#: exact numpy twin where it has one (``twins``): on a sample-sized run compiling costs
+#: seconds, the twin milliseconds more than the kernel.
 TWIN_WORK = 1 << 22
 
-#: Every kernel's parallel build, in definition order (``warmup`` and the tests use it).
+#: Row blocks per thread of a call (see ``schedule``): several per thread let the threads
+#: that run faster take more of them, when rows cost unevenly or a core is slowed down.
+BLOCKS_PER_THREAD = 8
+
+#: Every kernel, in definition order (``warmup`` and the tests use it).
 KERNELS = []
 
 
-def kernel(fn):
-    """Decorator: ``fn`` compiled with ``parallel=True`` and ``cache=True``, its serial
-    twin (own cache files) as the ``.serial`` attribute."""
-    parallel = njit(parallel=True, cache=True)(fn)
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
-                              fn.__closure__)
-    twin.__qualname__ = f"{fn.__qualname__}_serial"  # numba's cache files follow it
-    twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
-    parallel.serial = njit(cache=True)(twin)
-    KERNELS.append(parallel)
-    return parallel
+def n_blocks(threads=None):
+    """Row blocks of a call on ``threads`` threads (default: numba's thread count)."""
+    return BLOCKS_PER_THREAD * (numba.get_num_threads() if threads is None else threads)
 
 
+class Kernel:
+    """A kernel: ``build``, the function compiled with ``nogil=True, cache=True``, whose
+    last two parameters are ``n_blocks`` (the blocks of rows, see ``schedule``) and
+    ``counter`` (the call's block counter); ``finish(total, *args)`` turns the threads'
+    summed results into the call's result (default: the total).
+
+    Calling it with the function's arguments less ``counter`` (and less ``n_blocks`` too,
+    for kernels whose rows need no knowledge of their blocks: then ``n_blocks()``) runs it
+    on the threads `threads` gives and returns the result."""
+
+    def __init__(self, fn, finish=None):
+        self.py_func, self.finish = fn, finish
+        self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        self.__module__ = fn.__module__
+        self.build = njit(nogil=True, cache=True)(fn)
+        self._arity = fn.__code__.co_argcount
+
+    def full_args(self, args, threads):
+        """``args`` with the trailing ``n_blocks`` (where the caller leaves it out) and a new
+        counter."""
+        if len(args) == self._arity - 2:
+            args = (*args, n_blocks(threads))
+        return (*args, np.zeros(1, dtype=np.int64))
+
+    def __call__(self, *args):
+        return run(self, threads(None), args)
+
+    def __repr__(self):
+        return f"<kernel {self.__module__}.{self.__qualname__}>"
+
+    def __reduce__(self):  # by name, as a function pickles
+        return _kernel_named, (self.__module__, self.__name__)
+
+
+def _kernel_named(module, name):
+    """The kernel ``name`` of ``module`` (unpickling a `Kernel`)."""
+    return getattr(importlib.import_module(module), name)
+
+
+def kernel(fn=None, *, finish=None):
+    """Decorator: ``fn`` as a `Kernel` (``@kernel`` or ``@kernel(finish=...)``)."""
+    if fn is None:
+        return lambda f: kernel(f, finish=finish)
+    k = Kernel(fn, finish)
+    KERNELS.append(k)
+    return k
+
+
+# ------------------------------------------------------------------ threads
+class _Worker:
+    """A pool thread: runs ``task`` = (function, arguments) each time ``go`` is released,
+    then releases ``done`` (two locks: a hand-off costs a few microseconds, where a
+    ThreadPoolExecutor's futures cost tens per thread and call)."""
+
+    def __init__(self):
+        self.go, self.done = threading.Lock(), threading.Lock()
+        self.go.acquire()
+        self.done.acquire()
+        self.task = self.result = self.error = None
+        threading.Thread(target=self._loop, name="forgetkit-kernel", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self.go.acquire()
+            fn, args = self.task
+            try:
+                self.result, self.error = fn(*args), None
+            except BaseException as error:  # re-raised on the caller's thread
+                self.result, self.error = None, error
+            self.task = None
+            self.done.release()
+
+
+class _Pool:
+    """The pool's threads, grown on demand; ``busy`` is held by the call running on them."""
+
+    def __init__(self):
+        self.workers, self.busy = [], threading.Lock()
+
+    def take(self, n):
+        while len(self.workers) < n:
+            self.workers.append(_Worker())
+        return self.workers[:n]
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool():
+    """The shared pool, started on first use."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = _Pool()
+        return _POOL
+
+
+def _after_fork():
+    """In a forked child: a new pool on first use (the parent's threads do not exist there,
+    and a lock another thread held at the fork stays held)."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _add(results):
+    """The element-wise sum of the threads' results (None, ints, int arrays or tuples)."""
+    first = results[0]
+    if first is None:
+        return None
+    if isinstance(first, tuple):
+        return tuple(_add(list(parts)) for parts in zip(*results, strict=True))
+    total = first
+    for r in results[1:]:
+        total = total + r
+    return total
+
+
+def run(k, n_threads, args):
+    """Kernel ``k`` on ``args`` (its arguments less the counter) on ``n_threads`` threads:
+    the caller's and ``n_threads - 1`` of the pool's; returns ``k.finish`` of the summed
+    results. While another thread's call holds the pool, the call runs on its caller's
+    thread alone (the cores are busy)."""
+    full = k.full_args(args, n_threads)
+    pool = _pool() if n_threads > 1 else None
+    if pool is None or not pool.busy.acquire(blocking=False):
+        total = k.build(*full)
+    else:
+        try:
+            workers = pool.take(n_threads - 1)
+            for w in workers:
+                w.task = (k.build, full)
+                w.go.release()
+            try:
+                results = [k.build(*full)]
+            finally:  # the workers finish (or find no block left) before the pool is free
+                for w in workers:
+                    w.done.acquire()
+            for w in workers:
+                if w.error is not None:
+                    raise w.error
+                results.append(w.result)
+        finally:
+            pool.busy.release()
+        total = _add(results)
+    return total if k.finish is None else k.finish(total, *args)
+
+
+# ------------------------------------------------------------------ which path a call takes
 #: (dispatcher, argument types) -> whether numba's on-disk cache had a build, looked up once
 _IN_CACHE = {}
 
@@ -87,17 +252,18 @@ def _compiled(dispatcher, args):
         return False
 
 
-#: "serial", "parallel" or "numpy": every call runs that build, "numpy" the kernels' numpy
-#: twins where they have one and the serial build otherwise (`forced`); None: chosen.
+#: "serial", "parallel" or "numpy": every call runs so, "numpy" the kernels' numpy twins
+#: where they have one and the kernel on one thread otherwise (`forced`); None: chosen.
 _FORCED = None
 _BUILDS = ("serial", "parallel", "numpy", None)
 
 
 @contextmanager
 def forced(build):
-    """Within the block every kernel call runs ``build`` ("serial", "parallel" or "numpy":
-    the numpy twins, the serial build where a kernel has none; None: chosen by work): for
-    the tests, which compare the builds, and for `warmup`."""
+    """Within the block every kernel call runs as ``build`` says: "serial" on the caller's
+    thread alone, "parallel" on every thread whatever its size, "numpy" the numpy twins
+    (one thread where a kernel has none); None: chosen by work. For the tests, which
+    compare them."""
     global _FORCED
     if build not in _BUILDS:
         raise ValueError(f"build must be 'serial', 'parallel', 'numpy' or None; got {build!r}")
@@ -108,32 +274,97 @@ def forced(build):
         _FORCED = before
 
 
-def choose(parallel, work, args):
-    """The build of kernel ``parallel`` to run on ``args`` for a call reading ``work``
-    values (see the module's docstring)."""
-    if _FORCED is not None:
-        return parallel if _FORCED == "parallel" else parallel.serial
-    if work < PARALLEL_WORK or numba.get_num_threads() < 2:
-        return parallel.serial
-    if work >= COMPILE_WORK or _compiled(parallel, args):
-        return parallel
-    return parallel.serial
+def threads(work):
+    """The number of threads of a call reading ``work`` values (None: any size; see the
+    module's docstring)."""
+    if _FORCED in ("serial", "numpy"):
+        return 1
+    if _FORCED is None and work is not None:
+        return max(1, min(numba.get_num_threads(), work // THREAD_WORK))
+    return numba.get_num_threads()
 
 
-def use_twin(parallel, work, args):
-    """Whether a call of kernel ``parallel`` that has a numpy twin runs the twin: forced
-    "numpy", or (not forced) a call reading fewer than ``TWIN_WORK`` values for which the
-    build `choose` picks is not compiled, in this process or in numba's cache. A first run
-    on a small run so compiles nothing the twins cover; after ``forgetkit warmup`` (or a
-    large call) the compiled kernels run."""
+def use_twin(k, work, args):
+    """Whether a call of kernel ``k`` that has a numpy twin runs the twin: forced "numpy",
+    or (not forced) a call reading fewer than ``TWIN_WORK`` values for which the kernel is
+    not compiled, in this process or in numba's cache. A first run on a small run so
+    compiles nothing the twins cover; after a large call (or ``forgetkit warmup``) the
+    compiled kernel runs."""
     if _FORCED is not None:
         return _FORCED == "numpy"
-    return work < TWIN_WORK and not _compiled(choose(parallel, work, args), args)
+    if work >= TWIN_WORK:
+        return False
+    full = k.full_args(args, 1)
+    if _compiled(k.build, full):
+        return False
+    _want(k, full)
+    return True
 
 
-def call(parallel, work, *args):
-    """``choose(parallel, work, args)(*args)``."""
-    return choose(parallel, work, args)(*args)
+def call(k, work, *args):
+    """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads."""
+    return run(k, threads(work), args)
+
+
+# ------------------------------------------------------------------ compiled after the run
+def typeof(value):
+    """numba's type of an argument, as a kernel's dispatcher sees it."""
+    return numba.typeof(value, numba.core.typing.typeof.Purpose.argument)
+
+
+#: Environment variable: "0" compiles nothing in the background (`compile_later`).
+BACKGROUND = "FORGETKIT_BACKGROUND_COMPILE"
+#: (module, kernel name, argument types) of the calls whose twin ran in this process
+_WANTED = set()
+
+
+def _want(k, full_args):
+    """Note that kernel ``k`` ran its twin on these arguments: `compile_later` compiles it."""
+    try:
+        sig = tuple(typeof(a) for a in full_args)
+    except Exception:  # no compiler (NUMBA_DISABLE_JIT)
+        return
+    if not _WANTED:
+        atexit.register(compile_later)
+    _WANTED.add((k.py_func.__module__, k.__name__, sig))
+
+
+def compile_later():
+    """At exit, where twins ran for kernels not compiled: start a detached process, at the
+    lowest priority, that compiles those kernels for those argument types into numba's
+    cache (``python -m forgetkit.kernels --later FILE``). Not under pytest, nor with
+    FORGETKIT_BACKGROUND_COMPILE=0, nor off POSIX. Returns the process, or None."""
+    if (not _WANTED or os.environ.get(BACKGROUND) == "0" or "pytest" in sys.modules
+            or os.name != "posix"):
+        return None
+    fd, path = tempfile.mkstemp(prefix="forgetkit-compile-", suffix=".pkl")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(sorted(_WANTED, key=str), f)
+    _WANTED.clear()
+    # this forgetkit, however the process found it
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    return subprocess.Popen([sys.executable, "-m", "forgetkit.kernels", "--later", path],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def compile_wanted(path):
+    """The background process of `compile_later`: compile (or load from the cache) each
+    (module, kernel, argument types) of the pickle at ``path``, then remove it. One such
+    process compiles at a time (a lock file in the temporary folder); the others wait and
+    then load what it saved."""
+    import fcntl  # POSIX: the background compile is started on POSIX only
+
+    os.nice(19)
+    with open(path, "rb") as f:
+        wanted = pickle.load(f)
+    os.remove(path)
+    with open(os.path.join(tempfile.gettempdir(), "forgetkit-compile.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for module, name, sig in wanted:
+            getattr(importlib.import_module(module), name).build.compile(sig)
 
 
 # ------------------------------------------------------------------ compile notice

@@ -15,10 +15,10 @@ so the fused probabilities are never stored.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .jit import kernel
-from .schedule import claim, column_sums, new_counter, store
+from .schedule import claim, span, store
 from .softmax import exp_row
 
 MEAN, WEIGHTED, MIX = 0, 1, 2
@@ -39,7 +39,7 @@ def _mean_into(buf, slots, acc):
 
 @kernel
 def score_recipes(values, src, order, labels, table, needed, method_ptr, step_kind, step_ptr,
-                  step_slot, step_value, pred, top, at_label, n_blocks):
+                  step_slot, step_value, pred, top, at_label, n_blocks, counter):
     """Per row i of stored outputs values[e, src[i]] (E, M, C) (float16 as int16 bits) and
     recipe m: pred[m, i] (first argmax), top[m, i] (max) and at_label[m, i] (probability of
     labels[i]) of the recipe's fused probabilities.
@@ -52,54 +52,52 @@ def score_recipes(values, src, order, labels, table, needed, method_ptr, step_ki
     """
     n_rows = src.shape[0]
     n_classes = values.shape[2]
-    n_blocks = max(1, min(n_blocks, n_rows))
-    bad = np.zeros((n_blocks, needed.shape[0]), dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        buf = np.empty((needed.shape[0], n_classes))
-        total = np.empty(n_classes)
-        mean = np.empty(n_classes)
-        blk = claim(counter)
-        while blk < n_blocks:
-            for k in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                i = order[k]
-                ok = True
-                for u in range(needed.shape[0]):  # each needed epoch's softmax, once
-                    p = buf[u]
-                    status, _, inv = exp_row(values[needed[u], src[i]], p, table)
-                    if status < 0:
-                        bad[blk, u] += 1
-                        ok = False
-                        continue
-                    for c in range(n_classes):
-                        p[c] *= inv
-                if not ok:
+    bad = np.zeros(needed.shape[0], dtype=np.int64)
+    buf = np.empty((needed.shape[0], n_classes))
+    total = np.empty(n_classes)
+    mean = np.empty(n_classes)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_rows, n_blocks)
+        for k in range(lo, hi):
+            i = order[k]
+            ok = True
+            for u in range(needed.shape[0]):  # each needed epoch's softmax, once
+                p = buf[u]
+                status, _, inv = exp_row(values[needed[u], src[i]], p, table)
+                if status < 0:
+                    bad[u] += 1
+                    ok = False
                     continue
-                for m in range(method_ptr.shape[0] - 1):
-                    for s in range(method_ptr[m], method_ptr[m + 1]):
-                        slots = step_slot[step_ptr[s]: step_ptr[s + 1]]
-                        if step_kind[s] == MEAN:
-                            _mean_into(buf, slots, total)
-                        elif step_kind[s] == WEIGHTED:
-                            weights = step_value[step_ptr[s]: step_ptr[s + 1]]
-                            total[:] = 0.0
-                            for j in range(slots.shape[0]):
-                                row = buf[slots[j]]
-                                w = weights[j]
-                                for c in range(n_classes):
-                                    total[c] += w * row[c]
-                        else:
-                            _mean_into(buf, slots, mean)
-                            eps = step_value[step_ptr[s]]
-                            one_minus = 1.0 - eps
+                for c in range(n_classes):
+                    p[c] *= inv
+            if not ok:
+                continue
+            for m in range(method_ptr.shape[0] - 1):
+                for s in range(method_ptr[m], method_ptr[m + 1]):
+                    slots = step_slot[step_ptr[s]: step_ptr[s + 1]]
+                    if step_kind[s] == MEAN:
+                        _mean_into(buf, slots, total)
+                    elif step_kind[s] == WEIGHTED:
+                        weights = step_value[step_ptr[s]: step_ptr[s + 1]]
+                        total[:] = 0.0
+                        for j in range(slots.shape[0]):
+                            row = buf[slots[j]]
+                            w = weights[j]
                             for c in range(n_classes):
-                                total[c] = eps * mean[c] + one_minus * total[c]
-                    best = 0
-                    for c in range(1, n_classes):
-                        if total[c] > total[best]:
-                            best = c
-                    pred[m, i] = best
-                    top[m, i] = total[best]
-                    at_label[m, i] = total[labels[i]]
-            blk = claim(counter)
-    return column_sums(bad)
+                                total[c] += w * row[c]
+                    else:
+                        _mean_into(buf, slots, mean)
+                        eps = step_value[step_ptr[s]]
+                        one_minus = 1.0 - eps
+                        for c in range(n_classes):
+                            total[c] = eps * mean[c] + one_minus * total[c]
+                best = 0
+                for c in range(1, n_classes):
+                    if total[c] > total[best]:
+                        best = c
+                pred[m, i] = best
+                top[m, i] = total[best]
+                at_label[m, i] = total[labels[i]]
+        blk = claim(counter)
+    return bad

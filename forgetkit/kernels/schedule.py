@@ -1,27 +1,25 @@
-"""Dynamic scheduling of the block-parallel kernels.
+"""Dynamic scheduling of the kernels over blocks of rows.
 
-numba's ``prange`` gives each thread one fixed, equal share of the iterations, so the
-slowest thread sets the loop's time: one on a busy core or on a virtual CPU that its host
-pauses, or one whose rows cost more. So the kernels split their rows into blocks and let
-threads claim the blocks one at a time from a shared counter::
+Every kernel splits its rows into ``n_blocks`` blocks and runs on several threads at once
+(``jit.run``: the caller's and the pool's), each thread claiming blocks one at a time from
+the call's shared counter (one atomic increment)::
 
-    counter = new_counter()
-    for _ in prange(n_blocks):          # worker slots: numba gives each thread a share
-        ...                             # scratch
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_rows, n_blocks)
+        for i in range(lo, hi):
+            ...
         blk = claim(counter)
-        while blk < n_blocks:           # a thread's first slot claims blocks until none is
-            for i in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):   # left; its
-                ...                     # other slots find none
-            blk = claim(counter)
 
-Every kernel that takes ``n_blocks`` (and the EM pass, over its fixed blocks) runs so. A
-thread that starts late or runs slowly claims fewer blocks. Which thread runs a block
-never changes a result: blocks keep their own partial sums, merged in block order. A
-block's sums are made in its worker's own buffer and stored once at the block's end:
-neighbouring blocks run on different threads, and rows of one shared array updated row by
-row would bounce their cache lines between cores (the EM pass ran 4x slower so).
-``python -m bench.bench_schedule`` measures both schedules on loops of equal and of uneven
-iterations.
+A fixed, equal share per thread would let the slowest thread set the call's time: one on a
+busy core or on a virtual CPU that its host pauses, or one whose rows cost more. So a thread
+that starts late or runs slowly claims fewer blocks. Which thread runs a block never changes
+a result: per-row results are written in place, and what a thread adds up over its blocks
+is integer counts, summed over the threads (exactly, in any order); the one float sum (the
+EM pass) is kept per block and added in block order. A thread's sums are made in its own
+buffer: rows of one shared array updated row by row would bounce their cache lines between
+cores (the EM pass ran 4x slower so). ``python -m bench.bench_schedule`` measures claimed
+blocks against fixed shares on loops of equal and of uneven iterations.
 
 numba's cache checks only each kernel's own source file: after editing this module, clear
 the kernels' caches (``forgetkit/kernels/__pycache__/*.nbi``, ``*.nbc``).
@@ -54,14 +52,21 @@ def _fetch_increment(typingctx, counter):
 
 @njit(inline="always")
 def new_counter():
-    """The shared block counter of one parallel loop (int64 (1,), starting at 0)."""
+    """A block counter (int64 (1,), starting at 0): each call gets a new one from
+    ``jit.run``; the tests make their own."""
     return np.zeros(1, dtype=np.int64)
+
+
+@njit(inline="always")
+def span(blk, n, n_blocks):
+    """(first, end) of the rows of block ``blk`` of ``n`` rows in ``n_blocks`` blocks."""
+    return blk * n // n_blocks, (blk + 1) * n // n_blocks
 
 
 def claim(counter):
     """The next unclaimed block index (>= the number of blocks when none is left). In
     compiled kernels one atomic increment; this plain version runs them under
-    NUMBA_DISABLE_JIT, where prange is a serial range."""
+    NUMBA_DISABLE_JIT (one thread at a time: the GIL is held)."""
     value = int(counter[0])
     counter[0] += 1
     return value
@@ -73,30 +78,8 @@ def _claim_compiled(counter):
 
 
 
-# Merging and copying as plain loops: numba's ``sum(axis=...)`` and array-to-array slice
-# assignment (which compiles the text of its shape-mismatch error) each take seconds to
-# compile, and every kernel merged its blocks so. Compiled once per process, shared.
-@njit(cache=True)
-def column_sums(parts):
-    """parts.sum(axis=0) of integer (B, K): the blocks' rows added in block order."""
-    out = np.zeros(parts.shape[1], dtype=parts.dtype)
-    for b in range(parts.shape[0]):
-        for j in range(parts.shape[1]):
-            out[j] += parts[b, j]
-    return out
-
-
-@njit(cache=True)
-def cumulative(x):
-    """np.cumsum of integer x (K,)."""
-    out = np.empty(x.shape[0], dtype=x.dtype)
-    s = 0
-    for j in range(x.shape[0]):
-        s += x[j]
-        out[j] = s
-    return out
-
-
+# Copying as plain loops: numba's array-to-array slice assignment compiles the text of its
+# shape-mismatch error, seconds per kernel. Compiled once per process, shared.
 @njit(cache=True)
 def store(dst, src):
     """dst[:] = src for 1-D arrays of one length."""

@@ -6,11 +6,11 @@ epochs, and the running total."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .floats import to_f64
 from .jit import kernel
-from .schedule import claim, column_sums, cumulative, new_counter, store
+from .schedule import claim, span, store
 from .softmax import exp_row, exp_shifted, is_table_row
 
 
@@ -51,63 +51,49 @@ def _classify_row(t, b, y, slack, top):
     return 0, int(count == 1 and _first_argmax(t) == y)
 
 
-@njit(inline="always")
-def _live_candidates(total, bound, slack, rows, n_cand, n_blocks):
-    """(ptr, cand) of the candidate classes of rows (R,) with n_cand (R,) of them each."""
-    n = rows.shape[0]
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    store(ptr[1:], cumulative(n_cand))
-    cand = np.empty(ptr[-1], dtype=np.int64)
-    n_blocks = max(1, min(n_blocks, n))
-    counter = new_counter()
-    for _ in prange(n_blocks):
+@kernel
+def live_candidates(total, bound, slack, rows, ptr, cand, n_blocks, counter):
+    """cand[ptr[j]:ptr[j+1]] = the candidate classes (ascending) of row rows[j] of total
+    (see `live_rows`), ptr (R+1,) from the rows' candidate counts."""
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, rows.shape[0], n_blocks)
+        for j in range(lo, hi):
+            r = rows[j]
+            t, b = total[r], bound[r]
+            top = _row_max(t)
+            k = ptr[j]
+            for c in range(t.shape[0]):
+                if _is_candidate(t, b, c, top, slack):
+                    cand[k] = c
+                    k += 1
         blk = claim(counter)
-        while blk < n_blocks:
-            for j in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):
-                r = rows[j]
-                t, b = total[r], bound[r]
-                top = _row_max(t)
-                k = ptr[j]
-                for c in range(t.shape[0]):
-                    if _is_candidate(t, b, c, top, slack):
-                        cand[k] = c
-                        k += 1
-            blk = claim(counter)
-    return ptr, cand
 
 
 @kernel
-def live_rows(total, labels, bound, slack, order, n_blocks):
-    """The rows of a selection round that need scoring, and their candidate classes.
+def live_rows(total, labels, bound, slack, order, n_cand, n_blocks, counter):
+    """Which rows of a selection round need scoring: n_cand[i] for row r = order[i].
 
-    Row r = order[i] of ``total`` (N, C) has first argmax a; adding a probability vector p
-    with p[c] <= bound[r, c] (bound (N, C), or (N, 1): one bound for every class) can make
-    class c the argmax only if total[r, c] + bound[r, c] >= total[r, a] (``slack`` below
-    that as rounding headroom): the candidates. A row is live when its label is a candidate
-    and it has at least two; a row whose one candidate (a) is its label is right for every
-    vector added, any other row wrong for every one.
-    Returns rows (R,) (live rows in the order of ``order``), cand_ptr (R+1,) and cand
-    (ascending classes per row, CSR), and the number of rows right for every vector.
-    n_blocks: the blocks of rows the threads claim (``schedule``).
+    Row r of ``total`` (N, C) has first argmax a; adding a probability vector p with
+    p[c] <= bound[r, c] (bound (N, C), or (N, 1): one bound for every class) can make class
+    c the argmax only if total[r, c] + bound[r, c] >= total[r, a] (``slack`` below that as
+    rounding headroom): the candidates. A row is live when its label is a candidate and it
+    has at least two: n_cand[i] is then their number, else 0; a row whose one candidate (a)
+    is its label is right for every vector added, any other row wrong for every one.
+    Returns the number of rows right for every vector. `live_candidates` lists the live
+    rows' candidates.
     """
-    n = order.shape[0]
-    n_cand = np.zeros(n, dtype=np.int64)
-    always = np.zeros(n, dtype=np.int64)
-    row_blocks = max(1, min(n_blocks, n))
-    counter = new_counter()
-    for _ in prange(row_blocks):
+    n_right = 0
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, order.shape[0], n_blocks)
+        for i in range(lo, hi):
+            r = order[i]
+            t = total[r]
+            n_cand[i], always = _classify_row(t, bound[r], labels[r], slack, _row_max(t))
+            n_right += always
         blk = claim(counter)
-        while blk < row_blocks:
-            for i in range(blk * n // row_blocks, (blk + 1) * n // row_blocks):
-                r = order[i]
-                t = total[r]
-                n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack,
-                                                     _row_max(t))
-            blk = claim(counter)
-    live = np.flatnonzero(n_cand)
-    rows = order[live]
-    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live], n_blocks)
-    return rows, ptr, cand, always.sum()
+    return n_right
 
 
 @njit(inline="always")
@@ -153,10 +139,11 @@ def _add_table_probs(t, x, table, scale):
 
 @kernel
 def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order, due, added,
-                          right, shift, inv, table, n_blocks):
+                          right, shift, inv, table, n_cand, n_blocks, counter):
     """The next round of ensemble selection on stored outputs: total[r] += the softmax of
     values[e, src[r]] for each pick e not yet added to it (in order: the bits of ``total +=
-    softmax_rows(...)`` pick by pick), then `live_rows` of the new totals, in one pass.
+    softmax_rows(...)`` pick by pick), then `live_rows` of the new totals (n_cand), in one
+    pass.
 
     Rows are settled lazily: a row that is not live and cannot become live within s more
     picks (`_rounds_settled`) is not read again until round len(picks) + s + 1 (due[r]);
@@ -164,53 +151,46 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
     (added[r]: picks already in it).
     values: stored outputs (E, M, C) (float16 as int16 bits); shift, inv (E, N): each
     softmax's m and inv from ``exp_row`` where known (inv > 0), so that a float16 row read
-    from the table is added in one pass. Returns `live_rows`'s (rows, cand_ptr, cand,
-    number right for every vector) and the number of rows holding inf or nan (their totals
-    are then undefined).
+    from the table is added in one pass. Returns (the number of rows right for every vector,
+    the number of rows holding inf or nan (their totals are then undefined)).
     """
-    n = order.shape[0]
     n_picks = picks.shape[0]
-    n_cand = np.zeros(n, dtype=np.int64)
-    always = np.zeros(n, dtype=np.int64)
-    n_blocks = max(1, min(n_blocks, n))
-    bad = np.zeros(n_blocks, dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        tmp = np.empty(total.shape[1])
-        blk = claim(counter)
-        while blk < n_blocks:
-            for i in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):
-                r = order[i]
-                if due[r] > n_picks:  # settled: right or wrong for every vector
-                    always[i] = right[r]
+    tmp = np.empty(total.shape[1])
+    n_right = 0
+    n_bad = 0
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, order.shape[0], n_blocks)
+        for i in range(lo, hi):
+            r = order[i]
+            if due[r] > n_picks:  # settled: right or wrong for every vector
+                n_cand[i] = 0
+                n_right += right[r]
+                continue
+            t = total[r]
+            top = -1.0  # set by the last pick added (totals are never negative)
+            for p in range(added[r], n_picks):
+                e, row = picks[p], src[r]
+                if inv[e, r] > 0.0 and is_table_row(values[e, row], shift[e, r]):
+                    top = _add_table_probs(t, values[e, row], table, inv[e, r])
                     continue
-                t = total[r]
-                top = -1.0  # set by the last pick added (totals are never negative)
-                for p in range(added[r], n_picks):
-                    e, row = picks[p], src[r]
-                    if inv[e, r] > 0.0 and is_table_row(values[e, row], shift[e, r]):
-                        top = _add_table_probs(t, values[e, row], table, inv[e, r])
-                        continue
-                    status, _, scale = exp_row(values[e, row], tmp, table)
-                    if status < 0:
-                        bad[blk] += 1
-                        break
-                    for c in range(t.shape[0]):
-                        t[c] += 1.0 * (tmp[c] * scale)
-                    top = _row_max(t)
-                if top < 0.0:
-                    top = _row_max(t)
-                added[r] = n_picks
-                n_cand[i], always[i] = _classify_row(t, bound[r], labels[r], slack, top)
-                right[r] = always[i]
-                if n_cand[i] == 0:
-                    due[r] = n_picks + 1 + _rounds_settled(t, bound[r], labels[r], slack, top)
-            blk = claim(counter)
-    n_bad = bad.sum()
-    live = np.flatnonzero(n_cand)
-    rows = order[live]
-    ptr, cand = _live_candidates(total, bound, slack, rows, n_cand[live], n_blocks)
-    return rows, ptr, cand, always.sum(), n_bad
+                status, _, scale = exp_row(values[e, row], tmp, table)
+                if status < 0:
+                    n_bad += 1
+                    break
+                for c in range(t.shape[0]):
+                    t[c] += 1.0 * (tmp[c] * scale)
+                top = _row_max(t)
+            if top < 0.0:
+                top = _row_max(t)
+            added[r] = n_picks
+            n_cand[i], always = _classify_row(t, bound[r], labels[r], slack, top)
+            right[r] = always
+            n_right += always
+            if n_cand[i] == 0:
+                due[r] = n_picks + 1 + _rounds_settled(t, bound[r], labels[r], slack, top)
+        blk = claim(counter)
+    return n_right, n_bad
 
 
 @njit(inline="always")
@@ -230,7 +210,7 @@ def _first_argmax_nonnegative(t, e, scale):
 
 @kernel
 def selection_correct_counts(values, src, total, rows, labels, table, shift, inv, top,
-                             class_max, cand_ptr, cand, n_blocks):
+                             class_max, cand_ptr, cand, n_blocks, counter):
     """Per epoch e: the rows r = rows[i] whose argmax of total[r] + softmax(values[e, src[i]])
     is labels[r].
 
@@ -249,58 +229,52 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
     n_rows = rows.shape[0]
     n_classes = total.shape[1]
     keep_max = class_max.shape[0] > 0
-    n_blocks = max(1, min(n_blocks, n_rows))
-    counts = np.empty((n_blocks, n_epochs), dtype=np.int64)
-    bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        local = np.empty(n_epochs, dtype=np.int64)  # the block's, stored at its end
-        tmp = np.empty(n_classes)
-        picked = np.empty(n_classes)
-        blk = claim(counter)
-        while blk < n_blocks:
-            local[:] = 0
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                r = rows[i]
-                t = total[r]
-                first = cand_ptr[i]
-                n = cand_ptr[i + 1] - first
-                for e in range(n_epochs):
-                    x = values[e, src[i]]
-                    best = -1
-                    known = inv[e, r] > 0.0
-                    if not known or n == 0 or 2 * n > n_classes:  # the whole row
-                        status, m, scale = exp_row(x, tmp, table)
-                        if status < 0:
-                            bad[blk, e] += 1
-                            continue
-                        if status == 1 and not known:
-                            shift[e, r] = m
-                            inv[e, r] = scale
-                            if not keep_max:
-                                top[e, r] = _row_max(tmp) * scale
-                        if keep_max:
-                            b = class_max[r]
-                            for c in range(n_classes):
-                                b[c] = max(b[c], tmp[c] * scale)
-                        best = _first_argmax_nonnegative(t, tmp, scale)
-                    else:  # the candidates' exp (table or vectorised exp), then their argmax
-                        if is_table_row(x, shift[e, r]):
-                            for j in range(n):
-                                tmp[j] = table[np.uint16(x[cand[first + j]])]
-                        else:
-                            for j in range(n):
-                                picked[j] = to_f64(x[cand[first + j]])
-                            exp_shifted(picked[:n], shift[e, r], tmp[:n])
+    bad = np.zeros(n_epochs, dtype=np.int64)
+    counts = np.zeros(n_epochs, dtype=np.int64)  # this thread's
+    tmp = np.empty(n_classes)
+    picked = np.empty(n_classes)
+    blk = claim(counter)
+    while blk < n_blocks:
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            t = total[r]
+            first = cand_ptr[i]
+            n = cand_ptr[i + 1] - first
+            for e in range(n_epochs):
+                x = values[e, src[i]]
+                best = -1
+                known = inv[e, r] > 0.0
+                if not known or n == 0 or 2 * n > n_classes:  # the whole row
+                    status, m, scale = exp_row(x, tmp, table)
+                    if status < 0:
+                        bad[e] += 1
+                        continue
+                    if status == 1 and not known:
+                        shift[e, r] = m
+                        inv[e, r] = scale
+                        if not keep_max:
+                            top[e, r] = _row_max(tmp) * scale
+                    if keep_max:
+                        b = class_max[r]
+                        for c in range(n_classes):
+                            b[c] = max(b[c], tmp[c] * scale)
+                    best = _first_argmax_nonnegative(t, tmp, scale)
+                else:  # the candidates' exp (table or vectorised exp), then their argmax
+                    if is_table_row(x, shift[e, r]):
                         for j in range(n):
-                            picked[j] = t[cand[first + j]]
-                        best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
-                                                                      inv[e, r])]
-                    if best == labels[r]:
-                        local[e] += 1
-            store(counts[blk], local)
-            blk = claim(counter)
-    return column_sums(counts), column_sums(bad)
+                            tmp[j] = table[np.uint16(x[cand[first + j]])]
+                    else:
+                        for j in range(n):
+                            picked[j] = to_f64(x[cand[first + j]])
+                        exp_shifted(picked[:n], shift[e, r], tmp[:n])
+                    for j in range(n):
+                        picked[j] = t[cand[first + j]]
+                    best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
+                                                                  inv[e, r])]
+                if best == labels[r]:
+                    counts[e] += 1
+        blk = claim(counter)
+    return counts, bad
 
 
 @njit(inline="always")
@@ -316,53 +290,47 @@ def _holds(cls, a, n, old_cls, oa, on):
 
 
 @kernel
-def entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks):
+def entry_needs(rows, ptr, cand, offset, size, cls, need, n_blocks, counter):
     """For the live rows of a round (rows, their candidates cand[ptr[i]:ptr[i+1]]): need[i]
     = 0 if row r = rows[i] has an entry (cls[offset[r]:offset[r] + size[r]], offset -1:
     none) holding every candidate, else the number of its candidates (its new entry).
     n_blocks: the blocks of rows the threads claim (``schedule``)."""
     n_rows = rows.shape[0]
-    n_blocks = max(1, min(n_blocks, n_rows))
-    counter = new_counter()
-    for _ in prange(n_blocks):
+    blk = claim(counter)
+    while blk < n_blocks:
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            a = ptr[i]
+            n = ptr[i + 1] - a
+            o = offset[r]
+            need[i] = 0 if o >= 0 and _holds(cand, a, n, cls, o, size[r]) else n
         blk = claim(counter)
-        while blk < n_blocks:
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                r = rows[i]
-                a = ptr[i]
-                n = ptr[i + 1] - a
-                o = offset[r]
-                need[i] = 0 if o >= 0 and _holds(cand, a, n, cls, o, size[r]) else n
-            blk = claim(counter)
 
 
 @kernel
 def move_entries(rows, need, offset, size, cls, values, new_offset, new_cls, new_values,
-                 at, n_epochs, n_blocks):
+                 at, n_epochs, n_blocks, counter):
     """Copy the kept entries (need[i] == 0, offset[r] >= 0) of rows r = rows[i] from (cls,
     values) to (new_cls, new_values) at new positions at[i], recorded in new_offset[r];
     n_blocks: the blocks of rows the threads claim (``schedule``)."""
     n_rows = rows.shape[0]
-    n_blocks = max(1, min(n_blocks, n_rows))
-    counter = new_counter()
-    for _ in prange(n_blocks):
+    blk = claim(counter)
+    while blk < n_blocks:
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            if need[i] != 0 or offset[r] < 0:
+                continue
+            o, n, a = offset[r], size[r], at[i]
+            store(new_cls[a: a + n], cls[o: o + n])
+            store(new_values[n_epochs * a: n_epochs * (a + n)],
+                  values[n_epochs * o: n_epochs * (o + n)])
+            new_offset[r] = a
         blk = claim(counter)
-        while blk < n_blocks:
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                r = rows[i]
-                if need[i] != 0 or offset[r] < 0:
-                    continue
-                o, n, a = offset[r], size[r], at[i]
-                store(new_cls[a: a + n], cls[o: o + n])
-                store(new_values[n_epochs * a: n_epochs * (a + n)],
-                      values[n_epochs * o: n_epochs * (o + n)])
-                new_offset[r] = a
-            blk = claim(counter)
 
 
 @kernel
 def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, old_cls,
-                 old_values, offset, size, cls, out, n_blocks):
+                 old_values, offset, size, cls, out, n_blocks, counter):
     """Write the new entries (need[i] > 0, from `entry_needs`) of rows r = rows[i] at
     positions at[i]: cls[at[i]:at[i] + need[i]] their candidates cand[ptr[i]:] and
     out[E*a + e*n + j] the stored value of class cls[a + j] at epoch e; offset[r] and
@@ -373,42 +341,39 @@ def fill_entries(values, src, rows, ptr, cand, need, at, old_offset, old_size, o
     the threads claim (``schedule``)."""
     n_epochs = values.shape[0]
     n_rows = rows.shape[0]
-    n_blocks = max(1, min(n_blocks, n_rows))
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        # each class's place in the old entry, or -1 (a row has at most C candidates)
-        where = np.empty(values.shape[2], dtype=np.int64)
-        blk = claim(counter)
-        while blk < n_blocks:
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                n = need[i]
-                if n == 0:
-                    continue
-                r = rows[i]
-                a = at[i]
-                o, on = old_offset[r], old_size[r]
-                on = on if o >= 0 else 0
-                k = 0
+    # each class's place in the old entry, or -1 (a row has at most C candidates)
+    where = np.empty(values.shape[2], dtype=np.int64)
+    blk = claim(counter)
+    while blk < n_blocks:
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            n = need[i]
+            if n == 0:
+                continue
+            r = rows[i]
+            a = at[i]
+            o, on = old_offset[r], old_size[r]
+            on = on if o >= 0 else 0
+            k = 0
+            for j in range(n):
+                c = cand[ptr[i] + j]
+                cls[a + j] = c
+                while k < on and old_cls[o + k] < c:
+                    k += 1
+                where[j] = k if k < on and old_cls[o + k] == c else -1
+            for e in range(n_epochs):
+                x = values[e, src[i]]
                 for j in range(n):
-                    c = cand[ptr[i] + j]
-                    cls[a + j] = c
-                    while k < on and old_cls[o + k] < c:
-                        k += 1
-                    where[j] = k if k < on and old_cls[o + k] == c else -1
-                for e in range(n_epochs):
-                    x = values[e, src[i]]
-                    for j in range(n):
-                        out[n_epochs * a + e * n + j] = (
-                            x[cls[a + j]] if where[j] < 0
-                            else old_values[n_epochs * o + e * on + where[j]])
-                offset[r] = a
-                size[r] = n
-            blk = claim(counter)
+                    out[n_epochs * a + e * n + j] = (
+                        x[cls[a + j]] if where[j] < 0
+                        else old_values[n_epochs * o + e * on + where[j]])
+            offset[r] = a
+            size[r] = n
+        blk = claim(counter)
 
 
 @kernel
 def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, table, shift,
-                              inv, ptr, cand, n_epochs, n_blocks):
+                              inv, ptr, cand, n_epochs, n_blocks, counter):
     """``selection_correct_counts`` of rows whose shift and inv are known at every epoch,
     from entries holding their candidates' stored values (`fill_entries`: row r's classes
     cls[offset[r]:offset[r] + size[r]], values gathered[E*offset[r]:]): per epoch e, the
@@ -416,65 +381,67 @@ def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, 
     cand[ptr[i]:ptr[i+1]], each probability computed exactly as ``softmax_rows`` does.
     Returns counts (E,)."""
     n_rows = rows.shape[0]
-    n_blocks = max(1, min(n_blocks, n_rows))
-    counts = np.empty((n_blocks, n_epochs), dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        local = np.empty(n_epochs, dtype=np.int64)  # the block's, stored at its end
-        tmp = np.empty(total.shape[1])
-        picked = np.empty(total.shape[1])
-        x = np.empty(total.shape[1], dtype=gathered.dtype)
-        pos = np.empty(total.shape[1], dtype=np.int64)
-        blk = claim(counter)
-        while blk < n_blocks:
-            local[:] = 0
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                r = rows[i]
-                a = ptr[i]
-                n = ptr[i + 1] - a
-                o, size_r = offset[r], size[r]
-                t = total[r]
-                k = 0  # pos[j]: candidate j's place in the entry (both ascending)
+    counts = np.zeros(n_epochs, dtype=np.int64)  # this thread's
+    tmp = np.empty(total.shape[1])
+    picked = np.empty(total.shape[1])
+    x = np.empty(total.shape[1], dtype=gathered.dtype)
+    pos = np.empty(total.shape[1], dtype=np.int64)
+    blk = claim(counter)
+    while blk < n_blocks:
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            a = ptr[i]
+            n = ptr[i + 1] - a
+            o, size_r = offset[r], size[r]
+            t = total[r]
+            k = 0  # pos[j]: candidate j's place in the entry (both ascending)
+            for j in range(n):
+                while cls[o + k] < cand[a + j]:
+                    k += 1
+                pos[j] = k
+                picked[j] = t[cand[a + j]]
+            for e in range(n_epochs):
+                base = n_epochs * o + e * size_r
                 for j in range(n):
-                    while cls[o + k] < cand[a + j]:
-                        k += 1
-                    pos[j] = k
-                    picked[j] = t[cand[a + j]]
-                for e in range(n_epochs):
-                    base = n_epochs * o + e * size_r
+                    x[j] = gathered[base + pos[j]]
+                if is_table_row(x, shift[e, r]):
                     for j in range(n):
-                        x[j] = gathered[base + pos[j]]
-                    if is_table_row(x, shift[e, r]):
-                        for j in range(n):
-                            tmp[j] = table[np.uint16(x[j])]
-                    else:
-                        exp_shifted(x[:n], shift[e, r], tmp[:n])
-                    best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
-                    if best == labels[r]:
-                        local[e] += 1
-            store(counts[blk], local)
-            blk = claim(counter)
-    return column_sums(counts)
+                        tmp[j] = table[np.uint16(x[j])]
+                else:
+                    exp_shifted(x[:n], shift[e, r], tmp[:n])
+                best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
+                if best == labels[r]:
+                    counts[e] += 1
+        blk = claim(counter)
+    return counts
 
 
 @kernel
-def class_max(probs, out):
+def class_max(probs, out, n_blocks, counter):
     """out[r, c] = the largest probs[e, r, c] over every epoch of probs (E, N, C)."""
-    for r in prange(probs.shape[1]):
-        o = out[r]
-        store(o, probs[0, r])
-        for e in range(1, probs.shape[0]):
-            p = probs[e, r]
-            for c in range(probs.shape[2]):
-                o[c] = max(o[c], p[c])
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, probs.shape[1], n_blocks)
+        for r in range(lo, hi):
+            o = out[r]
+            store(o, probs[0, r])
+            for e in range(1, probs.shape[0]):
+                p = probs[e, r]
+                for c in range(probs.shape[2]):
+                    o[c] = max(o[c], p[c])
+        blk = claim(counter)
 
 
 @kernel
-def add_into(total, p):
+def add_into(total, p, n_blocks, counter):
     """total += p (float64 (N, C)), numpy's arithmetic, rows in parallel."""
-    for r in prange(total.shape[0]):
-        for c in range(total.shape[1]):
-            total[r, c] += p[r, c]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, total.shape[0], n_blocks)
+        for r in range(lo, hi):
+            for c in range(total.shape[1]):
+                total[r, c] += p[r, c]
+        blk = claim(counter)
 
 
 @njit(inline="always")
@@ -491,7 +458,7 @@ def _first_argmax_sum(t, p):
 
 
 @kernel
-def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks):
+def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks, counter):
     """Per epoch e: the rows r = rows[i] whose first argmax of total[r] + probs[e, r] is
     labels[r], for float64 probabilities (E, N, C) held in memory.
 
@@ -502,36 +469,30 @@ def selection_cached_counts(probs, total, rows, labels, cand_ptr, cand, n_blocks
     n_epochs = probs.shape[0]
     n_rows = rows.shape[0]
     n_classes = total.shape[1]
-    n_blocks = max(1, min(n_blocks, n_rows))
-    counts = np.empty((n_blocks, n_epochs), dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        local = np.empty(n_epochs, dtype=np.int64)  # the block's, stored at its end
+    counts = np.zeros(n_epochs, dtype=np.int64)  # this thread's
+    blk = claim(counter)
+    while blk < n_blocks:
+        for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            r = rows[i]
+            t = total[r]
+            y = labels[r]
+            first = cand_ptr[i]
+            n = cand_ptr[i + 1] - first
+            whole = n == 0 or 2 * n > n_classes
+            for e in range(n_epochs):
+                p = probs[e, r]
+                if whole:
+                    best = _first_argmax_sum(t, p)
+                else:
+                    best = cand[first]
+                    best_v = t[best] + p[best]
+                    for j in range(1, n):
+                        c = cand[first + j]
+                        v = t[c] + p[c]
+                        if v > best_v:
+                            best = c
+                            best_v = v
+                if best == y:
+                    counts[e] += 1
         blk = claim(counter)
-        while blk < n_blocks:
-            local[:] = 0
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                r = rows[i]
-                t = total[r]
-                y = labels[r]
-                first = cand_ptr[i]
-                n = cand_ptr[i + 1] - first
-                whole = n == 0 or 2 * n > n_classes
-                for e in range(n_epochs):
-                    p = probs[e, r]
-                    if whole:
-                        best = _first_argmax_sum(t, p)
-                    else:
-                        best = cand[first]
-                        best_v = t[best] + p[best]
-                        for j in range(1, n):
-                            c = cand[first + j]
-                            v = t[c] + p[c]
-                            if v > best_v:
-                                best = c
-                                best_v = v
-                    if best == y:
-                        local[e] += 1
-            store(counts[blk], local)
-            blk = claim(counter)
-    return column_sums(counts)
+    return counts

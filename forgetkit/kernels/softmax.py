@@ -11,12 +11,12 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import overload
 
 from .floats import F16_EXP_MASK, f16_bits_of_key, f16_key, f16_to_f64, is_f16, to_f64
 from .jit import kernel
-from .schedule import claim, column_sums, new_counter
+from .schedule import claim, span
 
 # exp(x) for -708 <= x <= 0 in straight-line arithmetic that vectorises (numba has no
 # vectorised exp on this platform): x = k*ln2 + r with |r| <= ln2/2 (Cody-Waite), a degree-13
@@ -97,8 +97,9 @@ def exp_shifted(row, m, out):
 
 
 @njit(fastmath={"reassoc"}, cache=True)
-def _sum(x):
-    """Sum of x (C,), in vector lanes (not the order of numpy's pairwise sum)."""
+def lane_sum(x):
+    """Sum of x (C,), in vector lanes (not the order of numpy's pairwise sum): the row sum
+    of every softmax (``twins`` calls it for theirs)."""
     s = 0.0
     for c in range(x.shape[0]):
         s += x[c]
@@ -136,7 +137,7 @@ def _exp_table_impl(row, table, out):
         def impl(row, table, out):
             for c in range(row.shape[0]):
                 out[c] = table[np.uint16(row[c])]
-            return _sum(out)
+            return lane_sum(out)
 
         return impl
     return lambda row, table, out: np.nan
@@ -150,7 +151,10 @@ def is_table_row(row, m):
     return is_f16(row) and m == 0.0
 
 
-@njit(inline="always")
+# exp_row and combine_row are compiled once (per argument types) and called by the kernels,
+# not inlined into each: every softmax kernel compiled its own copy of them, seconds of a
+# first run; a call per row costs little beside the row's exps.
+@njit(cache=True)
 def exp_row(row, out, table):
     """out = exp(x - m) of one row of stored values (C,), unnormalised; table: the
     ``f16_exp_table()``.
@@ -173,7 +177,7 @@ def exp_row(row, out, table):
         status = 0
         for c in range(row.shape[0]):
             out[c] = math.exp(to_f64(row[c]) - hi)
-    return status, hi, 1.0 / _sum(out)
+    return status, hi, 1.0 / lane_sum(out)
 
 
 @njit(inline="always")
@@ -187,14 +191,18 @@ def _softmax_row(row, out, table):
 
 
 @kernel
-def softmax_rows(values, table, out):
+def softmax_rows(values, table, out, n_blocks, counter):
     """Row-wise softmax of ``values`` (rows, C), float16 given as int16 bits or float32/64,
     into float64 ``out``: out[c] * inv as ``exp_row`` gives them (table: the
     ``f16_exp_table()``). Returns the number of rows holding inf or nan."""
     n_bad = 0
-    for r in prange(values.shape[0]):
-        if _softmax_row(values[r], out[r], table)[0] < 0:
-            n_bad += 1
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, values.shape[0], n_blocks)
+        for r in range(lo, hi):
+            if _softmax_row(values[r], out[r], table)[0] < 0:
+                n_bad += 1
+        blk = claim(counter)
     return n_bad
 
 
@@ -215,7 +223,7 @@ def _exp_rows(values, epochs, row, table, tmp, inv):
             if m > 2:
                 tmp[2, c] = table[np.uint16(x2[c])]
     for j in range(m):
-        total = _sum(tmp[j]) if is_f16(values) else np.nan
+        total = lane_sum(tmp[j]) if is_f16(values) else np.nan
         if total == total:  # every value was in the table
             inv[j] = 1.0 / total
         else:
@@ -225,7 +233,8 @@ def _exp_rows(values, epochs, row, table, tmp, inv):
 
 
 @kernel
-def combine_softmax(values, epochs, weights, src, order, table, out, accumulate, n_blocks):
+def combine_softmax(values, epochs, weights, src, order, table, out, accumulate, n_blocks,
+                    counter):
     """out[i] = the softmax of values[e, src[i]] combined over e in ``epochs``, each softmax
     as ``softmax_rows`` computes it, added in the order of ``epochs``:
 
@@ -241,21 +250,17 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
     an exact factor). Returns the number of (epoch, row) pairs holding inf or nan.
     """
     n_rows, n_classes = out.shape
-    n_blocks = max(1, min(n_blocks, n_rows))
-    bad = np.empty(n_blocks, dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        tmp, inv, w = combine_scratch(n_classes)
+    tmp, inv, w = combine_scratch(n_classes)
+    n_bad = 0
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_rows, n_blocks)
+        for j in range(lo, hi):
+            r = order[j]
+            n_bad += combine_row(values, epochs, weights, src[r], table, tmp, inv, w, out[r],
+                                 accumulate)
         blk = claim(counter)
-        while blk < n_blocks:
-            n_bad = 0
-            for j in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                r = order[j]
-                n_bad += combine_row(values, epochs, weights, src[r], table, tmp, inv, w,
-                                     out[r], accumulate)
-            bad[blk] = n_bad
-            blk = claim(counter)
-    return bad.sum()
+    return n_bad
 
 
 @njit(inline="always")
@@ -273,7 +278,7 @@ def window_mean_row(values, epochs, row, table, scratch, out):
     return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, False)
 
 
-@njit(inline="always")
+@njit(cache=True)
 def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumulate):
     """One row of ``combine_softmax``: total (C,) = the softmaxes of values[e, row] for e in
     epochs combined (mean if ``weights`` is empty, else weighted, added to total when
@@ -305,42 +310,43 @@ def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumul
 
 
 @kernel
-def label_probs(values, src, labels, table, out, n_blocks):
+def label_probs(values, src, labels, table, out, n_blocks, counter):
     """out[i] = softmax(values[src[i]])[labels[i]], as ``softmax_rows`` computes it, without
     storing the rows. values: (M, C) stored outputs (float16 as int16 bits); table: the
     ``f16_exp_table()``; out: float64 (R,). Returns the number of rows holding inf or nan."""
-    n_rows = src.shape[0]
-    n_blocks = max(1, min(n_blocks, n_rows))
-    bad = np.zeros(n_blocks, dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        tmp = np.empty(values.shape[1])
+    tmp = np.empty(values.shape[1])
+    n_bad = 0
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        for i in range(lo, hi):
+            if _softmax_row(values[src[i]], tmp, table)[0] < 0:
+                n_bad += 1
+            out[i] = tmp[labels[i]]
         blk = claim(counter)
-        while blk < n_blocks:
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                if _softmax_row(values[src[i]], tmp, table)[0] < 0:
-                    bad[blk] += 1
-                out[i] = tmp[labels[i]]
-            blk = claim(counter)
-    return bad.sum()
+    return n_bad
 
 
 @kernel
-def mean_first_axis(stack, out):
+def mean_first_axis(stack, out, n_blocks, counter):
     """out = mean of stack (k, rows, C) over its first axis: summed in order, then divided
     by k (the arithmetic of ``total = s[0].copy(); total += s[1] ...; total /= k``)."""
     k, rows, n_classes = stack.shape
-    for r in prange(rows):
-        for c in range(n_classes):
-            s = stack[0, r, c]
-            for i in range(1, k):
-                s += stack[i, r, c]
-            out[r, c] = s / k
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, rows, n_blocks)
+        for r in range(lo, hi):
+            for c in range(n_classes):
+                s = stack[0, r, c]
+                for i in range(1, k):
+                    s += stack[i, r, c]
+                out[r, c] = s / k
+        blk = claim(counter)
 
 
 @kernel
 def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, class_max,
-                  n_blocks):
+                  n_blocks, counter):
     """Per epoch e and row i of stored outputs values[e, src[i]] (E, M, C) (float16 as int16
     bits), each softmax computed as ``softmax_rows`` does:
 
@@ -353,55 +359,56 @@ def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, clas
     Returns the number of rows holding inf or nan per epoch (E,).
     """
     n_epochs = values.shape[0]
-    n_rows = src.shape[0]
     keep_max = class_max.shape[0] > 0
-    n_blocks = max(1, min(n_blocks, n_rows))
-    bad = np.zeros((n_blocks, n_epochs), dtype=np.int64)
-    counter = new_counter()
-    for _ in prange(n_blocks):
-        tmp = np.empty(values.shape[2])
+    bad = np.zeros(n_epochs, dtype=np.int64)
+    tmp = np.empty(values.shape[2])
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        for i in range(lo, hi):
+            for e in range(n_epochs):
+                status, m, scale = exp_row(values[e, src[i]], tmp, table)
+                if status < 0:
+                    bad[e] += 1
+                    pred[e, i] = -1
+                    continue
+                if status == 1:
+                    shift[e, i] = m
+                    inv[e, i] = scale
+                top = np.int64(0)  # non-negative floats order as their bits
+                for c in range(tmp.shape[0]):
+                    tmp[c] *= scale
+                    top = max(top, np.float64(tmp[c]).view(np.int64))
+                if keep_max:
+                    b = class_max[i]
+                    for c in range(tmp.shape[0]):
+                        b[c] = max(b[c], tmp[c])
+                for c in range(tmp.shape[0]):
+                    if np.float64(tmp[c]).view(np.int64) == top:
+                        pred[e, i] = c
+                        break
+                label_prob[e, i] = tmp[labels[i]]
         blk = claim(counter)
-        while blk < n_blocks:
-            for i in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
-                for e in range(n_epochs):
-                    status, m, scale = exp_row(values[e, src[i]], tmp, table)
-                    if status < 0:
-                        bad[blk, e] += 1
-                        pred[e, i] = -1
-                        continue
-                    if status == 1:
-                        shift[e, i] = m
-                        inv[e, i] = scale
-                    top = np.int64(0)  # non-negative floats order as their bits
-                    for c in range(tmp.shape[0]):
-                        tmp[c] *= scale
-                        top = max(top, np.float64(tmp[c]).view(np.int64))
-                    if keep_max:
-                        b = class_max[i]
-                        for c in range(tmp.shape[0]):
-                            b[c] = max(b[c], tmp[c])
-                    for c in range(tmp.shape[0]):
-                        if np.float64(tmp[c]).view(np.int64) == top:
-                            pred[e, i] = c
-                            break
-                    label_prob[e, i] = tmp[labels[i]]
-            blk = claim(counter)
-    return column_sums(bad)
+    return bad
 
 
 @kernel
 def take_samples(shift, inv, pred, label_prob, class_max, idx, out_shift, out_inv, out_pred,
-                 out_label_prob, out_class_max):
+                 out_label_prob, out_class_max, n_blocks, counter):
     """The ``softmax_stats`` of samples idx (R,): out_x[:, i] = x[:, idx[i]] for the (E, N)
     arrays and out_class_max[i] = class_max[idx[i]] (skipped for shape (0, 0))."""
     keep_max = class_max.shape[0] > 0
-    for i in prange(idx.shape[0]):
-        n = idx[i]
-        for e in range(shift.shape[0]):
-            out_shift[e, i] = shift[e, n]
-            out_inv[e, i] = inv[e, n]
-            out_pred[e, i] = pred[e, n]
-            out_label_prob[e, i] = label_prob[e, n]
-        if keep_max:
-            for c in range(class_max.shape[1]):
-                out_class_max[i, c] = class_max[n, c]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, idx.shape[0], n_blocks)
+        for i in range(lo, hi):
+            n = idx[i]
+            for e in range(shift.shape[0]):
+                out_shift[e, i] = shift[e, n]
+                out_inv[e, i] = inv[e, n]
+                out_pred[e, i] = pred[e, n]
+                out_label_prob[e, i] = label_prob[e, n]
+            if keep_max:
+                for c in range(class_max.shape[1]):
+                    out_class_max[i, c] = class_max[n, c]
+        blk = claim(counter)

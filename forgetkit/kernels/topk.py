@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .jit import kernel
+from .schedule import claim, span
 
 
 @njit(cache=True, nogil=True)
@@ -69,14 +70,18 @@ def _row_classes(ids, targets, n, buf):
 
 
 @kernel
-def layout_widths(ids, targets, vocab, width):
+def layout_widths(ids, targets, vocab, width, n_blocks, counter):
     """width[n] = number of layout slots of token n (its distinct classes, plus the unstored
     slot when they are fewer than ``vocab``). ids: (E, N, k) stored ids; targets: int64 (N,)."""
     n_epochs, n_tokens, k = ids.shape
-    for n in prange(n_tokens):
-        buf = np.empty(n_epochs * k + 1, dtype=np.int64)
-        count = _row_classes(ids, targets, n, buf)
-        width[n] = count + (1 if count < vocab else 0)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_tokens, n_blocks)
+        for n in range(lo, hi):
+            buf = np.empty(n_epochs * k + 1, dtype=np.int64)
+            count = _row_classes(ids, targets, n, buf)
+            width[n] = count + (1 if count < vocab else 0)
+        blk = claim(counter)
 
 
 #: The slack of the unstored mass, relative to max(|lse|, |largest logit|, 1): the records'
@@ -106,53 +111,61 @@ def _unstored_bound(logits, ids, target, lse, y, n):
 
 
 @kernel
-def tie_floor(logits, ids, target, lse, targets, floor):
+def tie_floor(logits, ids, target, lse, targets, floor, n_blocks, counter):
     """floor[n] = min(floor[n], t) with t the k-th stored id where this checkpoint's
     unstored bound is its k-th probability (no unstored class below that id reaches the
     bound: equal logits are stored by ascending id), else -1."""
     k = logits.shape[1]
-    for n in prange(logits.shape[0]):
-        _, u, p_k = _unstored_bound(logits, ids, target, lse, targets[n], n)
-        t = np.int64(ids[n, k - 1]) if u == p_k else np.int64(-1)
-        floor[n] = min(floor[n], t)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, logits.shape[0], n_blocks)
+        for n in range(lo, hi):
+            _, u, p_k = _unstored_bound(logits, ids, target, lse, targets[n], n)
+            t = np.int64(ids[n, k - 1]) if u == p_k else np.int64(-1)
+            floor[n] = min(floor[n], t)
+        blk = claim(counter)
 
 
 @kernel
-def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col):
+def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col, n_blocks, counter):
     """Fill the layout: cls (N, M) int32 or int64 (see the module; the unstored slot's id is the
     smallest class no checkpoint stored above floor[n], or ``vocab`` if none; padding
     ``vocab + 1``), label_col[n] = the target's column, unstored_col[n] = the unstored
     slot's column (-1: none)."""
     n_epochs, n_tokens, k = ids.shape
     width = cls.shape[1]
-    for n in prange(n_tokens):
-        buf = np.empty(n_epochs * k + 1, dtype=np.int64)
-        count = _row_classes(ids, targets, n, buf)
-        slot = np.int64(-1)
-        if count < vocab:  # the smallest class above floor[n] not in buf
-            slot = max(floor[n] + 1, 0)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_tokens, n_blocks)
+        for n in range(lo, hi):
+            buf = np.empty(n_epochs * k + 1, dtype=np.int64)
+            count = _row_classes(ids, targets, n, buf)
+            slot = np.int64(-1)
+            if count < vocab:  # the smallest class above floor[n] not in buf
+                slot = max(floor[n] + 1, 0)
+                for i in range(count):
+                    if buf[i] == slot:
+                        slot += 1
+                    elif buf[i] > slot:
+                        break
+            unstored_col[n] = -1
+            col = 0
             for i in range(count):
-                if buf[i] == slot:
-                    slot += 1
-                elif buf[i] > slot:
-                    break
-        unstored_col[n] = -1
-        col = 0
-        for i in range(count):
-            if slot >= 0 and unstored_col[n] < 0 and buf[i] > slot:
-                unstored_col[n] = col
-                cls[n, col] = slot
+                if slot >= 0 and unstored_col[n] < 0 and buf[i] > slot:
+                    unstored_col[n] = col
+                    cls[n, col] = slot
+                    col += 1
+                if buf[i] == targets[n]:
+                    label_col[n] = col
+                cls[n, col] = buf[i]
                 col += 1
-            if buf[i] == targets[n]:
-                label_col[n] = col
-            cls[n, col] = buf[i]
-            col += 1
-        if slot >= 0 and unstored_col[n] < 0:
-            unstored_col[n] = col
-            cls[n, col] = min(slot, vocab)
-            col += 1
-        for c in range(col, width):
-            cls[n, c] = vocab + 1
+            if slot >= 0 and unstored_col[n] < 0:
+                unstored_col[n] = col
+                cls[n, col] = min(slot, vocab)
+                col += 1
+            for c in range(col, width):
+                cls[n, c] = vocab + 1
+        blk = claim(counter)
 
 
 @njit(inline="always")
@@ -164,7 +177,7 @@ def _column(row, c, end):
 
 @kernel
 def bound_values(logits, ids, target, lse, targets, vocab, cls, label_col, unstored_col,
-                 upper, lower):
+                 upper, lower, n_blocks, counter):
     """One checkpoint's bounds in the layout: for the classes it stored and the target, the
     exact p = exp(z - lse) (upper = lower); for every other class of the layout and the
     unstored slot, upper = u = min(p of its k-th stored class, max(0, 1 - the sum of its
@@ -177,80 +190,89 @@ def bound_values(logits, ids, target, lse, targets, vocab, cls, label_col, unsto
     n_tokens, k = logits.shape
     width = cls.shape[1]
     both = lower.shape[0] > 0
-    for n in prange(n_tokens):
-        # the arithmetic of _unstored_bound, each probability computed once
-        y, top = targets[n], np.float64(lse[n])
-        end = width
-        while end > 0 and cls[n, end - 1] > vocab:
-            end -= 1
-        for c in range(width):
-            upper[n, c] = -1.0 if c < end else 0.0  # -1: not stored, set to u below
-            if both:
-                lower[n, c] = 0.0
-        total = 0.0
-        stored_y = False
-        p = 0.0
-        for j in range(k):
-            p = np.exp(np.float64(logits[n, j]) - top)
-            total += p
-            stored_y = stored_y or ids[n, j] == y
-            col = _column(cls[n], np.int64(ids[n, j]), end)
-            if col >= 0:
-                upper[n, col] = p
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_tokens, n_blocks)
+        for n in range(lo, hi):
+            # the arithmetic of _unstored_bound, each probability computed once
+            y, top = targets[n], np.float64(lse[n])
+            end = width
+            while end > 0 and cls[n, end - 1] > vocab:
+                end -= 1
+            for c in range(width):
+                upper[n, c] = -1.0 if c < end else 0.0  # -1: not stored, set to u below
                 if both:
-                    lower[n, col] = p
-        p_y = np.exp(np.float64(target[n]) - top)
-        if not stored_y:
-            total += p_y
-        slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
-        u = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
-        upper[n, label_col[n]] = p_y
-        if both:
-            lower[n, label_col[n]] = p_y
-        for c in range(end):
-            if upper[n, c] < 0.0:
-                upper[n, c] = u
+                    lower[n, c] = 0.0
+            total = 0.0
+            stored_y = False
+            p = 0.0
+            for j in range(k):
+                p = np.exp(np.float64(logits[n, j]) - top)
+                total += p
+                stored_y = stored_y or ids[n, j] == y
+                col = _column(cls[n], np.int64(ids[n, j]), end)
+                if col >= 0:
+                    upper[n, col] = p
+                    if both:
+                        lower[n, col] = p
+            p_y = np.exp(np.float64(target[n]) - top)
+            if not stored_y:
+                total += p_y
+            slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
+            u = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
+            upper[n, label_col[n]] = p_y
+            if both:
+                lower[n, label_col[n]] = p_y
+            for c in range(end):
+                if upper[n, c] < 0.0:
+                    upper[n, c] = u
+        blk = claim(counter)
 
 
 @kernel
-def certify_rows(upper, lower, cls, label_col, unstored_col, vocab, pred, certified, state):
+def certify_rows(upper, lower, cls, label_col, unstored_col, vocab, pred, certified, state,
+                 n_blocks, counter):
     """The certificate of a mixture's bounds, row by row (upper, lower float64 (N, M) in the
     layout): pred[n] = the class of largest lower bound (ties: the lowest id); certified[n]
     = its lower bound beats every other column's upper bound (>= a higher id, > a lower
     one); state[n] = 1 certified correct (the target beats every upper bound), 0 certified
     wrong (some class's lower bound beats the target's exact value), -1 uncertain."""
     n_tokens, width = upper.shape
-    for n in prange(n_tokens):
-        row_cls = cls[n]
-        best = -1
-        for c in range(width):
-            if row_cls[c] > vocab or c == unstored_col[n]:
-                continue
-            if best < 0 or lower[n, c] > lower[n, best]:
-                best = c
-        pred[n] = row_cls[best]
-        sure = True
-        for c in range(width):
-            if c == best or row_cls[c] > vocab:
-                continue
-            if row_cls[c] < row_cls[best]:
-                sure = sure and lower[n, best] > upper[n, c]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, n_tokens, n_blocks)
+        for n in range(lo, hi):
+            row_cls = cls[n]
+            best = -1
+            for c in range(width):
+                if row_cls[c] > vocab or c == unstored_col[n]:
+                    continue
+                if best < 0 or lower[n, c] > lower[n, best]:
+                    best = c
+            pred[n] = row_cls[best]
+            sure = True
+            for c in range(width):
+                if c == best or row_cls[c] > vocab:
+                    continue
+                if row_cls[c] < row_cls[best]:
+                    sure = sure and lower[n, best] > upper[n, c]
+                else:
+                    sure = sure and lower[n, best] >= upper[n, c]
+            certified[n] = sure
+            y_col = label_col[n]
+            q = upper[n, y_col]
+            wrong = False
+            for c in range(width):
+                if c == y_col or row_cls[c] > vocab:
+                    continue
+                if row_cls[c] < row_cls[y_col]:
+                    wrong = wrong or lower[n, c] >= q
+                else:
+                    wrong = wrong or lower[n, c] > q
+            if sure and best == y_col:
+                state[n] = 1
+            elif wrong:
+                state[n] = 0
             else:
-                sure = sure and lower[n, best] >= upper[n, c]
-        certified[n] = sure
-        y_col = label_col[n]
-        q = upper[n, y_col]
-        wrong = False
-        for c in range(width):
-            if c == y_col or row_cls[c] > vocab:
-                continue
-            if row_cls[c] < row_cls[y_col]:
-                wrong = wrong or lower[n, c] >= q
-            else:
-                wrong = wrong or lower[n, c] > q
-        if sure and best == y_col:
-            state[n] = 1
-        elif wrong:
-            state[n] = 0
-        else:
-            state[n] = -1
+                state[n] = -1
+        blk = claim(counter)

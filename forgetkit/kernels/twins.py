@@ -9,7 +9,7 @@ margins) have numpy twins here that give the same bits, by construction:
   operations round as the kernels' do: none of these kernels contracts to fused
   multiply-adds; a log is the C library's, as the kernels call it), and the reductions
   they take are exact (max, argmax, integer keys);
-- the one order-dependent reduction, the float16 softmax's row sum (``softmax._sum``, in
+- the one order-dependent reduction, the float16 softmax's row sum (``softmax.lane_sum``, in
   vector lanes), is that same compiled function, called from `row_sums` (a few tenths of a
   second to compile);
 - the eps search counts, on the rows whose result is not decided at once, the brute-force
@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from .floats import LOW63
-from .softmax import _sum
+from .softmax import lane_sum
 
 #: Most float64 entries the eps search's twin evaluates at once (grid points x undecided
 #: rows x classes); beyond ``GRID_WORK`` in all it leaves the call to the kernel.
@@ -39,10 +39,10 @@ GRID_WORK = 1 << 23
 
 @njit(cache=True)
 def row_sums(x, out):
-    """out[r] = ``softmax._sum(x[r])`` for x (R, C) float64: the row sums of the float16
+    """out[r] = ``softmax.lane_sum(x[r])`` for x (R, C) float64: the row sums of the float16
     softmax, in the kernels' order."""
     for r in range(x.shape[0]):
-        out[r] = _sum(x[r])
+        out[r] = lane_sum(x[r])
 
 
 def _table_exp(bits, table):
@@ -223,7 +223,7 @@ def class_max(probs, out):
     return np.max(probs, axis=0, out=out)
 
 
-def live_rows(total, labels, bound, slack, order, n_blocks):
+def live_rows(total, labels, bound, slack, order):
     """``selection.live_rows``: (live rows in the order of ``order``, cand_ptr, cand, the
     number of rows right for every vector added)."""
     t = total[order]

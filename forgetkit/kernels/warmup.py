@@ -4,8 +4,8 @@ pays the compilation.
 
 The kernels are compiled for the argument types forgetkit passes them by running the
 library's passes on tiny runs (float16, float32 and float64 outputs, in memory and memory
-mapped, the probability cache on and off), once with the serial builds and once with the
-parallel ones (`jit.forced`).
+mapped, the probability cache on and off), on every thread (`jit.forced`): each kernel has
+one build, whatever the number of threads (``jit``).
 """
 
 from __future__ import annotations
@@ -94,36 +94,31 @@ def _topk_workload():
 
 
 def missing():
-    """The kernel builds not compiled in this process: [(name, "serial" | "parallel")]."""
-    out = []
-    for k in jit.KERNELS:
-        for build, d in (("parallel", k), ("serial", k.serial)):
-            if not getattr(d, "overloads", None):
-                out.append((f"{k.py_func.__module__}.{k.__name__}", build))
-    return out
+    """The kernels not compiled in this process: [name]."""
+    return [f"{k.py_func.__module__}.{k.__name__}" for k in jit.KERNELS
+            if not k.build.overloads]
 
 
-def warmup(*, builds=("serial", "parallel"), stream=None, quiet=False):
-    """Compile ``builds`` of every kernel into numba's cache (kernels already cached are
-    loaded, not compiled again). Writes a line per build to ``stream`` (stderr) unless
-    ``quiet``. Returns the seconds taken."""
+def warmup(*, stream=None, quiet=False):
+    """Compile every kernel into numba's cache (kernels already cached are loaded, not
+    compiled again). Writes a line to ``stream`` (stderr) unless ``quiet``. Returns the
+    seconds taken."""
     stream = stream or sys.stderr
     start = time.perf_counter()
+    if not quiet:
+        stream.write("compiling forgetkit's kernels ...")
+        stream.flush()
     with tempfile.TemporaryDirectory(prefix="forgetkit-warmup-") as folder, \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for build in builds:
-            t = time.perf_counter()
-            if not quiet:
-                stream.write(f"compiling forgetkit's kernels ({build}) ...")
-                stream.flush()
-            with jit.forced(build):
-                workload(folder)
-            if not quiet:
-                stream.write(f" {time.perf_counter() - t:.1f} s\n")
+        with jit.forced("parallel"):
+            workload(folder)
         twins.row_sums(np.zeros((1, 1)), np.empty(1))  # the one compiled piece of the twins
-    left = [(name, b) for name, b in missing() if b in builds]
-    if left and not quiet:
-        stream.write("not compiled (no pass of the workload reaches them): "
-                     + ", ".join(f"{name} ({b})" for name, b in left) + "\n")
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if not quiet:
+        stream.write(f" {seconds:.1f} s\n")
+        left = missing()
+        if left:
+            stream.write("not compiled (no pass of the workload reaches them): "
+                         + ", ".join(left) + "\n")
+    return seconds
