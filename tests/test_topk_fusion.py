@@ -13,7 +13,7 @@ import forgetkit as fk
 from forgetkit import kernels
 from forgetkit.errors import ForgetkitError
 from forgetkit.fusion import topk as ft
-from forgetkit.kinds.topk import TopKOutputs, token_ids, topk_records
+from forgetkit.kinds.topk import TopKOutputs, record_fields, token_ids, topk_records
 from tests.reference_topk import (
     bounds_ref,
     certify_ref,
@@ -61,7 +61,8 @@ def test_layout_and_bounds_match_the_reference():
     for e in range(4):
         assert unstored_bounds(rec[e], targets).tolist() == [
             unstored_bound_ref(r, y) for r, y in zip(rec[e], targets, strict=True)]
-        kernels.topk_bounds(rec[e], targets, 12, (cls, label_col, unstored_col), upper, lower)
+        kernels.topk_bounds(record_fields(rec[e]), targets, 12, (cls, label_col, unstored_col),
+                            upper, lower)
         for n, row in enumerate(rows):
             up, low = bounds_ref(rec[e, n], targets[n], row)
             assert upper[n, :len(row)].tolist() == up

@@ -29,7 +29,7 @@ import pandas as pd
 
 from .. import kernels
 from ..errors import ForgetkitError
-from ..kinds.topk import CHUNK_TOKENS, TopKData, token_ids  # noqa: F401 (TopKData: its old home)
+from ..kinds.topk import CHUNK_TOKENS, TopKData, record_fields, token_ids  # noqa: F401 (TopKData: its old home)
 from .fitstate import FitChunk
 
 #: What a top-k run cannot give, for the errors of the methods that need every class.
@@ -58,7 +58,7 @@ class Layout:
             ids = []
             for e in epochs:
                 records = data.rows(e, rows)
-                kernels.topk_tie_floor(records, targets, floor)
+                kernels.topk_tie_floor(record_fields(records), targets, floor)
                 ids.append(np.asarray(token_ids(records), dtype=np.int32))  # any vocabulary
             self.cls, self.label_col, self.unstored_col = kernels.topk_layout(
                 np.stack(ids), targets, data.vocab_size, floor)
@@ -88,8 +88,8 @@ def epoch_values(data, e, layout, upper, lower=None):
         if lower is not None:
             lower[...] = upper
         return upper, lower
-    return kernels.topk_bounds(records, layout.targets, data.vocab_size, layout.parts, upper,
-                               lower)
+    return kernels.topk_bounds(record_fields(records), layout.targets, data.vocab_size,
+                               layout.parts, upper, lower)
 
 
 def window_mean(data, epochs, layout, out, lower_out=None, scratch=None):

@@ -483,28 +483,19 @@ def topk_layout(ids, targets, vocab, floor):
     return cls, label_col, unstored_col
 
 
-def _fields(records):
-    """The fields of top-k records, contiguous; ids decoded as int32 whatever their encoding
-    (`forgetkit.kinds.topk.token_ids`): one compiled kernel for every vocabulary."""
-    from ..kinds.topk import token_ids
-
-    return tuple(np.ascontiguousarray(token_ids(records), dtype=np.int32) if f == "ids"
-                 else np.ascontiguousarray(records[f]) for f in ("logits", "ids", "target", "lse"))
-
-
-def topk_tie_floor(records, targets, floor):
+def topk_tie_floor(fields, targets, floor):
     """floor = min(floor, this checkpoint's tie floor) per token (``topk.tie_floor``) from
-    its records (N,)."""
-    call(_topk.tie_floor, floor.size * records.dtype["logits"].shape[0], *_fields(records),
-         targets, floor)
+    its records' ``fields`` (logits (N, k), ids int32 (N, k), target (N,), lse (N,),
+    contiguous: `forgetkit.kinds.topk.record_fields`)."""
+    call(_topk.tie_floor, floor.size * fields[0].shape[1], *fields, targets, floor)
     return floor
 
 
-def topk_bounds(records, targets, vocab, layout, upper, lower=None):
+def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
-    records (N,) (fields logits, ids, target, lse); ``lower`` None: upper only."""
+    records' ``fields`` (as `topk_tie_floor` takes them); ``lower`` None: upper only."""
     cls, label_col, unstored_col = layout
-    call(_topk.bound_values, upper.size, *_fields(records), targets, vocab, cls, label_col,
+    call(_topk.bound_values, upper.size, *fields, targets, vocab, cls, label_col,
          unstored_col, upper, np.empty((0, 0)) if lower is None else lower)
     return upper, lower
 

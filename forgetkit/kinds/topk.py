@@ -237,6 +237,14 @@ def topk_records(logits, targets, k, *, vocab_size=None, out=None):
 
 
 # ------------------------------------------------------------- derived quantities
+def record_fields(records):
+    """The fields the top-k kernels take from records (N,): (logits (N, k), ids int32 (N, k)
+    whatever their encoding, target (N,), lse (N,)), each contiguous: one compiled kernel
+    serves every vocabulary."""
+    return tuple(np.ascontiguousarray(token_ids(records), dtype=np.int32) if f == "ids"
+                 else np.ascontiguousarray(records[f]) for f in ("logits", "ids", "target", "lse"))
+
+
 def correct(records, targets):
     """Whether the target is the argmax (ties to the lowest id): bool (..., n_tokens)."""
     return token_ids(records, 0) == np.asarray(targets)
