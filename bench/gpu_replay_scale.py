@@ -61,21 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
+from bench.gpu_replay import timed  # noqa: E402
 from forgetkit.exporters.torch import replay  # noqa: E402
-
-
-def sync():
-    if torch.cuda.is_available():
-        for d in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(d)
-
-
-def timed(fn):
-    sync()
-    t = time.perf_counter()
-    out = fn()
-    sync()
-    return time.perf_counter() - t, out
 
 
 # ------------------------------------------------------------------ workloads

@@ -121,6 +121,18 @@ def import_real_part(module, what):
     require_real_part(what, False)
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium through Playwright (the explorer's and reports' tests)."""
+    require_real_part("Debian chromium (headless browser)", Path("/usr/bin/chromium").exists())
+    sync_api = import_real_part("playwright.sync_api", "playwright (the test extra)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
 @pytest.fixture(scope="session")
 def real_run():
     """The real ResNet-18 / Fashion-MNIST run (60 epochs, 10,000 test images)."""

@@ -5,7 +5,6 @@ import base64
 import json
 import re
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,7 +16,7 @@ from forgetkit.report import explorer
 from forgetkit.report.inputs import load_inputs, parse_class_names
 from forgetkit.report.readable import duration, meta_rows
 
-from .conftest import import_real_part, make_run, require_real_part
+from .conftest import make_run
 
 NAMES = ["alpha", "beta", "gamma", "delta", "epsilon"]
 EVIL = "</script><script>window.__pwned = 1</script><b>bold?</b> & \u2028 done"
@@ -208,17 +207,6 @@ def test_cli_report_with_inputs_class_names_and_readable_metadata(tmp_path):
 
 
 # ------------------------------------------------------------------ in the browser
-@pytest.fixture(scope="module")
-def browser():
-    require_real_part("Debian chromium (headless browser)", Path("/usr/bin/chromium").exists())
-    sync_api = import_real_part("playwright.sync_api", "playwright (the test extra)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
-            "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
 @pytest.fixture(scope="module")
 def page_file(tmp_path_factory):
     test, train = small_runs()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import re
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ import forgetkit as fk
 from forgetkit.cli import main
 from forgetkit.report import tokens as token_report
 
-from .conftest import ROOT, import_real_part, require_real_part
+from .conftest import ROOT
 
 LM_RUN = ROOT / "data_samples" / "lm_fortunes_gpt2_heldout_top8.npy"
 TOKENIZER = ROOT / "data_samples" / "lm_fortunes_tokenizer.json"
@@ -157,17 +156,6 @@ def test_png_figures_of_a_token_run(lm_run, tmp_path):
 
 
 # ------------------------------------------------------------------ in the browser
-@pytest.fixture(scope="module")
-def browser():
-    require_real_part("Debian chromium (headless browser)", Path("/usr/bin/chromium").exists())
-    sync_api = import_real_part("playwright.sync_api", "playwright (the test extra)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
-            "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
 def test_hover_focus_and_fragment_in_chromium(browser, report_file, lm_run):
     page = browser.new_page(viewport={"width": 1200, "height": 900})
     errors = []
