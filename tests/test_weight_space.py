@@ -206,3 +206,46 @@ def test_comparison_refuses_data_and_checkpoints_of_another_run(trained, tmp_pat
     assert main([*args[:-2], "--data", str(tmp_path / "train.npz"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "labels are not the run's" in err
+
+
+# ------------------------------------------------------------------ Hugging Face, tokens
+def test_trainer_folders_and_a_token_run(tmp_path):
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from forgetkit.exporters import huggingface as H
+
+    from .test_tokens_record import tiny_gpt2, token_data
+
+    folders = []
+    for e in (1, 2, 3, 4):
+        folders.append(tmp_path / "out" / f"checkpoint-{e}")
+        tiny_gpt2(transformers, seed=e).save_pretrained(folders[-1])
+    states = [transformers.GPT2LMHeadModel.from_pretrained(f).state_dict() for f in folders]
+    model = H.average_weights(tmp_path / "out", weights=[0.1, 0.2, 0.3, 0.4])
+    want = hand_average(states, [0.1, 0.2, 0.3, 0.4])
+    for k, v in want.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    data = token_data(40, seed=3)
+    run = H.replay(tmp_path / "out", data, tmp_path / "run.npy", top_k=5, batch_size=8,
+                   progress=False)
+    table = H.compare_weight_space(tmp_path / "out", data, run, last=(2,), decays=(0.5,),
+                                   seeds=(0, 1), batch_size=8)
+    output = fk.compare(run, seeds=(0, 1))
+    for m in output.index:
+        assert table.loc[m, "accuracy_low"] == output.loc[m, "accuracy_low"], m
+    assert list(table[table["space"] == "weight"].index) == ["last2", "ema0.5", "soup"]
+    # the mean of the last two folders, by hand: next-token accuracy on each test half
+    avg = H.average_weights(folders[2:])
+    with torch.no_grad():
+        logits = avg(input_ids=data["input_ids"]).logits[:, :-1]
+    target = data["labels"][:, 1:]
+    keep = target != -100
+    hit = (logits.argmax(-1) == target)[keep].numpy()  # row-major: run's token order
+    assert hit.shape == (run.n_samples,)
+    accs = [100 * hit[fk.split_indices(run.n_samples, 0.5, seed=s)[1]].mean() for s in (0, 1)]
+    assert table.loc["last2", "accuracy"] == pytest.approx(np.mean(accs), abs=1e-9)
+    assert table.loc["last2", "accuracy_low"] == table.loc["last2", "accuracy_high"]
+    other = token_data(40, seed=4)
+    with pytest.raises(fk.ForgetkitError, match="target tokens are not the run's"):
+        H.compare_weight_space(tmp_path / "out", other, run, last=(2,), decays=(),
+                               soup=False, seeds=(0,))

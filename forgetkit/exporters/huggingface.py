@@ -45,10 +45,12 @@ from ._torch_replay import (
     fit_keys,
     flat_bytes,
     read_checkpoint,
+    shared_names,
 )
 from ._torch_tokens import TokenRecorder
+from .weight_space import compare_averages, load_average
 
-__all__ = ["LogitRecorderCallback", "replay"]
+__all__ = ["LogitRecorderCallback", "average_weights", "compare_weight_space", "replay"]
 
 
 def kept_columns(model, args, label_key):
@@ -251,6 +253,21 @@ def folder_state(folder):
                            f"{' or '.join(WEIGHT_FILES)} (nor their shards)")
 
 
+def complete_state(state, names, tied, defaults):
+    """``state`` (a folder's) under every name in ``names``, the model's: a tied weight
+    (``tied``: each name's other names, `shared_names`) saved under one of its names only,
+    a buffer the folder does not hold from ``defaults`` (the model's own, as from_pretrained
+    keeps it)."""
+    for k in names:
+        if k not in state:
+            alias = next((a for a in tied[k] if a in state), None)
+            if alias is not None:
+                state[k] = state[alias]
+            elif k in defaults:
+                state[k] = defaults[k]
+    return state
+
+
 def build(model_class, folder):
     """``model_class.from_pretrained(folder)`` in eval mode, from the local folder."""
     try:
@@ -278,16 +295,10 @@ class PretrainedDevice(Device):
         self.defaults = {k: v.detach().cpu().clone() for k, v in model.named_buffers()}
 
     def state(self, checkpoint):
-        """The folder's state dict under every name of the model's (tied weights under each
-        of their names, missing buffers the model's own), checked by `fit_keys`."""
-        state = folder_state(checkpoint.file)
-        for k in self.names:
-            if k not in state:
-                alias = next((a for a in self.tied[k] if a in state), None)
-                if alias is not None:
-                    state[k] = state[alias]
-                elif k in self.defaults:
-                    state[k] = self.defaults[k]
+        """The folder's state dict under every name of the model's (`complete_state`),
+        checked by `fit_keys`."""
+        state = complete_state(folder_state(checkpoint.file), self.names, self.tied,
+                               self.defaults)
         return fit_keys(state, self.names, checkpoint.file)
 
     def fits(self, checkpoint, fn):
@@ -444,3 +455,59 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
         start = ddp.broadcast(ctx, ddp.on_rank0(ctx, lambda: log.resume(order, devs[0].digest)))
         return drive(order[start:], devs, recorder, log, autocast=autocast_dtype(autocast),
                      progress=progress, ctx=ctx)
+
+
+# ------------------------------------------------------------------ weight space
+def _folders(output_dir_or_checkpoint_dirs, epochs):
+    """The checkpoint folders (`Checkpoint` list) in the order of their epoch numbers."""
+    dirs = checkpoint_dirs(output_dir_or_checkpoint_dirs)
+    return ordered(dirs, epochs=epochs, own=None if epochs is not None else trainer_step)
+
+
+class _FolderStates:
+    """``read(checkpoint)`` of `forgetkit.exporters.weight_space.averaged_state` for
+    checkpoint folders of ``model``'s architecture (`complete_state`)."""
+
+    def __init__(self, model):
+        state = model.state_dict(keep_vars=True)
+        self.names = list(state)
+        self.tied = shared_names(state)[1]
+        self.defaults = {k: v.detach().cpu().clone() for k, v in model.named_buffers()}
+
+    def __call__(self, checkpoint):
+        return complete_state(folder_state(checkpoint.file), self.names, self.tied,
+                              self.defaults)
+
+
+def average_weights(output_dir_or_checkpoint_dirs, *, weights=None, model_class=None,
+                    epochs=None, bn_data=None, batch_size=256, label_key="labels",
+                    device=None):
+    """The model holding the average of the weights of a Trainer's checkpoint folders.
+
+    The model is ``model_class.from_pretrained`` of the first folder (default class: the
+    one its ``config.json`` names), on ``device`` if given; the average is
+    `forgetkit.exporters.torch.average_weights`'s (floating parameters and buffers averaged
+    with ``weights``, uniform by default; integer buffers from the last folder; BatchNorm
+    statistics re-estimated on ``bn_data``). Folders and ``epochs`` as `replay` takes them.
+    """
+    order = _folders(output_dir_or_checkpoint_dirs, epochs)
+    model = build(model_class or model_class_of(order[0].file), order[0].file)
+    if device is not None:
+        model.to(as_device(device))
+    return load_average(model, order, weights, read=_FolderStates(model), bn_data=bn_data,
+                        batch_size=batch_size, label_key=label_key, device=device)
+
+
+def compare_weight_space(output_dir_or_checkpoint_dirs, data, run, *, model_class=None,
+                         epochs=None, device=None, **options):
+    """`forgetkit.exporters.torch.compare_weight_space` for a Trainer's checkpoint folders:
+    ``run`` is their replayed (or recorded) run on ``data`` (what `LogitRecorder` takes, or
+    for a top-k token run what `TokenRecorder` takes: dict batches or columns of
+    ``input_ids``, ``attention_mask`` and labels); the model is ``from_pretrained`` of the
+    first folder, on ``device`` if given. ``options``: those of `compare_averages`."""
+    order = _folders(output_dir_or_checkpoint_dirs, epochs)
+    model = build(model_class or model_class_of(order[0].file), order[0].file)
+    if device is not None:
+        model.to(as_device(device))
+    return compare_averages(model, order, _FolderStates(model), data, run, device=device,
+                            **options)

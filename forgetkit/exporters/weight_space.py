@@ -81,17 +81,22 @@ def _check_weights(weights, n):
     return w
 
 
-def averaged_state(model, checkpoints, weights, *, trust_pickle=False):
-    """The state dict of the average (see the module docstring) of ``checkpoints``
-    (`Checkpoint` list in epoch order) with ``weights`` (n,), keys and dtypes the model's."""
+def read_state_file(checkpoint, *, trust_pickle=False):
+    """The state dict of a checkpoint file (`Checkpoint`), mapped into memory."""
+    return read_checkpoint(checkpoint.file, trust_pickle=trust_pickle, mmap=True)[0]
+
+
+def averaged_state(model, checkpoints, weights, *, read):
+    """The state dict of the average (see the module docstring) of ``checkpoints`` (in
+    epoch order) with ``weights`` (n,), keys and dtypes the model's; ``read(checkpoint)``
+    gives a checkpoint's state dict (`read_state_file`, a Hugging Face folder's)."""
     reference = model.state_dict()
     keys = list(reference)
     acc, last = {}, None
     for ck, w in zip(checkpoints, weights, strict=True):
         if w == 0:
             continue
-        state = fit_keys(read_checkpoint(ck.file, trust_pickle=trust_pickle, mmap=True)[0],
-                         keys, ck.file)
+        state = fit_keys(read(ck), keys, ck.file)
         for k in keys:
             value = state[k]
             if value.shape != reference[k].shape:
@@ -200,8 +205,19 @@ def average_weights(model, checkpoints, *, weights=None, epochs=None, bn_data=No
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     order = checkpoint_list(checkpoints, epochs=epochs, trust_pickle=trust_pickle)
-    w = _check_weights(weights, len(order))
-    model.load_state_dict(averaged_state(model, order, w, trust_pickle=trust_pickle))
+    return load_average(model, order, weights, read=partial(read_state_file,
+                                                            trust_pickle=trust_pickle),
+                        bn_data=bn_data, batch_size=batch_size, label_key=label_key,
+                        device=device)
+
+
+def load_average(model, checkpoints, weights, *, read, bn_data=None, batch_size=256,
+                 label_key="labels", device=None):
+    """`average_weights` of ``checkpoints`` (in epoch order) whose states ``read`` gives
+    (see `averaged_state`): the average loaded into ``model``, BatchNorm re-estimated on
+    ``bn_data``."""
+    w = _check_weights(weights, len(checkpoints))
+    model.load_state_dict(averaged_state(model, checkpoints, w, read=read))
     _batch_norm(model, None if bn_data is None else batches_of(
         bn_data, batch_size=batch_size, label_key=label_key), label_key, device)
     return model
@@ -271,33 +287,100 @@ def predict_proba(model, batches, *, label_key="labels", output_fn=None, device=
     return softmax(torch.cat(logits).numpy()), torch.cat(labels).numpy()
 
 
-class _Averages:
-    """The averaged model's probabilities on the evaluation data for weight vectors, each
-    computed once (the BatchNorm statistics re-estimated when training data is given)."""
+class Scores:
+    """A model's results on a run's samples: ``hit`` bool (N,) (the argmax is the label),
+    ``label_prob`` float64 (N,) (the label's probability), and for a full run ``probs``
+    float64 (N, C) with ``labels`` (N,) (None for a token run: its vocabulary-wide outputs
+    are not kept)."""
 
-    def __init__(self, model, order, batches, bn_batches, *, label_key, output_fn, device,
-                 trust_pickle):
-        self.model, self.order, self.batches = model, order, batches
-        self.bn_batches, self.label_key = bn_batches, label_key
-        self.output_fn, self.device, self.trust_pickle = output_fn, device, trust_pickle
+    def __init__(self, hit, label_prob, probs=None, labels=None):
+        self.hit, self.label_prob, self.probs, self.labels = hit, label_prob, probs, labels
+
+    def metrics(self, rows):
+        """(hit (R,), NLL, ECE) at ``rows``: `forgetkit.evaluate.prediction_metrics`, or
+        for a token run the exact NLL of the targets and ECE nan (as `compare` gives)."""
+        if self.probs is not None:
+            return evaluate.prediction_metrics(self.probs[rows], self.labels[rows])
+        nll = float(-np.mean(np.log(np.clip(self.label_prob[rows], 1e-12, None))))
+        return self.hit[rows], nll, float("nan")
+
+
+class _Evaluator:
+    """The model's `Scores` on the run's samples: a full run's from the softmax of its
+    logits on ``data``; a top-k token run's from a one-checkpoint run that
+    `TokenRecorder` writes (with the run's k) in a temporary folder, whose tokens must be
+    the run's."""
+
+    def __init__(self, run, data, *, batch_size, label_key, output_fn, device):
+        self.run, self.label_key = run, label_key
+        self.output_fn, self.device = output_fn, device
+        self.tokens = run.top_k is not None
+        if self.tokens:
+            self.data, self.batch_size = data, batch_size
+            return
+        self.batches = batches_of(data, batch_size=batch_size, label_key=label_key)
+        labels = np.concatenate([np.asarray(split_batch(b, label_key)[2]).reshape(-1)
+                                 for b in self.batches])
+        if labels.shape != run.labels.shape or not np.array_equal(labels, run.labels):
+            raise ForgetkitError(f"data's {labels.shape[0]} labels are not the run's "
+                                 f"{run.n_samples}: the run's samples, in its row order, are "
+                                 "needed")
+
+    def __call__(self, model):
+        if not self.tokens:
+            probs, labels = predict_proba(model, self.batches, label_key=self.label_key,
+                                          output_fn=self.output_fn, device=self.device)
+            return Scores(np.argmax(probs, axis=1) == labels,
+                          probs[np.arange(len(labels)), labels], probs, labels)
+        import tempfile
+
+        from ..io import load
+        from ._torch_tokens import TokenRecorder
+
+        with tempfile.TemporaryDirectory() as tmp:
+            recorder = TokenRecorder(f"{tmp}/average.npy", self.data, top_k=self.run.top_k,
+                                     batch_size=self.batch_size, label_key=self.label_key,
+                                     output_fn=self.output_fn, durable=False)
+            try:
+                recorder.record(model, 0)
+            finally:
+                recorder.close()
+            one = load(f"{tmp}/average.npy")
+            same = (one.n_samples == self.run.n_samples
+                    and np.array_equal(one.labels, self.run.labels)
+                    and np.array_equal(one.sequence_ids, self.run.sequence_ids)
+                    and np.array_equal(one.positions, self.run.positions))
+            if not same:
+                raise ForgetkitError(f"data's {one.n_samples} target tokens are not the run's "
+                                     f"{self.run.n_samples} (the same sequences, positions "
+                                     "and targets, in the run's order, are needed)")
+            return Scores(np.asarray(one.correctness()[0]), one.label_probs()[:, 0])
+
+
+class _Averages:
+    """`Scores` of the weight averages of ``order`` (read by ``read``), each computed once
+    (BatchNorm statistics re-estimated on ``bn_batches`` when given)."""
+
+    def __init__(self, model, order, read, evaluator, bn_batches, *, label_key, device):
+        self.model, self.order, self.read, self.evaluator = model, order, read, evaluator
+        self.bn_batches, self.label_key, self.device = bn_batches, label_key, device
         self._done = {}
 
-    def probs(self, weights):
+    def scores(self, weights):
         key = tuple(np.round(weights, 15))
         if key not in self._done:
             self.model.load_state_dict(averaged_state(self.model, self.order, weights,
-                                                      trust_pickle=self.trust_pickle))
+                                                      read=self.read))
             if self.bn_batches is not None:
                 update_batch_norm(self.model, self.bn_batches, label_key=self.label_key,
                                   device=self.device)
-            self._done[key] = predict_proba(self.model, self.batches, label_key=self.label_key,
-                                            output_fn=self.output_fn, device=self.device)[0]
+            self._done[key] = self.evaluator(self.model)
         return self._done[key]
 
     def uniform(self, indices):
         w = np.zeros(len(self.order))
         w[list(indices)] = 1.0 / len(indices)
-        return self.probs(w)
+        return self.scores(w)
 
 
 def _labels(names):
@@ -324,8 +407,9 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
     model : torch.nn.Module
         The trained architecture (its weights are replaced while the averages are scored).
     checkpoints : as `average_weights` takes them: the checkpoints of ``run``'s epochs.
-    data : what `LogitRecorder` takes
-        The samples of ``run``, in its row order (their labels must be the run's).
+    data : what `LogitRecorder` takes (`TokenRecorder` for a top-k token run)
+        The samples of ``run``, in its row order (their labels must be the run's; a token
+        run's tokens, the same sequences, positions and targets).
     run : Run
         The checkpoints' outputs on ``data`` (recorded, or written by `replay`): one epoch
         per checkpoint, the same epoch numbers.
@@ -352,25 +436,34 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     order = checkpoint_list(checkpoints, epochs=epochs, trust_pickle=trust_pickle)
+    return compare_averages(model, order, partial(read_state_file, trust_pickle=trust_pickle),
+                            data, run, bn_data=bn_data, val_frac=val_frac, seeds=seeds,
+                            last=last, decays=decays, soup=soup, batch_size=batch_size,
+                            label_key=label_key, output_fn=output_fn, device=device,
+                            window=window, progress=progress)
+
+
+def compare_averages(model, order, read, data, run, *, bn_data=None, val_frac=0.5,
+                     seeds=(0, 1, 2), last=DEFAULT_LAST, decays=DEFAULT_DECAYS, soup=True,
+                     batch_size=256, label_key="labels", output_fn=None, device=None,
+                     window=1, progress=False):
+    """`compare_weight_space` of the checkpoints ``order`` (`Checkpoint` list in epoch
+    order) whose state dicts ``read(checkpoint)`` gives (PyTorch files, Hugging Face
+    folders)."""
+    check_run("run", run)
     numbers = [c.epoch for c in order]
     if numbers != [int(e) for e in run.epochs]:
         raise ForgetkitError(f"the checkpoints' epoch numbers {numbers[:6]}... are not the "
                              f"run's {list(map(int, run.epochs[:6]))}...: pass epochs= or the "
                              "run of these checkpoints")
-    batches = batches_of(data, batch_size=batch_size, label_key=label_key)
-    labels = run.labels
-    data_labels = np.concatenate([np.asarray(split_batch(b, label_key)[2]).reshape(-1)
-                                  for b in batches])
-    if data_labels.shape != labels.shape or not np.array_equal(data_labels, labels):
-        raise ForgetkitError(f"data's {data_labels.shape[0]} labels are not the run's "
-                             f"{run.n_samples}: the run's samples, in its row order, are "
-                             "needed")
+    evaluator = _Evaluator(run, data, batch_size=batch_size, label_key=label_key,
+                           output_fn=output_fn, device=device)
     bn_batches = None if bn_data is None else batches_of(bn_data, batch_size=batch_size,
                                                          label_key=label_key)
     if bn_batches is None:
         _batch_norm(model, None, label_key, device)
-    averages = _Averages(model, order, batches, bn_batches, label_key=label_key,
-                         output_fn=output_fn, device=device, trust_pickle=trust_pickle)
+    averages = _Averages(model, order, read, evaluator, bn_batches, label_key=label_key,
+                         device=device)
     n = len(order)
     candidates = {}
     for m in sorted({int(m) for m in last if 1 <= int(m) <= n}):
@@ -379,7 +472,7 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
         candidates[f"last{m}"] = w
     for d in decays:
         candidates[f"ema{d:g}"] = ema_weights(n, float(d))
-    probs = {name: averages.probs(w) for name, w in candidates.items()}
+    fixed = {name: averages.scores(w) for name, w in candidates.items()}
 
     long = evaluate.compare_splits(run, seeds=seeds, val_frac=val_frac, window=window,
                                    progress=progress)
@@ -388,21 +481,22 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
     for s in seeds:
         val, test = split_indices(run.n_samples, val_frac, seed=s)
         single = evaluate.single_hit(run.isel(samples=test))
-        scored = dict(probs)
+        scored = dict(fixed)
         if soup:
             own = correct[:, val].mean(axis=1)
 
             def soup_accuracy(indices, val=val):
-                p = averages.uniform(indices)[val]
-                return float(np.mean(np.argmax(p, axis=1) == labels[val]))
+                return float(np.mean(averages.uniform(indices).hit[val]))
 
             scored["soup"] = averages.uniform(greedy_soup(own, soup_accuracy))
-        for name, p in scored.items():
-            hit, nll_, ece_ = evaluate.prediction_metrics(p[test], labels[test])
-            rows.append({"split": s, "method": name, "k": 1.0,
-                         "accuracy": 100 * hit.mean(),
-                         "gain": 100 * (hit.mean() - single.mean()),
-                         "nll": nll_, "ece": ece_, "p_value": evaluate.mcnemar(hit, single)})
+        for name, scores in scored.items():
+            hit, nll_, ece_ = scores.metrics(test)
+            row = {"split": s, "method": name, "k": 1.0, "accuracy": 100 * hit.mean(),
+                   "gain": 100 * (hit.mean() - single.mean()), "nll": nll_, "ece": ece_,
+                   "p_value": evaluate.mcnemar(hit, single)}
+            if "accuracy_low" in long:  # a top-k run: one model's accuracy is exact
+                row.update(accuracy_low=row["accuracy"], accuracy_high=row["accuracy"])
+            rows.append(row)
     long["space"] = "output"
     weight_rows = pd.DataFrame(rows).assign(space="weight")
     table = evaluate.table_of_splits(pd.concat([long, weight_rows], ignore_index=True),
