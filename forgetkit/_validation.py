@@ -193,3 +193,56 @@ def check_meta(meta):
     if meta is not None and not isinstance(meta, dict):
         raise InputTypeError(f"meta must be a dict; got {type(meta).__name__}")
     return dict(meta or {})
+
+
+def _seen(value):
+    """How an unexpected value reads in an error: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_array(name, value, *, ndim=None, kinds="biuf", shape=None):
+    """Return ``value`` as an ndarray, checking its dimensions, dtype kind and shape.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the error.
+    value : array-like
+    ndim : int, optional
+        Required number of dimensions.
+    kinds : str, default "biuf"
+        Accepted ``dtype.kind`` letters ("b" bool, "i"/"u" integers, "f" floats).
+    shape : tuple, optional
+        Required shape; None entries accept any length along that axis.
+    """
+    if isinstance(value, (str, bytes, dict)) or value is None:
+        raise InputTypeError(f"{name} must be an array; got {_seen(value)}")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise InputTypeError(f"{name} must be an array; got {_seen(value)} ({err})") from None
+    if ndim is not None and arr.ndim != ndim:
+        raise ForgetkitError(f"{name} must be {ndim}-dimensional; got shape {arr.shape}")
+    if arr.dtype.kind not in kinds:
+        names = {"b": "bool", "i": "int", "u": "uint", "f": "float"}
+        wanted = ", ".join(names.get(k, k) for k in kinds)
+        raise InputTypeError(f"{name} must have dtype {wanted}; got dtype {arr.dtype}")
+    if shape is not None and (arr.ndim != len(shape) or any(
+            want is not None and want != got for want, got in zip(shape, arr.shape))):
+        want = "(" + ", ".join("any" if s is None else str(s) for s in shape) + ")"
+        raise ForgetkitError(f"{name} must have shape {want}; got shape {arr.shape}")
+    return arr
+
+
+def check_frame(name, value, columns):
+    """Return ``value`` if it is a pandas DataFrame holding ``columns``, else raise."""
+    import pandas as pd
+
+    if not isinstance(value, pd.DataFrame):
+        raise InputTypeError(f"{name} must be a pandas DataFrame; got {_seen(value)}")
+    missing = [c for c in columns if c not in value.columns]
+    if missing:
+        raise ForgetkitError(f"{name} must have columns {list(columns)}; missing {missing} "
+                             f"(has {list(value.columns)})")
+    return value

@@ -12,6 +12,7 @@ statistics) are functions of a run in `forgetkit.passes`, reached through the ru
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,19 @@ def check_run(name, value):
         raise InputTypeError(f"{name} must be a forgetkit.Run; got {type(value).__name__} "
                              f"{value!r}"[:200] + hint)
     return value
+
+
+def check_runs(name, value):
+    """Return ``value`` as a non-empty list of `Run`, naming the first entry that is not one."""
+    if isinstance(value, (Run, str, bytes, os.PathLike)) or not isinstance(value, Iterable):
+        raise InputTypeError(f"{name} must be a sequence of forgetkit.Run; got "
+                             f"{type(value).__name__} {value!r}"[:200])
+    runs = list(value)
+    if not runs:
+        raise ForgetkitError(f"{name} must hold at least one run; got none")
+    for i, run in enumerate(runs):
+        check_run(f"{name}[{i}]", run)
+    return runs
 
 
 class Run:

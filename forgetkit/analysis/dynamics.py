@@ -106,6 +106,7 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
     -------
     Trajectory
     """
+    check_run("run", run)
     n_epochs = check_burn_out(burn_out, run.n_epochs)
     kind = kind_of(run)
     if (mean_probs or mean_log_probs) and not kind.full:
@@ -281,7 +282,7 @@ def select(run_or_datamap, *, region, frac=None):
         Sample ids (the data map's index), the region's most typical first; ties keep run
         order.
     """
-    region = REGION_ALIASES.get(region, region)
+    region = REGION_ALIASES.get(region, region) if isinstance(region, str) else region
     check_option("region", region, REGIONS + tuple(REGION_ALIASES))
     if frac is not None:
         frac = check_number("frac", frac)  # its range: below
