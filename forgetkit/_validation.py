@@ -38,11 +38,14 @@ def check_int(name, value, *, minimum=None, maximum=None, allow_none=False):
     return int(value)
 
 
-def check_number(name, value, *, minimum=None, maximum=None):
-    """Return ``value`` as a finite float, checking its type and bounds."""
+def check_number(name, value, *, minimum=None, maximum=None, finite=True):
+    """Return ``value`` as a float, checking its type and bounds (and, unless ``finite`` is
+    False, that it is finite: False lets NaN and infinities through unbounded)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InputTypeError(f"{name} must be a number; got {type(value).__name__} {value!r}")
     value = float(value)
+    if not finite and minimum is None and maximum is None:
+        return value
     if not math.isfinite(value) or (minimum is not None and value < minimum) \
             or (maximum is not None and value > maximum):
         lo = "-inf" if minimum is None else minimum
@@ -229,7 +232,8 @@ def check_array(name, value, *, ndim=None, kinds="biuf", shape=None):
         wanted = ", ".join(names.get(k, k) for k in kinds)
         raise InputTypeError(f"{name} must have dtype {wanted}; got dtype {arr.dtype}")
     if shape is not None and (arr.ndim != len(shape) or any(
-            want is not None and want != got for want, got in zip(shape, arr.shape))):
+            want is not None and want != got
+            for want, got in zip(shape, arr.shape, strict=True))):
         want = "(" + ", ".join("any" if s is None else str(s) for s in shape) + ")"
         raise ForgetkitError(f"{name} must have shape {want}; got shape {arr.shape}")
     return arr
