@@ -250,3 +250,11 @@ def check_frame(name, value, columns):
         raise ForgetkitError(f"{name} must have columns {list(columns)}; missing {missing} "
                              f"(has {list(value.columns)})")
     return value
+
+
+def check_type(name, value, types, expected):
+    """Return ``value`` if it is an instance of ``types``, else raise InputTypeError saying
+    ``expected`` (e.g. "a dict")."""
+    if not isinstance(value, types):
+        raise InputTypeError(f"{name} must be {expected}; got {_seen(value)}")
+    return value
