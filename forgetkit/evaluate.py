@@ -35,6 +35,7 @@ from .fusion import (
     KnowledgeFusion,
     LikelihoodFusion,
 )
+from .fusion.base import check_fuser
 from .kinds import kind_of
 from .run import DEFAULT_MEMORY_BUDGET, check_run
 from .splits import split_indices
@@ -80,13 +81,7 @@ def _check_fusers(fusers):
     if isinstance(fusers, (Fuser, str, bytes)) or not hasattr(fusers, "__iter__"):
         raise InputTypeError(f"fusers must be a sequence of fitted fusers; got "
                              f"{type(fusers).__name__} {fusers!r}"[:200])
-    fusers = list(fusers)
-    for i, f in enumerate(fusers):
-        if not isinstance(f, Fuser):
-            raise InputTypeError(f"fusers[{i}] must be a fitted fuser; got "
-                                 f"{type(f).__name__} {f!r}"[:200])
-        f._check_fitted()
-    return fusers
+    return [check_fuser(f"fusers[{i}]", f) for i, f in enumerate(fusers)]
 
 
 def nll(probs, labels):

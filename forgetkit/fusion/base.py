@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import kernels
+from .._validation import check_path
 from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
 from ..execution import executor_for
 from ..io.atomic import write_json_atomic
@@ -301,8 +302,19 @@ def _is_json_text(source):
     return any(c in source for c in '{["\n') or source.strip() in ("null", "true", "false")
 
 
+def check_fuser(name, value):
+    """Return ``value`` if it is a fitted fuser, else raise (InputTypeError for another type,
+    ForgetkitError for a fuser not fitted yet)."""
+    if not isinstance(value, Fuser):
+        raise InputTypeError(f"{name} must be a fitted forgetkit fuser; got "
+                             f"{type(value).__name__} {value!r}"[:200])
+    value._check_fitted()
+    return value
+
+
 def _read_source(source):
     """(JSON text, name for messages) of JSON text or a path to a JSON file."""
+    check_path("source", source)
     if _is_json_text(source):
         return source, "the fuser JSON"
     path = Path(source)
