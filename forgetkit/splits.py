@@ -20,6 +20,7 @@ def split_indices(n_samples, val_frac=0.5, *, seed=0):
     -------
     val, test : ndarray of int64
     """
+    n_samples = check_int("n_samples", n_samples, minimum=1)
     if not 0.0 < check_number("val_frac", val_frac) < 1.0:
         raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
     perm = np.random.default_rng(check_int("seed", seed, minimum=0)).permutation(n_samples)

@@ -26,10 +26,10 @@ import numpy as np
 
 from .._progress import Progress
 from .._validation import is_dask_array
-from ..errors import ForgetkitError
+from ..errors import ForgetkitError, InputTypeError
 from ..execution import Executor, Parts, combine, register_executor
 from ..kinds import RecordOutputs, kind_of
-from ..run import Run
+from ..run import Run, check_run
 
 
 def sample_chunks(run):
@@ -197,4 +197,8 @@ def map_reduce(run, fn):
     """``executor_for(run).map_reduce(run, fn)`` of a run on a dask array: ``fn`` on each
     chunk's Run, on the workers of the active dask scheduler, results combined by
     `forgetkit.execution.combine`."""
+    check_run("run", run)
+    if not callable(fn):
+        raise InputTypeError(f"fn must be a function of a chunk's Run; got "
+                             f"{type(fn).__name__} {fn!r}"[:200])
     return EXECUTOR.map_reduce(run, fn)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterable
 
 import numba
 import pandas as pd
 
 from .._progress import Progress
-from .._validation import check_int, check_number, check_option
-from ..errors import ForgetkitError, MissingFileError
+from .._validation import check_int, check_number, check_option, check_path
+from ..errors import ForgetkitError, InputTypeError, MissingFileError
 from ..evaluate import DEFAULT_METHODS, METHODS, compare
 from ..io import load
 
@@ -18,7 +19,13 @@ from ..io import load
 def run_paths(paths):
     """Run files named by ``paths``: a path or glob pattern, or a sequence of them (glob
     matches in sorted order). MissingFileError naming a path or pattern that names none."""
-    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    elif isinstance(paths, Iterable) and not isinstance(paths, (bytes, dict)):
+        paths = [check_path(f"paths[{i}]", p) for i, p in enumerate(paths)]
+    else:
+        raise InputTypeError(f"paths must be a path, a glob pattern or a list of them; got "
+                             f"{type(paths).__name__} {paths!r}"[:200])
     if not paths:
         raise ForgetkitError("paths names no run: got an empty list")
     out = []
