@@ -20,13 +20,15 @@ computes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dask
 import dask.array as da
 import numpy as np
 
 from .._progress import Progress
-from .._validation import is_dask_array
-from ..errors import ForgetkitError, InputTypeError
+from .._validation import check_type, is_dask_array
+from ..errors import ForgetkitError
 from ..execution import Executor, Parts, combine, register_executor
 from ..kinds import RecordOutputs, kind_of
 from ..run import Run, check_run
@@ -198,7 +200,5 @@ def map_reduce(run, fn):
     chunk's Run, on the workers of the active dask scheduler, results combined by
     `forgetkit.execution.combine`."""
     check_run("run", run)
-    if not callable(fn):
-        raise InputTypeError(f"fn must be a function of a chunk's Run; got "
-                             f"{type(fn).__name__} {fn!r}"[:200])
+    check_type("fn", fn, Callable, "a function of a chunk's Run")
     return EXECUTOR.map_reduce(run, fn)

@@ -136,6 +136,7 @@ def pca_path(X, Y, X_eval, y_eval, *, ks=None):
     for S(k) to be defined against W_opt.
     """
     X, X_eval = _check_X(X), _check_X(X_eval, "X_eval")
+    y_eval = check_array("y_eval", y_eval, ndim=1, kinds="iu")
     _, U = pca(X)
     w_opt = optimal_separator(X, Y)
     ks = np.arange(1, X.shape[1] + 1) if ks is None else np.asarray(ks, dtype=np.int64)
