@@ -266,10 +266,10 @@ CLI_BAD = {
     "scores": ["--out", "s.csv", "--window", "-3"],
     "coreset": ["--score", "forgetting", "--keep", "5", "--out", "keep.npy"],
     "sequences": ["--out", "s.csv"],
-    "fuse": [],
+    "fuse": ["--plan", "p.json"],
     "apply": ["RUN", "--out", "p.npy"],
     "compare": ["--seeds", "-1"],
-    "sweep": [],
+    "sweep": ["--out", "s.csv"],
     "distill": ["RUN", "--out", "t.npy"],
     "report": ["--out", "r.html"],
     "replay": ["--data", "nope.npz", "--out", "r.npy"],
@@ -322,3 +322,58 @@ def _assert_one_line(command, rc, err, bad=None):
     # verify reports each run on a line of its own, starting with the run's path
     start = f"{bad}: bad: " if command == "verify" else f"forgetkit {command}: error: "
     assert len(lines) == 1 and lines[0].startswith(start), f"{command}: not one line: {err!r}"
+
+
+@pytest.fixture(scope="module")
+def files(run, tmp_path_factory):
+    """A valid run, plan and scores table, for the commands run with bad option values."""
+    folder = tmp_path_factory.mktemp("cli")
+    fk.save(run, folder / "r.npz")
+    fk.KnowledgeFusion().fit(run).to_json(folder / "plan.json")
+    assert cli.main(["scores", str(folder / "r.npz"), "--out", str(folder / "s.csv"),
+                     "--quiet"]) == 0
+    return folder
+
+
+#: argv of valid files (RUN, PLAN, SCORES) with a bad option value.
+CLI_BAD_VALUES = [
+    ["analyze", "RUN", "--labels", "nope.npy"],
+    ["convert", "RUN", "out.txt"],
+    ["datamap", "RUN", "--burn-out", "0"],
+    ["datamap", "RUN", "--select", "ambiguous", "--frac", "5", "--out", "ids.csv"],
+    ["scores", "RUN", "--out", "s2.csv", "--window", "-3"],
+    ["scores", "RUN", "--out", "s2.csv", "--epochs", "99"],
+    ["coreset", "SCORES", "--score", "forgetting", "--keep", "5", "--out", "k.npy"],
+    ["coreset", "SCORES", "--score", "forgetting", "--keep", "0.5", "--strata", "0",
+     "--out", "k.npy"],
+    ["sequences", "RUN", "--out", "q.csv"],
+    ["fuse", "RUN", "--window", "-1", "--plan", "p2.json"],
+    ["fuse", "RUN", "--val-frac", "2", "--plan", "p2.json"],
+    ["fuse", "RUN", "--grid", "-4", "--plan", "p2.json"],
+    ["apply", "RUN", "RUN", "--out", "f.npy"],
+    ["compare", "RUN", "--seeds", "-1"],
+    ["compare", "RUN", "--val-frac", "0"],
+    ["sweep", "RUN", "--out", "w.csv", "--val-frac", "0"],
+    ["distill", "PLAN", "RUN", "--out", "t.npy", "--temperature", "0"],
+    ["distill", "PLAN", "RUN", "--out", "t.txt"],
+    ["report", "RUN", "--out", "r.html", "--class-names", "a,b"],
+    ["report", "RUN", "--out", "r.html", "--window", "-2"],
+]
+
+
+@pytest.mark.parametrize("argv", CLI_BAD_VALUES, ids=" ".join)
+def test_cli_bad_value_is_one_line_on_a_valid_run(argv, files, capsys, monkeypatch):
+    monkeypatch.chdir(files)
+    names = {"RUN": "r.npz", "PLAN": "plan.json", "SCORES": "s.csv"}
+    rc, err = _run_cli([names.get(a, a) for a in argv], capsys)
+    _assert_one_line(argv[0], rc, err)
+
+
+def test_class_names_are_text_in_every_figure(run, tmp_path):
+    """Class names that read as matplotlib math are shown as written, in every figure."""
+    names = ["$\\frac{a$", "b_$x", "$c^$"]
+    paths = fk.write_report(run.replace(class_names=names), tmp_path / "figs", fmt="png",
+                            seeds=(0,))
+    assert paths and all(p.stat().st_size > 0 for p in paths)
+    ax = fk.plots.forget_learn([run, run], labels=names[:2])
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0].startswith("\\$")
