@@ -215,7 +215,8 @@ def check_array(name, value, *, ndim=None, kinds="biuf", shape=None):
     ndim : int, optional
         Required number of dimensions.
     kinds : str, default "biuf"
-        Accepted ``dtype.kind`` letters ("b" bool, "i"/"u" integers, "f" floats).
+        Accepted ``dtype.kind`` letters ("b" bool, "i"/"u" integers, "f" floats), checked
+        when the array is not empty.
     shape : tuple, optional
         Required shape; None entries accept any length along that axis.
     """
@@ -227,7 +228,7 @@ def check_array(name, value, *, ndim=None, kinds="biuf", shape=None):
         raise InputTypeError(f"{name} must be an array; got {_seen(value)} ({err})") from None
     if ndim is not None and arr.ndim != ndim:
         raise ForgetkitError(f"{name} must be {ndim}-dimensional; got shape {arr.shape}")
-    if arr.dtype.kind not in kinds:
+    if arr.size and arr.dtype.kind not in kinds:  # an empty list reads as float64
         names = {"b": "bool", "i": "int", "u": "uint", "f": "float"}
         wanted = ", ".join(names.get(k, k) for k in kinds)
         raise InputTypeError(f"{name} must have dtype {wanted}; got dtype {arr.dtype}")
