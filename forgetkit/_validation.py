@@ -185,6 +185,9 @@ def check_class_names(class_names, n_classes):
     """Return class names as a list of n_classes str, or None."""
     if class_names is None:
         return None
+    if isinstance(class_names, (str, bytes, dict)) or not hasattr(class_names, "__iter__"):
+        raise InputTypeError(f"class_names must be a sequence of {n_classes} names; got "
+                             f"{_seen(class_names)}")
     class_names = [str(c) for c in class_names]
     if len(class_names) != n_classes:
         raise ForgetkitError(f"class_names must have {n_classes} entries; got {len(class_names)}")

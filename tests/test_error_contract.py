@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import warnings
 
 import numpy as np
@@ -296,8 +297,16 @@ def junk(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("command", sorted(CLI_BAD))
-@pytest.mark.parametrize("suffix", [".npy", ".npz", ".json", ".csv", "missing"])
+def _cli_file_cases():
+    for command in sorted(CLI_BAD):
+        # sweep starts a dask cluster for files that exist: one kind of junk is enough
+        suffixes = [".npy", "missing"] if command == "sweep" else \
+            [".npy", ".npz", ".json", ".csv", "missing"]
+        for suffix in suffixes:
+            yield pytest.param(command, suffix, id=f"{command}-{suffix}")
+
+
+@pytest.mark.parametrize("command, suffix", list(_cli_file_cases()))
 def test_cli_bad_file_is_one_line(command, suffix, junk, capsys, monkeypatch):
     monkeypatch.chdir(junk)
     bad = "nope.npy" if suffix == "missing" else f"junk{suffix}"
@@ -377,3 +386,31 @@ def test_class_names_are_text_in_every_figure(run, tmp_path):
     assert paths and all(p.stat().st_size > 0 for p in paths)
     ax = fk.plots.forget_learn([run, run], labels=names[:2])
     assert [t.get_text() for t in ax.get_legend().get_texts()][0].startswith("\\$")
+
+
+def test_the_cases_issue_38_lists(run, tmp_path):
+    """The calls issue 38 found raising TypeError, AttributeError, ValueError, IndexError or
+    AxisError (those outside forgetkit.io): each is a ForgetkitError naming the argument."""
+    kf = fk.KnowledgeFusion().fit(run)
+    cases = [
+        (lambda: fk.Run(run.outputs, run.labels, class_names=5), "class_names"),
+        (lambda: fk.load_fuser(5), "source"),
+        (lambda: fk.load_fuser({}), "source"),
+        (lambda: fk.read_soft_targets(5), "path"),
+        (lambda: fk.write_report(run, 5), "out"),
+        (lambda: fk.write_report("run", tmp_path / "x.html"), "run"),
+        (lambda: fk.noise.symmetric("abc", 0.2, 3), "labels"),
+        (lambda: fk.mcnemar("a", "b"), "correct_a"),
+        (lambda: fk.accuracy([1, 2]), "run"),
+        (lambda: fk.average_runs([run, "x"]), "runs[1]"),
+        (lambda: fk.multi_run("x"), "runs"),
+        (lambda: fk.format_table(5), "table"),
+        (lambda: fk.snapshot(run, "a"), "cycle_ends"),
+        (lambda: kf.predict("x"), "run"),
+        (lambda: fk.split_indices("10", 0.5), "n_samples"),
+    ]
+    for call, name in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            with pytest.raises(fk.ForgetkitError, match=re.escape(name)):
+                call()
