@@ -132,8 +132,9 @@ class Run:
         self.cache = passes.Cache()  # what the passes keep (`forgetkit.passes.Cache`)
         self._validate = bool(validate)
         if validate and not self.checked_per_read:
+            kind = kind_of(self)
             for e in range(n_epochs):
-                self.check_epoch(e, self.outputs[e])
+                kind.check_values(self, e, self.outputs[e])
 
     @property
     def is_distributed(self):
