@@ -262,3 +262,11 @@ def check_type(name, value, types, expected):
     if not isinstance(value, types):
         raise InputTypeError(f"{name} must be {expected}; got {_seen(value)}")
     return value
+
+
+def check_ints(name, values, *, minimum=None):
+    """Return ``values`` (a sequence of integers, e.g. seeds) as a list of int, each checked
+    by `check_int` under ``name[i]``."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise InputTypeError(f"{name} must be a sequence of integers; got {_seen(values)}")
+    return [check_int(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(values)]

@@ -8,6 +8,7 @@ Baselines use the ensemble size k of KF(inf) on the same split (the paper's rule
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -20,9 +21,11 @@ from ._validation import (
     check_bool,
     check_frame,
     check_int,
+    check_ints,
     check_labels,
     check_number,
     check_option,
+    check_type,
     is_streamed,
 )
 from .errors import ForgetkitError, InputTypeError
@@ -38,7 +41,7 @@ from .fusion import (
 from .fusion.base import check_fuser
 from .kinds import kind_of
 from .run import DEFAULT_MEMORY_BUDGET, check_run
-from .splits import split_indices
+from .splits import check_val_frac, split_indices
 
 #: name -> label in tables
 METHODS = {
@@ -201,7 +204,11 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
     check_run("run", run)
     if val_run is not None:
         check_run("val_run", val_run)
+    seeds = check_ints("seeds", seeds, minimum=0)
+    check_val_frac(val_frac)
+    check_int("memory_budget", memory_budget, minimum=0)
     softmax_stats = check_bool("softmax_stats", softmax_stats)
+    check_bool("progress", progress)
     return _protocol_splits(run, seeds, val_frac, val_run, memory_budget, softmax_stats,
                             progress)
 
@@ -227,6 +234,11 @@ def single_hit(test):
     if not kind_of(test).full:  # exact from the records
         return np.asarray(test.correctness()[-1])
     return kernels.row_top(test.probs(-1), test.labels)[0] == test.labels
+
+
+def _check_kf_fits(kf_fits):
+    if kf_fits is not None:
+        check_type("kf_fits", kf_fits, dict, "a dict of fits by (split, window), or None")
 
 
 def _fitted_kf(fits, split, val, window, progress=False):
@@ -263,7 +275,10 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
     exact on such runs.
     """
     check_run("run", run)
-    methods = list(methods)
+    if val_run is not None:
+        check_run("val_run", val_run)
+    _check_kf_fits(kf_fits)
+    methods = list(check_type("methods", methods, Iterable, "a list of method names"))
     for m in methods:
         check_option("method", m, tuple(METHODS))
     if "ensemble_selection" in methods and any(r is not None and executor_for(r).lazy
@@ -423,6 +438,7 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     `compare_splits`.
     """
     check_run("run", run)
+    _check_kf_fits(kf_fits)
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
         kf = _fitted_kf(kf_fits, s, val, window, progress)
@@ -449,6 +465,8 @@ def window_curve(run, *, windows=(0, 1, 2, 3, 4), seeds=(0, 1, 2), val_frac=0.5,
     ablation). Returns a DataFrame with columns split, window, k, accuracy, gain.
     ``kf_fits``: as in `compare_splits`."""
     check_run("run", run)
+    windows = check_ints("windows", windows, minimum=0)
+    _check_kf_fits(kf_fits)
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
         single = np.mean(single_hit(test))

@@ -22,7 +22,7 @@ from scipy.special import logsumexp
 
 from .._deprecation import renamed
 from .._progress import Progress
-from .._validation import check_array, check_int, check_labels, check_option
+from .._validation import check_array, check_bool, check_int, check_labels, check_option
 from ..errors import ForgetkitError
 from ..execution import combine, executor_for
 from ..kinds import kind_of
@@ -199,6 +199,7 @@ def label_issues(run, *, n_issues=None, progress=False):
         - ``n_epochs``: epochs used.
     """
     check_run("run", run)
+    check_bool("progress", progress)
     if not kind_of(run).full:  # a summary, or a top-k run through its summary
         joint, score, suggested, n_epochs = _summary_scores(run, progress)
     else:

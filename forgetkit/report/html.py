@@ -11,7 +11,14 @@ import numpy as np
 import pandas as pd
 
 from .. import evaluate
-from .._validation import check_frame, check_option, check_path, check_type
+from .._validation import (
+    check_array,
+    check_frame,
+    check_ints,
+    check_option,
+    check_path,
+    check_type,
+)
 from ..analysis import forgetting
 from ..analysis.dynamics import data_map
 from ..analysis.label_issues import label_issues, ranking_metrics, set_metrics
@@ -85,6 +92,10 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
     check_run("run", run)
     if train_run is not None:
         check_run("train_run", train_run)
+    if not check_ints("seeds", seeds, minimum=0):
+        raise ForgetkitError("seeds must name at least one split; got none")
+    if noise_mask is not None:
+        check_array("noise_mask", noise_mask, ndim=1, kinds="b")
     summary = forgetting.summary(run, progress=progress)
     fits = {}  # KF(inf) fitted once per (split, window), shared by the table and curves
     table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window, kf_fits=fits,
