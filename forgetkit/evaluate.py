@@ -278,6 +278,8 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
     if val_run is not None:
         check_run("val_run", val_run)
     _check_kf_fits(kf_fits)
+    if isinstance(methods, str):  # its letters are no methods
+        raise InputTypeError(f"methods must be a list of method names; got str {methods!r}")
     methods = list(check_type("methods", methods, Iterable, "a list of method names"))
     for m in methods:
         check_option("method", m, tuple(METHODS))

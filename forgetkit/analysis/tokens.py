@@ -414,6 +414,7 @@ def memorization(run, *, sequence_ids=None, positions=None, spans=None, progress
     holds ``n_tokens``, ``n_sequences`` (and ``n_spans``).
     """
     check_run("run", run)
+    check_bool("progress", progress)
     tokens = Tokens(run, sequence_ids=sequence_ids, positions=positions,
                     need_positions=spans is not None)
     n, correct, lost = executor_for(run).map_reduce(
@@ -489,6 +490,7 @@ def sequence_dynamics(run, *, sequence_ids=None, progress=False):
     Means are exact means rounded once: the same on every executor.
     """
     check_run("run", run)
+    check_bool("progress", progress)
     tokens = Tokens(run, sequence_ids=sequence_ids)
     n, correct, events, sums, n_inf = executor_for(run).map_reduce(
         run, partial(_sequence_step, tokens=tokens), progress=progress,
