@@ -33,6 +33,8 @@ VALID = {
     ("forgetkit.evaluate.percent", "5"): "formats the number 5 as '500.00%'",
     ("forgetkit.split_indices", "5"): "splits 5 samples in halves (val_frac has a default)",
     ("forgetkit.report.Explorer", "'nope'"): "the HTML text of an explorer is any string",
+    ("forgetkit.io.atomic_write", "'nope'"): "a context manager for the file 'nope', idle "
+                                             "until entered",
     ("forgetkit.linear.pca", "[[1, 2]]"): "a data matrix of 1 sample and 2 features",
     ("forgetkit.linear.optimal_separator", "[[1, 2]]"): "X (1, 2) with one-hot targets (1, 2)",
     ("forgetkit.linear.simulate_deep_linear", "[[1, 2]]"):
@@ -51,8 +53,7 @@ IO_PENDING = {
     ("forgetkit.load_cartography", "5"), ("forgetkit.load_cartography", "'nope'"),
     ("forgetkit.load_cartography", "[[1, 2]]"),
     ("forgetkit.distributed.load_shards", "5"), ("forgetkit.distributed.load_shards", "[[1, 2]]"),
-    ("forgetkit.io.atomic_write", "5"), ("forgetkit.io.atomic_write", "'nope'"),
-    ("forgetkit.io.atomic_write", "[[1, 2]]"),
+    ("forgetkit.io.atomic_write", "5"), ("forgetkit.io.atomic_write", "[[1, 2]]"),
     ("forgetkit.RunWriter", "5"), ("forgetkit.RunWriter", "[[1, 2]]"),
     ("forgetkit.SummaryWriter", "5"), ("forgetkit.SummaryWriter", "[[1, 2]]"),
     ("forgetkit.TopKWriter", "5"), ("forgetkit.TopKWriter", "[[1, 2]]"),
