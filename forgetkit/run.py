@@ -262,7 +262,7 @@ class Run:
     def weighted_probs(self, indices, weights):
         """sum_i weights[i] * P[indices[i]]: float64 (N, C)."""
         indices = check_indices("indices", indices, self.n_epochs)
-        weights = check_array("weights", weights, kinds="iuf", shape=indices.shape)
+        check_array("weights", weights, kinds="iuf", shape=indices.shape)
         return passes.weighted_probs(self, indices, weights)
 
     def logits_in_place(self):
