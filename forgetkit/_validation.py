@@ -38,11 +38,14 @@ def check_int(name, value, *, minimum=None, maximum=None, allow_none=False):
     return int(value)
 
 
-def check_number(name, value, *, minimum=None, maximum=None):
-    """Return ``value`` as a finite float, checking its type and bounds."""
+def check_number(name, value, *, minimum=None, maximum=None, finite=True):
+    """Return ``value`` as a float, checking its type and bounds (and, unless ``finite`` is
+    False, that it is finite: False lets NaN and infinities through unbounded)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InputTypeError(f"{name} must be a number; got {type(value).__name__} {value!r}")
     value = float(value)
+    if not finite and minimum is None and maximum is None:
+        return value
     if not math.isfinite(value) or (minimum is not None and value < minimum) \
             or (maximum is not None and value > maximum):
         lo = "-inf" if minimum is None else minimum
@@ -182,6 +185,9 @@ def check_class_names(class_names, n_classes):
     """Return class names as a list of n_classes str, or None."""
     if class_names is None:
         return None
+    if isinstance(class_names, (str, bytes, dict)) or not hasattr(class_names, "__iter__"):
+        raise InputTypeError(f"class_names must be a sequence of {n_classes} names; got "
+                             f"{_seen(class_names)}")
     class_names = [str(c) for c in class_names]
     if len(class_names) != n_classes:
         raise ForgetkitError(f"class_names must have {n_classes} entries; got {len(class_names)}")
@@ -193,3 +199,74 @@ def check_meta(meta):
     if meta is not None and not isinstance(meta, dict):
         raise InputTypeError(f"meta must be a dict; got {type(meta).__name__}")
     return dict(meta or {})
+
+
+def _seen(value):
+    """How an unexpected value reads in an error: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_array(name, value, *, ndim=None, kinds="biuf", shape=None):
+    """Return ``value`` as an ndarray, checking its dimensions, dtype kind and shape.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the error.
+    value : array-like
+    ndim : int, optional
+        Required number of dimensions.
+    kinds : str, default "biuf"
+        Accepted ``dtype.kind`` letters ("b" bool, "i"/"u" integers, "f" floats), checked
+        when the array is not empty.
+    shape : tuple, optional
+        Required shape; None entries accept any length along that axis.
+    """
+    if isinstance(value, (str, bytes, dict)) or value is None:
+        raise InputTypeError(f"{name} must be an array; got {_seen(value)}")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise InputTypeError(f"{name} must be an array; got {_seen(value)} ({err})") from None
+    if ndim is not None and arr.ndim != ndim:
+        raise ForgetkitError(f"{name} must be {ndim}-dimensional; got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in kinds:  # an empty list reads as float64
+        names = {"b": "bool", "i": "int", "u": "uint", "f": "float"}
+        wanted = ", ".join(names.get(k, k) for k in kinds)
+        raise InputTypeError(f"{name} must have dtype {wanted}; got dtype {arr.dtype}")
+    if shape is not None and (arr.ndim != len(shape) or any(
+            want is not None and want != got
+            for want, got in zip(shape, arr.shape, strict=True))):
+        want = "(" + ", ".join("any" if s is None else str(s) for s in shape) + ")"
+        raise ForgetkitError(f"{name} must have shape {want}; got shape {arr.shape}")
+    return arr
+
+
+def check_frame(name, value, columns):
+    """Return ``value`` if it is a pandas DataFrame holding ``columns``, else raise."""
+    import pandas as pd
+
+    if not isinstance(value, pd.DataFrame):
+        raise InputTypeError(f"{name} must be a pandas DataFrame; got {_seen(value)}")
+    missing = [c for c in columns if c not in value.columns]
+    if missing:
+        raise ForgetkitError(f"{name} must have columns {list(columns)}; missing {missing} "
+                             f"(has {list(value.columns)})")
+    return value
+
+
+def check_type(name, value, types, expected):
+    """Return ``value`` if it is an instance of ``types``, else raise InputTypeError saying
+    ``expected`` (e.g. "a dict")."""
+    if not isinstance(value, types):
+        raise InputTypeError(f"{name} must be {expected}; got {_seen(value)}")
+    return value
+
+
+def check_ints(name, values, *, minimum=None):
+    """Return ``values`` (a sequence of integers, e.g. seeds) as a list of int, each checked
+    by `check_int` under ``name[i]``."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise InputTypeError(f"{name} must be a sequence of integers; got {_seen(values)}")
+    return [check_int(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(values)]

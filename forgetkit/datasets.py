@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validation import check_option
+from ._validation import check_option, check_path
 from .errors import ForgetkitError, MissingFileError
 
 #: Where Debian's ``dataset-fashion-mnist`` package puts the IDX files.
@@ -18,10 +18,15 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
 
 def read_idx(path):
     """Read an IDX file (optionally gzipped) into an ndarray of its stored type and shape."""
-    path = Path(path)
+    path = Path(check_path("path", path))
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise MissingFileError(f"no such IDX file: {str(path)!r}") from None
+    except IsADirectoryError:
+        raise ForgetkitError(f"{str(path)!r} is a folder, not an IDX file") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise ForgetkitError(f"{str(path)!r} is not an IDX file")
     types = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}

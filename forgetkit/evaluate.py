@@ -8,6 +8,7 @@ Baselines use the ensemble size k of KF(inf) on the same split (the paper's rule
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -15,19 +16,32 @@ from scipy.special import bdtr
 
 from . import kernels
 from ._deprecation import keyword_options, renamed
-from ._validation import check_option
-from .errors import ForgetkitError
+from ._validation import (
+    check_array,
+    check_bool,
+    check_frame,
+    check_int,
+    check_ints,
+    check_labels,
+    check_number,
+    check_option,
+    check_type,
+    is_streamed,
+)
+from .errors import ForgetkitError, InputTypeError
 from .execution import executor_for
 from .fusion import (
     CheckpointAverage,
     EarlyStopping,
     EnsembleSelection,
+    Fuser,
     KnowledgeFusion,
     LikelihoodFusion,
 )
+from .fusion.base import check_fuser
 from .kinds import kind_of
 from .run import DEFAULT_MEMORY_BUDGET, check_run
-from .splits import split_indices
+from .splits import check_val_frac, split_indices
 
 #: name -> label in tables
 METHODS = {
@@ -57,8 +71,25 @@ DEFAULT_METHODS = ("single", "kf1", "kf", "horizontal", "fixed_jumps", "early_st
 
 
 # ----------------------------------------------------------------------- metrics
+def _check_probs(probs, labels):
+    """(probs, labels) of a set of predictions: probabilities (N, C) (a dask array is
+    checked when computed) and labels (N,) in [0, C)."""
+    if not is_streamed(probs):
+        probs = check_array("probs", probs, ndim=2, kinds="f")
+    return probs, check_labels(labels, probs.shape[0], probs.shape[1])
+
+
+def _check_fusers(fusers):
+    """``fusers`` as a list of fitted fusers, naming the first that is not one."""
+    if isinstance(fusers, (Fuser, str, bytes)) or not hasattr(fusers, "__iter__"):
+        raise InputTypeError(f"fusers must be a sequence of fitted fusers; got "
+                             f"{type(fusers).__name__} {fusers!r}"[:200])
+    return [check_fuser(f"fusers[{i}]", f) for i, f in enumerate(fusers)]
+
+
 def nll(probs, labels):
     """Mean negative log-likelihood of the labels (probabilities clipped at 1e-12)."""
+    probs, labels = _check_probs(probs, labels)
     return _nll(probs[np.arange(len(labels)), labels])
 
 
@@ -70,12 +101,15 @@ def _nll(at_label):
 @keyword_options
 def ece(probs, labels, *, n_bins=15):
     """Expected calibration error with ``n_bins`` equal-width confidence bins."""
+    probs, labels = _check_probs(probs, labels)
+    n_bins = check_int("n_bins", n_bins, minimum=1)
     return _ece(probs.max(axis=1), probs.argmax(axis=1) == labels, n_bins)
 
 
 def prediction_metrics(probs, labels):
     """(hit (bool (N,)), NLL, ECE) of probabilities (N, C) from one parallel pass over them:
     the values of ``argmax == labels``, `nll` and `ece`."""
+    probs, labels = _check_probs(probs, labels)
     pred, conf, at_label = kernels.row_top(probs, labels)
     hit = pred == labels
     return hit, _nll(at_label), _ece(conf, hit)
@@ -105,6 +139,8 @@ def score_fusers(fusers, run):
     softmax of each needed epoch once and never stores the fused probabilities; the results
     are those of predict_proba (the same arithmetic). Otherwise each fuser predicts in turn.
     """
+    fusers = _check_fusers(fusers)
+    check_run("run", run)
     logits = run.logits_in_place()
     if logits is None or not fusers:
         return [prediction_metrics(f.predict_proba(run), run.labels) for f in fusers]
@@ -123,6 +159,8 @@ def score_certified(fusers, run):
     """On a top-k run: per fitted fuser, (certified correct (bool (N,)), NLL of the exact
     target probabilities, ECE (nan: the top class's probability is bounded, not known),
     not certified wrong (bool (N,))) from `Fuser.certified`'s certificates."""
+    fusers = _check_fusers(fusers)
+    check_run("run", run)
     out = []
     for f in fusers:
         _, _, state, label_prob = f._certificate(run)
@@ -136,6 +174,8 @@ def mcnemar(correct_a, correct_b):
 
     Binomial(n, 1/2) is symmetric, so the two-sided p-value is min(1, 2 * P(X <= k)) with k
     the smaller discordant count (``scipy.stats.binomtest``'s value)."""
+    correct_a = check_array("correct_a", correct_a, ndim=1, kinds="b")
+    correct_b = check_array("correct_b", correct_b, kinds="b", shape=correct_a.shape)
     a_only = int(np.sum(correct_a & ~correct_b))
     b_only = int(np.sum(~correct_a & correct_b))
     n = a_only + b_only
@@ -161,6 +201,19 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
     ("val_run", val_run, run) when a separate validation run is given. A streamed logits
     run's forgetting pass (and, with ``softmax_stats``, its `Run.softmax_stats`) is
     computed once and shared by every split."""
+    check_run("run", run)
+    if val_run is not None:
+        check_run("val_run", val_run)
+    seeds = check_ints("seeds", seeds, minimum=0)
+    check_val_frac(val_frac)
+    check_int("memory_budget", memory_budget, minimum=0)
+    softmax_stats = check_bool("softmax_stats", softmax_stats)
+    check_bool("progress", progress)
+    return _protocol_splits(run, seeds, val_frac, val_run, memory_budget, softmax_stats,
+                            progress)
+
+
+def _protocol_splits(run, seeds, val_frac, val_run, memory_budget, softmax_stats, progress):
     if val_run is not None:
         yield "val_run", _prepare(val_run, memory_budget), _prepare(run, memory_budget)
         return
@@ -177,9 +230,15 @@ def protocol_splits(run, *, seeds=(0, 1, 2), val_frac=0.5, val_run=None,
 def single_hit(test):
     """Whether the single network (the final epoch's probabilities, as the fusers compare
     them) classifies each test sample correctly: bool (n_samples,)."""
+    check_run("test", test)
     if not kind_of(test).full:  # exact from the records
         return np.asarray(test.correctness()[-1])
     return kernels.row_top(test.probs(-1), test.labels)[0] == test.labels
+
+
+def _check_kf_fits(kf_fits):
+    if kf_fits is not None:
+        check_type("kf_fits", kf_fits, dict, "a dict of fits by (split, window), or None")
 
 
 def _fitted_kf(fits, split, val, window, progress=False):
@@ -215,7 +274,13 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
     probability is), ece is nan. Likelihood fusion uses only the targets' probabilities,
     exact on such runs.
     """
-    methods = list(methods)
+    check_run("run", run)
+    if val_run is not None:
+        check_run("val_run", val_run)
+    _check_kf_fits(kf_fits)
+    if isinstance(methods, str):  # its letters are no methods
+        raise InputTypeError(f"methods must be a list of method names; got str {methods!r}")
+    methods = list(check_type("methods", methods, Iterable, "a list of method names"))
     for m in methods:
         check_option("method", m, tuple(METHODS))
     if "ensemble_selection" in methods and any(r is not None and executor_for(r).lazy
@@ -282,6 +347,7 @@ def compare(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.5, val_
 def table_of_splits(long, *, method_labels=METHODS):
     """`compare`'s table from `compare_splits`' rows (one per split and method): means over
     the splits, standard errors, the largest p-value. ``method_labels``: method -> its label."""
+    check_frame("long", long, SPLIT_COLUMNS)
     n = long["split"].nunique()
 
     def se(x):
@@ -303,6 +369,11 @@ def table_of_splits(long, *, method_labels=METHODS):
     return pd.DataFrame(rows).set_index("method")
 
 
+#: The columns of `compare_splits`' rows that `table_of_splits` reads.
+SPLIT_COLUMNS = ("split", "method", "k", "accuracy", "gain", "nll", "ece", "p_value")
+#: The columns of `compare`'s table that `table_cells` reads.
+TABLE_COLUMNS = ("label", "k", "accuracy", "accuracy_se", "gain", "gain_se", "nll", "ece",
+                 "p_max", "significant")
 TABLE_FORMATS = ("text", "markdown", "html")
 TABLE_HEADER = ("method", "k", "test accuracy (%)", "gain (pp)", "NLL", "ECE", "McNemar p")
 #: The column a top-k run's table adds: the certified accuracy interval.
@@ -311,7 +382,7 @@ INTERVAL_HEADER = "certified interval (%)"
 
 def percent(x):
     """A fraction as a percentage with two decimals: 0.1234 -> "12.34%"."""
-    return f"{100 * x:.2f}%"
+    return f"{100 * check_number('x', x, finite=False):.2f}%"
 
 
 def _pm(mean, se):
@@ -322,6 +393,7 @@ def table_cells(table):
     """The comparison table's rows as strings, in paper style (mean ± standard error, in
     percent; the single network has no p-value); a top-k run's rows end with the certified
     interval."""
+    check_frame("table", table, TABLE_COLUMNS)
     rows = []
     for method, r in table.iterrows():
         p = "" if method == "single" else f"{r['p_max']:.3g}{' *' if r['significant'] else ''}"
@@ -367,6 +439,8 @@ def ensemble_size_curve(run, *, seeds=(0, 1, 2), val_frac=0.5, window=1, kf_fits
     windows (i), k, accuracy and gain (percent / percentage points). ``kf_fits``: as in
     `compare_splits`.
     """
+    check_run("run", run)
+    _check_kf_fits(kf_fits)
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
         kf = _fitted_kf(kf_fits, s, val, window, progress)
@@ -392,6 +466,9 @@ def window_curve(run, *, windows=(0, 1, 2, 3, 4), seeds=(0, 1, 2), val_frac=0.5,
     """Test gain of KF(inf) over the single network for each window size w (the window
     ablation). Returns a DataFrame with columns split, window, k, accuracy, gain.
     ``kf_fits``: as in `compare_splits`."""
+    check_run("run", run)
+    windows = check_ints("windows", windows, minimum=0)
+    _check_kf_fits(kf_fits)
     rows = []
     for s, val, test in protocol_splits(run, seeds=seeds, val_frac=val_frac, progress=progress):
         single = np.mean(single_hit(test))

@@ -12,6 +12,7 @@ statistics) are functions of a run in `forgetkit.passes`, reached through the ru
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import pandas as pd
 from . import passes
 from ._deprecation import keyword_options, warn
 from ._validation import (
+    check_array,
     check_class_names,
     check_epochs,
     check_indices,
@@ -27,6 +29,7 @@ from ._validation import (
     check_meta,
     check_outputs,
     check_sample_ids,
+    check_type,
 )
 from .backends import (  # noqa: F401 (stored_rows, stored_order, epoch_parts: their old home)
     CHUNK_BYTES,
@@ -60,6 +63,19 @@ def check_run(name, value):
         raise InputTypeError(f"{name} must be a forgetkit.Run; got {type(value).__name__} "
                              f"{value!r}"[:200] + hint)
     return value
+
+
+def check_runs(name, value):
+    """Return ``value`` as a non-empty list of `Run`, naming the first entry that is not one."""
+    if isinstance(value, (Run, str, bytes, os.PathLike)) or not isinstance(value, Iterable):
+        raise InputTypeError(f"{name} must be a sequence of forgetkit.Run; got "
+                             f"{type(value).__name__} {value!r}"[:200])
+    runs = list(value)
+    if not runs:
+        raise ForgetkitError(f"{name} must hold at least one run; got none")
+    for i, run in enumerate(runs):
+        check_run(f"{name}[{i}]", run)
+    return runs
 
 
 class Run:
@@ -116,8 +132,9 @@ class Run:
         self.cache = passes.Cache()  # what the passes keep (`forgetkit.passes.Cache`)
         self._validate = bool(validate)
         if validate and not self.checked_per_read:
+            kind = kind_of(self)
             for e in range(n_epochs):
-                self.check_epoch(e, self.outputs[e])
+                kind.check_values(self, e, self.outputs[e])
 
     @property
     def is_distributed(self):
@@ -187,12 +204,14 @@ class Run:
 
     def check_epoch(self, index, values):
         """Raise ValueError if epoch ``index``'s values (n_samples, n_classes) are not valid."""
+        index = passes.epoch_index(self, index)
+        values = check_array("values", values, kinds="f", shape=(None, self.n_classes))
         kind_of(self).check_values(self, index, values)
 
     def epoch_values(self, index):
         """The stored outputs of epoch ``index`` (n_samples, n_classes), checked if this run
         checks per read."""
-        return kind_of(self).stored_values(self, index)
+        return kind_of(self).stored_values(self, passes.epoch_index(self, index))
 
     # ------------------------------------------------------ passes (forgetkit.passes)
     def predictions(self, *, progress=False):
@@ -238,10 +257,12 @@ class Run:
     def mean_probs(self, indices, *, out=None):
         """Mean of the probabilities of epoch ``indices``: float64 (N, C), into ``out`` if
         given (`forgetkit.passes.mean_probs`)."""
-        return passes.mean_probs(self, indices, out=out)
+        return passes.mean_probs(self, check_indices("indices", indices, self.n_epochs), out=out)
 
     def weighted_probs(self, indices, weights):
         """sum_i weights[i] * P[indices[i]]: float64 (N, C)."""
+        indices = check_indices("indices", indices, self.n_epochs)
+        check_array("weights", weights, kinds="iuf", shape=indices.shape)
         return passes.weighted_probs(self, indices, weights)
 
     def logits_in_place(self):
@@ -250,6 +271,8 @@ class Run:
 
     def add_probs(self, index, total):
         """total += the probabilities of epoch ``index``, in place."""
+        check_type("total", total, np.ndarray, "a float64 ndarray (n_samples, n_classes)")
+        check_array("total", total, kinds="f", shape=(self.n_samples, self.n_classes))
         return passes.add_probs(self, index, total)
 
     def label_probs(self):
@@ -264,16 +287,19 @@ class Run:
         """Deprecated: ``forgetkit.execution.executor_for(run).map_reduce(run, fn)``."""
         warn("Run.map_reduce is deprecated; use "
              "forgetkit.execution.executor_for(run).map_reduce(run, fn)")
+        check_type("fn", fn, Callable, "a function of a chunk's Run")
         return executor_for(self).map_reduce(self, fn)
 
     def epoch_positions(self, epoch_numbers):
         """Indices (int64) of the given stored epoch *numbers*; ValueError naming any that
         this run does not hold."""
-        wanted = np.asarray(epoch_numbers, dtype=np.int64).reshape(-1)
+        wanted = check_array("epoch_numbers", epoch_numbers, kinds="iu").astype(np.int64)
+        wanted = wanted.reshape(-1)
         pos = np.minimum(np.searchsorted(self.epochs, wanted), self.n_epochs - 1)
         missing = wanted[self.epochs[pos] != wanted]
         if missing.size:
-            raise ForgetkitError(f"the run lacks epochs {missing.tolist()} (it holds epochs "
+            raise ForgetkitError(f"epoch_numbers: the run lacks epochs {missing.tolist()} (it "
+                                 "holds epochs "
                                  f"{self.epochs[0]}..{self.epochs[-1]}, {self.n_epochs} stored)")
         return pos
 
@@ -284,7 +310,8 @@ class Run:
         wanted = np.asarray(sample_ids).reshape(-1)
         pos = pd.Index(ids).get_indexer(wanted)
         if (pos < 0).any():
-            raise ForgetkitError(f"the run lacks sample ids {wanted[pos < 0][:10].tolist()}")
+            raise ForgetkitError("sample_ids: the run lacks sample ids "
+                                 f"{wanted[pos < 0][:10].tolist()}")
         return pos.astype(np.int64)
 
     # ------------------------------------------------------------- selection

@@ -9,6 +9,13 @@ from ._validation import check_int, check_number
 from .errors import ForgetkitError
 
 
+def check_val_frac(val_frac):
+    """Return ``val_frac`` as a float strictly between 0 and 1."""
+    if not 0.0 < check_number("val_frac", val_frac) < 1.0:
+        raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
+    return float(val_frac)
+
+
 @keyword_options(renamed={"frac": "val_frac"})
 def split_indices(n_samples, val_frac=0.5, *, seed=0):
     """Validation and test sample indices of the paper's split-half protocol.
@@ -20,8 +27,8 @@ def split_indices(n_samples, val_frac=0.5, *, seed=0):
     -------
     val, test : ndarray of int64
     """
-    if not 0.0 < check_number("val_frac", val_frac) < 1.0:
-        raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    check_val_frac(val_frac)
     perm = np.random.default_rng(check_int("seed", seed, minimum=0)).permutation(n_samples)
     n_val = int(n_samples * val_frac)
     if n_val < 1 or n_val >= n_samples:

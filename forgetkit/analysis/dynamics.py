@@ -21,7 +21,7 @@ import pandas as pd
 
 from .. import kernels
 from .._progress import Progress
-from .._validation import check_int, check_number, check_option
+from .._validation import check_bool, check_int, check_number, check_option
 from ..errors import ForgetkitError
 from ..execution import executor_for
 from ..kinds import kind_of
@@ -106,6 +106,10 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
     -------
     Trajectory
     """
+    check_run("run", run)
+    for name, flag in (("mean_probs", mean_probs), ("mean_log_probs", mean_log_probs),
+                       ("progress", progress)):
+        check_bool(name, flag)
     n_epochs = check_burn_out(burn_out, run.n_epochs)
     kind = kind_of(run)
     if (mean_probs or mean_log_probs) and not kind.full:
@@ -223,6 +227,7 @@ def data_map(run, *, burn_out=None, progress=False):
         ``confidence``), ``attrs["n_epochs"]`` the epochs used.
     """
     check_run("run", run)
+    check_bool("progress", progress)
     n_epochs = check_burn_out(burn_out, run.n_epochs)
     if not kind_of(run).logit_margins:
         warnings.warn("the run holds probabilities: aum (defined on logits) is NaN",
@@ -281,7 +286,7 @@ def select(run_or_datamap, *, region, frac=None):
         Sample ids (the data map's index), the region's most typical first; ties keep run
         order.
     """
-    region = REGION_ALIASES.get(region, region)
+    region = REGION_ALIASES.get(region, region) if isinstance(region, str) else region
     check_option("region", region, REGIONS + tuple(REGION_ALIASES))
     if frac is not None:
         frac = check_number("frac", frac)  # its range: below

@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from .._validation import check_bool, check_int, check_number
 from ..errors import ForgetkitError
 from ..execution import executor_for
 from ..run import check_run
@@ -29,11 +30,15 @@ THREADED_COUNTS = 1 << 24
 def predictions(run, *, progress=False):
     """Predicted class (argmax over classes, ties to the lowest index) at every epoch:
     int32 (n_epochs, n_samples), computed once per run by `Run.predictions`."""
+    check_run("run", run)
+    check_bool("progress", progress)
     return run.predictions(progress=progress)
 
 
 def correctness(run, *, progress=False):
     """Whether each sample is classified correctly at each epoch: bool (n_epochs, n_samples)."""
+    check_run("run", run)
+    check_bool("progress", progress)
     return run.correctness(progress=progress)
 
 
@@ -75,6 +80,8 @@ def epoch_counts(run, *, progress=False):
     dask array. Each fraction below is one of these counts divided by n_samples (the same
     bits as the mean of the boolean matrix). ``progress``: show the forgetting pass's
     progress on a terminal (the pass is kept on the run; later calls do not read again)."""
+    check_run("run", run)
+    check_bool("progress", progress)
     # the one pass (kept on a run held here), with progress on every executor
     return executor_for(run).map_reduce(run, _epoch_counts, progress=progress,
                                         desc="forgetting pass")
@@ -88,12 +95,14 @@ def accuracy(run, *, progress=False):
 def forget_fraction(run, *, progress=False):
     """Forget fraction F_e: share of samples correct at e but wrong at the final epoch. (E,)"""
     check_run("run", run)
+    check_bool("progress", progress)
     return epoch_counts(run, progress=progress)[0][1] / run.n_samples
 
 
 def learn_fraction(run, *, progress=False):
     """Learn fraction L_e: share of samples wrong at e but correct at the final epoch. (E,)"""
     check_run("run", run)
+    check_bool("progress", progress)
     return epoch_counts(run, progress=progress)[0][2] / run.n_samples
 
 
@@ -109,6 +118,7 @@ def sample_dynamics(run, *, progress=False):
         first stored epoch after the last correct one, for forgotten samples).
     """
     check_run("run", run)
+    check_bool("progress", progress)
     return executor_for(run).map_reduce(run, _sample_dynamics, progress=progress,
                                         desc="forgetting pass")
 
@@ -195,7 +205,10 @@ def double_descent(run, *, min_drop=0.01, smooth=None, progress=False):
     -------
     DoubleDescent
     """
-    if min_drop <= 0:
+    check_run("run", run)
+    check_bool("progress", progress)
+    check_int("smooth", smooth, minimum=1, allow_none=True)
+    if check_number("min_drop", min_drop) <= 0:
         raise ForgetkitError(f"min_drop must be > 0; got {min_drop}")
     return _double_descent(run, accuracy(run, progress=progress), min_drop=min_drop,
                            smooth=smooth)

@@ -22,7 +22,7 @@ from scipy.special import logsumexp
 
 from .._deprecation import renamed
 from .._progress import Progress
-from .._validation import check_int, check_labels, check_option
+from .._validation import check_array, check_bool, check_int, check_labels, check_option
 from ..errors import ForgetkitError
 from ..execution import combine, executor_for
 from ..kinds import kind_of
@@ -48,6 +48,7 @@ def pred_probs(run, *, how="mean"):
     ndarray of float64, shape (n_samples, n_classes)
         A dask array, computed per chunk of samples when asked, for a run on a dask array.
     """
+    check_run("run", run)
     check_option("how", how, ("mean", "final"))
     if how == "final":
         return run.probs(run.n_epochs - 1)
@@ -198,6 +199,7 @@ def label_issues(run, *, n_issues=None, progress=False):
         - ``n_epochs``: epochs used.
     """
     check_run("run", run)
+    check_bool("progress", progress)
     if not kind_of(run).full:  # a summary, or a top-k run through its summary
         joint, score, suggested, n_epochs = _summary_scores(run, progress)
     else:
@@ -424,7 +426,7 @@ def ranking_metrics(score, noise_mask):
     """
     from scipy.stats import rankdata
 
-    score = np.asarray(score, dtype=np.float64)
+    score = check_array("score", score, ndim=1, kinds="biuf").astype(np.float64)
     mask = _check_mask(noise_mask, len(score))
     n_pos = int(mask.sum())
     n_neg = len(mask) - n_pos
@@ -452,7 +454,7 @@ def set_metrics(flagged, noise_mask):
     dict
         ``n_flagged``, ``precision``, ``recall``, ``f1`` (0 where undefined).
     """
-    mask = np.asarray(noise_mask)
+    mask = check_array("noise_mask", noise_mask, ndim=1)
     flagged = _check_mask(flagged, len(mask), "flagged")
     mask = _check_mask(mask, len(flagged))
     tp = int((flagged & mask).sum())

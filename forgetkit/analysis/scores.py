@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .._validation import check_int, check_number, check_option
+from .._validation import check_int, check_number, check_option, check_type
 from ..errors import ForgetkitError, InputTypeError
 from ..execution import executor_for
 from ..kinds import kind_of
@@ -273,7 +274,7 @@ def _check_scores(scores):
         return None
     if isinstance(scores, str):
         scores = [scores]
-    scores = list(scores)
+    scores = list(check_type("scores", scores, Iterable, "a score name or a list of them"))
     if not scores:
         raise ForgetkitError("scores must name at least one score; got none")
     for s in scores:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .._progress import Progress
-from .._validation import check_option
+from .._validation import check_bool, check_option
 from ..backends import epoch_chunks
 from ..errors import ForgetkitError, InputTypeError
 from ..execution import executor_for
@@ -285,6 +285,7 @@ def mean_surprisal(run, *, sequence_ids=None, by="token", progress=False):
     """
     check_run("run", run)
     check_option("by", by, ("token", "sequence"))
+    check_bool("progress", progress)
     tokens = None if by == "token" else Tokens(run, sequence_ids=sequence_ids)
     sums, n_inf = executor_for(run).map_reduce(run, partial(_surprisal_step, tokens=tokens),
                                                progress=progress, desc="surprisal")
@@ -413,6 +414,7 @@ def memorization(run, *, sequence_ids=None, positions=None, spans=None, progress
     holds ``n_tokens``, ``n_sequences`` (and ``n_spans``).
     """
     check_run("run", run)
+    check_bool("progress", progress)
     tokens = Tokens(run, sequence_ids=sequence_ids, positions=positions,
                     need_positions=spans is not None)
     n, correct, lost = executor_for(run).map_reduce(
@@ -488,6 +490,7 @@ def sequence_dynamics(run, *, sequence_ids=None, progress=False):
     Means are exact means rounded once: the same on every executor.
     """
     check_run("run", run)
+    check_bool("progress", progress)
     tokens = Tokens(run, sequence_ids=sequence_ids)
     n, correct, events, sums, n_inf = executor_for(run).map_reduce(
         run, partial(_sequence_step, tokens=tokens), progress=progress,

@@ -20,16 +20,18 @@ computes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dask
 import dask.array as da
 import numpy as np
 
 from .._progress import Progress
-from .._validation import is_dask_array
+from .._validation import check_type, is_dask_array
 from ..errors import ForgetkitError
 from ..execution import Executor, Parts, combine, register_executor
 from ..kinds import RecordOutputs, kind_of
-from ..run import Run
+from ..run import Run, check_run
 
 
 def sample_chunks(run):
@@ -197,4 +199,6 @@ def map_reduce(run, fn):
     """``executor_for(run).map_reduce(run, fn)`` of a run on a dask array: ``fn`` on each
     chunk's Run, on the workers of the active dask scheduler, results combined by
     `forgetkit.execution.combine`."""
+    check_run("run", run)
+    check_type("fn", fn, Callable, "a function of a chunk's Run")
     return EXECUTOR.map_reduce(run, fn)

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterable
 
 import numba
 import pandas as pd
 
 from .._progress import Progress
-from .._validation import check_int, check_number, check_option
-from ..errors import ForgetkitError, MissingFileError
+from .._validation import check_int, check_ints, check_option, check_path
+from ..errors import ForgetkitError, InputTypeError, MissingFileError
 from ..evaluate import DEFAULT_METHODS, METHODS, compare
 from ..io import load
+from ..splits import check_val_frac
 
 
 def run_paths(paths):
     """Run files named by ``paths``: a path or glob pattern, or a sequence of them (glob
     matches in sorted order). MissingFileError naming a path or pattern that names none."""
-    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    elif isinstance(paths, Iterable) and not isinstance(paths, (bytes, dict)):
+        paths = [check_path(f"paths[{i}]", p) for i, p in enumerate(paths)]
+    else:
+        raise InputTypeError(f"paths must be a path, a glob pattern or a list of them; got "
+                             f"{type(paths).__name__} {paths!r}"[:200])
     if not paths:
         raise ForgetkitError("paths names no run: got an empty list")
     out = []
@@ -101,11 +109,9 @@ def sweep(paths, *, methods=DEFAULT_METHODS, client=None, n_workers=None, seeds=
     # every option checked before a cluster starts or a run is read
     for m in methods:
         check_option("method", m, tuple(METHODS))
-    for seed in seeds:
-        check_int("seed", seed, minimum=0)
+    seeds = check_ints("seeds", seeds, minimum=0)
     check_int("window", window, minimum=0)
-    if not 0.0 < check_number("val_frac", val_frac) < 1.0:
-        raise ForgetkitError(f"val_frac must lie strictly between 0 and 1; got {val_frac}")
+    check_val_frac(val_frac)
     paths = run_paths(paths)
     options = dict(methods=list(methods), seeds=tuple(seeds), val_frac=val_frac, window=window)
     cluster, threads = None, None

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._deprecation import keyword_options
-from .._validation import check_int, check_option
+from .._validation import check_array, check_int, check_option
 from ..errors import ForgetkitError, PlanError
+from ..run import check_run, check_runs
 from .base import Fuser, as_run, check_validation_run
 from .schema import check_checkpoints, check_weights_present
 
@@ -41,27 +42,32 @@ def fixed_epochs(n_epochs, select, k=1):
 
 def single(run):
     """Probabilities of the final epoch (the single network)."""
+    check_run("run", run)
     return run.mean_probs(fixed_epochs(run.n_epochs, "single"))
 
 
 def horizontal(run, k):
     """Mean probabilities of the last k epochs (horizontal ensemble)."""
+    check_run("run", run)
     return run.mean_probs(fixed_epochs(run.n_epochs, "horizontal", k))
 
 
 def fixed_jumps(run, k):
     """Mean probabilities of k epochs equally spaced over training, ending at the last."""
+    check_run("run", run)
     return run.mean_probs(fixed_epochs(run.n_epochs, "fixed_jumps", k))
 
 
 def uniform(run):
     """Mean probabilities of all stored epochs."""
+    check_run("run", run)
     return run.mean_probs(range(run.n_epochs))
 
 
 def snapshot(run, cycle_ends):
     """Mean probabilities at the cycle-end epochs (epoch *numbers*) of a cyclic schedule."""
-    ends = np.asarray(cycle_ends, dtype=np.int64).reshape(-1)
+    check_run("run", run)
+    ends = check_array("cycle_ends", cycle_ends, kinds="iu").reshape(-1)
     if ends.size == 0:
         raise ForgetkitError("cycle_ends must list at least one stored epoch number")
     return run.mean_probs(run.epoch_positions(ends))
@@ -69,9 +75,7 @@ def snapshot(run, cycle_ends):
 
 def multi_run(runs):
     """Mean final-epoch probabilities of independently trained runs on the same samples."""
-    runs = list(runs)
-    if not runs:
-        raise ForgetkitError("multi_run needs at least one run")
+    runs = check_runs("runs", runs)
     check_same_samples(runs)
     total = single(runs[0])
     for r in runs[1:]:
@@ -82,9 +86,7 @@ def multi_run(runs):
 def average_runs(runs):
     """Test-time augmentation: a probabilities Run averaging, epoch by epoch, runs that hold
     the same samples and epochs under different augmentations. Fit KF on it as on any run."""
-    runs = list(runs)
-    if not runs:
-        raise ForgetkitError("average_runs needs at least one run")
+    runs = check_runs("runs", runs)
     check_same_samples(runs)
     first = runs[0]
     for r in runs[1:]:

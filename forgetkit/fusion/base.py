@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from .. import kernels
+from .._validation import check_array, check_path
 from ..errors import ForgetkitError, InputTypeError, MissingFileError, PlanError
 from ..execution import executor_for
 from ..io.atomic import write_json_atomic
 from ..io.record import parse_record
 from ..kinds import kind_named, kind_of
-from ..run import Run
+from ..run import Run, check_run
 from . import topk
 from .schema import FORMAT, FORMAT_VERSION, MAX_FUSER_BYTES, fuser_from_record
 
@@ -128,8 +129,14 @@ class Fuser:
         fitted epochs' kind (labels are not needed to predict)."""
         if isinstance(run, Run):
             return run
-        outputs = np.asarray(run) if not hasattr(run, "shape") else run
-        n_samples = outputs.shape[1] if getattr(outputs, "ndim", 0) == 3 else 0
+        if hasattr(run, "shape") and hasattr(run, "dtype"):  # ndarray, memmap, dask array
+            outputs = run
+            if outputs.ndim != 3:
+                raise ForgetkitError(f"run must be a Run or an outputs array (epochs, samples, "
+                                     f"classes); got shape {tuple(outputs.shape)}")
+        else:
+            outputs = check_array("run", run, ndim=3, kinds="f")
+        n_samples = outputs.shape[1]
         # a bare array: of the fitted kind, or logits where that kind stores records
         kind = self.kind_ if kind_named(self.kind_).stores_values else "logits"
         return Run(outputs, np.zeros(n_samples, dtype=np.int64), kind=kind,
@@ -138,6 +145,7 @@ class Fuser:
     def _positions(self, run, indices):
         """Positions in ``run`` of fitted epoch indices, matched by epoch number."""
         self._check_fitted()
+        check_run("run", run)
         if run.n_classes != self.n_classes_:
             raise ForgetkitError(f"the run has {run.n_classes} classes; the fusion was fitted on "
                                  f"{self.n_classes_}")
@@ -301,8 +309,19 @@ def _is_json_text(source):
     return any(c in source for c in '{["\n') or source.strip() in ("null", "true", "false")
 
 
+def check_fuser(name, value):
+    """Return ``value`` if it is a fitted fuser, else raise (InputTypeError for another type,
+    ForgetkitError for a fuser not fitted yet)."""
+    if not isinstance(value, Fuser):
+        raise InputTypeError(f"{name} must be a fitted forgetkit fuser; got "
+                             f"{type(value).__name__} {value!r}"[:200])
+    value._check_fitted()
+    return value
+
+
 def _read_source(source):
     """(JSON text, name for messages) of JSON text or a path to a JSON file."""
+    check_path("source", source)
     if _is_json_text(source):
         return source, "the fuser JSON"
     path = Path(source)

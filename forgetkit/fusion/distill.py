@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._validation import check_number, check_path
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.atomic import atomic_write
 from ..io.guard import refuse_overwrite
@@ -17,6 +18,8 @@ from ..io.integrity import crc_array
 from ..io.pair import commit_pair, open_pair
 from ..io.record import parse_record, sidecar_path
 from ..probs import LOG_FLOOR
+from ..run import check_run
+from .base import check_fuser
 
 #: The ``format`` of the sidecar of .npy soft targets.
 FORMAT = "forgetkit-soft-targets"
@@ -26,7 +29,9 @@ def soft_targets(fuser, train_run, *, temperature=1.0):
     """Fused probabilities of ``train_run`` (N, C), sharpened or softened by ``temperature``:
     softmax(log(p) / T). ``fuser`` is any fitted forgetkit fuser (e.g. a KnowledgeFusion plan
     fitted on validation data); ``train_run`` must hold the epochs the fuser uses."""
-    if not temperature > 0:
+    check_fuser("fuser", fuser)
+    check_run("train_run", train_run)
+    if not check_number("temperature", temperature) > 0:
         raise ForgetkitError(f"temperature must be > 0; got {temperature}")
     p = fuser.predict_proba(train_run)
     if temperature == 1.0:
@@ -48,7 +53,9 @@ def write_soft_targets(path, fuser, train_run, *, temperature=1.0):
     Refuses a ``path`` (or sidecar) that is the file ``train_run`` was loaded from or a file
     kept beside it.
     """
-    path = Path(path)
+    path = Path(check_path("path", path))
+    check_fuser("fuser", fuser)
+    check_run("train_run", train_run)
     if path.suffix not in (".parquet", ".npy"):
         raise ForgetkitError(f"soft targets are written as .parquet or .npy; got {str(path)!r}")
     refuse_overwrite({"the soft targets file": path}, [train_run.source])
@@ -82,7 +89,7 @@ def read_soft_targets(path):
     `write_soft_targets`. For ``.npy``, the targets are checked against the sidecar's CRC32C
     (CorruptFileError if they differ), and a pair being rewritten gives the old targets or the
     new ones with their own ids and labels, never a mix."""
-    path = Path(path)
+    path = Path(check_path("path", path))
     if path.suffix == ".parquet":
         table = pq.read_table(path)
         targets = np.stack(table.column("targets").to_numpy(zero_copy_only=False))

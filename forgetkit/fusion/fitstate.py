@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from .._validation import check_array, check_labels, check_option
 from ..execution import combine
 
 #: Half-width of the band (relative to the largest |value| of a sample) around interval ends
@@ -197,6 +198,10 @@ def best_continuous_eps(a, b, labels, *, rule="best", base=None):
     Returns (eps, number correct at eps, computed with the brute-force arithmetic). With rule
     "best" ties go to the smallest eps; with "paper" the largest eps whose count is >= base.
     """
+    a = check_array("a", a, ndim=2, kinds="f")
+    b = check_array("b", b, kinds="f", shape=a.shape)
+    check_labels(labels, a.shape[0], a.shape[1])
+    check_option("rule", rule, ("best", "paper"))
     lo, hi, lo_open, hi_open, valid = kernels.win_intervals(a, b, labels)
     lo, hi, lo_open, hi_open = lo[valid], hi[valid], lo_open[valid], hi_open[valid]
     ends = np.unique(np.concatenate([[0.0, 1.0], lo, hi]))

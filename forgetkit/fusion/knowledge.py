@@ -200,6 +200,10 @@ class KnowledgeFusion(Fuser):
         Each stage is a new array; on a run on a dask array, a lazy dask array
         (``with_windows(i).predict_proba(run)``, computed on the workers)."""
         self._check_fitted()
+        self._as_input(run)  # checked here, not at the first stage
+        return self._staged_predict_proba(run)
+
+    def _staged_predict_proba(self, run):
         if kind_of(self._as_input(run)).bounded:  # exact only where the bounds are (else raises)
             for i in range(1 + sum(eps > 0 for _, eps in self.plan_)):
                 yield self.with_windows(i).predict_proba(run)

@@ -20,9 +20,11 @@ from importlib import resources
 
 import numpy as np
 
+from .._validation import check_int, check_path, check_type
 from ..analysis.dynamics import data_map
 from ..analysis.label_issues import label_issues
 from ..errors import ForgetkitError
+from ..run import check_run
 from . import plots
 from .inputs import input_rows, load_inputs, parse_class_names
 
@@ -50,6 +52,9 @@ def prepare(run, *, train_run=None, inputs=None, train_inputs=None, class_names=
     inputs loaded (`forgetkit.report.inputs.load_inputs`). Raises ForgetkitError on inputs
     with fewer rows than a run's largest sample id, images of another shape, class names of
     the wrong count, or runs of different class counts."""
+    check_run("run", run)
+    if train_run is not None:
+        check_run("train_run", train_run)
     if train_run is not None and train_run.n_classes != run.n_classes:
         raise ForgetkitError(f"train_run has {train_run.n_classes} classes; the run has "
                              f"{run.n_classes}")
@@ -313,8 +318,8 @@ class Explorer:
     """
 
     def __init__(self, html_text, *, height=900):
-        self.html = html_text
-        self.height = int(height)
+        self.html = check_type("html_text", html_text, str, "the explorer's HTML text (str)")
+        self.height = check_int("height", height, minimum=1)
 
     def _repr_html_(self):
         return (f"<iframe srcdoc=\"{html.escape(self.html, quote=True)}\" "
@@ -327,7 +332,7 @@ class Explorer:
 
         from ..io.atomic import atomic_write
 
-        path = Path(path)
+        path = Path(check_path("path", path))
         with atomic_write(path) as tmp:
             tmp.write_text(self.html, encoding="utf-8")
         return path

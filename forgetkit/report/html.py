@@ -11,14 +11,23 @@ import numpy as np
 import pandas as pd
 
 from .. import evaluate
-from .._validation import check_option
+from .._validation import (
+    check_array,
+    check_frame,
+    check_ints,
+    check_option,
+    check_path,
+    check_type,
+)
 from ..analysis import forgetting
 from ..analysis.dynamics import data_map
 from ..analysis.label_issues import label_issues, ranking_metrics, set_metrics
 from ..errors import ForgetkitError
 from ..evaluate import percent
+from ..fusion import KnowledgeFusion
 from ..io.atomic import atomic_write
 from ..io.guard import refuse_overwrite
+from ..run import check_run
 from . import explorer, plots, tokens
 from .page import STYLE, Figure, figure_html, render
 from .readable import meta_rows
@@ -80,6 +89,13 @@ def build(run, *, val_frac=0.5, seeds=(0, 1, 2), window=1, train_run=None, noise
     KnowledgeFusion fitted on the first split, list of Figure). With a ``train_run``, the
     summary also holds ``label_issues`` (`label_issue_section`) and the figures its data
     map. ``progress``: the forgetting pass's and the KF fits' progress on a terminal."""
+    check_run("run", run)
+    if train_run is not None:
+        check_run("train_run", train_run)
+    if not check_ints("seeds", seeds, minimum=0):
+        raise ForgetkitError("seeds must name at least one split; got none")
+    if noise_mask is not None:
+        check_array("noise_mask", noise_mask, ndim=1, kinds="b")
     summary = forgetting.summary(run, progress=progress)
     fits = {}  # KF(inf) fitted once per (split, window), shared by the table and curves
     table = evaluate.compare(run, seeds=seeds, val_frac=val_frac, window=window, kf_fits=fits,
@@ -181,6 +197,11 @@ def to_html(run, summary, table, kf, figures, *, source="", samples=None):
     """The report as one HTML string (figures inline, no external resources). ``samples``:
     the sample explorer's fragment (`forgetkit.report.explorer.fragment`), shown after the
     summary."""
+    check_run("run", run)
+    check_type("summary", summary, dict, "a dict (the first value `build` returns)")
+    check_frame("table", table, evaluate.TABLE_COLUMNS)
+    check_type("kf", kf, KnowledgeFusion, "a fitted KnowledgeFusion")._check_fitted()
+    check_type("figures", figures, (list, tuple), "a list of report figures")
     dd = summary["double_descent"]
     numbers = [
         ("final accuracy", percent(summary["final_accuracy"])),
@@ -255,8 +276,9 @@ def write_report(run, out, *, fmt="html", source="", inputs=None, train_inputs=N
     the runs or inputs were loaded from, and inputs or class names that do not fit the runs.
     """
 
+    check_run("run", run)
+    out = Path(check_path("out", out))
     check_option("fmt", fmt, ("html", "png"))
-    out = Path(out)
     if tokens.is_token_run(run):
         return _write_token_report(run, out, fmt=fmt, source=source, tokenizer=tokenizer,
                                    sequences=sequences, inputs=inputs,

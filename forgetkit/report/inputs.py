@@ -6,11 +6,13 @@ of the run when it has no ids.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .._validation import check_type
 from ..errors import ForgetkitError, InputTypeError, MissingFileError
 
 #: Column names tried, in order, for the text of a Parquet or CSV input.
@@ -176,7 +178,8 @@ def parse_class_names(spec, n_classes, *, run_names=None, name="class_names"):
             raise ForgetkitError(f"{name}: {str(spec)!r} is neither a file nor a "
                                  "comma-separated list of names")
     else:
-        names = [str(s) for s in spec]
+        names = [str(s) for s in check_type(name, spec, Iterable, "a sequence of names, a "
+                                            "comma-separated string or a file")]
         where = name
     if len(names) != n_classes:
         raise ForgetkitError(f"{where} must give {n_classes} class names (one per class); got "

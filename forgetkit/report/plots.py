@@ -7,8 +7,10 @@ import numpy as np
 import pandas as pd
 
 from .._deprecation import renamed
+from .._validation import check_frame
 from ..analysis import dynamics, forgetting
-from ..run import Run
+from ..errors import ForgetkitError
+from ..run import Run, check_run, check_runs
 from ..theory.noise import large_loss_dominance
 
 
@@ -20,8 +22,14 @@ def _axes(ax, figsize=(6.4, 4.0)):
     return ax
 
 
+def _plain(text):
+    """``text`` shown as written in a legend: a "$" is escaped, never read as math."""
+    return str(text).replace("$", r"\$")
+
+
 def class_names(run):
     """The run's class names, or "class 0", "class 1", ... when it has none."""
+    check_run("run", run)
     return run.class_names or [f"class {c}" for c in range(run.n_classes)]
 
 
@@ -29,6 +37,7 @@ def accuracy_retention(run, *, ax=None):
     """Test accuracy per epoch and the share of samples correct at that epoch *and* at the
     end (paper Fig. 2a-b); the gap between the curves is the forget fraction F_e. Double
     descent phases are marked when found."""
+    check_run("run", run)
     ax = _axes(ax)
     correct = forgetting.correctness(run)
     acc = correct.mean(axis=1)
@@ -55,10 +64,14 @@ def forget_learn(runs, *, labels=None, ax=None):
     ``runs``: one Run or a list (e.g. model sizes or data fractions) with ``labels``.
     """
 
-    ax = _axes(ax)
-    runs = [runs] if isinstance(runs, Run) else list(runs)
+    runs = [runs] if isinstance(runs, Run) else check_runs("runs", runs)
     labels = labels or ([""] if len(runs) == 1 else [f"run {i}" for i in range(len(runs))])
+    if isinstance(labels, str) or len(labels) != len(runs):
+        raise ForgetkitError(f"labels must be a sequence of {len(runs)} names (one per run); "
+                             f"got {labels!r}"[:200])
+    ax = _axes(ax)
     for i, (run, name) in enumerate(zip(runs, labels, strict=True)):
+        name = _plain(name)
         sep = ": " if name else ""
         ax.plot(run.epochs, 100 * forgetting.forget_fraction(run), color=f"C{i}",
                 label=f"{name}{sep}F_e (forget)")
@@ -132,20 +145,21 @@ def _gain_curve(ax, grouped, x, xlabel, title):
 def gain_vs_checkpoints(curve, *, ax=None):
     """KF gain over the single network against the ensemble size k (App. figure), from
     `forgetkit.evaluate.ensemble_size_curve`: mean over splits with standard errors."""
-    g = curve.groupby("windows")
+    g = check_frame("curve", curve, ("windows", "k", "gain")).groupby("windows")
     return _gain_curve(ax, g, g["k"].mean(), "checkpoints used (k)",
                        "KF(i): gain against ensemble size")
 
 
 def gain_vs_window(curve, *, ax=None):
     """KF(inf) gain against the window size w, from `forgetkit.evaluate.window_curve`."""
-    g = curve.groupby("window")
+    g = check_frame("curve", curve, ("window", "gain")).groupby("window")
     return _gain_curve(ax, g, g["gain"].mean().index, "window w (epochs averaged: 2w + 1)",
                        "KF(inf): gain against window size")
 
 
 def compare_methods(table, *, ax=None):
     """Test accuracy of each method with standard errors, from `forgetkit.compare`."""
+    check_frame("table", table, ("label", "k", "accuracy", "accuracy_se"))
     ax = _axes(ax)
     y = np.arange(len(table))[::-1]
     err = np.nan_to_num(table["accuracy_se"].to_numpy())
@@ -153,7 +167,8 @@ def compare_methods(table, *, ax=None):
     ax.axvline(table.loc["single", "accuracy"] if "single" in table.index else np.nan,
                color="0.5", ls=":", lw=1)
     ax.set_yticks(y, [f"{lab} (k={k:.0f})" for lab, k in zip(table["label"], table["k"],
-                                                              strict=True)])
+                                                              strict=True)],
+                  parse_math=False)
     ax.set_xlabel("test accuracy (%), mean ± standard error over splits")
     ax.set_title("Knowledge Fusion against the baselines")
     return ax
@@ -161,6 +176,7 @@ def compare_methods(table, *, ax=None):
 
 def per_class_forgetting(run, *, ax=None):
     """Share of each class's samples that were learned and then forgotten by the end."""
+    check_run("run", run)
     ax = _axes(ax)
     df = forgetting.sample_dynamics(run)
     share = df.groupby("label")["forgotten"].mean().reindex(range(run.n_classes), fill_value=0)
@@ -183,7 +199,10 @@ def confidence_variability(dm_or_run, *, ax=None, gridsize=50):
     """
     import matplotlib as mpl
 
-    dm = dm_or_run if isinstance(dm_or_run, pd.DataFrame) else dynamics.data_map(dm_or_run)
+    if isinstance(dm_or_run, pd.DataFrame):
+        dm = check_frame("dm_or_run", dm_or_run, ("variability", "confidence", "correctness"))
+    else:
+        dm = dynamics.data_map(check_run("dm_or_run", dm_or_run))
     ax = _axes(ax, figsize=(6.4, 5.0))
     x = dm["variability"].to_numpy(dtype=np.float64)
     y = dm["confidence"].to_numpy(dtype=np.float64)

@@ -9,6 +9,7 @@ import pandas as pd
 from .._validation import check_int
 from ..errors import ForgetkitError
 from ..fusion import KnowledgeFusion
+from ..run import check_run
 from ..splits import split_indices
 
 
@@ -44,6 +45,8 @@ def compare_fairness(natural, transformed, *, seeds=(0, 1, 2), val_frac=0.5, win
     test halves of both runs. Returns a DataFrame (one row per method): accuracy on each run
     and the amplification bias (means over splits).
     """
+    check_run("natural", natural)
+    check_run("transformed", transformed)
     if natural.n_samples != transformed.n_samples or \
             not np.array_equal(natural.labels, transformed.labels):
         raise ForgetkitError("natural and transformed runs must hold the same samples and labels")

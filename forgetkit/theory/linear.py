@@ -12,14 +12,14 @@ import numpy as np
 import pandas as pd
 
 from .._deprecation import keyword_options
-from .._validation import check_int
+from .._validation import check_array, check_int
 from ..analysis.forgetting import correctness
 from ..errors import ForgetkitError
-from ..run import Run
+from ..run import Run, check_run
 
 
 def _targets(Y, n):
-    Y = np.asarray(Y)
+    Y = check_array("Y", Y, kinds="biuf")
     if Y.ndim == 1:
         labels = Y.astype(np.int64)
         onehot = np.zeros((n, labels.max() + 1))
@@ -31,7 +31,7 @@ def _targets(Y, n):
 
 
 def _check_X(X, name="X"):
-    X = np.asarray(X, dtype=np.float64)
+    X = check_array(name, X, kinds="biuf").astype(np.float64)
     if X.ndim != 2:
         raise ForgetkitError(f"{name} must have shape (samples, features); got shape {X.shape}")
     return X
@@ -136,6 +136,7 @@ def pca_path(X, Y, X_eval, y_eval, *, ks=None):
     for S(k) to be defined against W_opt.
     """
     X, X_eval = _check_X(X), _check_X(X_eval, "X_eval")
+    y_eval = check_array("y_eval", y_eval, ndim=1, kinds="iu")
     _, U = pca(X)
     w_opt = optimal_separator(X, Y)
     ks = np.arange(1, X.shape[1] + 1) if ks is None else np.asarray(ks, dtype=np.int64)
@@ -153,6 +154,8 @@ def forgotten_after(run, index):
     """bool (n_samples,): correct at some stored epoch after epoch *index* ``index`` and
     wrong at the final one. S(k) of the paper's Definition 2 for a `pca_path` run, M(n) for
     a deep model's run."""
+    check_run("run", run)
+    index = check_int("index", index, minimum=0, maximum=run.n_epochs - 1)
     correct = correctness(run)
     later = correct[index + 1:].any(axis=0) if index + 1 < run.n_epochs else \
         np.zeros(run.n_samples, dtype=bool)
@@ -162,7 +165,8 @@ def forgotten_after(run, index):
 def overlap(S, M):
     """(|S ∩ M| / |S|, |S ∩ M| / |M|) of two boolean masks over the same samples (nan for an
     empty set)."""
-    S, M = np.asarray(S, dtype=bool), np.asarray(M, dtype=bool)
+    S = check_array("S", S, ndim=1, kinds="biu").astype(bool)
+    M = check_array("M", M, ndim=1, kinds="biu").astype(bool)
     if S.shape != M.shape:
         raise ForgetkitError(f"S and M must cover the same samples; got {S.shape} and {M.shape}")
     both = np.sum(S & M)
@@ -173,6 +177,8 @@ def align_indices(linear_run, deep_run):
     """Fit n = alpha * k + beta matching the two time scales by forgotten-set size: for each
     stored k, the deep-run epoch index n whose |M(n)| is closest to |S(k)|, then a
     least-squares line. Returns (alpha, beta) in *indices* of the two runs."""
+    check_run("linear_run", linear_run)
+    check_run("deep_run", deep_run)
     s_sizes = np.array([forgotten_after(linear_run, i).sum() for i in range(linear_run.n_epochs)])
     m_sizes = np.array([forgotten_after(deep_run, n).sum() for n in range(deep_run.n_epochs)])
     use = np.flatnonzero(s_sizes > 0)
@@ -190,6 +196,8 @@ def overlap_table(linear_run, deep_run, *, alpha=None, beta=None):
     epoch n, |S|, |M|, |S∩M|, the two ratios, and ``chance`` = |M| / N, the expected
     |S∩M| / |S| were S a random set of the same size.
     """
+    check_run("linear_run", linear_run)
+    check_run("deep_run", deep_run)
     if linear_run.n_samples != deep_run.n_samples or \
             not np.array_equal(linear_run.labels, deep_run.labels):
         raise ForgetkitError("the linear and deep runs must hold the same samples (same labels)")

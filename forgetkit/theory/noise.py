@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from .._deprecation import keyword_options
-from .._validation import check_int, check_labels
+from .._validation import check_array, check_int, check_labels, check_number
 from ..errors import ForgetkitError
 from ..probs import LOG_FLOOR
-from ..run import Run
+from ..run import Run, check_run
 
 
 def _selected(n, p, seed):
-    if not 0.0 <= p <= 1.0:
+    if not 0.0 <= check_number("p", p) <= 1.0:
         raise ForgetkitError(f"p must lie in [0, 1]; got {p}")
     rng = np.random.default_rng(seed)
     chosen = np.zeros(n, dtype=bool)
@@ -30,7 +30,7 @@ def symmetric(labels, p, n_classes, *, seed=0):
     noisy : ndarray of int64 (N,); mask : bool (N,), True where the label was changed.
     """
     n_classes = check_int("n_classes", n_classes, minimum=2)
-    y = check_labels(labels, len(np.asarray(labels)), n_classes)
+    y = check_labels(labels, len(check_array("labels", labels, ndim=1)), n_classes)
     chosen, rng = _selected(len(y), p, seed)
     noisy = y.copy()
     shift = rng.integers(1, n_classes, size=int(chosen.sum()))
@@ -52,7 +52,7 @@ def asymmetric(labels, p, mapping, *, seed=0):
     n_classes = len(mapping)
     if mapping.min() < 0 or mapping.max() >= n_classes:
         raise ForgetkitError(f"mapping values must lie in [0, {n_classes})")
-    y = check_labels(labels, len(np.asarray(labels)), n_classes)
+    y = check_labels(labels, len(check_array("labels", labels, ndim=1)), n_classes)
     chosen, _ = _selected(len(y), p, seed)
     noisy = y.copy()
     noisy[chosen] = mapping[y[chosen]]
@@ -62,6 +62,7 @@ def asymmetric(labels, p, mapping, *, seed=0):
 def training_losses(run):
     """Cross-entropy loss of every stored epoch on every sample of a (training-set) run,
     against ``run.labels`` (the labels it was trained with): float64 (n_epochs, n_samples)."""
+    check_run("run", run)
     rows = np.arange(run.n_samples)
     out = np.empty((run.n_epochs, run.n_samples))
     for e in range(run.n_epochs):
@@ -88,12 +89,12 @@ def large_loss_dominance(losses, noise_mask, *, frac=None):
 
     if isinstance(losses, Run):
         losses = training_losses(losses)
-    losses = np.asarray(losses, dtype=np.float64)
-    mask = np.asarray(noise_mask, dtype=bool)
+    losses = check_array("losses", losses, kinds="biuf").astype(np.float64)
+    mask = check_array("noise_mask", noise_mask, kinds="biu").astype(bool)
     if losses.ndim != 2 or mask.shape != (losses.shape[1],):
         raise ForgetkitError(f"losses must be (epochs, samples) and noise_mask (samples,); got "
                              f"{losses.shape} and {mask.shape}")
-    frac = mask.mean() if frac is None else frac
+    frac = mask.mean() if frac is None else check_number("frac", frac, minimum=0, maximum=1)
     k = int(round(frac * losses.shape[1]))
     if k < 1:
         raise ForgetkitError("no large-loss points to count: frac (or the noise rate) is 0")
