@@ -130,7 +130,8 @@ def test_writers_store_checksums_that_verify(tmp_path, fmt):
         for e in range(E):
             writer.append(e, RUN.outputs[e])
         writer.append(1, RUN.outputs[2], replace=True)
-    assert fk.verify(path) == {"path": str(path), "verifiable": True, "epochs": 2, "bad": []}
+    assert fk.verify(path) == {"path": str(path), "verifiable": True, "metadata": True,
+                               "epochs": 2, "bad": []}
     run = fk.load(path)
     assert run.epochs.tolist() == [0, 1]
     if fmt != "summary":

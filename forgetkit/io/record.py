@@ -13,7 +13,7 @@ from .._validation import KINDS
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..run import Run
 from .integrity import KEY as CRC_KEY
-from .integrity import checksums, crc_ints
+from .integrity import METADATA_VERSION, RECORD_KEY, checksums, crc_ints, crc_record
 
 SIDECAR_SUFFIX = ".forgetkit.json"
 FLOAT_NAMES = ("float16", "float32", "float64")
@@ -44,17 +44,39 @@ def jsonable(values):
     return [v.item() if isinstance(v, np.generic) else v for v in np.asarray(values).tolist()]
 
 
-#: The record version of runs that carry checksums (`forgetkit.io.integrity`); version 1
-#: records (written before checksums existed) load unverified.
-RECORD_VERSION = 2
+#: The record version of runs whose checksums cover their metadata too
+#: (`forgetkit.io.integrity.crc_record`). Version 2 records carry checksums of the values,
+#: labels and epoch numbers only (their other metadata loads unverified); version 1 records
+#: (written before checksums existed) load unverified.
+RECORD_VERSION = METADATA_VERSION
+#: The first record version written with checksums.
+CHECKSUMS_VERSION = 2
+
+#: The fields of metadata records (full runs, summaries, top-k runs, Parquet schemas): any
+#: other is a corrupt record (a renamed key), never a default.
+KNOWN_FIELDS = frozenset((
+    "format", "version", "kind", "dtype", "n_samples", "n_classes", "epochs", "labels",
+    "sample_ids", "class_names", "meta", CRC_KEY, "layout", "fields", "vocab_size", "k",
+    "ids", "tokens"))
+#: The record formats forgetkit writes.
+RECORD_FORMATS = ("forgetkit-run", "forgetkit-summary", "forgetkit-topk")
+
+
+def _version(record):
+    version = record.get("version")
+    return version if isinstance(version, int) and not isinstance(version, bool) else 0
 
 
 def needs_checksums(record):
-    """Whether ``record`` says it was written with checksums (version >= RECORD_VERSION), so
-    that their absence means a corrupt record."""
-    version = record.get("version")
-    return isinstance(version, int) and not isinstance(version, bool) \
-        and version >= RECORD_VERSION
+    """Whether ``record`` says it was written with checksums (version >= 2), so that their
+    absence means a corrupt record."""
+    return _version(record) >= CHECKSUMS_VERSION
+
+
+def covers_metadata(record):
+    """Whether ``record`` says its checksums cover its metadata (version >= 3), so that the
+    absence of that checksum means a corrupt record."""
+    return _version(record) >= RECORD_VERSION
 
 
 def run_record(*, kind, dtype, n_samples, n_classes, epochs, labels, sample_ids=None,
@@ -84,8 +106,9 @@ class EncodedRecord(dict):
 
 def with_checksums(record, epoch_crcs):
     """``record`` with the checksums (`forgetkit.io.integrity.checksums`) of its labels,
-    epoch numbers and the stored epochs' values ``epoch_crcs``."""
-    return dict(record, **{CRC_KEY: checksums(record["labels"], record["epochs"], epoch_crcs)})
+    epoch numbers, other fields and the stored epochs' values ``epoch_crcs``."""
+    return dict(record, **{CRC_KEY: checksums(record["labels"], record["epochs"], epoch_crcs,
+                                              record)})
 
 
 def record_encoder(record, *, labels_crc=None):
@@ -107,6 +130,7 @@ def record_encoder(record, *, labels_crc=None):
 
 
 def _encoder(fixed, keys, at, parts, labels_crc):
+    fixed_crc = crc_record(fixed)  # the fields that do not change between epochs
     head = ", ".join(parts[k] for k in keys[:at])
     tail = ", ".join(parts[k] for k in keys[at + 1:])
 
@@ -115,7 +139,7 @@ def _encoder(fixed, keys, at, parts, labels_crc):
         out = EncodedRecord(fixed)
         out["epochs"] = epochs
         out[CRC_KEY] = {"outputs": [int(c) for c in epoch_crcs], "labels": labels_crc,
-                        "epochs": crc_ints(epochs), **(more or {})}
+                        "epochs": crc_ints(epochs), RECORD_KEY: fixed_crc, **(more or {})}
         body = f'"epochs": {json.dumps(epochs)}, "{CRC_KEY}": {json.dumps(out[CRC_KEY])}'
         out.json_text = "{" + ", ".join(p for p in (head, body, tail) if p) + "}"
         return out
@@ -171,7 +195,14 @@ def check_record(record, where):
     it); ``where`` names the file in messages. Returns the record."""
     if not isinstance(record, dict):
         raise CorruptFileError(f"{where} must hold a JSON object; got {type(record).__name__}")
+    unknown = sorted(set(record) - KNOWN_FIELDS)
+    if unknown:
+        raise CorruptFileError(f"{where} holds the unknown field {unknown[0]!r}: the metadata "
+                               f"is corrupt (fields: {', '.join(sorted(KNOWN_FIELDS))})")
     for name, ok, expected in (
+        ("format", lambda v: v in RECORD_FORMATS, f"one of {', '.join(RECORD_FORMATS)}"),
+        ("version", lambda v: _is_int(v) and 1 <= v <= RECORD_VERSION,
+         f"an integer from 1 to {RECORD_VERSION}"),
         ("kind", lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
         ("dtype", lambda v: v in FLOAT_NAMES, f"one of {', '.join(FLOAT_NAMES)}"),
         ("n_samples", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),

@@ -41,7 +41,7 @@ def write_summary_parquet(path, records, record):
                        "sample": np.arange(n_samples, dtype=np.int64),
                        **{f: rows[f] for f in FIELDS}}
             writer.write_table(pa.table(columns, schema=schema), row_group_size=n_samples)
-        sums = checksums(rec["labels"], rec["epochs"], crcs)
+        sums = checksums(rec["labels"], rec["epochs"], crcs, rec)
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
 
 

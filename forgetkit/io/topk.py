@@ -57,7 +57,7 @@ from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
 from .integrity import crc_ints
 from .lock import RunLock
-from .npy import open_records, verify_tensor
+from .npy import epochs_of_record, open_records, verify_tensor
 from .pair import READ_ATTEMPTS, commit_pair, file_identity, open_pair
 from .record import read_sidecar_of, record_encoder, sidecar_path
 from .summary import SummaryWriter, summary_header
@@ -185,6 +185,7 @@ def load_topk(path, *, labels=None, verify=True):
             raise ForgetkitError(f"{str(path)!r} is not a forgetkit top-k run (no {FORMAT} "
                                  "sidecar)")
         check_topk_record(record, where)
+        records = epochs_of_record(path, records, record)
         try:
             table = read_tokens(path, record, verify=verify)
             break

@@ -76,7 +76,7 @@ def write_topk_parquet(path, epoch_records, record, table):
                                ids_type.to_pandas_dtype())).reshape(-1)), k)]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema),
                                row_group_size=n)
-        sums = checksums(table["target"], rec["epochs"], crcs)
+        sums = checksums(table["target"], rec["epochs"], crcs, rec)
         sums[ARGMAX_KEY] = argmax
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
 

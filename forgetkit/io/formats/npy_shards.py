@@ -20,7 +20,7 @@ from ..registry import Shard
 from ..topk import TOKENS_SUFFIX
 from ..topk_record import FORMAT as TOPK_FORMAT
 from ..topk_record import check_shard_record, check_shard_table
-from .blocks import check_block, corrupt_shard, missing_shard
+from .blocks import check_block, check_shard_metadata, corrupt_shard, missing_shard
 
 
 def _beside(path, suffix):
@@ -78,6 +78,7 @@ def open_npy_shard(fs, path, name, *, verify=True):
     """The `Shard` of the NPY file ``path`` (a full run's tensor, or a top-k run's records
     with their token table), from its header and sidecar."""
     record = read_shard_sidecar(fs, path, name)
+    check_shard_metadata(record, record.get(CRC_KEY), name, verify=verify)
     if record.get("format") == TOPK_FORMAT:
         return _topk_shard(fs, path, name, record, verify)
     shape, dtype, stored, offset = npy_header(fs, path, name)

@@ -19,7 +19,7 @@ from ..registry import Shard
 from ..topk_parquet import TOKEN_COLUMNS, read_topk_parquet
 from ..topk_record import FORMAT as TOPK_FORMAT
 from ..topk_record import check_shard_record, check_shard_table
-from .blocks import check_block, corrupt_shard, missing_shard
+from .blocks import check_block, check_shard_metadata, corrupt_shard, missing_shard
 
 
 def parquet_file(fs, path, name):
@@ -44,7 +44,15 @@ def open_parquet_shard(fs, path, name, *, verify=True):
         record = json.loads(md[PARQUET_KEY])
     except ValueError as err:
         raise corrupt_shard(name, err) from None
-    if isinstance(record, dict) and record.get("format") == TOPK_FORMAT:
+    if not isinstance(record, dict):
+        raise corrupt_shard(name, "its forgetkit metadata is not a JSON object")
+    sums = (pf.metadata.metadata or {}).get(CRC_METADATA_KEY)
+    try:
+        sums = json.loads(sums) if sums is not None else None
+    except ValueError as err:
+        raise corrupt_shard(name, err) from None
+    if record.get("format") == TOPK_FORMAT:
+        check_shard_metadata(record, sums, name, verify=verify)
         return _topk_shard(pf, fs, path, name, record, verify)
     epochs = []
     for rg in range(pf.metadata.num_row_groups):
@@ -54,13 +62,10 @@ def open_parquet_shard(fs, path, name, *, verify=True):
                                    "one row group per epoch")
         epochs.append(int(col[0]))
     record["epochs"] = epochs
+    check_shard_metadata(record, sums, name, verify=verify)
     shape = (len(epochs), int(record["n_samples"]), int(record["n_classes"]))
     dtype = np.dtype(record.get("dtype", "float32"))
-    sums = (pf.metadata.metadata or {}).get(CRC_METADATA_KEY)
-    try:
-        crcs = json.loads(sums)["outputs"] if sums is not None and verify else None
-    except (ValueError, TypeError, KeyError) as err:
-        raise corrupt_shard(name, err) from None
+    crcs = sums["outputs"] if sums is not None and verify else None
     reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=dtype, crcs=crcs)
     return Shard(kind=record.get("kind", "logits"), shape=shape, dtype=dtype, record=record,
                  read_block=functools.partial(read_parquet_block, **reader))
