@@ -205,14 +205,23 @@ def check_fields(record, sums, path, *, where=None):
         if record.get(name) is None:
             raise CorruptFileError(f"{where}: the metadata lacks the field {name!r} "
                                    "that its checksums cover: the metadata is corrupt")
-    epochs = record.get("epochs")
-    if epochs is not None and crc_ints(epochs) != sums["epochs"]:
-        raise CorruptFileError(f"{where}: the epoch numbers do not match their "
-                               "checksum (the metadata is corrupt)")
-    labels = record.get("labels")
-    if labels is not None and crc_ints(labels) != sums["labels"]:
-        raise CorruptFileError(f"{where}: the labels do not match their checksum (the "
-                               "metadata is corrupt)")
+    for name, what in (("epochs", "the epoch numbers"), ("labels", "the labels")):
+        values = record.get(name)
+        if values is not None and crc_of_ints(values) != sums[name]:
+            raise CorruptFileError(f"{where}: {what} do not match their checksum (the "
+                                   "metadata is corrupt)")
+
+
+def crc_of_ints(values):
+    """`crc_ints` of ``values``, or None if they are not integers (so that they do not
+    match their checksum)."""
+    try:
+        arr = np.asarray(values)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            return None
+        return crc_ints(arr)
+    except (ValueError, TypeError, OverflowError):
+        return None
 
 
 def mismatch(path, epoch_number, index):

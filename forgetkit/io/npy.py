@@ -17,6 +17,7 @@ from .record import (
     corrupt,
     make_run,
     needs_checksums,
+    one_line,
     read_record,
     sidecar_path,
 )
@@ -75,7 +76,7 @@ def open_records(path):
         return open_memmap(path)
     except ForgetkitError as err:
         raise ForgetkitError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
-                             f"({err})") from None
+                             f"({one_line(err)})") from None
 
 
 def read_sidecar(file):

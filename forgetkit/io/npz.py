@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import CorruptFileError, ForgetkitError
 from .integrity import KEY as CRC_KEY
-from .integrity import RECORD_KEY, crc_ints, crc_record
+from .integrity import RECORD_KEY, crc_ints, crc_of_ints, crc_record
 from .record import RECORD_VERSION, corrupt, jsonable, make_run, parse_record
 
 #: The member that lists an NPZ run's members and checksums its metadata (labels, epoch
@@ -120,8 +120,8 @@ def _check_record_member(path, stored, files, record, outputs, key):
                                f"{sorted(set(files) - set(info['members']))}")
     meta = metadata_record(key, outputs.dtype, outputs.shape, record.get("sample_ids"),
                            record.get("class_names"), record.get("meta"))
-    for name, got in (("labels", crc_ints(record["labels"])),
-                      ("epochs", crc_ints(record["epochs"])), (RECORD_KEY, crc_record(meta))):
+    for name, got in (("labels", crc_of_ints(record["labels"])),
+                      ("epochs", crc_of_ints(record["epochs"])), (RECORD_KEY, crc_record(meta))):
         if sums.get(name) != got:
             part = "the metadata (kind, shape, sample ids, class names, meta)" \
                 if name == RECORD_KEY else f"the {name}"

@@ -33,6 +33,7 @@ from .record import (
     corrupt,
     make_run,
     needs_checksums,
+    one_line,
     parse_record,
     read_record,
 )
@@ -180,7 +181,7 @@ class _ParquetSource:
             table = pf.file.read_row_group(rg, columns=["epoch", "sample", "outputs"])
         except Exception as err:
             raise CorruptFileError(f"cannot read {where} (index {i}): the file is truncated or "
-                                   f"corrupt ({err})") from None
+                                   f"corrupt ({one_line(err)})") from None
         if table.num_rows != self.n_samples:
             raise ForgetkitError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
         values = column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)

@@ -167,10 +167,16 @@ def sidecar_path(path):
     return path.with_name(path.name[: -len(path.suffix)] + SIDECAR_SUFFIX)
 
 
+def one_line(err):
+    """The text of an exception (another library's, whose messages may span lines) on one
+    line."""
+    return " ".join(str(err).split())
+
+
 def corrupt(path, err):
     """The error for a file that cannot be decoded."""
     return CorruptFileError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
-                            f"({err})")
+                            f"({one_line(err)})")
 
 
 def _is_int(value):

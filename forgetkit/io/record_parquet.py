@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from ..errors import CorruptFileError
 from .integrity import crc_array, mismatch
 from .parquet import PARQUET_KEY
-from .record import corrupt, parse_record
+from .record import corrupt, one_line, parse_record
 
 
 def has_format(path, fmt):
@@ -68,7 +68,7 @@ def read_epoch_groups(pf, name, record, sums, n, dtype, fill, *, columns=None, v
             fill(records[e], e, part, order)
         except Exception as err:
             raise CorruptFileError(f"cannot read epoch index {e} of {name!r}: the file "
-                                   f"is truncated or corrupt ({err})") from None
+                                   f"is truncated or corrupt ({one_line(err)})") from None
         if verify and crc_array(records[e]) != sums["outputs"][e]:
             raise mismatch(name, record["epochs"][e], e)
     return records

@@ -59,7 +59,7 @@ from .integrity import crc_ints
 from .lock import RunLock
 from .npy import epochs_of_record, open_records, verify_tensor
 from .pair import READ_ATTEMPTS, commit_pair, file_identity, open_pair
-from .record import read_sidecar_of, record_encoder, sidecar_path
+from .record import one_line, read_sidecar_of, record_encoder, sidecar_path
 from .summary import SummaryWriter, summary_header
 from .topk_parquet import write_topk_parquet
 from .topk_record import (
@@ -161,7 +161,7 @@ def read_tokens(path, record, *, verify=True):
         except FileNotFoundError:
             continue
         except Exception as err:
-            seen.append(f"{str(file)!r} does not load ({err})")
+            seen.append(f"{str(file)!r} does not load ({one_line(err)})")
             continue
         if table.dtype != TOKEN_DTYPE or table.shape != (n,):
             seen.append(f"{str(file)!r} holds {table.dtype} of shape {table.shape}")

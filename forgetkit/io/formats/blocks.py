@@ -8,13 +8,13 @@ import numpy as np
 from ...errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..integrity import KEY as CRC_KEY
 from ..integrity import check_fields, crc_array, stored_checksums
-from ..record import check_record
+from ..record import check_record, one_line
 
 
 def corrupt_shard(name, err):
     """The error for a shard file that cannot be decoded."""
     return CorruptFileError(f"cannot read shard {name!r}: the file is truncated or corrupt "
-                            f"({err})")
+                            f"({one_line(err)})")
 
 
 def missing_shard(name):
