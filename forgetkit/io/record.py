@@ -161,6 +161,22 @@ def record_of(run):
                       sample_ids=run.sample_ids, class_names=run.class_names, meta=run.meta)
 
 
+#: The token table of a top-k run ``<name>.npy``: ``<name>.tokens.npy``.
+TOKENS_SUFFIX = ".tokens.npy"
+
+
+def tokens_path(path):
+    """``<name>.tokens.npy`` beside ``<name>.npy``: the token table."""
+    path = Path(path)
+    return path.with_name(path.name[: -len(path.suffix)] + TOKENS_SUFFIX)
+
+
+def pending_tokens_path(path):
+    """The token table being committed beside ``<name>.npy``: ``<name>.tokens.npy.next``."""
+    tokens = tokens_path(path)
+    return tokens.with_name(tokens.name + ".next")
+
+
 def sidecar_path(path):
     """``<name>.forgetkit.json`` beside ``<name>.npy``."""
     path = Path(path)

@@ -59,7 +59,15 @@ from .integrity import crc_ints
 from .lock import RunLock
 from .npy import epochs_of_record, open_records, verify_tensor
 from .pair import READ_ATTEMPTS, commit_pair, file_identity, open_pair
-from .record import one_line, read_sidecar_of, record_encoder, sidecar_path
+from .record import (  # noqa: F401 (TOKENS_SUFFIX: forgetkit.io.topk's, as before)
+    TOKENS_SUFFIX,
+    one_line,
+    pending_tokens_path,
+    read_sidecar_of,
+    record_encoder,
+    sidecar_path,
+    tokens_path,
+)
 from .summary import SummaryWriter, summary_header
 from .topk_parquet import write_topk_parquet
 from .topk_record import (
@@ -73,19 +81,6 @@ from .topk_record import (
     topk_record,
     topk_run,
 )
-
-TOKENS_SUFFIX = ".tokens.npy"
-
-
-def tokens_path(path):
-    """``<name>.tokens.npy`` beside ``<name>.npy``: the token table."""
-    path = Path(path)
-    return path.with_name(path.name[: -len(path.suffix)] + TOKENS_SUFFIX)
-
-
-def _pending_tokens(path):
-    tokens = tokens_path(path)
-    return tokens.with_name(tokens.name + ".next")
 
 
 def token_table(targets, sequence_ids, positions, vocab_size):
@@ -155,7 +150,7 @@ def read_tokens(path, record, *, verify=True):
     seen = []
     # the pending table first: a commit renames it over the table, so that one read after
     # it is missing sees the renamed one
-    for file in (_pending_tokens(path), tokens_path(path)):
+    for file in (pending_tokens_path(path), tokens_path(path)):
         try:
             table = np.load(file, allow_pickle=False)
         except FileNotFoundError:
@@ -303,7 +298,7 @@ def commit_topk(path, table, write_tensor, record_for):
     ``<name>.tokens.npy.next`` first, the records and sidecar are committed
     (`commit_pair`), then the table is renamed into place (`read_tokens` takes the pending
     table while its checksum is the sidecar's)."""
-    pending = _pending_tokens(path)
+    pending = pending_tokens_path(path)
     _write_tokens(pending, table)
     commit_pair(path, write_tensor, record_for)
     os.replace(pending, tokens_path(path))
@@ -359,13 +354,13 @@ class TopKWriter(SummaryWriter):
         self._lock_and_open(mode)
 
     def _files(self):
-        return (self.path, tokens_path(self.path), _pending_tokens(self.path))
+        return (self.path, tokens_path(self.path), pending_tokens_path(self.path))
 
     def _start(self):
         remove_stale_temps(tokens_path(self.path))
-        remove_stale_temps(_pending_tokens(self.path))
+        remove_stale_temps(pending_tokens_path(self.path))
         _write_tokens(tokens_path(self.path), self.table)
-        _pending_tokens(self.path).unlink(missing_ok=True)
+        pending_tokens_path(self.path).unlink(missing_ok=True)
 
     def append(self, epoch, records, *, replace=False, meta=None):
         """Store epoch number ``epoch``: records (n_tokens,) of a `topk_dtype` of this run's k
@@ -458,7 +453,7 @@ class TopKWriter(SummaryWriter):
 def _settle_tokens(path, record):
     """Finish or drop a pending token table left by a killed commit: renamed into place if
     it is the one the sidecar names, else removed."""
-    pending = _pending_tokens(path)
+    pending = pending_tokens_path(path)
     if not pending.exists():
         return
     try:

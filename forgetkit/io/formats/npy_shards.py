@@ -15,9 +15,8 @@ from ...errors import CorruptFileError
 from ...kinds.topk import check_records
 from ..integrity import KEY as CRC_KEY
 from ..integrity import crc_array
-from ..record import SIDECAR_SUFFIX
+from ..record import SIDECAR_SUFFIX, TOKENS_SUFFIX
 from ..registry import Shard
-from ..topk import TOKENS_SUFFIX
 from ..topk_record import FORMAT as TOPK_FORMAT
 from ..topk_record import check_shard_record, check_shard_table
 from .blocks import check_block, check_shard_metadata, corrupt_shard, missing_shard
