@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import KINDS
+from .._validation import KINDS, duplicate_id
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..run import Run
 from .integrity import KEY as CRC_KEY
@@ -278,22 +278,12 @@ def load_labels_file(path, what="labels"):
         raise ForgetkitError(f"cannot read {what} from {str(path)!r}: {err}") from None
 
 
-def duplicate_id(sample_ids):
-    """(id, first position, second position) of the first repeated sample id, or None."""
-    ids = np.asarray(sample_ids)
-    if ids.size < 2:
-        return None
-    try:
-        order = np.argsort(ids, kind="stable")
-    except TypeError:  # ids of mixed types: compare them as text
-        ids = ids.astype(str)
-        order = np.argsort(ids, kind="stable")
-    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
-    if not same.size:
-        return None
-    first, second = sorted((int(order[same[0]]), int(order[same[0] + 1])))
-    value = ids[first]
-    return (value.item() if isinstance(value, np.generic) else value), first, second
+def refuse_duplicate_ids(sample_ids, source):
+    """CorruptFileError naming ``source`` if the stored ``sample_ids`` repeat an id."""
+    dup = duplicate_id(sample_ids) if sample_ids is not None else None
+    if dup is not None:
+        raise CorruptFileError(f"{str(source)!r}: sample id {dup[0]!r} appears twice (samples "
+                               f"{dup[1]} and {dup[2]}); sample ids must be unique")
 
 
 def make_run(outputs, record, labels, kind, *, source):
@@ -305,10 +295,7 @@ def make_run(outputs, record, labels, kind, *, source):
     if labels is None:
         raise ForgetkitError(f"{str(source)!r} stores no labels: pass labels= (an array or a "
                              ".npy file; --labels on the command line)")
-    dup = duplicate_id(record["sample_ids"]) if record.get("sample_ids") is not None else None
-    if dup is not None:
-        raise CorruptFileError(f"{str(source)!r}: sample id {dup[0]!r} appears twice (samples "
-                               f"{dup[1]} and {dup[2]}); sample ids must be unique")
+    refuse_duplicate_ids(record.get("sample_ids"), source)
     n_epochs = outputs.shape[0] if outputs.ndim == 3 else None
     epochs = record.get("epochs")
     if epochs is not None and n_epochs is not None:

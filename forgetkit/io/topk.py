@@ -77,6 +77,7 @@ from .topk_record import (
     check_topk_record,
     epoch_crcs,
     record_dtype,
+    refuse_duplicate_tokens,
     table_crc,
     topk_record,
     topk_run,
@@ -97,6 +98,7 @@ def token_table(targets, sequence_ids, positions, vocab_size):
     n = len(targets)
     out = TopKOutputs(np.empty((0, n), topk_dtype(1, vocab_size)), vocab_size, sequence_ids,
                       positions)  # checks the columns
+    refuse_duplicate_tokens(out.sequence_ids, out.positions, "sequence_ids and positions")
     table = np.empty(n, dtype=TOKEN_DTYPE)
     table["sequence"], table["position"], table["target"] = (out.sequence_ids, out.positions,
                                                              targets)
