@@ -230,6 +230,21 @@ def mismatch(path, epoch_number, index):
                             "match its checksum: the file is corrupt")
 
 
+#: What pyarrow's error says when a Parquet page does not match its page checksum.
+PAGE_CHECKSUM_ERROR = "CRC checksum verification failed"
+
+
+def read_error(path, epoch_number, index, err):
+    """The error for epoch ``epoch_number`` (index ``index``) of ``path`` that could not
+    be read because of ``err``: a page that fails its Parquet page checksum is an epoch that
+    does not match its checksum (`mismatch`: the epoch, never the page ordinal)."""
+    if PAGE_CHECKSUM_ERROR in str(err):
+        return mismatch(path, epoch_number, index)
+    detail = " ".join(str(err).split())
+    return CorruptFileError(f"cannot read epoch {epoch_number} (index {index}) of "
+                            f"{str(path)!r}: the file is truncated or corrupt ({detail})")
+
+
 def _stat_key(path):
     st = os.stat(path)
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,

@@ -26,6 +26,7 @@ from .integrity import (
     crc_ints,
     crc_record,
     mismatch,
+    read_error,
     stored_checksums,
 )
 from .record import (
@@ -33,7 +34,6 @@ from .record import (
     corrupt,
     make_run,
     needs_checksums,
-    one_line,
     parse_record,
     read_record,
 )
@@ -180,8 +180,7 @@ class _ParquetSource:
         try:
             table = pf.file.read_row_group(rg, columns=["epoch", "sample", "outputs"])
         except Exception as err:
-            raise CorruptFileError(f"cannot read {where} (index {i}): the file is truncated or "
-                                   f"corrupt ({one_line(err)})") from None
+            raise read_error(pf.path, self.epochs[i], i, err) from None
         if table.num_rows != self.n_samples:
             raise ForgetkitError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
         values = column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..errors import CorruptFileError
-from .integrity import crc_array, mismatch
+from .integrity import crc_array, mismatch, read_error
 from .parquet import PARQUET_KEY
-from .record import corrupt, one_line, parse_record
+from .record import corrupt, parse_record
 
 
 def has_format(path, fmt):
@@ -67,8 +67,7 @@ def read_epoch_groups(pf, name, record, sums, n, dtype, fill, *, columns=None, v
                 raise ValueError("column 'sample' is not a permutation of 0..N-1")
             fill(records[e], e, part, order)
         except Exception as err:
-            raise CorruptFileError(f"cannot read epoch index {e} of {name!r}: the file "
-                                   f"is truncated or corrupt ({one_line(err)})") from None
+            raise read_error(name, record["epochs"][e], e, err) from None
         if verify and crc_array(records[e]) != sums["outputs"][e]:
             raise mismatch(name, record["epochs"][e], e)
     return records
