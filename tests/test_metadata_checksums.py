@@ -227,3 +227,14 @@ def test_shard_metadata_is_checksummed(tmp_path, suffix):
         pq.write_table(table.replace_schema_metadata(md), path, row_group_size=6)
     with pytest.raises(fk.errors.CorruptFileError, match="shard-1.*metadata"):
         fk.load(str(tmp_path / f"shard-*{suffix}"))
+
+
+@pytest.mark.parametrize("old, new", [("crc32c", "crc32a"), ("labels", "labelr")])
+def test_a_renamed_checksum_or_labels_key_is_refused_by_load_and_verify(tmp_path, capsys,
+                                                                        old, new):
+    path = tmp_path / "run.npy"
+    fk.save(RUN, path)
+    edit_sidecar(path, lambda r: r.update({new: r.pop(old)}))
+    refused(path, new)
+    assert main(["verify", str(path)]) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
