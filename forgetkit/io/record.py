@@ -62,21 +62,12 @@ KNOWN_FIELDS = frozenset((
 RECORD_FORMATS = ("forgetkit-run", "forgetkit-summary", "forgetkit-topk")
 
 
-def _version(record):
-    version = record.get("version")
-    return version if isinstance(version, int) and not isinstance(version, bool) else 0
-
-
 def needs_checksums(record):
     """Whether ``record`` says it was written with checksums (version >= 2), so that their
     absence means a corrupt record."""
-    return _version(record) >= CHECKSUMS_VERSION
-
-
-def covers_metadata(record):
-    """Whether ``record`` says its checksums cover its metadata (version >= 3), so that the
-    absence of that checksum means a corrupt record."""
-    return _version(record) >= RECORD_VERSION
+    version = record.get("version")
+    return isinstance(version, int) and not isinstance(version, bool) \
+        and version >= CHECKSUMS_VERSION
 
 
 def run_record(*, kind, dtype, n_samples, n_classes, epochs, labels, sample_ids=None,
