@@ -82,3 +82,14 @@ def test_a_hard_link_planted_as_the_lock_is_refused(tmp_path, write):
             fk.RunWriter(path, N, C, labels=full_run().labels)
     assert victim.read_text() == "keep me"
     assert not path.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_lock_file_of_another_user_is_refused(tmp_path):
+    path = tmp_path / "r.npy"
+    lock = tmp_path / "r.npy.lock"
+    lock.write_text("")
+    os.chown(lock, 12345, 12345)
+    with pytest.raises(fk.ForgetkitError, match="lock file .*owned by another user"):
+        fk.save(full_run(), path)
+    assert not path.exists()

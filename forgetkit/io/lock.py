@@ -71,6 +71,11 @@ class RunLock:
                 os.close(fd)
                 raise ForgetkitError(self._not_regular(
                     f"a hard link ({st.st_nlink} links: another file's contents)"))
+            if st.st_uid != os.geteuid():  # planted by another user (a shared folder)
+                os.close(fd)
+                raise ForgetkitError(self._not_regular(
+                    f"owned by another user (uid {st.st_uid}; this process runs as uid "
+                    f"{os.geteuid()})"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
