@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import forgetkit as fk
+from forgetkit.cli import main
 from forgetkit.kinds.topk import TopKOutputs, topk_records
 
 E, N, C = 3, 50, 4
@@ -62,3 +63,17 @@ def test_a_parquet_shard_page_checksum_error_names_the_epoch(tmp_path):
     flip_in_last_row_group(path, 2)
     with pytest.raises(fk.errors.CorruptFileError, match=r"epoch 7 \(index 2\)"):
         fk.load([str(path)]).predictions().compute()
+
+
+@pytest.mark.parametrize("fmt, column", [("full", 2), ("summary", 3), ("topk", 7)])
+def test_verify_lists_the_epoch_whose_pages_fail(tmp_path, fmt, column, capsys):
+    run, topk = runs()
+    path = tmp_path / f"{fmt}.parquet"
+    if fmt == "summary":
+        fk.summarize(run, path)
+    else:
+        fk.save(topk if fmt == "topk" else run, path)
+    flip_in_last_row_group(path, column)
+    assert fk.verify(path)["bad"] == [7]
+    assert main(["verify", str(path)]) == 1
+    assert capsys.readouterr().err.strip() == f"{path}: bad: epoch 7 does not match its checksum"

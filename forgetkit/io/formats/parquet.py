@@ -22,9 +22,9 @@ from ..parquet import CRC_METADATA_KEY, load_parquet, open_parquet_run, staging_
 from ..record import record_of
 from ..registry import Format
 from ..summary import load_summary, staged_summary, summarize
-from ..summary_parquet import is_summary_parquet, load_summary_parquet
+from ..summary_parquet import is_summary_parquet, load_summary_parquet, read_summary_parquet
 from ..topk import save_topk
-from ..topk_parquet import is_topk_parquet, load_topk_parquet
+from ..topk_parquet import is_topk_parquet, load_topk_parquet, read_topk_parquet
 from .npy import verify_npy
 from .parquet_shards import open_parquet_shard
 
@@ -36,13 +36,14 @@ class RecordLayout(NamedTuple):
     holds: Callable  # path -> whether its metadata is this kind's
     load: Callable  # (path, *, labels, verify) -> Run
     save: Callable  # (run, path)
+    read: Callable  # (path, *, bad) -> (records, record, ...): bad epochs' indices in bad
 
 
 #: The record kinds' layouts, by kind; any other Parquet file is a full run.
 RECORD_KINDS = {
-    "topk": RecordLayout(is_topk_parquet, load_topk_parquet, save_topk),
-    "summary": RecordLayout(is_summary_parquet, load_summary_parquet,
-                            summarize),
+    "topk": RecordLayout(is_topk_parquet, load_topk_parquet, save_topk, read_topk_parquet),
+    "summary": RecordLayout(is_summary_parquet, load_summary_parquet, summarize,
+                            read_summary_parquet),
 }
 
 
@@ -123,9 +124,10 @@ class ParquetFormat(Format):
             raise MissingFileError(f"no such run: {str(path)!r}")
         stored = stored_kind(path) if path.exists() else None
         if stored is not None:  # every epoch checked as it is read
-            run = RECORD_KINDS[stored].load(path, labels=None, verify=True)
+            bad = []
+            records, record, *_ = RECORD_KINDS[stored].read(path, bad=bad)
             return {"verifiable": True, "metadata": covers_metadata(path),
-                    "epochs": run.n_epochs, "bad": []}
+                    "epochs": len(records), "bad": [int(record["epochs"][e]) for e in bad]}
         return verify_full_parquet(path)
 
     def open_shard(self, fs, path, name, *, verify=True):
