@@ -178,6 +178,10 @@ def check_sample_ids(sample_ids, n_samples):
     if sample_ids.shape != (n_samples,):
         raise ForgetkitError(
             f"sample_ids must have shape ({n_samples},); got shape {sample_ids.shape}")
+    dup = duplicate_id(sample_ids)
+    if dup is not None:
+        raise ForgetkitError(f"sample_ids must be unique: sample id {dup[0]!r} appears twice "
+                             f"(samples {dup[1]} and {dup[2]})")
     return sample_ids
 
 
@@ -270,3 +274,21 @@ def check_ints(name, values, *, minimum=None):
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
         raise InputTypeError(f"{name} must be a sequence of integers; got {_seen(values)}")
     return [check_int(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(values)]
+
+
+def duplicate_id(sample_ids):
+    """(id, first position, second position) of the first repeated sample id, or None."""
+    ids = np.asarray(sample_ids)
+    if ids.size < 2:
+        return None
+    try:
+        order = np.argsort(ids, kind="stable")
+    except TypeError:  # ids of mixed types: compare them as text
+        ids = ids.astype(str)
+        order = np.argsort(ids, kind="stable")
+    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if not same.size:
+        return None
+    first, second = sorted((int(order[same[0]]), int(order[same[0] + 1])))
+    value = ids[first]
+    return (value.item() if isinstance(value, np.generic) else value), first, second

@@ -108,7 +108,9 @@ def _cmd_verify(args):
                 print(f"{path}: bad: epoch {epoch} does not match its checksum",
                       file=sys.stderr)
         elif not args.quiet:
-            print(f"{path}: ok ({result['epochs']} epochs)")
+            print(f"{path}: ok ({result['epochs']} epochs)" + (
+                "" if result.get("metadata", True) else
+                "; its metadata cannot be verified: written before it was checksummed"))
     return status
 
 

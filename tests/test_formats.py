@@ -116,7 +116,8 @@ def test_a_registered_format_loads_saves_verifies_and_converts(tmp_path, toy):
     np.testing.assert_array_equal(np.asarray(back.outputs), np.asarray(run.outputs))
     np.testing.assert_array_equal(back.labels, run.labels)
     assert back.epochs.tolist() == [1, 3, 5, 7] and back.meta == {"model": "toy"}
-    assert fk.verify(path) == {"path": str(path), "verifiable": True, "epochs": 4, "bad": []}
+    assert fk.verify(path) == {"path": str(path), "verifiable": True, "metadata": True,
+                               "epochs": 4, "bad": []}
     assert main(["verify", "--quiet", str(path)]) == 0
     # converted to every built-in format that stores full runs, and back
     for suffix in (".npy", ".npz", ".parquet"):

@@ -12,6 +12,11 @@ with an arbitrary JSON value. The outcome must be one of:
 never garbage (values that were not in the file), a crash, or, from the command line, a
 traceback (exit status 1 with one line, never the internal-error status).
 
+Issue 38 adds the metadata (sample ids, class names, meta, kind, sizes) to what must load
+equal or be refused, mutations of metadata keys (renamed, dropped, changed) and NPZ
+members, and that `forgetkit.verify` and ``forgetkit verify`` agree with `load` on every
+mutation.
+
 Small runs keep each case to milliseconds; examples are derandomized so CI sees the same
 cases every time, and the whole file runs in well under a minute.
 """
@@ -409,3 +414,164 @@ def test_fuzz_helpers_see_the_original_as_equal():
             result = outcome(write_format(sub, fmt))
             assert result is not None
             check_loaded_equals(result, 0)
+
+
+# ------------------------------------------------- verify agrees with load (issue 38)
+#: RUN with the metadata every format stores: sample ids, class names, metadata.
+RICH = RUN.replace(sample_ids=[f"s{i}" for i in range(N)], class_names=["a", "b", "c"],
+                   meta={"lr": 0.5, "note": "x"})
+
+
+def topk_rich():
+    return topk_run(RICH).replace(meta=RICH.meta)
+
+
+def write_rich(folder, fmt):
+    """RICH (its top-k run for the top-k formats) in format ``fmt``; returns the path."""
+    if fmt in ("topk", "topk-parquet"):
+        path = Path(folder) / ("topk.npy" if fmt == "topk" else "topk.parquet")
+        fk.save(topk_rich(), path)
+        return path
+    return write_format(folder, fmt, RICH)
+
+
+def state(run):
+    """Everything a loaded run states that changes a result."""
+    if not kind_of(run).stores_values:
+        values = record_values(np.asarray(run.outputs.records))
+    else:
+        values = np.asarray(run.outputs, dtype=np.float32)
+    run.predictions()  # every epoch read, as every analysis does
+    ids = None if run.sample_ids is None else [str(i) for i in run.sample_ids]
+    return dict(values=values, labels=run.labels.tolist(), epochs=run.epochs.tolist(),
+                ids=ids, class_names=None if run.class_names is None else
+                list(run.class_names), meta=run.meta, kind=run.kind,
+                n_classes=run.n_classes)
+
+
+def one_line(err):
+    text = str(err)
+    assert text and "\n" not in text.strip(), text
+    assert "Traceback" not in text
+
+
+def loaded_state(path):
+    """The state of the run `fk.load` gives (every epoch read), or None if refused."""
+    try:
+        return state(fk.load(path))
+    except fk.ForgetkitError as err:
+        one_line(err)
+        return None
+
+
+def verify_accepts(path):
+    """Whether `fk.verify` finds nothing wrong (an error is one line)."""
+    try:
+        return not fk.verify(path)["bad"]
+    except fk.ForgetkitError as err:
+        one_line(err)
+        return False
+
+
+def check_agreement(path, fmt, original, capsys):
+    """Equal data or a refusal, and `verify` (and `forgetkit verify`) agree with `load`."""
+    got = loaded_state(path)
+    accepted = verify_accepts(path)
+    assert accepted == (got is not None), (got is not None, accepted)
+    capsys.readouterr()
+    status = main(["verify", str(path)])
+    err = capsys.readouterr().err
+    assert status == (0 if accepted else 1), err
+    assert "Traceback" not in err
+    if got is None or fmt == "cartography":  # no checksums: a flipped value may load
+        return
+    k = len(got["epochs"])
+    assert got["epochs"] == original["epochs"][:k] and k >= 1
+    np.testing.assert_array_equal(got["values"], original["values"][:k])
+    assert {n: v for n, v in got.items() if n not in ("values", "epochs")} == \
+        {n: v for n, v in original.items() if n not in ("values", "epochs")}
+
+
+@functools.cache
+def original_state(fmt):
+    with tempfile.TemporaryDirectory() as folder:
+        return state(fk.load(write_rich(folder, fmt)))
+
+
+def json_files(path):
+    """The JSON metadata of a run: its sidecar files, or a Parquet file's schema record."""
+    return [p for p in files_of(path) if p.suffix == ".json"]
+
+
+def mutate_key(record, which, how, value):
+    """``record`` with its key number ``which`` renamed by one character, dropped or given
+    ``value``."""
+    keys = sorted(record)
+    key = keys[which % len(keys)]
+    record = dict(record)
+    if how == "rename":
+        record[key[:-1] + chr(ord(key[-1]) ^ 1)] = record.pop(key)
+    elif how == "drop":
+        del record[key]
+    else:
+        record[key] = value
+    return record
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@settings(FUZZ, max_examples=30)
+@given(which=st.integers(0, 10), corruption=CORRUPTIONS)
+def test_verify_agrees_with_load_on_corrupted_bytes(fmt, which, corruption, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_rich(folder, fmt)
+        files = files_of(path)
+        corrupt(files[which % len(files)], corruption)
+        check_agreement(path, fmt, original_state(fmt), capsys)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "summary", "topk", "parquet-list", "parquet-binary",
+                                 "summary-parquet", "topk-parquet"])
+@settings(FUZZ, max_examples=30)
+@given(which=st.integers(0, 30), how=st.sampled_from(["rename", "drop", "value"]),
+       value=JSON_VALUES)
+def test_verify_agrees_with_load_on_changed_metadata_keys(fmt, which, how, value, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_rich(folder, fmt)
+        if path.suffix == ".npy":
+            sidecar = path.with_name(path.stem + ".forgetkit.json")
+            sidecar.write_text(json.dumps(mutate_key(json.loads(sidecar.read_text()), which,
+                                                     how, value)))
+        else:
+            stored = pq.read_metadata(path).metadata
+            md = {k: v for k, v in stored.items() if k != b"ARROW:schema"}
+            key = sorted(md)[which % len(md)]  # the record, or the checksums
+            md[key] = json.dumps(mutate_key(json.loads(md[key]), which // len(md), how,
+                                            value)).encode()
+            pq.write_table(pq.read_table(path).replace_schema_metadata(md), path,
+                           row_group_size=N)
+        check_agreement(path, fmt, original_state(fmt), capsys)
+
+
+@settings(FUZZ, max_examples=30)
+@given(member=st.sampled_from(["labels", "epochs", "sample_ids", "class_names", "meta",
+                               "logits", "forgetkit"]),
+       how=st.sampled_from(["rename", "drop", "value"]), value=JSON_VALUES)
+def test_verify_agrees_with_load_on_changed_npz_members(member, how, value, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_rich(folder, "npz")
+        with np.load(path) as z:
+            arrays = dict(z)
+        if how == "rename":
+            arrays[member[:-1] + chr(ord(member[-1]) ^ 1)] = arrays.pop(member)
+        elif how == "drop":
+            del arrays[member]
+        else:
+            try:
+                arrays[member] = np.asarray(json.dumps(value) if member in ("meta", "forgetkit")
+                                            else value)
+            except ValueError:  # ragged: numpy cannot even build it
+                return
+            if arrays[member].dtype == object:
+                return  # numpy cannot store it without pickle
+        np.savez(path, **arrays)
+        check_agreement(path, "npz", original_state("npz"), capsys)

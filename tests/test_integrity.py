@@ -130,7 +130,8 @@ def test_writers_store_checksums_that_verify(tmp_path, fmt):
         for e in range(E):
             writer.append(e, RUN.outputs[e])
         writer.append(1, RUN.outputs[2], replace=True)
-    assert fk.verify(path) == {"path": str(path), "verifiable": True, "epochs": 2, "bad": []}
+    assert fk.verify(path) == {"path": str(path), "verifiable": True, "metadata": True,
+                               "epochs": 2, "bad": []}
     run = fk.load(path)
     assert run.epochs.tolist() == [0, 1]
     if fmt != "summary":
@@ -447,7 +448,14 @@ def test_shard_labels_nan_and_duplicate_ids_name_the_shard(tmp_path):
 
 
 def test_duplicate_sample_ids_in_a_sidecar_are_refused(tmp_path):
-    path = write(tmp_path, "npy", RUN.replace(sample_ids=[f"s{i % 15}" for i in range(N)]))
+    with pytest.raises(fk.ForgetkitError, match="sample id 's0' appears twice"):
+        RUN.replace(sample_ids=[f"s{i % 15}" for i in range(N)])  # never written so
+    path = write(tmp_path, "npy")
+    sidecar = sidecar_path(path)
+    record = json.loads(sidecar.read_text())  # as written before checksums: unverified
+    record.pop("crc32c")
+    sidecar.write_text(json.dumps(dict(record, version=1,
+                                       sample_ids=[f"s{i % 15}" for i in range(N)])))
     with pytest.raises(fk.errors.CorruptFileError, match="sample id 's0' appears twice "
                                                          r"\(samples 0 and 15\)"):
         fk.load(path)

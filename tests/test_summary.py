@@ -165,7 +165,8 @@ def test_a_parquet_summary_writer_appends_stages_resumes_and_finishes(tmp_path):
     assert back.epochs.tolist() == [0, 1]
     expected = fk.summarize(run.isel(epochs=[0, 3]))
     assert np.array_equal(_summary_records(back), _summary_records(expected))
-    assert fk.verify(path) == {"path": str(path), "verifiable": True, "epochs": 2, "bad": []}
+    assert fk.verify(path) == {"path": str(path), "verifiable": True, "metadata": True,
+                               "epochs": 2, "bad": []}
     with pytest.raises(fk.errors.RunExistsError):
         fk.SummaryWriter(path, 30, 5, labels=run.labels, mode="x")
     with pytest.raises(ValueError, match="n_classes=5; this writer has 30, 6"):

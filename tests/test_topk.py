@@ -279,7 +279,8 @@ def test_parquet_round_trip_and_conversions(tmp_path, vocab):
     assert np.array_equal(back.positions, top.positions)
     assert np.array_equal(back.correctness(), full.correctness())
     assert fk.verify(tmp_path / "t.parquet") == {"path": str(tmp_path / "t.parquet"),
-                                                 "verifiable": True, "epochs": 3, "bad": []}
+                                                 "verifiable": True, "metadata": True,
+                                                 "epochs": 3, "bad": []}
     fk.convert(tmp_path / "t.parquet", tmp_path / "b.npy")  # and back: the same checksums
     a = json.loads((tmp_path / "a.forgetkit.json").read_text())["crc32c"]
     b = json.loads((tmp_path / "b.forgetkit.json").read_text())["crc32c"]

@@ -20,9 +20,8 @@ from fsspec.core import url_to_fs
 from .._validation import check_int, check_labels
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import combine_lanes
-from ..io.record import duplicate_id, load_labels_file
+from ..io.record import TOKENS_SUFFIX, duplicate_id, load_labels_file
 from ..io.registry import shard_format
-from ..io.topk import TOKENS_SUFFIX
 from ..kinds.topk import TopKOutputs
 from ..run import Run
 

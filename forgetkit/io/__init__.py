@@ -40,7 +40,7 @@ import os
 from pathlib import Path
 
 from .._validation import check_bool, check_option, check_path
-from ..errors import InputTypeError
+from ..errors import CorruptFileError, InputTypeError
 from ..execution import loader as registered_loader
 from ..run import Run
 from .atomic import atomic_write
@@ -146,14 +146,31 @@ def convert(src, dst, *, labels=None, layout="list"):
 def verify(path):
     """Check every stored epoch of the run at ``path`` against its checksums.
 
+    It refuses what `load` refuses, through the same code: the run is loaded first, then
+    every epoch that loading leaves to the first read is checked.
+
     Returns
     -------
     dict
-        ``{"path", "verifiable", "epochs", "bad"}``: whether the run carries checksums (False
-        for runs written before they existed, and formats without them: Dataset Cartography
-        folders; an NPZ's members are checked by the zip's CRC-32), how many epochs were
-        checked, and the epoch numbers that do not match (empty when every epoch holds).
-        A file that cannot be read at all raises ForgetkitError.
+        ``{"path", "verifiable", "metadata", "epochs", "bad"}``: whether the run carries
+        checksums (False for runs written before they existed, and formats without them:
+        Dataset Cartography folders; an NPZ's members are checked by the zip's CRC-32),
+        whether they cover its metadata (sample ids, class names, sizes, meta; False for
+        runs written before they did), how many epochs were checked, and the epoch numbers
+        that do not match (empty when every epoch holds). A run that `load` refuses, or whose
+        metadata does not match its checksum, raises ForgetkitError.
     """
     path = Path(check_path("path", path))
-    return {"path": str(path), **format_to_open(path).verify(path)}
+    fmt = format_to_open(path)
+    try:
+        fmt.load(path, verify=True)  # what load refuses, verify refuses
+    except CorruptFileError as refused:
+        try:  # every epoch that does not match, where load named one
+            result = fmt.verify(path)
+        except Exception:  # refused for another reason: load's words
+            raise refused from None
+        if not result["bad"]:
+            raise
+    else:
+        result = fmt.verify(path)  # and every epoch that load reads lazily
+    return {"path": str(path), "metadata": result["verifiable"], **result}

@@ -6,22 +6,25 @@ import os
 from pathlib import Path
 
 from ..errors import OverwriteError
+from .lock import lock_path
+from .pair import pending_path
 from .parquet import staging_path
-from .record import sidecar_path
+from .record import pending_tokens_path, sidecar_path, tokens_path
 
 
 def companions(path):
-    """``path`` and the files forgetkit keeps beside it: an .npy run's sidecar and a Parquet
-    run's staging folder."""
+    """``path`` and the files forgetkit keeps beside it: an .npy run's sidecar, token table
+    (a top-k run's) and their pending versions, a Parquet run's staging folder, and the
+    run's lock file."""
     path = Path(path)
     suffix = path.suffix.lower()
     files = [path]
     if suffix == ".npy":
         sidecar = sidecar_path(path)
-        files += [sidecar, sidecar.with_name(sidecar.name + ".next")]  # and the pending one
+        files += [sidecar, pending_path(path), tokens_path(path), pending_tokens_path(path)]
     elif suffix == ".parquet":
         files.append(staging_path(path))
-    return files
+    return [*files, lock_path(path)]
 
 
 def same_file(a, b):
@@ -31,6 +34,17 @@ def same_file(a, b):
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet)
         return Path(os.path.abspath(a)).resolve() == Path(os.path.abspath(b)).resolve()
+
+
+def inside(path, folder):
+    """Whether ``path`` lies inside the existing folder ``folder`` (a staging folder)."""
+    if not os.path.isdir(folder):
+        return False
+    try:
+        Path(os.path.abspath(path)).resolve().relative_to(Path(folder).resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def refuse_overwrite(destinations, inputs):
@@ -51,7 +65,7 @@ def refuse_overwrite(destinations, inputs):
         for written in companions(dst):
             for given in inputs:
                 for kept in companions(given):
-                    if not same_file(written, kept):
+                    if not (same_file(written, kept) or inside(written, kept)):
                         continue
                     which = f"the input {str(kept)!r}" if kept == given else \
                         f"{str(kept)!r}, kept beside the input {str(given)!r}"

@@ -1,5 +1,7 @@
-"""Checksums of stored runs: one CRC32C per stored epoch, plus one of the labels and one of
-the epoch numbers, kept in the run's metadata record under ``"crc32c"``.
+"""Checksums of stored runs: one CRC32C per stored epoch, plus one of the labels, one of
+the epoch numbers and one of the rest of the metadata record (kind, dtype, sizes, sample ids,
+class names, metadata, a top-k run's vocabulary and k: `crc_record`), kept in the run's
+metadata record under ``"crc32c"``.
 
 An epoch's checksum is the CRC32C of its stored values: the (n_samples, n_classes) outputs in
 the stored dtype (a summary: its (n_samples,) records), little-endian, in sample order. It
@@ -18,6 +20,7 @@ process is not read again while its size, modification time and inode stay the s
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -132,10 +135,32 @@ def crc_ints(values):
     return crc_array(np.asarray(values, dtype="<i8"))
 
 
-def checksums(labels, epochs, epoch_crcs):
-    """The ``"crc32c"`` field of a metadata record."""
-    return {"outputs": [int(c) for c in epoch_crcs], "labels": crc_ints(labels),
+#: The key, in a record's checksums, of the checksum of the record's other fields.
+RECORD_KEY = "record"
+#: The first record version whose checksums cover the metadata (RECORD_KEY).
+METADATA_VERSION = 3
+#: Fields a record's checksum leaves out: the checksums, and the labels and epoch numbers
+#: (checksummed on their own, as integers; the epoch numbers grow with every append).
+UNCOVERED = (KEY, "epochs", "labels")
+
+
+def crc_record(record):
+    """CRC32C of every field of the metadata ``record`` but the checksums, the labels and the
+    epoch numbers: its canonical JSON (sorted keys, no spaces), so that a changed, added or
+    removed field (a sample id, a class name, n_classes, a renamed key) changes it."""
+    rest = {k: v for k, v in record.items() if k not in UNCOVERED}
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return crc_bytes(text.encode())
+
+
+def checksums(labels, epochs, epoch_crcs, record=None):
+    """The ``"crc32c"`` field of a metadata record (``record``: the record, whose other fields
+    are checksummed as `crc_record`)."""
+    sums = {"outputs": [int(c) for c in epoch_crcs], "labels": crc_ints(labels),
             "epochs": crc_ints(epochs)}
+    if record is not None:
+        sums[RECORD_KEY] = crc_record(record)
+    return sums
 
 
 def stored_checksums(record, where):
@@ -146,7 +171,8 @@ def stored_checksums(record, where):
         return None
     ok = isinstance(value, dict) and isinstance(value.get("outputs"), list) and all(
         _is_crc(v) for v in value["outputs"]) and all(
-        _is_crc(value.get(k)) for k in ("labels", "epochs"))
+        _is_crc(value.get(k)) for k in ("labels", "epochs")) and (
+        RECORD_KEY not in value or _is_crc(value[RECORD_KEY]))
     if not ok:
         raise CorruptFileError(f"{where}: field {KEY!r} must hold the run's checksums "
                                "(outputs: a list of CRC32C values, labels, epochs)")
@@ -157,24 +183,66 @@ def _is_crc(v):
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32
 
 
-def check_fields(record, sums, path):
-    """Verify the labels and the epoch numbers of ``record`` against ``sums``."""
+def check_fields(record, sums, path, *, where=None):
+    """Verify the metadata ``record`` against its checksums ``sums``: its other fields
+    (`crc_record`, where the record was written with that checksum), the epoch numbers and
+    the labels (but a top-k run's: its token table's targets, checked with the table). A
+    field the checksums cover but the record lacks is an error. Messages begin with
+    ``where`` (default: the quoted ``path``)."""
     if sums is None:
         return
-    epochs = record.get("epochs")
-    if epochs is not None and crc_ints(epochs) != sums["epochs"]:
-        raise CorruptFileError(f"{str(path)!r}: the epoch numbers do not match their "
-                               "checksum (the metadata is corrupt)")
-    labels = record.get("labels")
-    if labels is not None and crc_ints(labels) != sums["labels"]:
-        raise CorruptFileError(f"{str(path)!r}: the labels do not match their checksum (the "
-                               "metadata is corrupt)")
+    where = where or repr(str(path))
+    version = record.get("version")
+    if RECORD_KEY not in sums and isinstance(version, int) and version >= METADATA_VERSION:
+        raise CorruptFileError(f"{where}: the checksums lack the metadata's (field "
+                               f"{RECORD_KEY!r}), which version {version} records carry: the "
+                               "metadata is corrupt")
+    if RECORD_KEY in sums and crc_record(record) != sums[RECORD_KEY]:
+        raise CorruptFileError(f"{where}: the metadata (kind, sizes, sample ids, class "
+                               "names, meta...) does not match its checksum: the metadata is "
+                               "corrupt")
+    for name in ("epochs", "labels") if record.get("kind") != "topk" else ("epochs",):
+        if record.get(name) is None:
+            raise CorruptFileError(f"{where}: the metadata lacks the field {name!r} "
+                                   "that its checksums cover: the metadata is corrupt")
+    for name, what in (("epochs", "the epoch numbers"), ("labels", "the labels")):
+        values = record.get(name)
+        if values is not None and crc_of_ints(values) != sums[name]:
+            raise CorruptFileError(f"{where}: {what} do not match their checksum (the "
+                                   "metadata is corrupt)")
+
+
+def crc_of_ints(values):
+    """`crc_ints` of ``values``, or None if they are not integers (so that they do not
+    match their checksum)."""
+    try:
+        arr = np.asarray(values)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            return None
+        return crc_ints(arr)
+    except (ValueError, TypeError, OverflowError):
+        return None
 
 
 def mismatch(path, epoch_number, index):
     """The error for an epoch whose values do not match its checksum."""
     return CorruptFileError(f"{str(path)!r}: epoch {epoch_number} (index {index}) does not "
                             "match its checksum: the file is corrupt")
+
+
+#: What pyarrow's error says when a Parquet page does not match its page checksum.
+PAGE_CHECKSUM_ERROR = "CRC checksum verification failed"
+
+
+def read_error(path, epoch_number, index, err):
+    """The error for epoch ``epoch_number`` (index ``index``) of ``path`` that could not
+    be read because of ``err``: a page that fails its Parquet page checksum is an epoch that
+    does not match its checksum (`mismatch`: the epoch, never the page ordinal)."""
+    if PAGE_CHECKSUM_ERROR in str(err):
+        return mismatch(path, epoch_number, index)
+    detail = " ".join(str(err).split())
+    return CorruptFileError(f"cannot read epoch {epoch_number} (index {index}) of "
+                            f"{str(path)!r}: the file is truncated or corrupt ({detail})")
 
 
 def _stat_key(path):

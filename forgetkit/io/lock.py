@@ -63,9 +63,19 @@ class RunLock:
                 if os.path.exists(self.file) and not os.path.isfile(self.file):
                     raise ForgetkitError(self._not_regular("not a regular file")) from None
                 raise naming(err, self.path) from None
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device, a folder...
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a FIFO, a device, a folder...
                 os.close(fd)
                 raise ForgetkitError(self._not_regular("not a regular file"))
+            if st.st_nlink != 1:  # a hard link to another file, which we would truncate
+                os.close(fd)
+                raise ForgetkitError(self._not_regular(
+                    f"a hard link ({st.st_nlink} links: another file's contents)"))
+            if st.st_uid != os.geteuid():  # planted by another user (a shared folder)
+                os.close(fd)
+                raise ForgetkitError(self._not_regular(
+                    f"owned by another user (uid {st.st_uid}; this process runs as uid "
+                    f"{os.geteuid()})"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

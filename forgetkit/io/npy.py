@@ -17,6 +17,7 @@ from .record import (
     corrupt,
     make_run,
     needs_checksums,
+    one_line,
     read_record,
     sidecar_path,
 )
@@ -35,9 +36,11 @@ def npy_header(dtype, shape):
         + b" " * pad + b"\n"
 
 
-def open_memmap(path):
+def open_memmap(path, n_epochs=None):
     """The NPY file at ``path`` memory-mapped read-only; header and data are read through
-    one file handle, so both come from the same file even if it is replaced meanwhile."""
+    one file handle, so both come from the same file even if it is replaced meanwhile.
+    ``n_epochs``: map that many epochs (first axis) instead of the header's count: a
+    CorruptFileError if the file does not hold them."""
     with open(path, "rb") as f:
         head = f.read(len(NPY_MAGIC))
         if head != NPY_MAGIC:
@@ -51,6 +54,8 @@ def open_memmap(path):
             if fortran or dtype.hasobject:
                 raise ValueError("a Fortran-order or object array")
             offset = f.tell()
+            if n_epochs is not None:
+                shape = (int(n_epochs), *shape[1:])
             needed = offset + int(np.prod(shape, dtype=object)) * dtype.itemsize
             size = os.fstat(f.fileno()).st_size
             if size < needed:
@@ -71,7 +76,7 @@ def open_records(path):
         return open_memmap(path)
     except ForgetkitError as err:
         raise ForgetkitError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
-                             f"({err})") from None
+                             f"({one_line(err)})") from None
 
 
 def read_sidecar(file):
@@ -104,10 +109,31 @@ def verify_tensor(path, tensor, record, n_epochs=None, *, predict=False):
     return True, predictions
 
 
+def epochs_of_record(path, outputs, record):
+    """``outputs`` (E, N, C), or records (E, N) of a summary or a top-k run, with every epoch
+    its sidecar ``record`` names: a writer updates the
+    sidecar before the header, so a header that counts fewer epochs than a checksummed
+    sidecar (a kill between the two, or a changed header) hides epochs whose bytes the file
+    holds; they are mapped (and verified like the others). CorruptFileError if the file
+    does not hold them."""
+    epochs = record.get("epochs")
+    if not isinstance(epochs, list) or len(epochs) <= len(outputs) or outputs.ndim < 2 \
+            or not needs_checksums(record):
+        return outputs
+    try:
+        return open_memmap(path, n_epochs=len(epochs))
+    except CorruptFileError:
+        raise CorruptFileError(
+            f"the sidecar of {str(path)!r} names {len(epochs)} epochs; the file holds "
+            f"{len(outputs)} (its header) and not the bytes of the others: the file is "
+            "truncated or corrupt") from None
+
+
 def load_npy(path, *, labels=None, kind=None, verify=True):
     outputs, record, _ = open_pair(path, open_memmap, read_sidecar)
     record = record or {}
     check_sidecar_claims(path, outputs, record)
+    outputs = epochs_of_record(path, outputs, record)
     predictions = None
     if isinstance(record.get("labels"), list):  # (checked as integers) converted once: for
         record["labels"] = np.asarray(record["labels"], dtype=np.int64)  # the CRC and the run

@@ -9,7 +9,17 @@ import zipfile
 import numpy as np
 
 from ..errors import CorruptFileError, ForgetkitError
-from .record import corrupt, make_run
+from .integrity import KEY as CRC_KEY
+from .integrity import RECORD_KEY, crc_ints, crc_of_ints, crc_record
+from .record import RECORD_VERSION, corrupt, jsonable, make_run, parse_record
+
+#: The member that lists an NPZ run's members and checksums its metadata (labels, epoch
+#: numbers, kind, sizes, sample ids, class names, meta); the zip's CRC-32 covers each
+#: member's bytes, not its name.
+RECORD_MEMBER = "forgetkit"
+#: The members of an NPZ run; any other is a corrupt (or foreign) archive.
+MEMBERS = frozenset(("logits", "probs", "labels", "epochs", "sample_ids", "class_names",
+                     "meta", RECORD_MEMBER))
 
 #: The first bytes of a zip archive (an NPZ file), with members or empty.
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -34,15 +44,22 @@ def available_memory():
 def _check_expansion(path, infos):
     """Refuse members whose declared expansion is implausible or does not fit in memory,
     from the zip's directory alone (nothing is decompressed)."""
-    total = 0
+    total = packed = 0
     for info in infos:
         total += info.file_size
+        packed += info.compress_size
         ratio = info.file_size / max(info.compress_size, 1)
         if ratio > IMPLAUSIBLE_RATIO and info.file_size > IMPLAUSIBLE_MIN_BYTES:
             raise CorruptFileError(
                 f"cannot read {str(path)!r}: the member {info.filename!r} would expand "
                 f"{ratio:.0f}x, from {info.compress_size} to {info.file_size} bytes; model "
                 "outputs never compress so well (refused before decompressing)")
+    ratio = total / max(packed, 1)  # members each under the limit may not add up past it
+    if ratio > IMPLAUSIBLE_RATIO and total > IMPLAUSIBLE_MIN_BYTES:
+        raise CorruptFileError(
+            f"cannot read {str(path)!r}: its members would expand {ratio:.0f}x, from {packed} "
+            f"to {total} bytes; model outputs never compress so well (refused before "
+            "decompressing)")
     available = available_memory()
     if available is not None and total > available:
         raise CorruptFileError(
@@ -81,7 +98,38 @@ def _int_array(value, name, path):
     return arr.tolist()
 
 
-def load_npz(path, *, labels=None, kind=None):
+def metadata_record(kind, dtype, shape, sample_ids, class_names, meta):
+    """The metadata an NPZ run's RECORD_MEMBER checksums (`crc_record`), as a dict."""
+    return {"kind": kind, "dtype": np.dtype(dtype).name, "shape": [int(n) for n in shape],
+            "sample_ids": jsonable(sample_ids), "class_names": class_names, "meta": meta}
+
+
+def _check_record_member(path, stored, files, record, outputs, key):
+    """Refuse an NPZ run whose members, labels, epoch numbers or metadata differ from what
+    its RECORD_MEMBER ``stored`` (JSON text) lists and checksums."""
+    where = f"the member {RECORD_MEMBER!r} of {str(path)!r}"
+    info = parse_record(stored, where)
+    sums = info.get(CRC_KEY) if isinstance(info, dict) else None
+    if not isinstance(sums, dict) or not isinstance(info.get("members"), list):
+        raise CorruptFileError(f"{where} must list the members and their checksums")
+    if sorted(files) != sorted(info["members"]):
+        missing = sorted(set(info["members"]) - set(files))
+        raise CorruptFileError(f"{str(path)!r} lacks the member {missing[0]!r} that its "
+                               f"metadata lists: the file is corrupt" if missing else
+                               f"{str(path)!r} holds members its metadata does not list: "
+                               f"{sorted(set(files) - set(info['members']))}")
+    meta = metadata_record(key, outputs.dtype, outputs.shape, record.get("sample_ids"),
+                           record.get("class_names"), record.get("meta"))
+    for name, got in (("labels", crc_of_ints(record["labels"])),
+                      ("epochs", crc_of_ints(record["epochs"])), (RECORD_KEY, crc_record(meta))):
+        if sums.get(name) != got:
+            part = "the metadata (kind, shape, sample ids, class names, meta)" \
+                if name == RECORD_KEY else f"the {name}"
+            raise CorruptFileError(f"{str(path)!r}: {part} does not match its checksum: the "
+                                   "metadata is corrupt")
+
+
+def load_npz(path, *, labels=None, kind=None, verify=True):
     with open(path, "rb") as f:
         head = f.read(len(ZIP_MAGIC[0]))
     if head not in ZIP_MAGIC:
@@ -91,6 +139,11 @@ def load_npz(path, *, labels=None, kind=None):
         _check_members(path)
         with np.load(path, allow_pickle=False) as z:
             files = set(z.files)
+            unknown = sorted(files - MEMBERS)
+            if unknown:
+                raise CorruptFileError(
+                    f"{str(path)!r} holds the unknown member {unknown[0]!r}: the file is "
+                    f"corrupt (an NPZ run's members: {', '.join(sorted(MEMBERS))})")
             key = "logits" if "logits" in files else "probs" if "probs" in files else None
             if key is None:
                 raise ForgetkitError(
@@ -109,6 +162,7 @@ def load_npz(path, *, labels=None, kind=None):
                     record["meta"] = json.loads(text) if text else {}
                 except (json.JSONDecodeError, RecursionError):
                     record["meta"] = {"text": text}
+            stored = str(z[RECORD_MEMBER]) if RECORD_MEMBER in files else None
     except ForgetkitError:
         raise
     except Exception as err:
@@ -121,6 +175,11 @@ def load_npz(path, *, labels=None, kind=None):
         record["class_names"] = [str(c) for c in names]
     if record.get("epochs") is not None:
         record["epochs"] = _int_array(record["epochs"], "epochs", path)
+    if stored is not None and verify:
+        if record.get("labels") is None or record.get("epochs") is None:
+            raise CorruptFileError(f"{str(path)!r} lacks its labels or epoch numbers, which "
+                                   "its metadata checksums: the file is corrupt")
+        _check_record_member(path, stored, files, record, outputs, key)
     return make_run(outputs, record, labels, kind, source=path)
 
 
@@ -136,5 +195,12 @@ def write_npz(path, run, *, compress=True):
             if np.asarray(run.sample_ids).dtype == object else run.sample_ids
     if run.class_names is not None:
         arrays["class_names"] = np.array(run.class_names)
+    meta = metadata_record(run.kind, arrays[run.kind].dtype, arrays[run.kind].shape,
+                           arrays.get("sample_ids"), run.class_names, run.meta)
+    arrays[RECORD_MEMBER] = np.array(json.dumps({
+        "format": "forgetkit-run", "version": RECORD_VERSION,
+        "members": sorted([*arrays, RECORD_MEMBER]),
+        CRC_KEY: {"labels": crc_ints(run.labels), "epochs": crc_ints(run.epochs),
+                  RECORD_KEY: crc_record(meta)}}))
     with open(path, "wb") as f:
         (np.savez_compressed if compress else np.savez)(f, **arrays)

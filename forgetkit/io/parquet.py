@@ -17,7 +17,18 @@ import pyarrow.parquet as pq
 from ..backends import LazyOutputs
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from .atomic import atomic_write, fsync_path, remove, write_json_atomic
-from .integrity import KEY, check_fields, checksums, crc_array, crc_ints, mismatch, stored_checksums
+from .integrity import (
+    KEY,
+    RECORD_KEY,
+    check_fields,
+    checksums,
+    crc_array,
+    crc_ints,
+    crc_record,
+    mismatch,
+    read_error,
+    stored_checksums,
+)
 from .record import (
     check_record,
     corrupt,
@@ -66,10 +77,19 @@ def write_parquet(path, epochs, n_classes, dtype, layout, record):
             numbers.append(int(epoch))
             crcs.append(crc_array(values))
             writer.write_table(epoch_table(epoch, values, layout), row_group_size=len(values))
-        sums = checksums(record["labels"], numbers, crcs) if record.get("labels") is not None \
-            else {"outputs": crcs, "labels": 0, "epochs": crc_ints(numbers)}
+        rec = schema_record(record, layout, dtype)
+        sums = checksums(record["labels"], numbers, crcs, rec) \
+            if record.get("labels") is not None else \
+            {"outputs": crcs, "labels": 0, "epochs": crc_ints(numbers), RECORD_KEY: crc_record(rec)}
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
     return crcs
+
+
+def schema_record(record, layout, dtype):
+    """The record stored in a Parquet run's schema metadata (its checksums apart)."""
+    rec = {k: v for k, v in record.items() if k != KEY}  # checksums: CRC_METADATA_KEY
+    rec.update(layout=layout, dtype=np.dtype(dtype).name)
+    return rec
 
 
 def parquet_schema(n_classes, dtype, layout, record):
@@ -77,8 +97,7 @@ def parquet_schema(n_classes, dtype, layout, record):
         outputs = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), n_classes)
     else:
         outputs = pa.binary(n_classes * np.dtype(dtype).itemsize)
-    rec = {k: v for k, v in record.items() if k != KEY}  # checksums: CRC_METADATA_KEY
-    rec.update(layout=layout, dtype=np.dtype(dtype).name)
+    rec = schema_record(record, layout, dtype)
     return pa.schema(
         [("epoch", pa.int64()), ("sample", pa.int64()), ("outputs", outputs)],
         metadata={PARQUET_KEY: json.dumps(rec).encode()},
@@ -161,8 +180,7 @@ class _ParquetSource:
         try:
             table = pf.file.read_row_group(rg, columns=["epoch", "sample", "outputs"])
         except Exception as err:
-            raise CorruptFileError(f"cannot read {where} (index {i}): the file is truncated or "
-                                   f"corrupt ({err})") from None
+            raise read_error(pf.path, self.epochs[i], i, err) from None
         if table.num_rows != self.n_samples:
             raise ForgetkitError(f"{where} has {table.num_rows} rows; expected {self.n_samples}")
         values = column_to_numpy(table.column("outputs"), self.n_classes, self.dtype, where)
@@ -297,13 +315,16 @@ def open_parquet_run(path, staging, *, verify=True):
         sums = pf.checksums(where)
         if sums is None and needs_checksums(stored):
             raise CorruptFileError(f"{where} lacks its checksums ({CRC_METADATA_KEY!r})")
+        if sums is not None and not stored:
+            raise CorruptFileError(f"{str(path)!r} has checksums ({CRC_METADATA_KEY!r}) but "
+                                   f"no metadata record ({PARQUET_KEY!r}): the metadata is "
+                                   "corrupt")
         if sums is not None:
             if len(sums["outputs"]) != len(base_epochs):
                 raise CorruptFileError(f"{where}: {len(sums['outputs'])} checksums for "
                                        f"{len(base_epochs)} epochs")
             if verify:
-                check_fields({"epochs": base_epochs, "labels": stored.get("labels")}, sums,
-                             path)
+                check_fields({**stored, "epochs": base_epochs}, sums, path)
         crcs = list(sums["outputs"]) if sums is not None else [None] * len(base_epochs)
     if staging.is_dir() and (staging / "run.json").exists():
         staged = read_record(staging / "run.json", "staging record")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import KINDS
+from .._validation import KINDS, duplicate_id
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..run import Run
 from .integrity import KEY as CRC_KEY
-from .integrity import checksums, crc_ints
+from .integrity import METADATA_VERSION, RECORD_KEY, checksums, crc_ints, crc_record
 
 SIDECAR_SUFFIX = ".forgetkit.json"
 FLOAT_NAMES = ("float16", "float32", "float64")
@@ -44,17 +44,30 @@ def jsonable(values):
     return [v.item() if isinstance(v, np.generic) else v for v in np.asarray(values).tolist()]
 
 
-#: The record version of runs that carry checksums (`forgetkit.io.integrity`); version 1
-#: records (written before checksums existed) load unverified.
-RECORD_VERSION = 2
+#: The record version of runs whose checksums cover their metadata too
+#: (`forgetkit.io.integrity.crc_record`). Version 2 records carry checksums of the values,
+#: labels and epoch numbers only (their other metadata loads unverified); version 1 records
+#: (written before checksums existed) load unverified.
+RECORD_VERSION = METADATA_VERSION
+#: The first record version written with checksums.
+CHECKSUMS_VERSION = 2
+
+#: The fields of metadata records (full runs, summaries, top-k runs, Parquet schemas): any
+#: other is a corrupt record (a renamed key), never a default.
+KNOWN_FIELDS = frozenset((
+    "format", "version", "kind", "dtype", "n_samples", "n_classes", "epochs", "labels",
+    "sample_ids", "class_names", "meta", CRC_KEY, "layout", "fields", "vocab_size", "k",
+    "ids", "tokens"))
+#: The record formats forgetkit writes.
+RECORD_FORMATS = ("forgetkit-run", "forgetkit-summary", "forgetkit-topk")
 
 
 def needs_checksums(record):
-    """Whether ``record`` says it was written with checksums (version >= RECORD_VERSION), so
-    that their absence means a corrupt record."""
+    """Whether ``record`` says it was written with checksums (version >= 2), so that their
+    absence means a corrupt record."""
     version = record.get("version")
     return isinstance(version, int) and not isinstance(version, bool) \
-        and version >= RECORD_VERSION
+        and version >= CHECKSUMS_VERSION
 
 
 def run_record(*, kind, dtype, n_samples, n_classes, epochs, labels, sample_ids=None,
@@ -84,8 +97,9 @@ class EncodedRecord(dict):
 
 def with_checksums(record, epoch_crcs):
     """``record`` with the checksums (`forgetkit.io.integrity.checksums`) of its labels,
-    epoch numbers and the stored epochs' values ``epoch_crcs``."""
-    return dict(record, **{CRC_KEY: checksums(record["labels"], record["epochs"], epoch_crcs)})
+    epoch numbers, other fields and the stored epochs' values ``epoch_crcs``."""
+    return dict(record, **{CRC_KEY: checksums(record["labels"], record["epochs"], epoch_crcs,
+                                              record)})
 
 
 def record_encoder(record, *, labels_crc=None):
@@ -107,6 +121,7 @@ def record_encoder(record, *, labels_crc=None):
 
 
 def _encoder(fixed, keys, at, parts, labels_crc):
+    fixed_crc = crc_record(fixed)  # the fields that do not change between epochs
     head = ", ".join(parts[k] for k in keys[:at])
     tail = ", ".join(parts[k] for k in keys[at + 1:])
 
@@ -115,7 +130,7 @@ def _encoder(fixed, keys, at, parts, labels_crc):
         out = EncodedRecord(fixed)
         out["epochs"] = epochs
         out[CRC_KEY] = {"outputs": [int(c) for c in epoch_crcs], "labels": labels_crc,
-                        "epochs": crc_ints(epochs), **(more or {})}
+                        "epochs": crc_ints(epochs), RECORD_KEY: fixed_crc, **(more or {})}
         body = f'"epochs": {json.dumps(epochs)}, "{CRC_KEY}": {json.dumps(out[CRC_KEY])}'
         out.json_text = "{" + ", ".join(p for p in (head, body, tail) if p) + "}"
         return out
@@ -137,16 +152,38 @@ def record_of(run):
                       sample_ids=run.sample_ids, class_names=run.class_names, meta=run.meta)
 
 
+#: The token table of a top-k run ``<name>.npy``: ``<name>.tokens.npy``.
+TOKENS_SUFFIX = ".tokens.npy"
+
+
+def tokens_path(path):
+    """``<name>.tokens.npy`` beside ``<name>.npy``: the token table."""
+    path = Path(path)
+    return path.with_name(path.name[: -len(path.suffix)] + TOKENS_SUFFIX)
+
+
+def pending_tokens_path(path):
+    """The token table being committed beside ``<name>.npy``: ``<name>.tokens.npy.next``."""
+    tokens = tokens_path(path)
+    return tokens.with_name(tokens.name + ".next")
+
+
 def sidecar_path(path):
     """``<name>.forgetkit.json`` beside ``<name>.npy``."""
     path = Path(path)
     return path.with_name(path.name[: -len(path.suffix)] + SIDECAR_SUFFIX)
 
 
+def one_line(err):
+    """The text of an exception (another library's, whose messages may span lines) on one
+    line."""
+    return " ".join(str(err).split())
+
+
 def corrupt(path, err):
     """The error for a file that cannot be decoded."""
     return CorruptFileError(f"cannot read {str(path)!r}: the file is truncated or corrupt "
-                            f"({err})")
+                            f"({one_line(err)})")
 
 
 def _is_int(value):
@@ -171,7 +208,14 @@ def check_record(record, where):
     it); ``where`` names the file in messages. Returns the record."""
     if not isinstance(record, dict):
         raise CorruptFileError(f"{where} must hold a JSON object; got {type(record).__name__}")
+    unknown = sorted(set(record) - KNOWN_FIELDS)
+    if unknown:
+        raise CorruptFileError(f"{where} holds the unknown field {unknown[0]!r}: the metadata "
+                               f"is corrupt (fields: {', '.join(sorted(KNOWN_FIELDS))})")
     for name, ok, expected in (
+        ("format", lambda v: v in RECORD_FORMATS, f"one of {', '.join(RECORD_FORMATS)}"),
+        ("version", lambda v: _is_int(v) and 1 <= v <= RECORD_VERSION,
+         f"an integer from 1 to {RECORD_VERSION}"),
         ("kind", lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
         ("dtype", lambda v: v in FLOAT_NAMES, f"one of {', '.join(FLOAT_NAMES)}"),
         ("n_samples", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
@@ -225,22 +269,12 @@ def load_labels_file(path, what="labels"):
         raise ForgetkitError(f"cannot read {what} from {str(path)!r}: {err}") from None
 
 
-def duplicate_id(sample_ids):
-    """(id, first position, second position) of the first repeated sample id, or None."""
-    ids = np.asarray(sample_ids)
-    if ids.size < 2:
-        return None
-    try:
-        order = np.argsort(ids, kind="stable")
-    except TypeError:  # ids of mixed types: compare them as text
-        ids = ids.astype(str)
-        order = np.argsort(ids, kind="stable")
-    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
-    if not same.size:
-        return None
-    first, second = sorted((int(order[same[0]]), int(order[same[0] + 1])))
-    value = ids[first]
-    return (value.item() if isinstance(value, np.generic) else value), first, second
+def refuse_duplicate_ids(sample_ids, source):
+    """CorruptFileError naming ``source`` if the stored ``sample_ids`` repeat an id."""
+    dup = duplicate_id(sample_ids) if sample_ids is not None else None
+    if dup is not None:
+        raise CorruptFileError(f"{str(source)!r}: sample id {dup[0]!r} appears twice (samples "
+                               f"{dup[1]} and {dup[2]}); sample ids must be unique")
 
 
 def make_run(outputs, record, labels, kind, *, source):
@@ -252,10 +286,7 @@ def make_run(outputs, record, labels, kind, *, source):
     if labels is None:
         raise ForgetkitError(f"{str(source)!r} stores no labels: pass labels= (an array or a "
                              ".npy file; --labels on the command line)")
-    dup = duplicate_id(record["sample_ids"]) if record.get("sample_ids") is not None else None
-    if dup is not None:
-        raise CorruptFileError(f"{str(source)!r}: sample id {dup[0]!r} appears twice (samples "
-                               f"{dup[1]} and {dup[2]}); sample ids must be unique")
+    refuse_duplicate_ids(record.get("sample_ids"), source)
     n_epochs = outputs.shape[0] if outputs.ndim == 3 else None
     epochs = record.get("epochs")
     if epochs is not None and n_epochs is not None:

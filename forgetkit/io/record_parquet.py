@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..errors import CorruptFileError
-from .integrity import crc_array, mismatch
+from .integrity import PAGE_CHECKSUM_ERROR, crc_array, mismatch, read_error
 from .parquet import PARQUET_KEY
 from .record import corrupt, parse_record
 
@@ -43,13 +43,16 @@ def open_record_parquet(path, fmt, what, *, name=None, verify=True):
     return pf, md, record, where
 
 
-def read_epoch_groups(pf, name, record, sums, n, dtype, fill, *, columns=None, verify=True):
+def read_epoch_groups(pf, name, record, sums, n, dtype, fill, *, columns=None, verify=True,
+                      bad=None):
     """Records (E, n) of ``dtype`` from the row groups of ``pf``, one per epoch.
 
     ``fill(out, e, part, order)`` stores row group ``e`` (a pyarrow Table of the columns
     ``columns(e)``, every column if ``columns`` is None) in ``out`` (n,), rows taken at
     ``order`` (the sample order of its ``sample`` column); each epoch is checked against its
-    stored checksum when verifying. Errors name the file ``name``."""
+    stored checksum when verifying. Errors name the file ``name``. ``bad``: a list that
+    collects the indices of the epochs that do not match their checksums (`forgetkit.verify`)
+    instead of raising for the first."""
     n_groups = pf.metadata.num_row_groups
     if n_groups != len(record["epochs"]) or (sums and len(sums["outputs"]) != n_groups):
         raise CorruptFileError(f"{name!r} holds {n_groups} epochs; its metadata names "
@@ -67,8 +70,13 @@ def read_epoch_groups(pf, name, record, sums, n, dtype, fill, *, columns=None, v
                 raise ValueError("column 'sample' is not a permutation of 0..N-1")
             fill(records[e], e, part, order)
         except Exception as err:
-            raise CorruptFileError(f"cannot read epoch index {e} of {name!r}: the file "
-                                   f"is truncated or corrupt ({err})") from None
+            error = read_error(name, record["epochs"][e], e, err)
+            if bad is None or PAGE_CHECKSUM_ERROR not in str(err):
+                raise error from None
+            bad.append(e)
+            continue
         if verify and crc_array(records[e]) != sums["outputs"][e]:
-            raise mismatch(name, record["epochs"][e], e)
+            if bad is None:
+                raise mismatch(name, record["epochs"][e], e)
+            bad.append(e)
     return records

@@ -34,7 +34,7 @@ from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
 from .integrity import crc_array
 from .lock import RunLock
-from .npy import open_records, verify_tensor
+from .npy import epochs_of_record, open_records, verify_tensor
 from .pair import commit_pair, open_pair, pending_path
 from .parquet import staging_path
 from .record import read_sidecar_of, record_encoder, sidecar_path, with_checksums
@@ -93,6 +93,7 @@ def load_summary(path, *, labels=None, verify=True):
     records, record, _ = open_pair(path, open_records, read_summary_sidecar)
     if record is None:
         raise ForgetkitError(f"{str(path)!r} is not a forgetkit summary (no {FORMAT} sidecar)")
+    records = epochs_of_record(path, records, record)
     return summary_run(path, records, record, labels,
                        f"the sidecar {str(sidecar_path(path))!r}",
                        verify=(lambda: verify_tensor(path, records, record)) if verify else None)

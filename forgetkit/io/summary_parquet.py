@@ -41,7 +41,7 @@ def write_summary_parquet(path, records, record):
                        "sample": np.arange(n_samples, dtype=np.int64),
                        **{f: rows[f] for f in FIELDS}}
             writer.write_table(pa.table(columns, schema=schema), row_group_size=n_samples)
-        sums = checksums(rec["labels"], rec["epochs"], crcs)
+        sums = checksums(rec["labels"], rec["epochs"], crcs, rec)
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
 
 
@@ -52,6 +52,13 @@ def is_summary_parquet(path):
 
 def load_summary_parquet(path, *, labels=None, verify=True):
     """A summary run from the Parquet file ``path`` (see the module docstring)."""
+    records, record, where = read_summary_parquet(path, verify=verify)
+    return summary_run(path, records, record, labels, where)
+
+
+def read_summary_parquet(path, *, verify=True, bad=None):
+    """(records (E, N), record, ``where``) of the summary Parquet file ``path``, every epoch
+    verified as it is read (``bad``: see `read_epoch_groups`)."""
     pf, md, record, where = open_record_parquet(path, FORMAT, "summary", verify=verify)
     n = record.get("n_samples")
     if not isinstance(n, int) or n < 1 or not isinstance(record.get("epochs"), list):
@@ -65,7 +72,7 @@ def load_summary_parquet(path, *, labels=None, verify=True):
             out[f] = part.column(f).to_numpy()[order]
 
     records = read_epoch_groups(pf, str(path), record, sums, n, SUMMARY_DTYPE, fill,
-                                verify=verify)
-    return summary_run(path, records, record, labels, where)
+                                verify=verify, bad=bad)
+    return records, record, where
 
 

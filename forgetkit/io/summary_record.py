@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import CorruptFileError, ForgetkitError
 from ..kinds.summary import SUMMARY_DTYPE, SummaryOutputs
 from ..run import Run
-from .record import RECORD_VERSION, check_record, jsonable
+from .record import RECORD_VERSION, check_record, jsonable, refuse_duplicate_ids
 
 FORMAT = "forgetkit-summary"
 
@@ -61,6 +61,7 @@ def summary_run(path, records, record, labels, where, *, verify=None):
     if other.size and (int(other.min()) < 0 or int(other.max()) >= record["n_classes"]):
         raise CorruptFileError(f"{str(path)!r}: field 'other_class' holds classes outside "
                                f"[0, {record['n_classes']}): the file is corrupt")
+    refuse_duplicate_ids(record.get("sample_ids"), path)
     try:
         return Run(SummaryOutputs(records, record["n_classes"]),
                    record["labels"] if labels is None else labels, kind="summary",

@@ -57,9 +57,17 @@ from .guard import refuse_overwrite
 from .integrity import KEY as CRC_KEY
 from .integrity import crc_ints
 from .lock import RunLock
-from .npy import open_records, verify_tensor
+from .npy import epochs_of_record, open_records, verify_tensor
 from .pair import READ_ATTEMPTS, commit_pair, file_identity, open_pair
-from .record import read_sidecar_of, record_encoder, sidecar_path
+from .record import (  # noqa: F401 (TOKENS_SUFFIX: forgetkit.io.topk's, as before)
+    TOKENS_SUFFIX,
+    one_line,
+    pending_tokens_path,
+    read_sidecar_of,
+    record_encoder,
+    sidecar_path,
+    tokens_path,
+)
 from .summary import SummaryWriter, summary_header
 from .topk_parquet import write_topk_parquet
 from .topk_record import (
@@ -69,23 +77,11 @@ from .topk_record import (
     check_topk_record,
     epoch_crcs,
     record_dtype,
+    refuse_duplicate_tokens,
     table_crc,
     topk_record,
     topk_run,
 )
-
-TOKENS_SUFFIX = ".tokens.npy"
-
-
-def tokens_path(path):
-    """``<name>.tokens.npy`` beside ``<name>.npy``: the token table."""
-    path = Path(path)
-    return path.with_name(path.name[: -len(path.suffix)] + TOKENS_SUFFIX)
-
-
-def _pending_tokens(path):
-    tokens = tokens_path(path)
-    return tokens.with_name(tokens.name + ".next")
 
 
 def token_table(targets, sequence_ids, positions, vocab_size):
@@ -102,6 +98,7 @@ def token_table(targets, sequence_ids, positions, vocab_size):
     n = len(targets)
     out = TopKOutputs(np.empty((0, n), topk_dtype(1, vocab_size)), vocab_size, sequence_ids,
                       positions)  # checks the columns
+    refuse_duplicate_tokens(out.sequence_ids, out.positions, "sequence_ids and positions")
     table = np.empty(n, dtype=TOKEN_DTYPE)
     table["sequence"], table["position"], table["target"] = (out.sequence_ids, out.positions,
                                                              targets)
@@ -155,13 +152,13 @@ def read_tokens(path, record, *, verify=True):
     seen = []
     # the pending table first: a commit renames it over the table, so that one read after
     # it is missing sees the renamed one
-    for file in (_pending_tokens(path), tokens_path(path)):
+    for file in (pending_tokens_path(path), tokens_path(path)):
         try:
             table = np.load(file, allow_pickle=False)
         except FileNotFoundError:
             continue
         except Exception as err:
-            seen.append(f"{str(file)!r} does not load ({err})")
+            seen.append(f"{str(file)!r} does not load ({one_line(err)})")
             continue
         if table.dtype != TOKEN_DTYPE or table.shape != (n,):
             seen.append(f"{str(file)!r} holds {table.dtype} of shape {table.shape}")
@@ -185,6 +182,7 @@ def load_topk(path, *, labels=None, verify=True):
             raise ForgetkitError(f"{str(path)!r} is not a forgetkit top-k run (no {FORMAT} "
                                  "sidecar)")
         check_topk_record(record, where)
+        records = epochs_of_record(path, records, record)
         try:
             table = read_tokens(path, record, verify=verify)
             break
@@ -302,7 +300,7 @@ def commit_topk(path, table, write_tensor, record_for):
     ``<name>.tokens.npy.next`` first, the records and sidecar are committed
     (`commit_pair`), then the table is renamed into place (`read_tokens` takes the pending
     table while its checksum is the sidecar's)."""
-    pending = _pending_tokens(path)
+    pending = pending_tokens_path(path)
     _write_tokens(pending, table)
     commit_pair(path, write_tensor, record_for)
     os.replace(pending, tokens_path(path))
@@ -358,13 +356,13 @@ class TopKWriter(SummaryWriter):
         self._lock_and_open(mode)
 
     def _files(self):
-        return (self.path, tokens_path(self.path), _pending_tokens(self.path))
+        return (self.path, tokens_path(self.path), pending_tokens_path(self.path))
 
     def _start(self):
         remove_stale_temps(tokens_path(self.path))
-        remove_stale_temps(_pending_tokens(self.path))
+        remove_stale_temps(pending_tokens_path(self.path))
         _write_tokens(tokens_path(self.path), self.table)
-        _pending_tokens(self.path).unlink(missing_ok=True)
+        pending_tokens_path(self.path).unlink(missing_ok=True)
 
     def append(self, epoch, records, *, replace=False, meta=None):
         """Store epoch number ``epoch``: records (n_tokens,) of a `topk_dtype` of this run's k
@@ -457,7 +455,7 @@ class TopKWriter(SummaryWriter):
 def _settle_tokens(path, record):
     """Finish or drop a pending token table left by a killed commit: renamed into place if
     it is the one the sidecar names, else removed."""
-    pending = _pending_tokens(path)
+    pending = pending_tokens_path(path)
     if not pending.exists():
         return
     try:

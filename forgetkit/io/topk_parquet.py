@@ -76,7 +76,7 @@ def write_topk_parquet(path, epoch_records, record, table):
                                ids_type.to_pandas_dtype())).reshape(-1)), k)]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema),
                                row_group_size=n)
-        sums = checksums(table["target"], rec["epochs"], crcs)
+        sums = checksums(table["target"], rec["epochs"], crcs, rec)
         sums[ARGMAX_KEY] = argmax
         writer.add_key_value_metadata({CRC_METADATA_KEY: json.dumps(sums).encode()})
 
@@ -103,9 +103,10 @@ def load_topk_parquet(path, *, labels=None, verify=True):
                     f"the forgetkit metadata of {str(path)!r}", verify=verify, verified=True)
 
 
-def read_topk_parquet(path, *, name=None, verify=True):
+def read_topk_parquet(path, *, name=None, verify=True, bad=None):
     """(records (E, N), record, token table) of the top-k Parquet file ``path`` (a path
-    or an open file, which messages call ``name``), every epoch verified as it is read."""
+    or an open file, which messages call ``name``), every epoch verified as it is read
+    (``bad``: see `read_epoch_groups`)."""
     name = str(path) if name is None else name
     pf, md, record, where = open_record_parquet(path, FORMAT, "top-k run", name=name,
                                                 verify=verify)
@@ -129,7 +130,7 @@ def read_topk_parquet(path, *, name=None, verify=True):
     records = read_epoch_groups(pf, name, record, sums, n, record_dtype(record), fill,
                                 columns=lambda e: columns + (list(TOKEN_COLUMNS) if e == 0
                                                              else []),
-                                verify=verify)
+                                verify=verify, bad=bad)
     if verify and table_crc(table, vocab, k) != record["tokens"].get("crc32c"):
         raise CorruptFileError(f"{name!r}: the token table does not match its checksum")
     return records, dict(record, **({KEY: sums} if sums else {})), table

@@ -30,7 +30,7 @@ from .integrity import (
     remember_verified,
     stored_checksums,
 )
-from .record import RECORD_VERSION, check_record, needs_checksums
+from .record import RECORD_VERSION, check_record, needs_checksums, refuse_duplicate_ids
 
 FORMAT = "forgetkit-topk"
 #: The key, beside "outputs" in a top-k record's checksums, of the argmax ids' checksums.
@@ -64,6 +64,34 @@ def topk_record(*, n_tokens, vocab_size, k, epochs, table, meta=None, ids=None):
         "class_names": None,
         "meta": meta,
     }
+
+
+def duplicate_token(sequences, positions):
+    """(sequence id, position, first index, second index) of the first token that appears
+    twice in the columns ``sequences`` and ``positions`` (N,), or None. Tokens in sequence
+    order (positions increasing within each sequence) are checked in one pass, others
+    sorted."""
+    seq, pos = np.asarray(sequences, dtype=np.int64), np.asarray(positions, dtype=np.int64)
+    if len(seq) < 2:
+        return None
+    ordered = (seq[1:] > seq[:-1]) | ((seq[1:] == seq[:-1]) & (pos[1:] > pos[:-1]))
+    if ordered.all():
+        return None
+    order = np.lexsort((pos, seq))
+    same = np.flatnonzero((seq[order][1:] == seq[order][:-1])
+                          & (pos[order][1:] == pos[order][:-1]))
+    if not same.size:
+        return None
+    first, second = sorted((int(order[same[0]]), int(order[same[0] + 1])))
+    return int(seq[first]), int(pos[first]), first, second
+
+
+def refuse_duplicate_tokens(sequences, positions, where, error=ForgetkitError):
+    """``error`` (naming ``where``) if a token (sequence id, position) appears twice."""
+    dup = duplicate_token(sequences, positions)
+    if dup is not None:
+        raise error(f"{where}: token (sequence {dup[0]}, position {dup[1]}) appears twice "
+                    f"(tokens {dup[2]} and {dup[3]}); each token must appear once")
 
 
 def argmax_crc(records):
@@ -158,6 +186,9 @@ def topk_run(path, records, record, table, labels, where, *, verify=True, verifi
                 check_records(records[:, part], table["target"][part], vocab)
             except ForgetkitError as err:
                 raise CorruptFileError(f"{str(path)!r}: {err}") from None
+    refuse_duplicate_tokens(table["sequence"], table["position"], repr(str(path)),
+                            CorruptFileError)
+    refuse_duplicate_ids(record.get("sample_ids"), path)
     try:
         return Run(TopKOutputs(records, vocab, table["sequence"], table["position"],
                                checks=checks),

@@ -11,11 +11,12 @@ from typing import NamedTuple
 
 from ..._validation import KINDS
 from ...errors import CorruptFileError, MissingFileError
-from ..integrity import bad_epochs, check_fields, stored_checksums
+from ..integrity import KEY as CRC_KEY
+from ..integrity import RECORD_KEY, bad_epochs, check_fields, is_verified, stored_checksums
 from ..lock import RunLock
-from ..npy import load_npy, open_memmap, open_records, read_sidecar, write_npy
+from ..npy import epochs_of_record, load_npy, open_memmap, open_records, read_sidecar, write_npy
 from ..pair import commit_pair, open_pair
-from ..record import record_of, with_checksums
+from ..record import needs_checksums, record_of, with_checksums
 from ..registry import Format
 from ..summary import is_summary, load_summary, read_summary_sidecar, summarize
 from ..topk import is_topk, load_topk, read_topk_sidecar, save_topk, topk_bad_epochs
@@ -61,8 +62,12 @@ def verify_npy(path):
     tensor, record, _ = open_pair(path, open_records if layout else open_memmap,
                                   layout.read_sidecar if layout else read_sidecar)
     record = record or {}
+    tensor = epochs_of_record(path, tensor, record)
     sums = stored_checksums(record, f"the sidecar of {str(path)!r}")
     if sums is None:
+        if needs_checksums(record):
+            raise CorruptFileError(f"the sidecar of {str(path)!r} lacks its checksums "
+                                   f"(field {CRC_KEY!r})")
         return result
     check_fields(record, sums, path)
     more = layout.bad_epochs(path, tensor, record, sums) if layout and layout.bad_epochs \
@@ -71,8 +76,11 @@ def verify_npy(path):
         raise CorruptFileError(f"the sidecar of {str(path)!r} has checksums of "
                                f"{len(sums['outputs'])} epochs; the file holds {len(tensor)}")
     epochs = record.get("epochs") or []
-    bad = sorted(set(bad_epochs(tensor, sums["outputs"][: len(tensor)])) | more)
-    return dict(result, verifiable=True, epochs=len(tensor), bad=[int(epochs[e]) for e in bad])
+    held = is_verified(path) and len(tensor) == len(sums["outputs"])  # by this process
+    bad = sorted(set([] if held else bad_epochs(tensor, sums["outputs"][: len(tensor)]))
+                 | more)
+    return dict(result, verifiable=True, metadata=RECORD_KEY in sums, epochs=len(tensor),
+                bad=[int(epochs[e]) for e in bad])
 
 
 class NpyFormat(Format):

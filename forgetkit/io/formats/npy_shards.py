@@ -15,12 +15,11 @@ from ...errors import CorruptFileError
 from ...kinds.topk import check_records
 from ..integrity import KEY as CRC_KEY
 from ..integrity import crc_array
-from ..record import SIDECAR_SUFFIX
+from ..record import SIDECAR_SUFFIX, TOKENS_SUFFIX
 from ..registry import Shard
-from ..topk import TOKENS_SUFFIX
 from ..topk_record import FORMAT as TOPK_FORMAT
 from ..topk_record import check_shard_record, check_shard_table
-from .blocks import check_block, corrupt_shard, missing_shard
+from .blocks import check_block, check_shard_metadata, corrupt_shard, missing_shard
 
 
 def _beside(path, suffix):
@@ -78,6 +77,7 @@ def open_npy_shard(fs, path, name, *, verify=True):
     """The `Shard` of the NPY file ``path`` (a full run's tensor, or a top-k run's records
     with their token table), from its header and sidecar."""
     record = read_shard_sidecar(fs, path, name)
+    check_shard_metadata(record, record.get(CRC_KEY), name, verify=verify)
     if record.get("format") == TOPK_FORMAT:
         return _topk_shard(fs, path, name, record, verify)
     shape, dtype, stored, offset = npy_header(fs, path, name)

@@ -28,7 +28,7 @@ class NpzFormat(Format):
     def load(self, path, *, labels=None, kind=None, verify=True):
         if not Path(path).exists():
             raise MissingFileError(f"no such run: {str(path)!r}")
-        return load_npz(path, labels=labels, kind=kind)
+        return load_npz(path, labels=labels, kind=kind, verify=verify)
 
     def save(self, run, path, *, compress=True, **options):
         with RunLock(path), atomic_write(path) as tmp:

@@ -6,21 +6,25 @@ record's ``"format"`` says which. An unfinished writer's epochs, staged in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import pyarrow.parquet as pq
+
 from ..._validation import KINDS
 from ...errors import CorruptFileError, MissingFileError
 from ..atomic import atomic_write
+from ..integrity import RECORD_KEY
 from ..lock import RunLock
-from ..parquet import load_parquet, open_parquet_run, staging_path, write_parquet
+from ..parquet import CRC_METADATA_KEY, load_parquet, open_parquet_run, staging_path, write_parquet
 from ..record import record_of
 from ..registry import Format
 from ..summary import load_summary, staged_summary, summarize
-from ..summary_parquet import is_summary_parquet, load_summary_parquet
+from ..summary_parquet import is_summary_parquet, load_summary_parquet, read_summary_parquet
 from ..topk import save_topk
-from ..topk_parquet import is_topk_parquet, load_topk_parquet
+from ..topk_parquet import is_topk_parquet, load_topk_parquet, read_topk_parquet
 from .npy import verify_npy
 from .parquet_shards import open_parquet_shard
 
@@ -32,13 +36,14 @@ class RecordLayout(NamedTuple):
     holds: Callable  # path -> whether its metadata is this kind's
     load: Callable  # (path, *, labels, verify) -> Run
     save: Callable  # (run, path)
+    read: Callable  # (path, *, bad) -> (records, record, ...): bad epochs' indices in bad
 
 
 #: The record kinds' layouts, by kind; any other Parquet file is a full run.
 RECORD_KINDS = {
-    "topk": RecordLayout(is_topk_parquet, load_topk_parquet, save_topk),
-    "summary": RecordLayout(is_summary_parquet, load_summary_parquet,
-                            summarize),
+    "topk": RecordLayout(is_topk_parquet, load_topk_parquet, save_topk, read_topk_parquet),
+    "summary": RecordLayout(is_summary_parquet, load_summary_parquet, summarize,
+                            read_summary_parquet),
 }
 
 
@@ -65,7 +70,17 @@ def verify_full_parquet(path):
             source.read_epoch(i)
         except CorruptFileError:
             bad.append(int(e))
-    return {"verifiable": True, "epochs": len(source.epochs), "bad": bad}
+    return {"verifiable": True, "metadata": covers_metadata(path),
+            "epochs": len(source.epochs), "bad": bad}
+
+
+def covers_metadata(path):
+    """Whether the checksums of the finished Parquet run at ``path`` cover its metadata
+    (False for files written before they did, and for a writer's staged epochs)."""
+    if not Path(path).exists():
+        return False
+    stored = (pq.read_metadata(path).metadata or {}).get(CRC_METADATA_KEY)
+    return stored is not None and RECORD_KEY in json.loads(stored)  # checked by the load
 
 
 class ParquetFormat(Format):
@@ -109,8 +124,10 @@ class ParquetFormat(Format):
             raise MissingFileError(f"no such run: {str(path)!r}")
         stored = stored_kind(path) if path.exists() else None
         if stored is not None:  # every epoch checked as it is read
-            run = RECORD_KINDS[stored].load(path, labels=None, verify=True)
-            return {"verifiable": True, "epochs": run.n_epochs, "bad": []}
+            bad = []
+            records, record, *_ = RECORD_KINDS[stored].read(path, bad=bad)
+            return {"verifiable": True, "metadata": covers_metadata(path),
+                    "epochs": len(records), "bad": [int(record["epochs"][e]) for e in bad]}
         return verify_full_parquet(path)
 
     def open_shard(self, fs, path, name, *, verify=True):

@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 
 from ...errors import CorruptFileError
 from ...kinds.topk import TOKEN_DTYPE, check_records
-from ..integrity import crc_array
+from ..integrity import crc_array, mismatch, read_error
 from ..parquet import CRC_METADATA_KEY, PARQUET_KEY, column_to_numpy
 from ..registry import Shard
 from ..topk_parquet import TOKEN_COLUMNS, read_topk_parquet
 from ..topk_record import FORMAT as TOPK_FORMAT
 from ..topk_record import check_shard_record, check_shard_table
-from .blocks import check_block, corrupt_shard, missing_shard
+from .blocks import check_block, check_shard_metadata, corrupt_shard, missing_shard
 
 
 def parquet_file(fs, path, name):
@@ -44,7 +44,15 @@ def open_parquet_shard(fs, path, name, *, verify=True):
         record = json.loads(md[PARQUET_KEY])
     except ValueError as err:
         raise corrupt_shard(name, err) from None
-    if isinstance(record, dict) and record.get("format") == TOPK_FORMAT:
+    if not isinstance(record, dict):
+        raise corrupt_shard(name, "its forgetkit metadata is not a JSON object")
+    sums = (pf.metadata.metadata or {}).get(CRC_METADATA_KEY)
+    try:
+        sums = json.loads(sums) if sums is not None else None
+    except ValueError as err:
+        raise corrupt_shard(name, err) from None
+    if record.get("format") == TOPK_FORMAT:
+        check_shard_metadata(record, sums, name, verify=verify)
         return _topk_shard(pf, fs, path, name, record, verify)
     epochs = []
     for rg in range(pf.metadata.num_row_groups):
@@ -54,14 +62,12 @@ def open_parquet_shard(fs, path, name, *, verify=True):
                                    "one row group per epoch")
         epochs.append(int(col[0]))
     record["epochs"] = epochs
+    check_shard_metadata(record, sums, name, verify=verify)
     shape = (len(epochs), int(record["n_samples"]), int(record["n_classes"]))
     dtype = np.dtype(record.get("dtype", "float32"))
-    sums = (pf.metadata.metadata or {}).get(CRC_METADATA_KEY)
-    try:
-        crcs = json.loads(sums)["outputs"] if sums is not None and verify else None
-    except (ValueError, TypeError, KeyError) as err:
-        raise corrupt_shard(name, err) from None
-    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=dtype, crcs=crcs)
+    crcs = sums["outputs"] if sums is not None and verify else None
+    reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=dtype, crcs=crcs,
+                  epochs=epochs)
     return Shard(kind=record.get("kind", "logits"), shape=shape, dtype=dtype, record=record,
                  read_block=functools.partial(read_parquet_block, **reader))
 
@@ -83,18 +89,20 @@ def _topk_shard(pf, fs, path, name, record, verify):
                                               name=name, verify=verify))
 
 
-def read_parquet_block(start, stop, *, fs, path, name, shape, dtype, crcs=None):
+def read_parquet_block(start, stop, *, fs, path, name, shape, dtype, crcs=None, epochs=None):
     """Samples start..stop of every epoch of a Parquet shard: (E, stop - start, C). Each
-    epoch's row group is read whole, and verified against its checksum on the worker."""
+    epoch's row group is read whole, and verified against its checksum on the worker;
+    ``epochs``: the epoch numbers, which errors name."""
     n_epochs, n_samples, n_classes = shape
+    epochs = list(range(n_epochs)) if epochs is None else epochs
     pf = parquet_file(fs, path, name)
     out = np.empty((n_epochs, stop - start, n_classes), dtype=dtype)
     for e in range(n_epochs):
-        where = f"epoch index {e} of shard {name!r}"
+        where = f"epoch {epochs[e]} (index {e}) of shard {name!r}"
         try:
             table = pf.read_row_group(e, columns=["sample", "outputs"])
         except Exception as err:
-            raise corrupt_shard(name, err) from None
+            raise read_error(f"shard {name}", epochs[e], e, err) from None
         if table.num_rows != n_samples:
             raise CorruptFileError(f"{where} has {table.num_rows} rows; expected {n_samples}")
         values = column_to_numpy(table.column("outputs"), n_classes, dtype, where)
@@ -104,8 +112,7 @@ def read_parquet_block(start, stop, *, fs, path, name, shape, dtype, crcs=None):
             raise CorruptFileError(f"{where}: column 'sample' is not a permutation of 0..N-1")
         values = np.ascontiguousarray(values[order], dtype=dtype)
         if crcs is not None and e < len(crcs) and crc_array(values) != crcs[e]:
-            raise CorruptFileError(f"shard {name!r}: epoch index {e} does not match its "
-                                   "checksum: the file is corrupt")
+            raise mismatch(f"shard {name}", epochs[e], e)
         out[e] = values[start:stop]
     check_block(out, name, start)
     return out
