@@ -149,8 +149,9 @@ def check_epochs(epochs, n_epochs):
     return arr
 
 
-def check_indices(name, indices, size):
-    """Return integer (or boolean-mask) indices into an axis of length ``size`` as int64."""
+def check_indices(name, indices, size, *, what="index"):
+    """Return integer (or boolean-mask) indices into an axis of length ``size`` as int64;
+    ``what`` names one of them in the error for an empty selection."""
     arr = np.asarray(indices)
     if arr.dtype.kind == "b":
         if arr.shape != (size,):
@@ -163,7 +164,7 @@ def check_indices(name, indices, size):
         raise InputTypeError(f"{name} must be integers or a boolean mask; got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
     if arr.size == 0:
-        raise ForgetkitError(f"{name} selects nothing")
+        raise ForgetkitError(f"{name} selects nothing: at least one {what} is needed")
     if arr.min() < -size or arr.max() >= size:
         bad = arr.min() if arr.min() < -size else arr.max()
         raise ForgetkitError(f"{name} must lie in [0, {size}); got {bad}")

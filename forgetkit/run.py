@@ -257,7 +257,8 @@ class Run:
     def mean_probs(self, indices, *, out=None):
         """Mean of the probabilities of epoch ``indices``: float64 (N, C), into ``out`` if
         given (`forgetkit.passes.mean_probs`)."""
-        return passes.mean_probs(self, check_indices("indices", indices, self.n_epochs), out=out)
+        indices = check_indices("indices", indices, self.n_epochs, what="epoch")
+        return passes.mean_probs(self, indices, out=out)
 
     def weighted_probs(self, indices, weights):
         """sum_i weights[i] * P[indices[i]]: float64 (N, C)."""

@@ -45,23 +45,6 @@ VALID = {
 #: Result records built by forgetkit, whose fields are whatever the analysis computed.
 RECORDS = {"forgetkit.analysis.DoubleDescent"}
 
-#: forgetkit.io's own checks, another change's work: the calls that do not raise a
-#: ForgetkitError yet (strict: remove an entry once it holds).
-IO_PENDING = {
-    ("forgetkit.convert", "5"), ("forgetkit.convert", "[[1, 2]]"),
-    ("forgetkit.load", "[[1, 2]]"),
-    ("forgetkit.load_cartography", "5"), ("forgetkit.load_cartography", "'nope'"),
-    ("forgetkit.load_cartography", "[[1, 2]]"),
-    ("forgetkit.distributed.load_shards", "5"), ("forgetkit.distributed.load_shards", "[[1, 2]]"),
-    ("forgetkit.io.atomic_write", "5"), ("forgetkit.io.atomic_write", "[[1, 2]]"),
-    ("forgetkit.RunWriter", "5"), ("forgetkit.RunWriter", "[[1, 2]]"),
-    ("forgetkit.SummaryWriter", "5"), ("forgetkit.SummaryWriter", "[[1, 2]]"),
-    ("forgetkit.TopKWriter", "5"), ("forgetkit.TopKWriter", "[[1, 2]]"),
-    ("RunWriter.append", "'nope'"), ("RunWriter.append", "[[1, 2]]"),
-    ("SummaryWriter.append", "'nope'"), ("SummaryWriter.append", "[[1, 2]]"),
-}
-
-
 def _required(fn, skip_first=False):
     """Names of the parameters of ``fn`` that have no default (self left out for methods)."""
     params = list(inspect.signature(fn).parameters.values())[int(skip_first):]
@@ -127,10 +110,7 @@ def _cases():
             key = (path, repr(bad))
             if key in VALID:
                 continue
-            marks = [pytest.mark.xfail(strict=True, reason="forgetkit.io checks its own "
-                                                           "arguments in another change")] \
-                if key in IO_PENDING else []
-            yield pytest.param(obj, params, bad, id=f"{path}-{bad!r}", marks=marks)
+            yield pytest.param(obj, params, bad, id=f"{path}-{bad!r}")
 
 
 def test_the_surface_is_covered():
@@ -140,7 +120,6 @@ def test_the_surface_is_covered():
     assert {"forgetkit.Run", "forgetkit.load", "forgetkit.accuracy",
             "forgetkit.evaluate.nll", "forgetkit.plots.compare_methods"} <= paths
     assert {p for p, _ in VALID if p.startswith("forgetkit.")} <= paths
-    assert {p for p, _ in IO_PENDING if p.startswith("forgetkit.")} <= paths
 
 
 @pytest.mark.parametrize("obj, params, bad", list(_cases()))
@@ -160,12 +139,6 @@ CONTEXT = {
     "forgetkit.memorization": {"sequence_ids": np.arange(40) // 10},
     "forgetkit.sequence_dynamics": {"sequence_ids": np.arange(40) // 10},
 }
-#: forgetkit.io's own checks, another change's work (strict: remove once it holds).
-OPTIONAL_IO_PENDING = {("forgetkit.summarize", "path", "-3"), ("forgetkit.to_topk", "path", "-3"),
-                       ("forgetkit.to_topk", "progress", "'nope'"),
-                       ("forgetkit.to_topk", "progress", "-3"),
-                       ("forgetkit.summarize", "progress", "'nope'"),
-                       ("forgetkit.summarize", "progress", "-3")}
 
 
 def _optional_cases():
@@ -181,11 +154,7 @@ def _optional_cases():
                     or p.name in CONTEXT.get(path, {}):
                 continue
             for bad in ("nope", -3):
-                marks = [pytest.mark.xfail(strict=True, reason="forgetkit.io checks its own "
-                                                               "arguments in another change")] \
-                    if (path, p.name, repr(bad)) in OPTIONAL_IO_PENDING else []
-                yield pytest.param(path, obj, p, bad, id=f"{path}-{p.name}-{bad!r}",
-                                   marks=marks)
+                yield pytest.param(path, obj, p, bad, id=f"{path}-{p.name}-{bad!r}")
 
 
 @pytest.mark.parametrize("path, fn, param, bad", list(_optional_cases()))
@@ -281,10 +250,7 @@ WRITERS = {
 def _writer_cases():
     for kind in sorted(WRITERS):
         for bad in BAD:
-            marks = [pytest.mark.xfail(strict=True, reason="forgetkit.io checks its own "
-                                                           "arguments in another change")] \
-                if (f"{kind}.append", repr(bad)) in IO_PENDING else []
-            yield pytest.param(kind, bad, id=f"{kind}-{bad!r}", marks=marks)
+            yield pytest.param(kind, bad, id=f"{kind}-{bad!r}")
 
 
 @pytest.mark.parametrize("kind, bad", list(_writer_cases()))

@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 from fsspec.core import url_to_fs
 
-from .._validation import check_int, check_labels
+from .._validation import check_int, check_labels, check_path
 from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from ..io.integrity import combine_lanes
 from ..io.record import TOKENS_SUFFIX, duplicate_id, load_labels_file
@@ -129,6 +129,8 @@ def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):
     """
     if chunks is not None:
         chunks = check_int("chunks", chunks, minimum=1)
+    for i, item in enumerate(source if isinstance(source, (list, tuple)) else [source]):
+        check_path("source" if item is source else f"source[{i}]", item)
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels_file(labels)
     opened = open_shards(shard_paths(source), verify)

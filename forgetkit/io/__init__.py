@@ -138,6 +138,8 @@ def convert(src, dst, *, labels=None, layout="list"):
     """Load ``src`` and save it as ``dst`` (format from each extension), epoch by epoch.
     Refuses, before reading anything, a ``dst`` that is ``src``, the labels file or a file
     kept beside them (sidecar, staging folder)."""
+    check_path("src", src)
+    check_path("dst", dst)
     label_file = labels if isinstance(labels, (str, os.PathLike)) else None
     refuse_overwrite({"destination": dst}, [src, label_file])
     return save(load(src, labels=labels), dst, layout=layout)

@@ -22,6 +22,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .._validation import check_path
+
 # mkstemp makes 0600 files; written files get the usual permissions (0666 less the umask)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -110,10 +112,10 @@ def naming(err, path):
     return type(err)(err.errno, err.strerror, str(path))
 
 
-@contextmanager
 def atomic_write(path, *, durable=True, clean=True):
-    """Yield a temporary path beside ``path`` to write to; when the block ends without error
-    it atomically replaces ``path``, otherwise it is removed and ``path`` is left as it was.
+    """A context manager yielding a temporary path beside ``path`` to write to; when the block
+    ends without error it atomically replaces ``path``, otherwise it is removed and ``path``
+    is left as it was.
 
     ``durable`` (default) flushes the file and the rename to disk before returning. Stale
     temporary files of earlier killed writes to ``path`` are removed first. An OSError about
@@ -121,7 +123,12 @@ def atomic_write(path, *, durable=True, clean=True):
     folder listing): for a writer that holds the run's lock and scanned when it opened, so
     that no other write to ``path`` can have left one since.
     """
-    path = Path(path)
+    return _atomic_write(Path(check_path("path", path)), durable=durable, clean=clean)
+
+
+@contextmanager
+def _atomic_write(path, *, durable, clean):
+    """`atomic_write`'s context manager, ``path`` a checked Path."""
     if clean:
         remove_stale_temps(path)
     try:

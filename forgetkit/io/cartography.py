@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptFileError, ForgetkitError
+from .._validation import check_path
+from ..errors import CorruptFileError, ForgetkitError, MissingFileError
 from .record import make_run
 
 _CARTO_FILE = re.compile(r"dynamics_epoch_(\d+)\.jsonl$")
@@ -20,7 +21,10 @@ def load_cartography(folder, *, labels=None, kind=None):
     Each line holds ``guid``, ``logits_epoch_X`` and ``gold``; rows are aligned by guid on
     the first epoch's order, which becomes ``run.sample_ids``.
     """
-    folder = Path(folder)
+    folder = Path(check_path("folder", folder))
+    if not folder.is_dir():
+        raise MissingFileError(f"{str(folder)!r} is not a folder (of dynamics_epoch_*.jsonl "
+                               "files)")
     files = sorted(((int(m.group(1)), p) for p in folder.iterdir()
                     if (m := _CARTO_FILE.search(p.name))), key=lambda t: t[0])
     if not files:

@@ -22,8 +22,11 @@ import numpy as np
 
 from .._progress import Progress
 from .._validation import (
+    check_bool,
+    check_int,
     check_meta,
     check_option,
+    check_path,
 )
 from ..errors import ForgetkitError, InputTypeError
 from ..kinds import kind_of
@@ -121,6 +124,9 @@ def summarize(run, path=None, *, progress=False):
     """
     from . import load  # the package's loader, which imports this module
 
+    if path is not None:
+        check_path("path", path)
+    check_bool("progress", progress)
     if not isinstance(run, Run):
         if not isinstance(run, (str, os.PathLike)):
             raise InputTypeError(f"run must be a forgetkit.Run or the path of a run file; got "
@@ -189,7 +195,7 @@ class SummaryWriter(LockedWriter):
 
     def __init__(self, path, n_samples, n_classes, *, labels, sample_ids=None,
                  class_names=None, meta=None, mode="a", durable=True):
-        self.target = Path(path)  # the file `close` leaves
+        self.target = Path(check_path("path", path))  # the file `close` leaves
         if self.target.suffix.lower() not in (".npy", ".parquet"):
             raise ForgetkitError(f"summaries are written as .npy (with a sidecar) or .parquet; "
                                  f"got {str(self.target)!r}")
@@ -245,7 +251,7 @@ class SummaryWriter(LockedWriter):
         dict), if given, replaces the run's metadata, written with this epoch's record."""
         if self._closed:
             raise ForgetkitError(f"this {type(self).__name__} is closed")
-        epoch = int(epoch)
+        epoch = check_int("epoch", epoch)
         meta = None if meta is None else check_meta(meta)
         records = self._records_of(epoch, np.asarray(values))
         if self.epochs and epoch <= self.epochs[-1]:

@@ -36,7 +36,7 @@ import numpy as np
 
 from .._deprecation import keyword_options
 from .._progress import Progress
-from .._validation import check_int, check_meta, check_option
+from .._validation import check_bool, check_int, check_meta, check_option, check_path
 from ..errors import CorruptFileError, ForgetkitError, InputTypeError
 from ..kinds import kind_of
 from ..kinds import topk as _topk
@@ -220,6 +220,9 @@ def to_topk(run, top_k=DEFAULT_TOP_K, path=None, *, sequence_ids=None, positions
         Loaded from ``path`` when given. Correctness, `Run.label_probs` and
         `Run.label_margins` equal those of ``run`` (`forgetkit.kinds.topk.topk_records`).
     """
+    if path is not None:
+        check_path("path", path)
+    check_bool("progress", progress)
     from . import load  # the package's loader, which imports this module
 
     if not isinstance(run, Run):
@@ -334,7 +337,7 @@ class TopKWriter(SummaryWriter):
     @keyword_options(renamed={"k": "top_k"})
     def __init__(self, path, *, vocab_size, top_k, targets, sequence_ids, positions, meta=None,
                  mode="a", durable=True):
-        self.path = self.target = Path(path)
+        self.path = self.target = Path(check_path("path", path))
         self.parquet = False  # (SummaryWriter's staging of Parquet files)
         if self.path.suffix.lower() != ".npy":
             raise ForgetkitError(f"top-k runs are written as .npy (with a sidecar and a token "

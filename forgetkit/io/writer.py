@@ -14,6 +14,7 @@ from .._validation import (
     check_labels,
     check_meta,
     check_option,
+    check_path,
     check_sample_ids,
 )
 from ..errors import ForgetkitError, InputTypeError, RunExistsError
@@ -121,7 +122,7 @@ class RunWriter(LockedWriter):
     def __init__(self, path, n_samples, n_classes, *, labels, kind="logits",
                  dtype="float16", sample_ids=None, class_names=None, meta=None,
                  mode="a", format=None, layout="list", durable=True):
-        self.path = Path(path)
+        self.path = Path(check_path("path", path))
         self.format = format or format_of(self.path)
         check_option("format", self.format, ("npy", "parquet"))
         check_option("mode", mode, ("a", "w", "x"))
@@ -164,7 +165,7 @@ class RunWriter(LockedWriter):
         """
         if self._closed:
             raise ForgetkitError("this RunWriter is closed")
-        epoch = int(epoch)
+        epoch = check_int("epoch", epoch)
         meta = None if meta is None else check_meta(meta)
         values = np.asarray(outputs)
         if values.shape != (self.n_samples, self.n_classes):
