@@ -463,6 +463,11 @@ def _torchrun_group():
     return dist
 
 
+def _one_line(err):
+    """An exception as one line: its type and its first 300 characters."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+
 def _cmd_replay(args):
     """Replay checkpoints into a run; under torchrun every rank replays its share of the
     checkpoints and rank 0 writes (and prints)."""
@@ -516,6 +521,8 @@ def _cmd_replay(args):
                 data = _replay_data(args.data, trainer=False, tokens=tokens)
                 run = replay(model, args.checkpoints, data, args.out,
                              trust_pickle=args.trust_pickle, **options)
+        except RuntimeError as err:  # torch's: --data of another shape or dtype than --model
+            raise ForgetkitError(f"the model failed on --data: {_one_line(err)}") from None
         finally:
             if group is not None:
                 group.destroy_process_group()

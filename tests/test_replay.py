@@ -356,6 +356,28 @@ class WritesAFile:
         return (open, (self.path, "w"))
 
 
+def test_empty_data_and_data_that_does_not_fit_the_model(tmp_path, capsys, monkeypatch):
+    _, files = train_and_save(tmp_path)
+    with pytest.raises(fk.ForgetkitError, match="data holds no sample"):
+        replay(small_net(), files, (torch.zeros(0, 6), torch.zeros(0)), tmp_path / "e.npy",
+               progress=False)
+    with pytest.raises(fk.ForgetkitError, match="batch_size must be a positive integer"):
+        replay(small_net(), files, data(), tmp_path / "e.npy", batch_size=0, progress=False)
+    # the command line: the model's own error on data of another shape is one line, exit 1
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "netmod.py").write_text(
+        "from tests.test_replay import small_net\n\ndef make():\n    return small_net()\n",
+        encoding="utf-8")
+    np.savez(tmp_path / "wide.npz", x=np.zeros((20, 5), np.float32), labels=np.zeros(20, int))
+    assert cli_main(["replay", *map(str, files), "--model", "netmod:make", "--data",
+                     "wide.npz", "--out", "bad.npy"]) == 1
+    err = capsys.readouterr().err
+    assert "the model failed on --data: RuntimeError" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad.npy").exists()
+
+
 def test_a_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path):
     test, files = train_and_save(tmp_path, epochs=(0,))
     marker = tmp_path / "pwned"
@@ -583,7 +605,11 @@ def test_cli_replay(tmp_path, capsys, monkeypatch):
             (["--data", "mymodels:broken_data", "--out", "c.npy"],
              "--data 'mymodels:broken_data' raised RuntimeError: no such dataset"),
             (["--data", "nomodule:f", "--out", "c.npy"], "cannot import 'nomodule'"),
-            (["--data", "test.npz", "--out", "c.npy", "--devices", "x"], "--devices")):
+            (["--data", "test.npz", "--out", "c.npy", "--devices", "x"], "--devices"),
+            (["--data", "test.npz", "--out", "c.npy", "--batch-size", "0"],
+             "batch_size must be a positive integer; got 0"),
+            (["--data", "test.npz", "--out", "c.npy", "--batch-size", "-5"],
+             "batch_size must be a positive integer; got -5")):
         assert cli_main(args + extra) == 1
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err

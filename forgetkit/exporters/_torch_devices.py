@@ -124,16 +124,39 @@ def _is_array(x):
     return isinstance(x, (torch.Tensor, np.ndarray))
 
 
+def forward(model, args, kwargs, what):
+    """``model(*args, **kwargs)``; an error the model raises on the batch (inputs of another
+    shape or dtype than it takes) becomes a ForgetkitError naming ``what`` (e.g. "bn_data"),
+    torch's text kept."""
+    try:
+        return model(*args, **kwargs)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        message = " ".join(str(err).split())[:300]
+        raise ForgetkitError(f"{what} does not fit the model: {type(err).__name__}: "
+                             f"{message}") from None
+
+
+def check_batch_size(batch_size):
+    """``batch_size`` as a positive int."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ForgetkitError(f"batch_size must be a positive integer; got {batch_size!r}")
+    return int(batch_size)
+
+
 def batches_of(data, *, batch_size, label_key):
     """The evaluation batches of ``data`` as a list, read once: an (inputs, labels) pair of
     arrays or tensors, a dict of arrays (the labels under ``label_key``), a map-style
     Dataset, a DataLoader (not shuffling), or an iterable of batches (each checked to hold
     its labels under ``label_key``, unless it is None)."""
+    batch_size = check_batch_size(batch_size)
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(map(_is_array, data)):
         inputs, labels = map(_as_tensor, data)
         if len(inputs) != len(labels):
             raise ForgetkitError(f"inputs ({len(inputs)}) and labels ({len(labels)}) differ "
                                  "in length")
+        if len(inputs) == 0:
+            raise ForgetkitError("data holds no sample (inputs and labels are empty)")
         return [(inputs[i:i + batch_size], labels[i:i + batch_size])
                 for i in range(0, len(inputs), batch_size)]
     if isinstance(data, Mapping) and data and all(map(_is_array, data.values())):
@@ -215,6 +238,7 @@ def token_batches(data, batch_size, input_key):
     """The evaluation batches of ``data``: a tensor or array of input ids (N, T), a dict of
     such columns (``input_ids``, ``attention_mask``, labels), or an iterable of dict
     batches (a DataLoader) as it is."""
+    batch_size = check_batch_size(batch_size)
     if isinstance(data, (torch.Tensor, np.ndarray)):
         data = {input_key: data}
     if isinstance(data, Mapping):

@@ -30,7 +30,7 @@ from ..probs import softmax
 from ..run import check_run
 from ..splits import split_indices
 from ._checkpoints import checkpoint_files, hash_pool, ordered
-from ._torch_devices import batches_of, default_output, split_batch
+from ._torch_devices import batches_of, default_output, forward, split_batch
 from ._torch_replay import SUFFIXES, fit_keys, own_epoch, read_checkpoint
 
 #: Uniform averages of the last n checkpoints that `compare_weight_space` adds by default.
@@ -134,16 +134,6 @@ def _moved(batch, device):
     return tuple(move(v) for v in batch)
 
 
-def _forward(model, args, kwargs, what):
-    """model(*args, **kwargs); an error of the model on the batch names ``what``."""
-    try:
-        return model(*args, **kwargs)
-    except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        message = " ".join(str(err).split())[:300]
-        raise ForgetkitError(f"{what} does not fit the model: {type(err).__name__}: "
-                             f"{message}") from None
-
-
 @torch.no_grad()
 def update_batch_norm(model, batches, *, label_key="labels", device=None):
     """Re-estimate the BatchNorm running statistics of ``model`` on ``batches`` (a list of
@@ -164,7 +154,7 @@ def update_batch_norm(model, batches, *, label_key="labels", device=None):
     try:
         for batch in batches:
             args, kwargs, _ = split_batch(_moved(batch, device), label_key)
-            _forward(model, args, kwargs, "bn_data")
+            forward(model, args, kwargs, "bn_data")
     finally:
         for m, momentum in momenta.items():
             m.momentum = momentum
@@ -279,7 +269,7 @@ def predict_proba(model, batches, *, label_key="labels", output_fn=None, device=
     try:
         for batch in batches:
             args, kwargs, y = split_batch(_moved(batch, device), label_key)
-            out = output_fn(_forward(model, args, kwargs, "data"))
+            out = output_fn(forward(model, args, kwargs, "data"))
             logits.append(out.detach().to("cpu", torch.float64))
             labels.append(torch.as_tensor(y).reshape(-1).to("cpu", torch.int64))
     finally:
