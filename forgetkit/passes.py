@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import kernels
-from ._validation import check_int
+from ._validation import check_array, check_indices, check_int, check_type
 from .backends import as_slice
 from .errors import ForgetkitError
 from .execution import executor_for
@@ -184,9 +184,7 @@ def mean_probs(run, indices, *, out=None):
     """Mean of the probabilities of epoch ``indices`` (summed in index order, then divided):
     float64 (N, C), written into ``out`` if given."""
     kind_of(run).require_full(run, "mean_probs()")
-    idx = np.asarray(list(indices), dtype=np.int64)
-    if idx.size == 0:
-        raise ForgetkitError("mean_probs needs at least one epoch index; got none")
+    idx = check_indices("indices", indices, run.n_epochs, what="epoch")
     return _per_sample(run, partial(_mean_probs, idx=idx, out=out), (None, run.n_classes),
                        np.float64, out=out)
 
@@ -220,7 +218,8 @@ def _mean_probs(run, *, idx, out=None):
 def weighted_probs(run, indices, weights):
     """sum_i weights[i] * P[indices[i]]: float64 (N, C), added in order to zeros."""
     kind_of(run).require_full(run, "weighted_probs()")
-    idx = np.asarray(indices, dtype=np.int64)
+    idx = check_indices("indices", indices, run.n_epochs)
+    check_array("weights", weights, kinds="iuf", shape=idx.shape)
     return _per_sample(run, partial(_weighted_probs, idx=idx, weights=weights),
                        (None, run.n_classes), np.float64)
 
@@ -243,6 +242,8 @@ def add_probs(run, index, total):
     """total += the probabilities of epoch ``index`` (float64 (N, C), in place, the bits of
     ``total += probs(run, index)``), without storing the epoch's probabilities."""
     kind_of(run).require_full(run, "add_probs()")
+    check_type("total", total, np.ndarray, "a float64 ndarray (n_samples, n_classes)")
+    check_array("total", total, kinds="f", shape=(run.n_samples, run.n_classes))
     e = epoch_index(run, index)
     cached = cached_probs(run)
     logits = logits_in_place(run)

@@ -90,12 +90,8 @@ class Run:
         True class of each sample, integers in [0, n_classes).
     kind : {"logits", "probs", "summary", "topk"} or another registered kind
         What the run stores per epoch and sample (`forgetkit.kinds`; ``kind_of(run)`` says
-        what it answers). "summary" goes with `forgetkit.kinds.summary.SummaryOutputs` (a run
-        read from a summary, `forgetkit.summarize`), "topk" with
-        `forgetkit.kinds.topk.TopKOutputs` (a top-k run of a language model's tokens,
-        `forgetkit.load` of one): correctness, `label_probs` and `label_margins` come exactly
-        from their records; methods that need every class's outputs raise a ValueError
-        saying what the run holds.
+        what it answers). A record kind goes with its outputs (a summary's, a top-k run's
+        `RecordOutputs`); what it cannot answer raises an error saying what it holds.
     epochs : array-like of shape (n_epochs,), optional
         Epoch numbers, strictly increasing; default 0..n_epochs-1.
     sample_ids : array-like of shape (n_samples,), optional
@@ -257,13 +253,10 @@ class Run:
     def mean_probs(self, indices, *, out=None):
         """Mean of the probabilities of epoch ``indices``: float64 (N, C), into ``out`` if
         given (`forgetkit.passes.mean_probs`)."""
-        indices = check_indices("indices", indices, self.n_epochs, what="epoch")
         return passes.mean_probs(self, indices, out=out)
 
     def weighted_probs(self, indices, weights):
         """sum_i weights[i] * P[indices[i]]: float64 (N, C)."""
-        indices = check_indices("indices", indices, self.n_epochs)
-        check_array("weights", weights, kinds="iuf", shape=indices.shape)
         return passes.weighted_probs(self, indices, weights)
 
     def logits_in_place(self):
@@ -272,8 +265,6 @@ class Run:
 
     def add_probs(self, index, total):
         """total += the probabilities of epoch ``index``, in place."""
-        check_type("total", total, np.ndarray, "a float64 ndarray (n_samples, n_classes)")
-        check_array("total", total, kinds="f", shape=(self.n_samples, self.n_classes))
         return passes.add_probs(self, index, total)
 
     def label_probs(self):
@@ -294,14 +285,13 @@ class Run:
     def epoch_positions(self, epoch_numbers):
         """Indices (int64) of the given stored epoch *numbers*; ValueError naming any that
         this run does not hold."""
-        wanted = check_array("epoch_numbers", epoch_numbers, kinds="iu").astype(np.int64)
-        wanted = wanted.reshape(-1)
+        wanted = check_array("epoch_numbers", epoch_numbers, kinds="iu").reshape(-1)
         pos = np.minimum(np.searchsorted(self.epochs, wanted), self.n_epochs - 1)
         missing = wanted[self.epochs[pos] != wanted]
         if missing.size:
             raise ForgetkitError(f"epoch_numbers: the run lacks epochs {missing.tolist()} (it "
-                                 "holds epochs "
-                                 f"{self.epochs[0]}..{self.epochs[-1]}, {self.n_epochs} stored)")
+                                 f"holds epochs {self.epochs[0]}..{self.epochs[-1]}, "
+                                 f"{self.n_epochs} stored)")
         return pos
 
     def sample_positions(self, sample_ids):
