@@ -13,6 +13,10 @@ DDP) the same lines run on every rank: each rank evaluates its shard, rank 0 wri
 in dataset order, the other ranks write nothing (see `forgetkit.exporters._torch_distributed`).
 Batches are (inputs, labels) pairs or dicts (Hugging Face style: the dict less its labels goes
 to the model as keyword arguments).
+
+Also here: `TokenRecorder` (a language model's top-k token runs), `replay` (the same runs from
+saved checkpoints) and the weight-space tools `average_weights` and `compare_weight_space`
+(`forgetkit.exporters.weight_space`).
 """
 
 from ._torch_devices import (  # noqa: F401  (public here since they were defined here)
