@@ -73,19 +73,35 @@ def needs_checksums(record):
 def run_record(*, kind, dtype, n_samples, n_classes, epochs, labels, sample_ids=None,
                class_names=None, meta=None):
     """The JSON metadata record of a run (without checksums: `with_checksums` adds them)."""
-    return {
-        "format": "forgetkit-run",
-        "version": RECORD_VERSION,
-        "kind": kind,
-        "dtype": np.dtype(dtype).name,
-        "n_samples": int(n_samples),
-        "n_classes": int(n_classes),
-        "epochs": [int(e) for e in epochs],
-        "labels": [int(v) for v in labels],
-        "sample_ids": jsonable(sample_ids),
-        "class_names": class_names,
-        "meta": meta,
-    }
+    return {"format": "forgetkit-run", "version": RECORD_VERSION, "kind": kind,
+            "dtype": np.dtype(dtype).name,
+            **identity_fields(n_samples=n_samples, n_classes=n_classes, epochs=epochs,
+                              labels=labels, sample_ids=sample_ids, class_names=class_names,
+                              meta=meta)}
+
+
+def identity_fields(*, n_samples, n_classes, epochs, labels, sample_ids, class_names, meta):
+    """The fields every kind's record holds, in their stored order: sizes, epoch numbers,
+    labels, sample ids, class names and the free metadata."""
+    return {"n_samples": int(n_samples), "n_classes": int(n_classes),
+            "epochs": [int(e) for e in epochs], "labels": [int(v) for v in labels],
+            "sample_ids": jsonable(sample_ids), "class_names": class_names, "meta": meta}
+
+
+def stored_epochs(path, records, dtype, n_samples, record, what):
+    """The epoch numbers of ``records`` stored at ``path`` (``what``: "summary", "top-k"):
+    an (epochs, ``n_samples``) array of ``dtype`` holding at least one epoch and no more
+    than ``record`` names; else a CorruptFileError."""
+    if records.dtype != dtype or records.ndim != 2 or records.shape[1] != n_samples:
+        raise CorruptFileError(f"{str(path)!r} must hold {what} records of shape (epochs, "
+                               f"{n_samples}) and dtype {dtype.descr}; got {records.dtype} of "
+                               f"shape {records.shape}")
+    epochs = record["epochs"][: records.shape[0]]
+    if records.shape[0] == 0 or len(epochs) != records.shape[0]:
+        raise CorruptFileError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
+                               f"names {len(record['epochs'])}; a {what} run needs at least "
+                               "one epoch")
+    return epochs
 
 
 class EncodedRecord(dict):

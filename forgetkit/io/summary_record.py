@@ -9,7 +9,13 @@ import numpy as np
 from ..errors import CorruptFileError, ForgetkitError
 from ..kinds.summary import SUMMARY_DTYPE, SummaryOutputs
 from ..run import Run
-from .record import RECORD_VERSION, check_record, jsonable, refuse_duplicate_ids
+from .record import (
+    RECORD_VERSION,
+    check_record,
+    identity_fields,
+    refuse_duplicate_ids,
+    stored_epochs,
+)
 
 FORMAT = "forgetkit-summary"
 
@@ -20,19 +26,11 @@ FORMAT = "forgetkit-summary"
 def summary_record(*, n_samples, n_classes, epochs, labels, sample_ids=None,
                    class_names=None, meta=None):
     """The sidecar record of a summary run."""
-    return {
-        "format": FORMAT,
-        "version": RECORD_VERSION,
-        "kind": "summary",
-        "fields": [name for name in SUMMARY_DTYPE.names],
-        "n_samples": int(n_samples),
-        "n_classes": int(n_classes),
-        "epochs": [int(e) for e in epochs],
-        "labels": [int(v) for v in labels],
-        "sample_ids": jsonable(sample_ids),
-        "class_names": class_names,
-        "meta": meta,
-    }
+    return {"format": FORMAT, "version": RECORD_VERSION, "kind": "summary",
+            "fields": list(SUMMARY_DTYPE.names),
+            **identity_fields(n_samples=n_samples, n_classes=n_classes, epochs=epochs,
+                              labels=labels, sample_ids=sample_ids, class_names=class_names,
+                              meta=meta)}
 
 
 def summary_run(path, records, record, labels, where, *, verify=None):
@@ -43,15 +41,8 @@ def summary_run(path, records, record, labels, where, *, verify=None):
     for name in ("n_samples", "n_classes", "epochs", "labels"):
         if record.get(name) is None and not (name == "labels" and labels is not None):
             raise CorruptFileError(f"{where} lacks the field {name!r}")
-    if records.dtype != SUMMARY_DTYPE or records.ndim != 2 \
-            or records.shape[1] != record["n_samples"]:
-        raise ForgetkitError(f"{str(path)!r} must hold summary records of shape (epochs, "
-                             f"{record['n_samples']}) and dtype {SUMMARY_DTYPE.descr}; got "
-                             f"{records.dtype} of shape {records.shape}")
-    epochs = record["epochs"][: records.shape[0]]
-    if records.shape[0] == 0 or len(epochs) != records.shape[0]:
-        raise ForgetkitError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
-                             f"names {len(record['epochs'])}; a summary needs at least one epoch")
+    epochs = stored_epochs(path, records, SUMMARY_DTYPE, record["n_samples"], record,
+                           "summary")
     if verify is not None:
         verify()
     for field in ("label", "other", "lse"):

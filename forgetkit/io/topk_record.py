@@ -30,7 +30,13 @@ from .integrity import (
     remember_verified,
     stored_checksums,
 )
-from .record import RECORD_VERSION, check_record, needs_checksums, refuse_duplicate_ids
+from .record import (
+    RECORD_VERSION,
+    check_record,
+    needs_checksums,
+    refuse_duplicate_ids,
+    stored_epochs,
+)
 
 FORMAT = "forgetkit-topk"
 #: The key, beside "outputs" in a top-k record's checksums, of the argmax ids' checksums.
@@ -152,15 +158,7 @@ def topk_run(path, records, record, table, labels, where, *, verify=True, verifi
     ``verified``: the caller verified every epoch already."""
     n, vocab, k = check_topk_record(record, where)
     dtype = record_dtype(record)
-    if records.dtype != dtype or records.ndim != 2 or records.shape[1] != n:
-        raise CorruptFileError(f"{str(path)!r} must hold top-k records of shape (epochs, {n}) "
-                               f"and dtype {dtype.descr}; got {records.dtype} of shape "
-                               f"{records.shape}")
-    epochs = record["epochs"][: records.shape[0]]
-    if records.shape[0] == 0 or len(epochs) != records.shape[0]:
-        raise CorruptFileError(f"{str(path)!r} holds {records.shape[0]} epochs and its metadata "
-                               f"names {len(record['epochs'])}; a top-k run needs at least one "
-                               "epoch")
+    epochs = stored_epochs(path, records, dtype, n, record, "top-k")
     checks, sums = None, None
     if verify:
         sums = stored_checksums(record, where)
