@@ -236,6 +236,19 @@ def test_summary_label_issues_equal_the_full_run_when_the_top_other_class_is_fix
         assert got.attrs["summary"][key] == full.attrs["summary"][key], key
 
 
+def test_a_label_never_confidently_kept_is_the_most_suspicious_without_a_warning():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 300)
+    z = rng.normal(size=(5, 300, 4))
+    z[:, labels == 3, 0] += 6  # class 3's samples all look like class 0
+    summary = fk.summarize(fk.Run(z.astype(np.float32), labels))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # log(0) of the transition was a RuntimeWarning
+        issues = fk.label_issues(summary)
+    assert np.isposinf(issues["score"][labels == 3]).all()
+    assert issues["is_issue"][labels == 3].all()
+
+
 @pytest.mark.parametrize("name", ["fmnist_cnn_sym20_h200_train4k",
                                   "fmnist_resnet18_asym30_h200_train4k",
                                   "fmnist_resnet18_sym20_h200_train5k",

@@ -381,8 +381,8 @@ def _summary_scores(run, progress):
     mass = bounds.sum(axis=1)
     prior_other = np.divide((bounds * t_others).sum(axis=1), mass, out=np.zeros(n),
                             where=mass > 0)
-    own = s["mean_log_p"] + np.log(t[labels, labels])
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore"):  # a label never confidently kept: -inf evidence
+        own = s["mean_log_p"] + np.log(t[labels, labels])
         score = s["mean_log_other"] + np.log(prior_other) - own
     # suggested: the label unless another class's share of the pooled weight beats it
     share = np.divide(bounds * t_others, mass[:, None], out=np.zeros_like(bounds),
