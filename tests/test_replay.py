@@ -1025,3 +1025,50 @@ def test_replay_needs_no_framework_at_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True)
     assert json.loads(out.stdout.replace("'", '"')) == []
+
+
+KILLED_AT_RENAME = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+k, calls, real = int(sys.argv[2]), [0], os.replace
+
+
+def replace(src, dst):  # SIGKILL at the k-th rename of the replay's writes
+    calls[0] += 1
+    if calls[0] - 1 == k:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst)
+
+
+os.replace = replace
+from tests.test_replay import data, small_net
+from forgetkit.exporters.torch import replay
+
+replay(small_net(), sys.argv[4:], data(), sys.argv[3], dtype="float32", progress=False)
+print(calls[0])
+"""
+
+
+def test_a_replay_killed_at_any_commit_step_resumes_to_the_full_run(tmp_path):
+    """A SIGKILL at each rename of a replay's writes (the tensor, the sidecar, the
+    metadata), then a replay into the same path: the run of every checkpoint, once."""
+    _, files = train_and_save(tmp_path)
+    files = [str(f) for f in files]
+    reference = replay(small_net(), files, data(), tmp_path / "ref.npy", dtype="float32",
+                       progress=False)
+
+    def killed(path, k):
+        return subprocess.run([sys.executable, "-c", KILLED_AT_RENAME, str(ROOT), str(k),
+                               str(path), *files], capture_output=True, text=True)
+
+    done = killed(tmp_path / "count.npy", -1)
+    assert done.returncode == 0, done.stderr
+    renames = int(done.stdout.strip().splitlines()[-1])
+    assert renames >= len(files)  # every epoch commits by a rename at least
+    for k in range(renames):
+        path = tmp_path / f"killed_{k}.npy"
+        assert killed(path, k).returncode == -9
+        run = replay(small_net(), files, data(), path, dtype="float32", progress=False)
+        assert_same_run(run, reference)
+        stored = [c["sha256"] for c in run.meta["replay"]["checkpoints"]]
+        assert stored == [c["sha256"] for c in reference.meta["replay"]["checkpoints"]]

@@ -275,6 +275,7 @@ class ReplayLog:
 def existing_run(path, mode):
     """The run at ``path`` that a replay in ``mode`` continues, or None."""
     from ..io import load
+    from ..io.npy import stores_no_epoch
 
     if mode != "a":
         return None
@@ -283,6 +284,6 @@ def existing_run(path, mode):
     except FileNotFoundError:
         return None
     except ForgetkitError:
-        if not Path(path).exists():
+        if not Path(path).exists() or stores_no_epoch(path):  # (killed before an epoch)
             return None
         raise

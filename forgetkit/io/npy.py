@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -67,6 +68,15 @@ def open_memmap(path, n_epochs=None):
             raise
         except Exception as err:
             raise corrupt(path, err) from None
+
+
+def stores_no_epoch(path):
+    """Whether ``path`` is an NPY file whose header counts no epoch: what a writer killed
+    before its first epoch leaves, nothing to load or to continue."""
+    try:
+        return Path(path).suffix.lower() == ".npy" and open_memmap(path).shape[0] == 0
+    except (OSError, ForgetkitError):
+        return False
 
 
 def open_records(path):
@@ -217,9 +227,11 @@ class NpyAppender:
             # the record may name epochs the header does not count (a kill between them)
             write_json_atomic(self.sidecar, record, durable=self.durable)
         else:
+            # the sidecar first: a writer killed before its tensor exists leaves no file that
+            # loads as a run without labels (a sidecar alone is no run, and is rewritten)
+            write_json_atomic(self.sidecar, record, durable=self.durable)
             self._file = open(self.path, "wb")
             self._write_header(0)
-            write_json_atomic(self.sidecar, record, durable=self.durable)
         pending_path(self.path).unlink(missing_ok=True)
 
     def append(self, values, position, record):
