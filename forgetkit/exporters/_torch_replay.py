@@ -761,6 +761,19 @@ def autocast_dtype(autocast):
     return value
 
 
+def ordered_checkpoints(checkpoints, *, epochs, trust_pickle, pool):
+    """The `Checkpoint` list of ``checkpoints`` (files, folders or glob patterns) in the
+    order of their epoch numbers: ``epochs`` if given, else each file's own (read, pickles
+    only, in parallel on ``pool``), else the last integer of its name."""
+    files = checkpoint_files(checkpoints, suffixes=SUFFIXES)
+    own = None
+    if epochs is None:
+        found = dict(zip(files, pool.map(partial(own_epoch, trust_pickle=trust_pickle),
+                                         files), strict=True))
+        own = found.__getitem__
+    return ordered(files, epochs=epochs, own=own)
+
+
 def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=None,
            batch_size=256, trust_pickle=False, on_duplicate="warn", output_fn=None,
            label_key="labels", autocast=None, cuda_graph=True, progress=True, tokens=False,
@@ -848,15 +861,10 @@ def replay(model, checkpoints, data, path, *, epochs=None, device=None, devices=
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     autocast = autocast_dtype(autocast)
-    files = checkpoint_files(checkpoints, suffixes=SUFFIXES)
     pool = hash_pool()
     try:
-        own = None
-        if epochs is None:  # the files' own epoch numbers, read (pickles only) in parallel
-            found = dict(zip(files, pool.map(partial(own_epoch, trust_pickle=trust_pickle),
-                                             files), strict=False))
-            own = found.__getitem__
-        order = ordered(files, epochs=epochs, own=own)
+        order = ordered_checkpoints(checkpoints, epochs=epochs, trust_pickle=trust_pickle,
+                                    pool=pool)
         return _replay(model, order, data, path, pool, device=device, devices=devices,
                        batch_size=batch_size, trust_pickle=trust_pickle,
                        on_duplicate=on_duplicate, output_fn=output_fn, label_key=label_key,

@@ -401,8 +401,7 @@ def replay(output_dir_or_checkpoint_dirs, dataset, path, *, model_class=None, ep
     """
     import transformers
 
-    dirs = checkpoint_dirs(output_dir_or_checkpoint_dirs)
-    order = ordered(dirs, epochs=epochs, own=None if epochs is not None else trainer_step)
+    order = _folders(output_dir_or_checkpoint_dirs, epochs)
     model_class = model_class or model_class_of(order[0].file)
     if isinstance(dataset, dict):
         dataset = _Rows(dataset)

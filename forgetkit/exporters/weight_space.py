@@ -29,9 +29,9 @@ from ..errors import ForgetkitError, InputTypeError
 from ..probs import softmax
 from ..run import check_run
 from ..splits import split_indices
-from ._checkpoints import checkpoint_files, hash_pool, ordered
+from ._checkpoints import hash_pool
 from ._torch_devices import batches_of, default_output, forward, split_batch
-from ._torch_replay import SUFFIXES, fit_keys, own_epoch, read_checkpoint
+from ._torch_replay import fit_keys, ordered_checkpoints, read_checkpoint
 
 #: Uniform averages of the last n checkpoints that `compare_weight_space` adds by default.
 DEFAULT_LAST = (2, 5, 10)
@@ -43,17 +43,12 @@ DEFAULT_DECAYS = (0.5, 0.8, 0.9)
 def checkpoint_list(checkpoints, *, epochs=None, trust_pickle=False):
     """The checkpoints of ``checkpoints`` (files, folders or glob patterns, as `replay` takes
     them) in the order of their epoch numbers: a list of `Checkpoint`."""
-    files = checkpoint_files(checkpoints, suffixes=SUFFIXES)
-    own = None
-    if epochs is None:
-        pool = hash_pool()
-        try:
-            found = dict(zip(files, pool.map(partial(own_epoch, trust_pickle=trust_pickle),
-                                             files), strict=True))
-        finally:
-            pool.shutdown(wait=False)
-        own = found.__getitem__
-    return ordered(files, epochs=epochs, own=own)
+    pool = hash_pool()
+    try:
+        return ordered_checkpoints(checkpoints, epochs=epochs, trust_pickle=trust_pickle,
+                                   pool=pool)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def ema_weights(n, decay):
