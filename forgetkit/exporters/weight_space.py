@@ -108,9 +108,9 @@ def averaged_state(model, checkpoints, weights, *, read):
 
 
 def batch_norm_layers(model):
-    """Names of the model's BatchNorm layers (running statistics)."""
-    return [name for name, m in model.named_modules()
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    """{name: layer} of the model's BatchNorm layers that keep running statistics."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats}
 
 
 def _device_of(model, device):
@@ -135,8 +135,7 @@ def update_batch_norm(model, batches, *, label_key="labels", device=None):
     batches, `batches_of`): statistics reset, momentum None (a cumulative average), train
     mode for the passes, then the momenta and mode restored; what
     ``torch.optim.swa_utils.update_bn`` computes."""
-    layers = [m for m in model.modules()
-              if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    layers = list(batch_norm_layers(model).values())
     if not layers:
         return model
     momenta = {m: m.momentum for m in layers}
@@ -212,7 +211,7 @@ def _batch_norm(model, bn_batches, label_key, device):
     if bn_batches is not None:
         update_batch_norm(model, bn_batches, label_key=label_key, device=device)
         return
-    layers = batch_norm_layers(model)
+    layers = list(batch_norm_layers(model))
     if layers:
         shown = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4
                                          else "")
