@@ -4,7 +4,9 @@ target, the tokenizer named by the run, the CLI, bad input, and the page in Chro
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 import re
 import shutil
 
@@ -104,6 +106,12 @@ def test_the_report_is_made_for_tokens(lm_run, report_file):
         assert html.unescape(shown) == decoded.decode([int(lm_run.labels[r])])
     assert "decoded by lm_fortunes_tokenizer.json" in text
     assert len(text) < 5_000_000
+    # the hover data: each shown row's p(target) per checkpoint, as bytes 0..255
+    data = json.loads(re.search(r"id='tok-data'>(.*?)</script>", text).group(1))
+    rows = np.frombuffer(base64.b64decode(data["rows"]), "<i4")
+    p = np.frombuffer(base64.b64decode(data["p"]), np.uint8).reshape(len(rows), -1)
+    want = np.rint(lm_run.label_probs()[rows] * 255).astype(np.uint8)
+    assert np.array_equal(p, want) and len(rows) == lm_run.n_samples
 
 
 def test_large_runs_show_the_galleries_and_the_asked_sequences(lm_run, monkeypatch):

@@ -364,7 +364,7 @@ def token_fragment(run, report, decoder):
     seq, pos = run.sequence_ids, run.positions
     shown_rows = np.flatnonzero(np.isin(seq, report.shown))
     shown_rows = shown_rows[np.lexsort((pos[shown_rows], seq[shown_rows]))]
-    label_probs = run.label_probs()  # (N, E)
+    label_probs = run.isel(samples=shown_rows).label_probs()  # (shown, E): those only
     top_ids, top_probs = run.outputs.top_predictions(-1, rows=shown_rows, n=TOP_SHOWN)
 
     vocab_ids = np.unique(np.concatenate([run.labels[shown_rows], top_ids.ravel()]))
@@ -399,7 +399,7 @@ def token_fragment(run, report, decoder):
                         for sid, rows in by_seq.items())
     # per shown token (in shown_rows order): p(target) per checkpoint as bytes 0..255, and
     # the top predictions of the last checkpoint (ids, probabilities as bytes)
-    quant = np.rint(np.clip(label_probs[shown_rows], 0, 1) * 255).astype(np.uint8)
+    quant = np.rint(np.clip(label_probs, 0, 1) * 255).astype(np.uint8)
     data = {
         "epochs": [int(e) for e in run.epochs],
         "rows": _b64(shown_rows.astype("<i4")),
