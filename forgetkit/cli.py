@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -463,6 +464,22 @@ def _torchrun_group():
     return dist
 
 
+@contextmanager
+def warnings_to_stderr(command):
+    """The warnings raised in the block, printed one line each on stderr as ``forgetkit
+    COMMAND: warning: ...`` when it ends, also when it fails."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for w in caught:
+                print(f"forgetkit {command}: warning: {' '.join(str(w.message).split())}",
+                      file=sys.stderr)
+
+
 def _one_line(err):
     """An exception as one line: its type and its first 300 characters."""
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
@@ -471,8 +488,6 @@ def _one_line(err):
 def _cmd_replay(args):
     """Replay checkpoints into a run; under torchrun every rank replays its share of the
     checkpoints and rank 0 writes (and prints)."""
-    import warnings
-
     if args.out in args.checkpoints:
         raise ForgetkitError(f"--out {args.out!r} is one of the checkpoints")
     devices = _int_list(args.devices, "--devices", "CUDA device numbers such as 0,1")
@@ -501,8 +516,7 @@ def _cmd_replay(args):
         raise ForgetkitError(f"replay needs {err.name or 'a framework'}: pip install "
                              f"forgetkit[{'huggingface' if trainer else 'torch'}]") from None
     group = _torchrun_group()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_to_stderr("replay"):
         try:
             if trainer:
                 model_class = None
@@ -526,9 +540,6 @@ def _cmd_replay(args):
         finally:
             if group is not None:
                 group.destroy_process_group()
-            for w in caught:
-                print(f"forgetkit replay: warning: {' '.join(str(w.message).split())}",
-                      file=sys.stderr)
     if run is not None and not args.quiet:  # (None: a rank other than 0)
         n = len(run.meta.get("replay", {}).get("checkpoints", []))
         print(f"wrote {args.out}: {run.n_epochs} epochs from {n} checkpoints")
@@ -579,24 +590,18 @@ def _cmd_compare_weights(args):
     except ImportError as err:
         raise ForgetkitError(f"compare-weights needs {err.name or 'PyTorch'}: pip install "
                              "forgetkit[torch]") from None
-    import warnings
-
     run = load(args.run)
     model = _factory(args.model, "--model")
     data = _replay_data(args.data, trainer=False)
     bn_data = _replay_data(args.bn_data, trainer=False) if args.bn_data else None
     epochs = _int_list(args.epochs, "--epochs", "epoch numbers such as 1,2,3")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_to_stderr("compare-weights"):
         table = compare_weight_space(
             model, args.checkpoints, data, run, bn_data=bn_data, val_frac=args.val_frac,
             seeds=tuple(args.seeds), last=tuple(args.last), decays=tuple(args.decays),
             soup=not args.no_soup, epochs=epochs, batch_size=args.batch_size,
             device=args.device, window=args.window, trust_pickle=args.trust_pickle,
             progress=not args.quiet)
-    for w in caught:
-        print(f"forgetkit compare-weights: warning: {' '.join(str(w.message).split())}",
-              file=sys.stderr)
     print(format_table(table, fmt="markdown" if args.markdown else "text"))
     if args.json:
         write_json_atomic(Path(args.json), table.reset_index().to_dict(orient="records"))
