@@ -19,7 +19,7 @@ from forgetkit.cli import main
 from forgetkit.errors import CorruptFileError, ForgetkitError, MissingFileError
 from forgetkit.io.registry import Shard
 
-from .conftest import make_run
+from .conftest import import_real_part, make_run
 
 
 class ToyFormat(fk.io.Format):
@@ -131,7 +131,7 @@ def test_a_registered_format_loads_saves_verifies_and_converts(tmp_path, toy):
 
 def test_a_registered_format_is_read_as_shards(tmp_path, toy):
     """The shard readers ask the same registry: .toyrun folders load as one dask run."""
-    pytest.importorskip("dask")
+    import_real_part("dask", "dask (pip install forgetkit[dask])")
     run = make_run(n_epochs=3, n_samples=30, n_classes=4)
     for i, (a, b) in enumerate([(0, 20), (20, 30)]):
         fk.save(run.isel(samples=np.arange(a, b)), tmp_path / f"s-{i}.toyrun")

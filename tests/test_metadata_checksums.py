@@ -14,6 +14,8 @@ from forgetkit.cli import main
 from forgetkit.io.record import sidecar_path
 from forgetkit.kinds.topk import TopKOutputs, topk_records
 
+from .conftest import import_real_part
+
 E, N, C = 3, 12, 3
 
 
@@ -210,7 +212,7 @@ def test_a_record_run_header_epoch_count_cannot_hide_epochs(tmp_path, fmt):
 
 @pytest.mark.parametrize("suffix", [".npy", ".parquet"])
 def test_shard_metadata_is_checksummed(tmp_path, suffix):
-    pytest.importorskip("dask")
+    import_real_part("dask", "dask (pip install forgetkit[dask])")
     for i, part in enumerate((slice(0, 6), slice(6, N))):
         shard = fk.Run(np.asarray(RUN.outputs)[:, part], RUN.labels[part], epochs=RUN.epochs,
                        sample_ids=RUN.sample_ids[part], class_names=RUN.class_names)
