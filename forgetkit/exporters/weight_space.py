@@ -30,7 +30,7 @@ from ..probs import softmax
 from ..run import check_run
 from ..splits import split_indices
 from ._checkpoints import hash_pool
-from ._torch_devices import batches_of, default_output, forward, split_batch
+from ._torch_devices import batches_of, default_output, forward, split_batch, to_device
 from ._torch_replay import fit_keys, ordered_checkpoints, read_checkpoint
 
 #: Uniform averages of the last n checkpoints that `compare_weight_space` adds by default.
@@ -120,15 +120,6 @@ def _device_of(model, device):
     return first.device if first is not None else torch.device("cpu")
 
 
-def _moved(batch, device):
-    def move(v):
-        return v.to(device) if isinstance(v, torch.Tensor) else v
-
-    if isinstance(batch, dict):
-        return {k: move(v) for k, v in batch.items()}
-    return tuple(move(v) for v in batch)
-
-
 @torch.no_grad()
 def update_batch_norm(model, batches, *, label_key="labels", device=None):
     """Re-estimate the BatchNorm running statistics of ``model`` on ``batches`` (a list of
@@ -147,7 +138,7 @@ def update_batch_norm(model, batches, *, label_key="labels", device=None):
     device = _device_of(model, device)
     try:
         for batch in batches:
-            args, kwargs, _ = split_batch(_moved(batch, device), label_key)
+            args, kwargs, _ = split_batch(to_device(batch, device), label_key)
             forward(model, args, kwargs, "bn_data")
     finally:
         for m, momentum in momenta.items():
@@ -262,7 +253,7 @@ def predict_proba(model, batches, *, label_key="labels", output_fn=None, device=
     logits, labels = [], []
     try:
         for batch in batches:
-            args, kwargs, y = split_batch(_moved(batch, device), label_key)
+            args, kwargs, y = split_batch(to_device(batch, device), label_key)
             out = output_fn(forward(model, args, kwargs, "data"))
             logits.append(out.detach().to("cpu", torch.float64))
             labels.append(torch.as_tensor(y).reshape(-1).to("cpu", torch.int64))
