@@ -267,6 +267,40 @@ def test_a_replay_resumes_after_the_checkpoints_it_holds(tmp_path):
         replay(small_net(), files, test, tmp_path / "recorded.npy", dtype="float32")
 
 
+@pytest.mark.parametrize("entry, message", [
+    ("not a dict", "is a str, not a checkpoint's entry"),
+    ({"epoch": 8, "file": "a.pt", "step": None}, "no sha256 content hash"),
+    ({"epoch": 8, "file": 5, "step": None, "sha256": "0" * 64}, "names no checkpoint file"),
+    ({"epoch": 7, "file": "a.pt", "step": None, "sha256": "0" * 64}, "epoch 7, not the run's"),
+])
+def test_a_malformed_replay_record_is_one_line_and_keeps_the_run(tmp_path, entry, message,
+                                                                  capsys, monkeypatch):
+    test, files = train_and_save(tmp_path)
+    replay(small_net(), files[:2], test, tmp_path / "run.npy", dtype="float32")
+    run = fk.load(tmp_path / "run.npy")
+    record = run.meta["replay"]
+    bad = run.replace(meta={**run.meta, "replay": {"checkpoints": [entry,
+                                                                   *record["checkpoints"][1:]]}})
+    out = tmp_path / "bad.npy"
+    fk.save(bad, out)
+    before = out.read_bytes()
+    with pytest.raises(fk.ForgetkitError, match=message):
+        replay(small_net(), files, test, out, dtype="float32")
+    # the command line: one line, exit 1, the run untouched
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "netmod.py").write_text(
+        "from tests.test_replay import small_net\n\ndef make():\n    return small_net()\n",
+        encoding="utf-8")
+    x, y = data()
+    np.savez(tmp_path / "test.npz", x=x.numpy(), labels=y.numpy())
+    code = cli_main(["replay", *map(str, files), "--model", "netmod:make", "--data",
+                     "test.npz", "--out", "bad.npy", "--dtype", "float32"])
+    err = capsys.readouterr().err
+    assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+    assert out.read_bytes() == before
+
+
 KILLED_REPLAY = """
 import sys, time
 from pathlib import Path

@@ -221,10 +221,32 @@ class ReplayLog:
                 raise ForgetkitError(
                     f"the run at {self.path!r} holds {existing.n_epochs} epochs that were not "
                     "replayed from checkpoints; mode='w' replaces it")
-            self.stored = list(stored)
+            self.stored = [self._checked_entry(i, entry, epoch) for i, (entry, epoch)
+                           in enumerate(zip(stored, existing.epochs, strict=True))]
         self.user_meta = {k: v for k, v in (meta or {}).items() if k != META_KEY}
         self.entries = list(self.stored)
         self.seen = {e["sha256"]: e["file"] for e in self.stored}
+
+    def _checked_entry(self, i, entry, epoch):
+        """Stored entry ``i`` of the replay record, checked against the run's ``epoch``."""
+        where = f"the run at {self.path!r}: meta[{META_KEY!r}]['checkpoints'][{i}]"
+        if not isinstance(entry, dict):
+            raise ForgetkitError(f"{where} is a {type(entry).__name__}, not a checkpoint's "
+                                 "entry; mode='w' replaces the run")
+        digest, file = entry.get("sha256"), entry.get("file")
+        if not (isinstance(digest, str) and len(digest) == 64
+                and all(c in "0123456789abcdef" for c in digest)):
+            raise ForgetkitError(f"{where} has no sha256 content hash (got {digest!r}); "
+                                 "mode='w' replaces the run")
+        if not isinstance(file, str):
+            raise ForgetkitError(f"{where} names no checkpoint file (got {file!r}); mode='w' "
+                                 "replaces the run")
+        stored_epoch = entry.get("epoch")
+        if (isinstance(stored_epoch, bool) or not isinstance(stored_epoch, int)
+                or stored_epoch != int(epoch)):
+            raise ForgetkitError(f"{where} has epoch {stored_epoch!r}, not the run's epoch "
+                                 f"{int(epoch)}; mode='w' replaces the run")
+        return entry
 
     def resume(self, order, digest_of, *, pool=None):
         """How many of the checkpoints ``order`` the run already holds: they must begin with
