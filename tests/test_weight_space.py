@@ -249,3 +249,30 @@ def test_trainer_folders_and_a_token_run(tmp_path):
     with pytest.raises(fk.ForgetkitError, match="target tokens are not the run's"):
         H.compare_weight_space(tmp_path / "out", other, run, last=(2,), decays=(),
                                soup=False, seeds=(0,))
+
+
+def test_a_token_run_with_its_own_sequence_ids(tmp_path):
+    """A token run recorded with `sequence_ids` (a spread of a held-out stream, say) is
+    compared on the same tokens when compare_weight_space is given those ids."""
+    transformers = import_real_part("transformers", "transformers (pip install "
+                                    "forgetkit[huggingface])")
+    from forgetkit.exporters.torch import TokenRecorder, compare_weight_space
+
+    from .test_tokens_record import tiny_gpt2, token_data
+
+    data, ids = token_data(24, seed=5), np.arange(24) * 7 + 3
+    recorder = TokenRecorder(tmp_path / "run.npy", data, top_k=4, batch_size=8,
+                             sequence_ids=ids, durable=False)
+    for e in (1, 2, 3):
+        model = tiny_gpt2(transformers, seed=e)
+        torch.save(model.state_dict(), tmp_path / f"epoch_{e}.pt")
+        recorder.record(model, e)
+    recorder.close()
+    run = fk.load(tmp_path / "run.npy")
+    model = tiny_gpt2(transformers)
+    options = dict(last=(2,), decays=(), soup=False, seeds=(0,), batch_size=8)
+    table = compare_weight_space(model, tmp_path / "epoch_*.pt", data, run,
+                                 sequence_ids=ids, **options)
+    assert list(table[table["space"] == "weight"].index) == ["last2"]
+    with pytest.raises(fk.ForgetkitError, match="target tokens are not the run's"):
+        compare_weight_space(model, tmp_path / "epoch_*.pt", data, run, **options)

@@ -286,13 +286,17 @@ class _Evaluator:
     `TokenRecorder` writes (with the run's k) in a temporary folder, whose tokens must be
     the run's."""
 
-    def __init__(self, run, data, *, batch_size, label_key, output_fn, device):
+    def __init__(self, run, data, *, batch_size, label_key, output_fn, device,
+                 sequence_ids=None):
         self.run, self.label_key = run, label_key
         self.output_fn, self.device = output_fn, device
         self.tokens = run.top_k is not None
         if self.tokens:
-            self.data, self.batch_size = data, batch_size
+            self.data, self.batch_size, self.sequence_ids = data, batch_size, sequence_ids
             return
+        if sequence_ids is not None:
+            raise ForgetkitError("sequence_ids is for a top-k token run; this run holds "
+                                 f"{run.kind} outputs")
         self.batches = batches_of(data, batch_size=batch_size, label_key=label_key)
         labels = np.concatenate([np.asarray(split_batch(b, label_key)[2]).reshape(-1)
                                  for b in self.batches])
@@ -315,6 +319,7 @@ class _Evaluator:
         with tempfile.TemporaryDirectory() as tmp:
             recorder = TokenRecorder(f"{tmp}/average.npy", self.data, top_k=self.run.top_k,
                                      batch_size=self.batch_size, label_key=self.label_key,
+                                     sequence_ids=self.sequence_ids,
                                      output_fn=self.output_fn, durable=False)
             try:
                 recorder.record(model, 0)
@@ -374,7 +379,8 @@ def _labels(names):
 def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_frac=0.5,
                          seeds=(0, 1, 2), last=DEFAULT_LAST, decays=DEFAULT_DECAYS, soup=True,
                          epochs=None, batch_size=256, label_key="labels", output_fn=None,
-                         device=None, window=1, trust_pickle=False, progress=False):
+                         device=None, window=1, sequence_ids=None, trust_pickle=False,
+                         progress=False):
     """`forgetkit.compare`'s table for ``run`` with weight-space rows, on the same split halves.
 
     Parameters
@@ -399,6 +405,9 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
         The greedy soup, chosen on each split's validation half (checkpoints ordered by
         their own validation accuracy, read from ``run``).
     epochs, batch_size, label_key, output_fn, device, trust_pickle : as for `replay`.
+    sequence_ids : array-like, optional
+        A token run's: the ids of ``data``'s sequences as the run stores them (as
+        `TokenRecorder` takes them); default 0, 1, ...
 
     Returns
     -------
@@ -415,13 +424,13 @@ def compare_weight_space(model, checkpoints, data, run, *, bn_data=None, val_fra
                             data, run, bn_data=bn_data, val_frac=val_frac, seeds=seeds,
                             last=last, decays=decays, soup=soup, batch_size=batch_size,
                             label_key=label_key, output_fn=output_fn, device=device,
-                            window=window, progress=progress)
+                            window=window, sequence_ids=sequence_ids, progress=progress)
 
 
 def compare_averages(model, order, read, data, run, *, bn_data=None, val_frac=0.5,
                      seeds=(0, 1, 2), last=DEFAULT_LAST, decays=DEFAULT_DECAYS, soup=True,
                      batch_size=256, label_key="labels", output_fn=None, device=None,
-                     window=1, progress=False):
+                     window=1, sequence_ids=None, progress=False):
     """`compare_weight_space` of the checkpoints ``order`` (`Checkpoint` list in epoch
     order) whose state dicts ``read(checkpoint)`` gives (PyTorch files, Hugging Face
     folders)."""
@@ -432,7 +441,7 @@ def compare_averages(model, order, read, data, run, *, bn_data=None, val_frac=0.
                              f"run's {list(map(int, run.epochs[:6]))}...: pass epochs= or the "
                              "run of these checkpoints")
     evaluator = _Evaluator(run, data, batch_size=batch_size, label_key=label_key,
-                           output_fn=output_fn, device=device)
+                           output_fn=output_fn, device=device, sequence_ids=sequence_ids)
     bn_batches = None if bn_data is None else batches_of(bn_data, batch_size=batch_size,
                                                          label_key=label_key)
     if bn_batches is None:
