@@ -14,6 +14,11 @@ the documentation; a random share of them is held out.
     # sample of the training tokens), then the figures
     python examples/train_lm_fortunes.py train data_lm out_lm --steps 1500 --every 30
 
+    # weight averages of the saved checkpoints against output-space fusion (a GPU)
+    python examples/train_lm_fortunes.py train data_lm out_lm --steps 1500 --every 60 \
+        --heldout-blocks 500 --save-checkpoints ckpt_lm --no-figures
+    python examples/train_lm_fortunes.py weights data_lm out_lm ckpt_lm
+
     # the figures of a recorded run (also run at the end of `train`)
     python examples/train_lm_fortunes.py figures out_lm --small small.npz
 
@@ -103,9 +108,54 @@ def blocks(stream, length, count=None):
     return np.asarray(stream[: n * length], dtype=np.int64).reshape(n, length)
 
 
+def heldout(data, context, count=None):
+    """(ids, blocks) of the held-out blocks of ``context`` tokens: all, or ``count`` evenly
+    spread over the held-out stream (its documents are sorted by source)."""
+    held = blocks(np.load(Path(data) / "heldout.npy"), context)
+    ids = np.arange(len(held))
+    if count:
+        ids = np.unique(np.linspace(0, len(held) - 1, count).astype(np.int64))
+    return ids, held[ids]
+
+
+def weights(data, out, checkpoints, *, last=(2, 5, 10, 20), decays=(0.5, 0.8, 0.9, 0.95),
+            seeds=(0, 1, 2), eval_batch=256, device="cuda"):
+    """Weight space against output space on the held-out tokens: the checkpoints saved by
+    ``train --save-checkpoints`` averaged (the last n, EMA, the greedy soup) beside
+    `forgetkit.compare`'s methods on the recorded run, by
+    `forgetkit.exporters.torch.compare_weight_space`; writes out/weight_space.json."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import forgetkit as fk
+    from forgetkit.exporters.torch import compare_weight_space
+
+    out = Path(out)
+    run = fk.load(out / "heldout.npy")
+    meta = run.meta
+    held_ids, held = heldout(data, meta["context"], meta["heldout_blocks"])
+    model = GPT2LMHeadModel(GPT2Config.from_dict(meta["model"])).to(device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    t = time.perf_counter()
+    table = compare_weight_space(model, Path(checkpoints) / "step_*.pt",
+                                 {"input_ids": torch.from_numpy(held)}, run,
+                                 sequence_ids=held_ids, last=last, decays=decays, seeds=seeds,
+                                 batch_size=eval_batch, device=device)
+    seconds = time.perf_counter() - t
+    record = {"tokens": run.n_samples, "checkpoints": run.n_epochs, "top_k": run.top_k,
+              "device": torch.cuda.get_device_name() if "cuda" in str(device) else "cpu",
+              "compare_seconds": round(seconds, 1),
+              "table": json.loads(table.reset_index().to_json(orient="records"))}
+    (out / "weight_space.json").write_text(json.dumps(record, indent=1))
+    print(f"## GPT-2, {run.n_samples} held-out tokens, {run.n_epochs} checkpoints "
+          f"(compare {seconds:.0f} s)")
+    print(fk.format_table(table, fmt="markdown"))
+    return table
+
+
 def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=384,
           heads=6, lr=1e-3, k=16, train_sample=2000, eval_batch=256, heldout_blocks=None,
-          seed=0, device="cuda"):
+          save_checkpoints=None, seed=0, device="cuda"):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -113,15 +163,13 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
 
     data, out = Path(data), Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if save_checkpoints:
+        Path(save_checkpoints).mkdir(parents=True, exist_ok=True)
     info = json.loads((data / "corpus.json").read_text())
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     train_blocks = torch.from_numpy(blocks(np.load(data / "train.npy"), context))
-    held = blocks(np.load(data / "heldout.npy"), context)
-    held_ids = np.arange(len(held))
-    if heldout_blocks:  # evenly spread over the held-out stream (its documents are sorted)
-        held_ids = np.unique(np.linspace(0, len(held) - 1, heldout_blocks).astype(np.int64))
-        held = held[held_ids]
+    held_ids, held = heldout(data, context, heldout_blocks)
     sample = np.sort(rng.choice(len(train_blocks), min(train_sample, len(train_blocks)),
                                 replace=False))
     config = GPT2Config(vocab_size=info["vocab_size"], n_positions=context, n_embd=width,
@@ -134,7 +182,7 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + np.cos(np.pi * min(s, steps) / steps)))
     meta = {"model": config.to_dict(), "corpus": info, "steps": steps, "every": every,
-            "batch": batch, "lr": lr}
+            "batch": batch, "lr": lr, "context": context, "heldout_blocks": heldout_blocks}
     held_rec = TokenRecorder(out / "heldout.npy", {"input_ids": torch.from_numpy(held)},
                              top_k=k, batch_size=eval_batch, sequence_ids=held_ids,
                              meta=dict(meta, split="heldout"), mode="w", durable=False)
@@ -157,6 +205,8 @@ def train(data, out, *, steps, every, context=128, batch=128, layers=6, width=38
             log["heldout_accuracy"].append(acc_h)
             log["train_accuracy"].append(acc_t)
             log["record_seconds"].append(time.perf_counter() - t)
+            if save_checkpoints:
+                torch.save(model.state_dict(), Path(save_checkpoints) / f"step_{step:05d}.pt")
             print(f"step {step} loss {float(loss.detach()):.3f} heldout acc {acc_h:.4f} train acc "
                   f"{acc_t:.4f} record {time.perf_counter() - t:.2f}s "
                   f"elapsed {time.perf_counter() - t0:.0f}s", flush=True)
@@ -471,7 +521,15 @@ def main(argv=None):
     b.add_argument("--lr", type=float, default=1e-3)
     b.add_argument("--device", default="cuda")
     b.add_argument("--small", default=None, help="write the small version here (.npz)")
+    b.add_argument("--save-checkpoints", metavar="DIR", default=None,
+                   help="save the state dict at every recorded step (step_NNNNN.pt)")
     b.add_argument("--no-figures", action="store_true")
+    ws = sub.add_parser("weights", help="weight averages against output-space fusion")
+    ws.add_argument("data")
+    ws.add_argument("out")
+    ws.add_argument("checkpoints", help="the folder of train --save-checkpoints")
+    ws.add_argument("--eval-batch", type=int, default=256)
+    ws.add_argument("--device", default="cuda")
     d = sub.add_parser("ddp-check")
     d.add_argument("data")
     d.add_argument("out")
@@ -495,7 +553,8 @@ def main(argv=None):
     elif args.cmd == "train":
         opts = {k: getattr(args, k) for k in ("steps", "every", "context", "batch", "layers",
                                               "width", "heads", "k", "train_sample",
-                                              "eval_batch", "lr", "device", "heldout_blocks")}
+                                              "eval_batch", "lr", "device", "heldout_blocks",
+                                              "save_checkpoints")}
         opts["heldout_blocks"] = opts["heldout_blocks"] or None
         train(args.data, args.out, **opts)
         if not args.no_figures:
@@ -506,6 +565,9 @@ def main(argv=None):
         print(write_sample(args.npz, args.path))
     elif args.cmd == "warm":
         warm(args.out)
+    elif args.cmd == "weights":
+        weights(args.data, args.out, args.checkpoints, eval_batch=args.eval_batch,
+                device=args.device)
     else:
         figures(args.out, small=args.small, kf_sequences=args.kf_sequences, only_kf=args.only_kf,
                 seeds=[int(x) for x in args.seeds.split(",") if x])
