@@ -75,9 +75,12 @@ def main(argv=None):
         if args.train_subset:
             cmd += ["--train-subset", str(args.train_subset)]
         start = time.perf_counter()
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        trained = json.loads(done.stdout.strip().splitlines()[-1])
+        log = out / f"train_{tag}.log"
+        with open(log, "w") as f:  # followed while it trains: tail -f
+            subprocess.run(cmd, check=True, stdout=f, text=True)
+        trained = json.loads(log.read_text().strip().splitlines()[-1])
         train_s = time.perf_counter() - start
+        print(f"{tag}: trained in {train_s:.0f} s", flush=True)
         run = fk.load(run_path)
         start = time.perf_counter()
         table = compare_weight_space(

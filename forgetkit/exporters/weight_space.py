@@ -81,10 +81,12 @@ def read_state_file(checkpoint, *, trust_pickle=False):
     return read_checkpoint(checkpoint.file, trust_pickle=trust_pickle, mmap=True)[0]
 
 
-def averaged_state(model, checkpoints, weights, *, read):
+def averaged_state(model, checkpoints, weights, *, read, device="cpu"):
     """The state dict of the average (see the module docstring) of ``checkpoints`` (in
     epoch order) with ``weights`` (n,), keys and dtypes the model's; ``read(checkpoint)``
-    gives a checkpoint's state dict (`read_state_file`, a Hugging Face folder's)."""
+    gives a checkpoint's state dict (`read_state_file`, a Hugging Face folder's). The
+    float64 sums are kept on ``device`` (the model's GPU makes them fast; IEEE products and
+    sums give the same bits there as on the CPU)."""
     reference = model.state_dict()
     keys = list(reference)
     acc, last = {}, None
@@ -99,7 +101,7 @@ def averaged_state(model, checkpoints, weights, *, read):
                                      f"has shape {tuple(value.shape)}, the model's "
                                      f"{tuple(reference[k].shape)}")
             if value.is_floating_point():
-                term = value.detach().to("cpu", torch.float64) * float(w)
+                term = value.detach().to(device, torch.float64) * float(w)
                 acc[k] = term if k not in acc else acc[k].add_(term)
         last = state
     if last is None:
@@ -192,7 +194,8 @@ def load_average(model, checkpoints, weights, *, read, bn_data=None, batch_size=
     (see `averaged_state`): the average loaded into ``model``, BatchNorm re-estimated on
     ``bn_data``."""
     w = _check_weights(weights, len(checkpoints))
-    model.load_state_dict(averaged_state(model, checkpoints, w, read=read))
+    model.load_state_dict(averaged_state(model, checkpoints, w, read=read,
+                                         device=_device_of(model, device)))
     _batch_norm(model, None if bn_data is None else batches_of(
         bn_data, batch_size=batch_size, label_key=label_key), label_key, device)
     return model
@@ -280,6 +283,11 @@ class Scores:
         return self.hit[rows], nll, float("nan")
 
 
+def _host(values):
+    """``values`` (a tensor on any device, or array-like) as a numpy array."""
+    return values.detach().cpu().numpy() if torch.is_tensor(values) else np.asarray(values)
+
+
 class _Evaluator:
     """The model's `Scores` on the run's samples: a full run's from the softmax of its
     logits on ``data``; a top-k token run's from a one-checkpoint run that
@@ -298,7 +306,7 @@ class _Evaluator:
             raise ForgetkitError("sequence_ids is for a top-k token run; this run holds "
                                  f"{run.kind} outputs")
         self.batches = batches_of(data, batch_size=batch_size, label_key=label_key)
-        labels = np.concatenate([np.asarray(split_batch(b, label_key)[2]).reshape(-1)
+        labels = np.concatenate([_host(split_batch(b, label_key)[2]).reshape(-1)
                                  for b in self.batches])
         if labels.shape != run.labels.shape or not np.array_equal(labels, run.labels):
             raise ForgetkitError(f"data's {labels.shape[0]} labels are not the run's "
@@ -349,8 +357,9 @@ class _Averages:
     def scores(self, weights):
         key = tuple(np.round(weights, 15))
         if key not in self._done:
-            self.model.load_state_dict(averaged_state(self.model, self.order, weights,
-                                                      read=self.read))
+            self.model.load_state_dict(averaged_state(
+                self.model, self.order, weights, read=self.read,
+                device=_device_of(self.model, self.device)))
             if self.bn_batches is not None:
                 update_batch_norm(self.model, self.bn_batches, label_key=self.label_key,
                                   device=self.device)
