@@ -52,8 +52,9 @@ from contextlib import contextmanager
 
 import numba
 import numpy as np
-from numba import njit
-from numba.core import event
+from numba import njit, types
+from numba.core import cgutils, event
+from numba.extending import intrinsic
 
 #: Values a call reads per thread it wakes, at least: calls reading fewer than twice this
 #: run on the caller's thread alone (a pass over 2**16 values takes some 50 microseconds,
@@ -129,20 +130,105 @@ def kernel(fn=None, *, finish=None):
 
 
 # ------------------------------------------------------------------ threads
-class _Worker:
-    """A pool thread: runs ``task`` = (function, arguments) each time ``go`` is released,
-    then releases ``done`` (two locks: a hand-off costs a few microseconds, where a
-    ThreadPoolExecutor's futures cost tens per thread and call)."""
+#: Rounds a pool thread waits for its next task, and a caller for its threads to end,
+#: before sleeping on a lock: each round reads the flag (an atomic load) and yields the core
+#: to any thread that waits for it (sched_yield, about a microsecond on an idle core). A
+#: thread asleep is woken by the kernel (tens of microseconds on a virtual machine) and then
+#: queues for the GIL behind the others woken with it; one awake starts at once. The
+#: Knowledge Fusion fit hands out its next call within this.
+SPINS = 256
+_GO, _DONE, _ROW = 0, 8, 16  # a thread's two flag words, on cache lines of their own
 
-    def __init__(self):
+
+def _flag_pointer(context, builder, array_type, array_value, index):
+    array = context.make_array(array_type)(context, builder, array_value)
+    return cgutils.get_item_pointer(context, builder, array_type, array, [index])
+
+
+@intrinsic
+def _load(typingctx, flags, index):
+    """flags[index] read as one atomic load (never hoisted out of a wait loop)."""
+    if not (isinstance(flags, types.Array) and flags.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _flag_pointer(context, builder, sig.args[0], args[0], args[1])
+        return builder.load_atomic(ptr, "acquire", 8)
+
+    return types.int64(flags, types.intp), codegen
+
+
+@intrinsic
+def _store(typingctx, flags, index, value):
+    """flags[index] = value as one atomic store."""
+    if not (isinstance(flags, types.Array) and flags.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _flag_pointer(context, builder, sig.args[0], args[0], args[1])
+        builder.store_atomic(context.cast(builder, args[2], sig.args[2], types.int64), ptr,
+                             "release", 8)
+        return context.get_dummy_value()
+
+    return types.none(flags, types.intp, value), codegen
+
+
+_sched_yield = types.ExternalFunction("sched_yield", types.int32())
+
+
+@njit(nogil=True, cache=True)
+def _serve_wait(row, served, spins):
+    """A pool thread between tasks, the GIL released: row[_DONE] = ``served`` (the tasks it
+    ended), then whether row[_GO] (the tasks handed to it) exceeds that within ``spins``
+    rounds."""
+    _store(row, _DONE, served)
+    for _ in range(spins):
+        if _load(row, _GO) > served:
+            return True
+        _sched_yield()
+    return False
+
+
+@njit(nogil=True, cache=True)
+def _wait_all(flags, n, spins):
+    """A caller, the GIL released: whether the first ``n`` threads' rows of ``flags``
+    (flattened) all show their tasks ended (_DONE >= _GO) within ``spins`` rounds."""
+    i = 0
+    for _ in range(spins):
+        while i < n and _load(flags, i * _ROW + _DONE) >= _load(flags, i * _ROW + _GO):
+            i += 1
+        if i == n:
+            return True
+        _sched_yield()
+    return False
+
+
+class _Worker:
+    """A pool thread: runs ``task`` = (function, arguments) for each ``go`` release, then
+    releases ``done``. The locks order the hand-offs; beside them the counters of its row
+    of the pool's flags (tasks handed out, tasks ended) let both sides wait awake a while
+    (`SPINS`) before sleeping on a lock."""
+
+    def __init__(self, flags):
         self.go, self.done = threading.Lock(), threading.Lock()
         self.go.acquire()
         self.done.acquire()
+        self.flags, self.handed = flags, 0  # its row; tasks handed out (the caller's count)
         self.task = self.result = self.error = None
         threading.Thread(target=self._loop, name="forgetkit-kernel", daemon=True).start()
 
+    def hand(self, task):
+        """Give the thread ``task``: the lock first, so that an awake thread takes it at
+        once."""
+        self.task = task
+        self.handed += 1
+        self.go.release()
+        self.flags[_GO] = self.handed
+
     def _loop(self):
+        served = 0
         while True:
+            _serve_wait(self.flags, served, SPINS)
             self.go.acquire()
             fn, args = self.task
             try:
@@ -150,19 +236,34 @@ class _Worker:
             except BaseException as error:  # re-raised on the caller's thread
                 self.result, self.error = None, error
             self.task = None
+            served += 1
             self.done.release()
 
 
 class _Pool:
-    """The pool's threads, grown on demand; ``busy`` is held by the call running on them."""
+    """The pool's threads, grown on demand, and their flags (a row of ``_ROW`` int64 each);
+    ``busy`` is held by the call running on them."""
 
     def __init__(self):
         self.workers, self.busy = [], threading.Lock()
+        self.flags = np.zeros((0, _ROW), dtype=np.int64)
 
     def take(self, n):
+        if n > self.flags.shape[0]:  # between calls: every thread has ended its task
+            flags = np.zeros((max(2 * n, 64), _ROW), dtype=np.int64)
+            flags[:len(self.workers)] = self.flags[:len(self.workers)]
+            self.flags = flags
+            for i, w in enumerate(self.workers):
+                w.flags = flags[i]
         while len(self.workers) < n:
-            self.workers.append(_Worker())
+            self.workers.append(_Worker(self.flags[len(self.workers)]))
         return self.workers[:n]
+
+    def wait(self, workers):
+        """Wait for ``workers`` (the first of the pool) to end their tasks."""
+        _wait_all(self.flags.reshape(-1), len(workers), SPINS)
+        for w in workers:
+            w.done.acquire()
 
 
 _POOL = None
@@ -215,13 +316,11 @@ def run(k, n_threads, args):
         try:
             workers = pool.take(n_threads - 1)
             for w in workers:
-                w.task = (k.build, full)
-                w.go.release()
+                w.hand((k.build, full))
             try:
                 results = [k.build(*full)]
             finally:  # the workers finish (or find no block left) before the pool is free
-                for w in workers:
-                    w.done.acquire()
+                pool.wait(workers)
             for w in workers:
                 if w.error is not None:
                     raise w.error
