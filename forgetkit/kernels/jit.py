@@ -227,11 +227,12 @@ class _Worker:
     of the pool's flags (tasks handed out, tasks ended) let both sides wait awake a while
     (`AWAKE_NS`) before sleeping on a lock."""
 
-    def __init__(self, flags):
+    def __init__(self, flags, awake):
         self.go, self.done = threading.Lock(), threading.Lock()
         self.go.acquire()
         self.done.acquire()
         self.flags, self.handed = flags, 0  # its row; tasks handed out (the caller's count)
+        self.awake = awake  # ns it waits awake
         self.task = self.result = self.error = None
         threading.Thread(target=self._loop, name="forgetkit-kernel", daemon=True).start()
 
@@ -246,8 +247,8 @@ class _Worker:
     def _loop(self):
         served = 0
         while True:
-            if AWAKE_NS:
-                _serve_wait(self.flags, served, AWAKE_NS)
+            if self.awake:
+                _serve_wait(self.flags, served, self.awake)
             self.go.acquire()
             fn, args = self.task
             try:
@@ -259,13 +260,35 @@ class _Worker:
             self.done.release()
 
 
+def compile_waits():
+    """Compile the wait loops of the pool's threads (`_serve_wait`, `_wait_all`)."""
+    row = np.zeros(_ROW, dtype=np.int64)
+    _serve_wait(row, 0, 0)
+    _wait_all(row, 0, 0)
+
+
+def _waits_compiled():
+    """Whether the wait loops are compiled, in this process or in numba's cache. If not,
+    they are noted for `compile_later`, and this process's threads sleep on their locks at
+    once: compiling them would cost a first run half a second."""
+    if not AWAKE_NS:
+        return False
+    row = np.zeros(_ROW, dtype=np.int64)
+    missing = [f for f in (_serve_wait, _wait_all) if not _compiled(f, (row, 0, AWAKE_NS))]
+    for f in missing:
+        _want(__name__, f.py_func.__name__, (row, 0, AWAKE_NS))
+    return not missing
+
+
 class _Pool:
     """The pool's threads, grown on demand, and their flags (a row of ``_ROW`` int64 each);
-    ``busy`` is held by the call running on them."""
+    ``busy`` is held by the call running on them; ``awake``: the ns a thread waits awake
+    (`AWAKE_NS`, or 0 while the wait loops are not compiled)."""
 
     def __init__(self):
         self.workers, self.busy = [], threading.Lock()
         self.flags = np.zeros((0, _ROW), dtype=np.int64)
+        self.awake = AWAKE_NS if _waits_compiled() else 0
 
     def take(self, n):
         if n > self.flags.shape[0]:  # between calls: every thread has ended its task
@@ -275,13 +298,13 @@ class _Pool:
             for i, w in enumerate(self.workers):
                 w.flags = flags[i]
         while len(self.workers) < n:
-            self.workers.append(_Worker(self.flags[len(self.workers)]))
+            self.workers.append(_Worker(self.flags[len(self.workers)], self.awake))
         return self.workers[:n]
 
     def wait(self, workers):
         """Wait for ``workers`` (the first of the pool) to end their tasks."""
-        if AWAKE_NS:
-            _wait_all(self.flags.reshape(-1), len(workers), AWAKE_NS)
+        if self.awake:
+            _wait_all(self.flags.reshape(-1), len(workers), self.awake)
         for w in workers:
             w.done.acquire()
 
@@ -416,7 +439,7 @@ def use_twin(k, work, args):
     full = k.full_args(args, 1)
     if _compiled(k.build, full):
         return False
-    _want(k, full)
+    _want(k.py_func.__module__, k.__name__, full)
     return True
 
 
@@ -433,25 +456,28 @@ def typeof(value):
 
 #: Environment variable: "0" compiles nothing in the background (`compile_later`).
 BACKGROUND = "FORGETKIT_BACKGROUND_COMPILE"
-#: (module, kernel name, argument types) of the calls whose twin ran in this process
+#: (module, name, argument types) of the kernels whose twin ran in this process, and of the
+#: pool's wait loops where they were not compiled
 _WANTED = set()
 
 
-def _want(k, full_args):
-    """Note that kernel ``k`` ran its twin on these arguments: `compile_later` compiles it."""
+def _want(module, name, full_args):
+    """Note that kernel (or compiled function) ``name`` of ``module`` was not compiled for
+    these arguments: `compile_later` compiles it."""
     try:
         sig = tuple(typeof(a) for a in full_args)
     except Exception:  # no compiler (NUMBA_DISABLE_JIT)
         return
     if not _WANTED:
         atexit.register(compile_later)
-    _WANTED.add((k.py_func.__module__, k.__name__, sig))
+    _WANTED.add((module, name, sig))
 
 
 def compile_later():
     """At exit, where twins ran for kernels not compiled: start a detached process, at the
     lowest priority, that compiles those kernels for those argument types into numba's
-    cache (``python -m forgetkit.kernels --later FILE``). Not under pytest, nor with
+    cache (``python -m forgetkit.kernels --later FILE``); likewise the pool's wait loops
+    where they were not compiled. Not under pytest, nor with
     FORGETKIT_BACKGROUND_COMPILE=0, nor off POSIX. Returns the process, or None."""
     if (not _WANTED or os.environ.get(BACKGROUND) == "0" or "pytest" in sys.modules
             or os.name != "posix"):
@@ -471,7 +497,8 @@ def compile_later():
 
 def compile_wanted(path):
     """The background process of `compile_later`: compile (or load from the cache) each
-    (module, kernel, argument types) of the pickle at ``path``, then remove it. One such
+    (module, kernel or compiled function, argument types) of the pickle at ``path``, then
+    remove it. One such
     process compiles at a time (a lock file in the temporary folder); the others wait and
     then load what it saved."""
     import fcntl  # POSIX: the background compile is started on POSIX only
@@ -483,7 +510,8 @@ def compile_wanted(path):
     with open(os.path.join(tempfile.gettempdir(), "forgetkit-compile.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for module, name, sig in wanted:
-            getattr(importlib.import_module(module), name).build.compile(sig)
+            target = getattr(importlib.import_module(module), name)
+            getattr(target, "build", target).compile(sig)
 
 
 # ------------------------------------------------------------------ compile notice

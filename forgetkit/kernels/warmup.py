@@ -114,6 +114,7 @@ def warmup(*, stream=None, quiet=False):
         with jit.forced("parallel"):
             workload(folder)
         twins.row_sums(np.zeros((1, 1)), np.empty(1))  # the one compiled piece of the twins
+        jit.compile_waits()
     seconds = time.perf_counter() - start
     if not quiet:
         stream.write(f" {seconds:.1f} s\n")
