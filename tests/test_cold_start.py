@@ -102,6 +102,21 @@ def test_pool_threads_wait_awake_once_their_wait_loops_are_compiled(monkeypatch)
     assert jit._pool().awake == jit.AWAKE_NS
 
 
+def test_the_time_threads_wait_awake_comes_from_the_environment(monkeypatch):
+    import os
+
+    from forgetkit.errors import ForgetkitError
+
+    monkeypatch.setenv(jit.WAIT_AWAKE, "250")
+    assert jit._awake_ns() == (250_000 if os.name == "posix" else 0)
+    monkeypatch.setenv(jit.WAIT_AWAKE, "0")
+    assert jit._awake_ns() == 0
+    monkeypatch.setenv(jit.WAIT_AWAKE, "soon")
+    with pytest.raises(ForgetkitError, match="FORGETKIT_WAIT_AWAKE_US must be a number of "
+                                             "microseconds; got 'soon'"):
+        jit._awake_ns()
+
+
 @pytest.mark.parametrize("n_threads", [2, 3, 8])
 def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_threads,
                                                                           new_pool):

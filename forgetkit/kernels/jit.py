@@ -10,7 +10,9 @@ row blocks it claims (``schedule``), and the threads come from here:
 
 - a call runs that build on the caller's thread and on ``threads - 1`` threads of one
   shared pool (`run`), each thread claiming blocks from the call's shared counter until
-  none is left; a thread that starts late finds none and returns at once;
+  none is left; a thread that starts late finds none and returns at once. Between calls
+  the pool's threads wait awake a while (`AWAKE_NS`, unless the machine is busy) before
+  sleeping on their locks, so that a pass's next call starts on them at once;
 - a kernel returns the integer sums of the blocks its thread ran (None, an int, an int
   array, or a tuple of them); `run` adds them up over the threads (integer sums: the same
   bits in any order) and passes the total to the kernel's ``finish`` (numpy steps after
@@ -55,6 +57,8 @@ import numpy as np
 from numba import njit, types
 from numba.core import cgutils, event
 from numba.extending import intrinsic
+
+from ..errors import ForgetkitError
 
 #: Values a call reads per thread it wakes, at least: calls reading fewer than twice this
 #: run on the caller's thread alone (a pass over 2**16 values takes some 50 microseconds,
@@ -130,14 +134,32 @@ def kernel(fn=None, *, finish=None):
 
 
 # ------------------------------------------------------------------ threads
-#: Nanoseconds a pool thread waits awake for its next task, and a caller for its threads to
-#: end, before sleeping on a lock (POSIX; elsewhere they sleep at once). Awake, a thread
-#: reads its flag (an atomic load) and yields the core to any thread that waits for it
-#: (sched_yield), round after round; asleep, it is woken by the kernel (tens of microseconds
-#: on a virtual machine) and then queues for the GIL behind the others woken with it. The
-#: passes hand out their next call within this (the fit's calls follow each other within
-#: 0.2-0.5 ms, the training dynamics' epochs within 0.5 ms on a busy 2-core machine).
-AWAKE_NS = 1_000_000 if os.name == "posix" else 0
+#: Environment variable: microseconds a pool thread waits awake for its next task, and a
+#: caller for its threads to end, before sleeping on a lock (default 1000; 0: sleep at once).
+WAIT_AWAKE = "FORGETKIT_WAIT_AWAKE_US"
+
+
+def _awake_ns():
+    """`AWAKE_NS` from the environment (POSIX only; elsewhere threads sleep at once)."""
+    text = os.environ.get(WAIT_AWAKE, "1000")
+    try:
+        us = float(text)
+    except ValueError:
+        raise ForgetkitError(f"{WAIT_AWAKE} must be a number of microseconds; got "
+                             f"{text!r}") from None
+    return int(max(us, 0.0) * 1000) if os.name == "posix" else 0
+
+
+#: Nanoseconds a thread waits awake. Awake, it reads its flag (an atomic load) and the clock,
+#: again and again; asleep, it is woken by the kernel (tens of microseconds on a virtual
+#: machine) and then queues for the GIL behind the others woken with it. The passes hand out
+#: their next call within this (the fit's calls follow each other within 0.2-0.5 ms, the
+#: training dynamics' epochs within 0.5 ms on a busy 2-core machine).
+AWAKE_NS = _awake_ns()
+#: Two clock readings of a waiting thread further apart than this (ns): the thread lost its
+#: core to another, the machine is busy, and a thread awake there only delays the others
+#: (and is scheduled after them when its task comes); it sleeps on its lock instead.
+PREEMPTED_NS = 50_000
 _GO, _DONE, _ROW = 0, 8, 16  # a thread's two flag words, on cache lines of their own
 
 
@@ -174,7 +196,6 @@ def _store(typingctx, flags, index, value):
     return types.none(flags, types.intp, value), codegen
 
 
-_sched_yield = types.ExternalFunction("sched_yield", types.int32())
 # the C library's clock_gettime(clock, struct timespec *): two int64 on 64-bit POSIX
 _clock_gettime = types.ExternalFunction("clock_gettime", types.int32(types.int32, types.uintp))
 _MONOTONIC = getattr(time, "CLOCK_MONOTONIC", 1)
@@ -182,18 +203,22 @@ _MONOTONIC = getattr(time, "CLOCK_MONOTONIC", 1)
 
 @njit(inline="always")
 def _deadline(ns):
-    """A clock buffer and the CLOCK_MONOTONIC time ``ns`` nanoseconds from now."""
-    ts = np.zeros(2, dtype=np.int64)
+    """A clock buffer (timespec, then the last reading in ns) and the CLOCK_MONOTONIC time
+    ``ns`` nanoseconds from now."""
+    ts = np.zeros(3, dtype=np.int64)
     _clock_gettime(_MONOTONIC, ts.ctypes.data)
-    return ts, ts[0] * 1_000_000_000 + ts[1] + ns
+    ts[2] = ts[0] * 1_000_000_000 + ts[1]
+    return ts, ts[2] + ns
 
 
 @njit(inline="always")
-def _before(ts, deadline):
-    """Whether CLOCK_MONOTONIC is before ``deadline`` (ns); yields the core first."""
-    _sched_yield()
+def _go_on(ts, deadline):
+    """Whether to wait awake on: before ``deadline`` (ns), and not preempted since the last
+    reading (`PREEMPTED_NS`)."""
     _clock_gettime(_MONOTONIC, ts.ctypes.data)
-    return ts[0] * 1_000_000_000 + ts[1] < deadline
+    now = ts[0] * 1_000_000_000 + ts[1]
+    gap, ts[2] = now - ts[2], now
+    return now < deadline and gap < PREEMPTED_NS
 
 
 @njit(nogil=True, cache=True)
@@ -204,7 +229,7 @@ def _serve_wait(row, served, ns):
     _store(row, _DONE, served)
     ts, deadline = _deadline(ns)
     while _load(row, _GO) <= served:
-        if not _before(ts, deadline):
+        if not _go_on(ts, deadline):
             return False
     return True
 
@@ -216,7 +241,7 @@ def _wait_all(flags, n, ns):
     ts, deadline = _deadline(ns)
     for i in range(n):
         while _load(flags, i * _ROW + _DONE) < _load(flags, i * _ROW + _GO):
-            if not _before(ts, deadline):
+            if not _go_on(ts, deadline):
                 return False
     return True
 
