@@ -1,7 +1,9 @@
 """``python -m forgetkit.kernels``: compile every kernel into numba's cache (see
 ``forgetkit.kernels.warmup``); ``--later FILE``: the background compile of
-``forgetkit.kernels.jit.compile_later``."""
+``forgetkit.kernels.jit.compile_later``; ``--part NAME FOLDER``: one part of the warmup, in
+a process of its own (prints the kernels it compiled, one JSON line)."""
 
+import json
 import sys
 
 if __name__ == "__main__":
@@ -9,6 +11,11 @@ if __name__ == "__main__":
         from .jit import compile_wanted
 
         compile_wanted(sys.argv[2])
+    elif sys.argv[1:2] == ["--part"]:
+        from .warmup import run_part, share_cache
+
+        share_cache()
+        print(json.dumps(run_part(sys.argv[2], sys.argv[3])))
     else:
         from .warmup import warmup
 
