@@ -1,0 +1,52 @@
+#!/bin/bash
+# Issue 35's figures on a lent host, two trees in one call: the round-2 tree (OLD) and this
+# one (NEW), laid out beside each other (each without data_samples), e.g. from the
+# repository's root:
+#
+#   mkdir -p .wt_warm2/old .wt_warm2/new
+#   git archive 66b1f06 forgetkit | tar -x -C .wt_warm2/old
+#   git archive HEAD forgetkit bench pyproject.toml | tar -x -C .wt_warm2/new
+#   bash .wt_warm2/new/bench/warm_device.sh OUTDIR [SIZES] [REPEAT]
+#
+# 1. bench.bench_warm --tree OLD --tree NEW --sizes SIZES (default "cifar sample") --repeat
+#    REPEAT (default 3), the tasks TASKS (default: every one): first-run and warm seconds per size and tree, each in
+#    a new numba cache (OUTDIR/warm.json, the table in OUTDIR/warm.md);
+# 2. bench.bench_pool on NEW (the cifar-sized run; POOL_TASKS, default "kf_fit data_map
+#    label_issues"): a hand-off's cost and the warm passes with pool threads that wait
+#    awake against threads that sleep, in one process (OUTDIR/pool.json);
+# 3. `python -m forgetkit.kernels` (the warmup) on NEW with an empty cache (OUTDIR/warmup.txt).
+# The repository's data_samples (the clean sample run) is linked into NEW. PY: the python.
+set -u
+OUT=$(mkdir -p "$1" && cd "$1" && pwd)
+SIZES=${2:-"cifar sample"}
+REPEAT=${3:-3}
+TASKS=${TASKS:-"kf_fit forgetting data_map label_issues compare"}
+POOL_TASKS=${POOL_TASKS-"kf_fit data_map label_issues"}
+PY=${PY:-python3}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
+NEW=$HERE/new
+OLD=$HERE/old
+REPO=$(cd "$HERE/.." && pwd)
+T0=$(date +%s)
+[ -e "$NEW/data_samples" ] || ln -s "$REPO/data_samples" "$NEW/data_samples"
+{
+    echo "host: $(nproc) cpus; $(grep -m1 'model name' /proc/cpuinfo)"
+    $PY -c "import sys, numba, numpy; print('python', sys.version.split()[0], 'numba', numba.__version__, 'numpy', numpy.__version__, 'threads', numba.config.NUMBA_NUM_THREADS)"
+    uptime
+} > "$OUT/host.txt" 2>&1
+cd "$NEW" || exit 1
+export PYTHONPATH=$NEW
+# shellcheck disable=SC2086  # SIZES, TASKS: lists of words
+$PY -m bench.bench_warm --tree "$OLD" --tree "$NEW" --sizes $SIZES --repeat "$REPEAT" \
+    --tasks $TASKS --json "$OUT/warm.json" > "$OUT/warm.md" 2> "$OUT/warm.log"
+echo "bench_warm: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
+if [ -n "$POOL_TASKS" ] && [ -e bench/data/cifar_f32.npy ]; then
+    # shellcheck disable=SC2086
+    timeout 120 $PY -m bench.bench_pool --tasks $POOL_TASKS --json "$OUT/pool.json" \
+        > /dev/null 2> "$OUT/pool.log"
+    echo "bench_pool: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
+fi
+CACHE=$(mktemp -d)
+NUMBA_CACHE_DIR=$CACHE timeout 150 $PY -m forgetkit.kernels > "$OUT/warmup.txt" 2>&1
+echo "warmup: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
+rm -rf "$CACHE"
