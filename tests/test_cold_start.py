@@ -102,6 +102,17 @@ def test_pool_threads_wait_awake_once_their_wait_loops_are_compiled(monkeypatch)
     assert jit._pool().awake == jit.AWAKE_NS
 
 
+def test_the_wait_loops_see_their_flags_and_give_up_at_the_deadline():
+    flags = np.zeros((2, jit._ROW), dtype=np.int64)
+    flags[0, jit._GO] = 3
+    assert jit._serve_wait(flags[0], 2, 10**9) == 1  # a third task was handed out
+    assert flags[0, jit._DONE] == 2  # its count of ended tasks, stored first
+    assert jit._serve_wait(flags[1], 0, 0) == 0  # none: the deadline passes
+    assert jit._wait_all(flags.reshape(-1), 1, 0) == 0  # thread 0 has not ended task 3
+    flags[0, jit._DONE] = 3
+    assert jit._wait_all(flags.reshape(-1), 2, 10**9) == 1
+
+
 def test_the_time_threads_wait_awake_comes_from_the_environment(monkeypatch):
     import os
 

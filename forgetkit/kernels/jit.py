@@ -160,6 +160,9 @@ AWAKE_NS = _awake_ns()
 #: core to another, the machine is busy, and a thread awake there only delays the others
 #: (and is scheduled after them when its task comes); it sleeps on its lock instead.
 PREEMPTED_NS = 50_000
+#: Seconds a thread preempted while awake then sleeps at once: on a busy machine the pool
+#: waits as if it had no awake time but for one wait a second.
+BUSY_S = 1.0
 _GO, _DONE, _ROW = 0, 8, 16  # a thread's two flag words, on cache lines of their own
 
 
@@ -213,37 +216,42 @@ def _deadline(ns):
 
 @njit(inline="always")
 def _go_on(ts, deadline):
-    """Whether to wait awake on: before ``deadline`` (ns), and not preempted since the last
-    reading (`PREEMPTED_NS`)."""
+    """1 to wait awake on; 0 past ``deadline`` (ns); -1 preempted since the last reading
+    (`PREEMPTED_NS`)."""
     _clock_gettime(_MONOTONIC, ts.ctypes.data)
     now = ts[0] * 1_000_000_000 + ts[1]
     gap, ts[2] = now - ts[2], now
-    return now < deadline and gap < PREEMPTED_NS
+    if gap >= PREEMPTED_NS:
+        return -1
+    return 1 if now < deadline else 0
 
 
 @njit(nogil=True, cache=True)
 def _serve_wait(row, served, ns):
     """A pool thread between tasks, the GIL released: row[_DONE] = ``served`` (the tasks it
-    ended), then whether row[_GO] (the tasks handed to it) exceeds that within ``ns``
-    nanoseconds."""
+    ended), then wait awake for row[_GO] (the tasks handed to it) to exceed that: 1 when it
+    does, else `_go_on`'s 0 (``ns`` nanoseconds passed) or -1 (preempted)."""
     _store(row, _DONE, served)
     ts, deadline = _deadline(ns)
     while _load(row, _GO) <= served:
-        if not _go_on(ts, deadline):
-            return False
-    return True
+        state = _go_on(ts, deadline)
+        if state <= 0:
+            return state
+    return 1
 
 
 @njit(nogil=True, cache=True)
 def _wait_all(flags, n, ns):
-    """A caller, the GIL released: whether the first ``n`` threads' rows of ``flags``
-    (flattened) all show their tasks ended (_DONE >= _GO) within ``ns`` nanoseconds."""
+    """A caller, the GIL released: wait awake for the first ``n`` threads' rows of ``flags``
+    (flattened) to show their tasks ended (_DONE >= _GO): 1 when they do, else `_go_on`'s 0
+    (``ns`` nanoseconds passed) or -1 (preempted)."""
     ts, deadline = _deadline(ns)
     for i in range(n):
         while _load(flags, i * _ROW + _DONE) < _load(flags, i * _ROW + _GO):
-            if not _go_on(ts, deadline):
-                return False
-    return True
+            state = _go_on(ts, deadline)
+            if state <= 0:
+                return state
+    return 1
 
 
 class _Worker:
@@ -257,7 +265,7 @@ class _Worker:
         self.go.acquire()
         self.done.acquire()
         self.flags, self.handed = flags, 0  # its row; tasks handed out (the caller's count)
-        self.awake = awake  # ns it waits awake
+        self.awake, self.asleep_until = awake, 0.0  # ns it waits awake; see BUSY_S
         self.task = self.result = self.error = None
         threading.Thread(target=self._loop, name="forgetkit-kernel", daemon=True).start()
 
@@ -272,8 +280,9 @@ class _Worker:
     def _loop(self):
         served = 0
         while True:
-            if self.awake:
-                _serve_wait(self.flags, served, self.awake)
+            if self.awake and time.monotonic() >= self.asleep_until:
+                if _serve_wait(self.flags, served, self.awake) < 0:
+                    self.asleep_until = time.monotonic() + BUSY_S
             self.go.acquire()
             fn, args = self.task
             try:
@@ -314,6 +323,7 @@ class _Pool:
         self.workers, self.busy = [], threading.Lock()
         self.flags = np.zeros((0, _ROW), dtype=np.int64)
         self.awake = AWAKE_NS if _waits_compiled() else 0
+        self.asleep_until = 0.0  # the caller's, as a thread's (BUSY_S)
 
     def take(self, n):
         if n > self.flags.shape[0]:  # between calls: every thread has ended its task
@@ -328,8 +338,9 @@ class _Pool:
 
     def wait(self, workers):
         """Wait for ``workers`` (the first of the pool) to end their tasks."""
-        if self.awake:
-            _wait_all(self.flags.reshape(-1), len(workers), self.awake)
+        if self.awake and time.monotonic() >= self.asleep_until:
+            if _wait_all(self.flags.reshape(-1), len(workers), self.awake) < 0:
+                self.asleep_until = time.monotonic() + BUSY_S
         for w in workers:
             w.done.acquire()
 
