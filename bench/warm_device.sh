@@ -14,7 +14,8 @@
 # 2. bench.bench_pool on NEW (the cifar-sized run; POOL_TASKS, default "kf_fit data_map
 #    label_issues"): a hand-off's cost and the warm passes with pool threads that wait
 #    awake against threads that sleep, in one process (OUTDIR/pool.json);
-# 3. `python -m forgetkit.kernels` (the warmup) on NEW with an empty cache (OUTDIR/warmup.txt).
+# 3. unless WARMUP=0, `python -m forgetkit.kernels` (the warmup) on NEW with an empty
+#    cache (OUTDIR/warmup.txt).
 # The repository's data_samples (the clean sample run) is linked into NEW. PY: the python.
 set -u
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -42,11 +43,13 @@ $PY -m bench.bench_warm --tree "$OLD" --tree "$NEW" --sizes $SIZES --repeat "$RE
 echo "bench_warm: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
 if [ -n "$POOL_TASKS" ] && [ -e bench/data/cifar_f32.npy ]; then
     # shellcheck disable=SC2086
-    timeout 120 $PY -m bench.bench_pool --tasks $POOL_TASKS --json "$OUT/pool.json" \
+    timeout 150 $PY -m bench.bench_pool --tasks $POOL_TASKS --json "$OUT/pool.json" \
         > /dev/null 2> "$OUT/pool.log"
     echo "bench_pool: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
 fi
-CACHE=$(mktemp -d)
-NUMBA_CACHE_DIR=$CACHE timeout 150 $PY -m forgetkit.kernels > "$OUT/warmup.txt" 2>&1
-echo "warmup: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
-rm -rf "$CACHE"
+if [ "${WARMUP:-1}" != 0 ]; then
+    CACHE=$(mktemp -d)
+    NUMBA_CACHE_DIR=$CACHE timeout 150 $PY -m forgetkit.kernels > "$OUT/warmup.txt" 2>&1
+    echo "warmup: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
+    rm -rf "$CACHE"
+fi
