@@ -122,10 +122,11 @@ def test_the_time_threads_wait_awake_comes_from_the_environment(monkeypatch):
     assert jit._awake_ns() == (250_000 if os.name == "posix" else 0)
     monkeypatch.setenv(jit.WAIT_AWAKE, "0")
     assert jit._awake_ns() == 0
-    monkeypatch.setenv(jit.WAIT_AWAKE, "soon")
-    with pytest.raises(ForgetkitError, match="FORGETKIT_WAIT_AWAKE_US must be a number of "
-                                             "microseconds; got 'soon'"):
-        jit._awake_ns()
+    for text in ("soon", "-5", "nan"):
+        monkeypatch.setenv(jit.WAIT_AWAKE, text)
+        with pytest.raises(ForgetkitError, match="FORGETKIT_WAIT_AWAKE_US must be a number of "
+                                                 f"microseconds, 0 or more; got '{text}'"):
+            jit._awake_ns()
 
 
 @pytest.mark.parametrize("n_threads", [2, 3, 8])

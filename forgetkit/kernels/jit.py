@@ -145,9 +145,11 @@ def _awake_ns():
     try:
         us = float(text)
     except ValueError:
-        raise ForgetkitError(f"{WAIT_AWAKE} must be a number of microseconds; got "
-                             f"{text!r}") from None
-    return int(max(us, 0.0) * 1000) if os.name == "posix" else 0
+        us = -1.0
+    if not 0.0 <= us < 1e9:  # nan and inf too
+        raise ForgetkitError(f"{WAIT_AWAKE} must be a number of microseconds, 0 or more; "
+                             f"got {text!r}")
+    return int(us * 1000) if os.name == "posix" else 0
 
 
 #: Nanoseconds a thread waits awake. Awake, it reads its flag (an atomic load) and the clock,
@@ -163,7 +165,7 @@ PREEMPTED_NS = 50_000
 #: Seconds a thread preempted while awake then sleeps at once: on a busy machine the pool
 #: waits as if it had no awake time but for one wait a second.
 BUSY_S = 1.0
-_GO, _DONE, _ROW = 0, 8, 16  # a thread's two flag words, on cache lines of their own
+_GO, _DONE, _ROW = 0, 8, 16  # a thread's two flag words, 64 bytes apart (two cache lines)
 
 
 def _flag_pointer(context, builder, array_type, array_value, index):
