@@ -256,6 +256,12 @@ def test_the_warmup_runs_its_parts_in_processes_that_share_the_cache(tmp_path, m
     assert "forgetkit.kernels.argmax.argmax_f16" not in compiled
 
 
+def test_a_failing_warmup_part_raises_with_its_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmup, "PARTS", ("no-such-dtype",))
+    with pytest.raises(RuntimeError, match="(?s)part no-such-dtype failed.*TypeError"):
+        warmup._run_parts(str(tmp_path), 1)
+
+
 def test_the_tests_lock_numba_cache_saves(tmp_path, monkeypatch):
     """conftest's lock around numba's cache saves (the workers of ``pytest -n 2`` share the
     cache): a cached function's two signatures are saved under the lock and load back."""

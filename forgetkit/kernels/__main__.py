@@ -1,9 +1,8 @@
 """``python -m forgetkit.kernels``: compile every kernel into numba's cache (see
 ``forgetkit.kernels.warmup``); ``--later FILE``: the background compile of
-``forgetkit.kernels.jit.compile_later``; ``--part NAME FOLDER``: one part of the warmup, in
-a process of its own (prints the kernels it compiled, one JSON line)."""
+``forgetkit.kernels.jit.compile_later``; ``--parts FOLDER``: a process of the warmup that
+runs the parts named on its stdin (``forgetkit.kernels.warmup.serve_parts``)."""
 
-import json
 import sys
 
 if __name__ == "__main__":
@@ -11,11 +10,10 @@ if __name__ == "__main__":
         from .jit import compile_wanted
 
         compile_wanted(sys.argv[2])
-    elif sys.argv[1:2] == ["--part"]:
-        from .warmup import run_part, share_cache
+    elif sys.argv[1:2] == ["--parts"]:
+        from .warmup import serve_parts
 
-        share_cache()
-        print(json.dumps(run_part(sys.argv[2], sys.argv[3])))
+        serve_parts(sys.argv[2])
     else:
         from .warmup import warmup
 

@@ -8,10 +8,11 @@ mapped, the probability cache on and off; a top-k token run), on every thread
 (`jit.forced`): each kernel has one build, whatever the number of threads (``jit``).
 
 numba compiles on one thread, so the parts (`PARTS`: one per dtype, and the top-k run)
-run in as many processes at once as the process has cores (``python -m forgetkit.kernels
---part NAME FOLDER``), sharing numba's cache: each save holds a lock beside the function's
-index, and each compile of a signature a lock of its own, so that a signature two parts
-reach is compiled once and loaded by the other (`share_cache`).
+run on as many processes as the process has cores (``python -m forgetkit.kernels --parts
+FOLDER``, each taking the next part as it ends one), sharing numba's cache: each save
+holds a lock beside the function's index, and each compile of a signature a lock of its
+own, so that a signature two parts reach is compiled once and loaded by the other
+(`share_cache`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -182,24 +184,64 @@ def _processes():
     return max(1, min(len(os.sched_getaffinity(0)), len(PARTS)))
 
 
+#: The line before each part's report on a part process's stdout.
+_REPORT = "forgetkit-warmup-part:"
+
+
+def serve_parts(folder, lines=sys.stdin, out=sys.stdout):
+    """A part process: run each part named on a line of ``lines`` (files written to
+    ``folder``), then write `_REPORT` and the kernels it compiled (one JSON line)."""
+    share_cache()
+    for line in lines:
+        compiled = run_part(line.strip(), folder)
+        out.write(f"{_REPORT}\n{json.dumps(compiled)}\n")
+        out.flush()
+
+
 def _run_parts(folder, processes):
-    """Run `PARTS` in ``processes`` child processes at a time; returns the kernels compiled."""
+    """Run `PARTS` on ``processes`` part processes (``python -m forgetkit.kernels --parts
+    FOLDER``), each taking the next part as it ends one; returns the kernels compiled."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    waiting, running, compiled = list(PARTS), [], set()
-    while waiting or running:
-        while waiting and len(running) < processes:
-            part = waiting.pop(0)
-            running.append((part, subprocess.Popen(
-                [sys.executable, "-m", "forgetkit.kernels", "--part", part, folder],
-                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True)))
-        part, child = running.pop(0)
-        out, err = child.communicate()
-        if child.returncode:
-            raise RuntimeError(f"the warmup's part {part} failed:\n{err[-3000:]}")
-        compiled.update(json.loads(out.strip().splitlines()[-1]))
+    waiting, compiled, failed, lock = list(PARTS), set(), [], threading.Lock()
+
+    def serve():
+        with tempfile.TemporaryFile("w+") as err:  # a pipe could fill and stall the child
+            child = subprocess.Popen([sys.executable, "-m", "forgetkit.kernels", "--parts",
+                                      folder], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=err, text=True)
+            part = None
+            try:
+                while True:
+                    with lock:
+                        if not waiting or failed:
+                            part = None
+                            break
+                        part = waiting.pop(0)
+                    child.stdin.write(part + "\n")
+                    child.stdin.flush()
+                    line = child.stdout.readline()
+                    while line and line.strip() != _REPORT:  # lines the part printed
+                        line = child.stdout.readline()
+                    if not line:  # the child ended
+                        break
+                    with lock:
+                        compiled.update(json.loads(child.stdout.readline()))
+            finally:
+                child.stdin.close()
+                child.wait()
+            if part is not None:
+                err.seek(0)
+                failed.append(f"the warmup's part {part} failed:\n{err.read()[-3000:]}")
+
+    threads = [threading.Thread(target=serve) for _ in range(processes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise RuntimeError(failed[0])
     return compiled
 
 
