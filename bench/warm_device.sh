@@ -9,11 +9,11 @@
 #   bash .wt_warm2/new/bench/warm_device.sh OUTDIR [SIZES] [REPEAT]
 #
 # 1. bench.bench_warm --tree OLD --tree NEW --sizes SIZES (default "cifar sample") --repeat
-#    REPEAT (default 3), the tasks TASKS (default: every one): first-run and warm seconds per size and tree, each in
-#    a new numba cache (OUTDIR/warm.json, the table in OUTDIR/warm.md);
-# 2. bench.bench_pool on NEW (the cifar-sized run; POOL_TASKS, default "kf_fit data_map
-#    label_issues"): a hand-off's cost and the warm passes with pool threads that wait
-#    awake against threads that sleep, in one process (OUTDIR/pool.json);
+#    REPEAT (default 3), the tasks TASKS (default: every one): first-run and warm seconds
+#    per size and tree, each in a new numba cache (OUTDIR/warm.json, the table in
+#    OUTDIR/warm.md);
+# 2. unless POOL=0, bench.bench_pool on NEW: a call's hand-off cost on the pool's threads,
+#    by thread count (OUTDIR/pool.json);
 # 3. unless WARMUP=0, on two of the cores (taskset -c 0,1, 2 numba threads), each with an
 #    empty cache, NEW's first KF fit of the cifar-sized run, the background compile off
 #    (OUTDIR/first_fit.json), and `python -m forgetkit.kernels`, the warmup
@@ -24,7 +24,6 @@ OUT=$(mkdir -p "$1" && cd "$1" && pwd)
 SIZES=${2:-"cifar sample"}
 REPEAT=${3:-3}
 TASKS=${TASKS:-"kf_fit forgetting data_map label_issues compare"}
-POOL_TASKS=${POOL_TASKS-"kf_fit data_map label_issues"}
 PY=${PY:-python3}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 NEW=$HERE/new
@@ -43,10 +42,8 @@ export PYTHONPATH=$NEW
 $PY -m bench.bench_warm --tree "$OLD" --tree "$NEW" --sizes $SIZES --repeat "$REPEAT" \
     --tasks $TASKS --json "$OUT/warm.json" > "$OUT/warm.md" 2> "$OUT/warm.log"
 echo "bench_warm: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
-if [ -n "$POOL_TASKS" ] && [ -e bench/data/cifar_f32.npy ]; then
-    # shellcheck disable=SC2086
-    timeout 150 $PY -m bench.bench_pool --tasks $POOL_TASKS --json "$OUT/pool.json" \
-        > /dev/null 2> "$OUT/pool.log"
+if [ "${POOL:-1}" != 0 ]; then
+    timeout 150 $PY -m bench.bench_pool --json "$OUT/pool.json" > /dev/null 2> "$OUT/pool.log"
     echo "bench_pool: rc $?, $(( $(date +%s) - T0 )) s" >> "$OUT/host.txt"
 fi
 if [ "${WARMUP:-1}" != 0 ] && command -v taskset > /dev/null; then

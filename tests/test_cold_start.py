@@ -73,65 +73,8 @@ def test_small_calls_run_on_the_callers_thread_and_large_ones_on_every_thread():
             pass
 
 
-@pytest.fixture(params=["awake", "asleep"])
-def new_pool(request, monkeypatch):
-    """A new pool whose threads wait awake between calls (their wait loops compiled), or
-    sleep on their locks at once (the wait loops not compiled yet: a first run)."""
-    if request.param == "awake":
-        jit.compile_waits()
-    monkeypatch.setattr(jit, "_waits_compiled", lambda: request.param == "awake")
-    monkeypatch.setattr(jit, "_POOL", None)
-    assert bool(jit._pool().awake) == (request.param == "awake" and jit.AWAKE_NS > 0)
-    return request.param
-
-
-def test_pool_threads_wait_awake_once_their_wait_loops_are_compiled(monkeypatch):
-    """A pool started before its wait loops are compiled sleeps on its locks and notes the
-    loops for the compile after the run; once they are compiled, a new pool waits awake."""
-    if not jit.AWAKE_NS:
-        pytest.skip("threads wait awake on POSIX only")
-    monkeypatch.setattr(jit, "_WANTED", set())
-    monkeypatch.setattr(jit, "_POOL", None)
-    with monkeypatch.context() as m:
-        m.setattr(jit, "_compiled", lambda dispatcher, args: False)
-        assert jit._pool().awake == 0
-    assert {(module, name) for module, name, _ in jit._WANTED} == {
-        ("forgetkit.kernels.jit", "_serve_wait"), ("forgetkit.kernels.jit", "_wait_all")}
-    jit.compile_waits()
-    monkeypatch.setattr(jit, "_POOL", None)
-    assert jit._pool().awake == jit.AWAKE_NS
-
-
-def test_the_wait_loops_see_their_flags_and_give_up_at_the_deadline():
-    flags = np.zeros((2, jit._ROW), dtype=np.int64)
-    flags[0, jit._GO] = 3
-    assert jit._serve_wait(flags[0], 2, 10**9) == 1  # a third task was handed out
-    assert flags[0, jit._DONE] == 2  # its count of ended tasks, stored first
-    assert jit._serve_wait(flags[1], 0, 0) == 0  # none: the deadline passes
-    assert jit._wait_all(flags.reshape(-1), 1, 0) == 0  # thread 0 has not ended task 3
-    flags[0, jit._DONE] = 3
-    assert jit._wait_all(flags.reshape(-1), 2, 10**9) == 1
-
-
-def test_the_time_threads_wait_awake_comes_from_the_environment(monkeypatch):
-    import os
-
-    from forgetkit.errors import ForgetkitError
-
-    monkeypatch.setenv(jit.WAIT_AWAKE, "250")
-    assert jit._awake_ns() == (250_000 if os.name == "posix" else 0)
-    monkeypatch.setenv(jit.WAIT_AWAKE, "0")
-    assert jit._awake_ns() == 0
-    for text in ("soon", "-5", "nan"):
-        monkeypatch.setenv(jit.WAIT_AWAKE, text)
-        with pytest.raises(ForgetkitError, match="FORGETKIT_WAIT_AWAKE_US must be a number of "
-                                                 f"microseconds, 0 or more; got '{text}'"):
-            jit._awake_ns()
-
-
 @pytest.mark.parametrize("n_threads", [2, 3, 8])
-def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_threads,
-                                                                          new_pool):
+def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_threads):
     """`jit.run` on more threads than numba's (the pool grows) or fewer: each block of
     rows runs once, whichever thread claims it, and the counts the threads return add up
     to the call's."""
@@ -148,7 +91,7 @@ def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_thr
     np.testing.assert_array_equal(out, a.argmax(axis=1))
 
 
-def test_calls_from_several_threads_at_once_share_the_pool_or_run_alone(new_pool):
+def test_calls_from_several_threads_at_once_share_the_pool_or_run_alone():
     """Callers on several threads at once: one holds the pool, the others run on their own
     thread; every result is right, and an error in a pool thread reaches its caller."""
     from concurrent.futures import ThreadPoolExecutor
@@ -360,7 +303,7 @@ def test_twins_note_their_kernels_for_a_compile_after_the_run(tmp_path, monkeypa
     assert found.stdout.strip() == "True"
 
 
-def test_a_forked_child_starts_its_own_pool(new_pool):
+def test_a_forked_child_starts_its_own_pool():
     """A child forked after calls on the pool (multiprocessing's fork start method) runs
     kernels on threads of its own: the parent's do not exist there."""
     import multiprocessing

@@ -10,9 +10,7 @@ row blocks it claims (``schedule``), and the threads come from here:
 
 - a call runs that build on the caller's thread and on ``threads - 1`` threads of one
   shared pool (`run`), each thread claiming blocks from the call's shared counter until
-  none is left; a thread that starts late finds none and returns at once. Between calls
-  the pool's threads wait awake a while (`AWAKE_NS`, unless the machine is busy) before
-  sleeping on their locks, so that a pass's next call starts on them at once;
+  none is left; a thread that starts late finds none and returns at once;
 - a kernel returns the integer sums of the blocks its thread ran (None, an int, an int
   array, or a tuple of them); `run` adds them up over the threads (integer sums: the same
   bits in any order) and passes the total to the kernel's ``finish`` (numpy steps after
@@ -54,11 +52,8 @@ from contextlib import contextmanager
 
 import numba
 import numpy as np
-from numba import njit, types
-from numba.core import cgutils, event
-from numba.extending import intrinsic
-
-from ..errors import ForgetkitError
+from numba import njit
+from numba.core import event
 
 #: Values a call reads per thread it wakes, at least: calls reading fewer than twice this
 #: run on the caller's thread alone (a pass over 2**16 values takes some 50 microseconds,
@@ -134,157 +129,20 @@ def kernel(fn=None, *, finish=None):
 
 
 # ------------------------------------------------------------------ threads
-#: Environment variable: microseconds a pool thread waits awake for its next task, and a
-#: caller for its threads to end, before sleeping on a lock (default 1000; 0: sleep at once).
-WAIT_AWAKE = "FORGETKIT_WAIT_AWAKE_US"
-
-
-def _awake_ns():
-    """`AWAKE_NS` from the environment (POSIX only; elsewhere threads sleep at once)."""
-    text = os.environ.get(WAIT_AWAKE, "1000")
-    try:
-        us = float(text)
-    except ValueError:
-        us = -1.0
-    if not 0.0 <= us < 1e9:  # nan and inf too
-        raise ForgetkitError(f"{WAIT_AWAKE} must be a number of microseconds, 0 or more; "
-                             f"got {text!r}")
-    return int(us * 1000) if os.name == "posix" else 0
-
-
-#: Nanoseconds a thread waits awake. Awake, it reads its flag (an atomic load) and the clock,
-#: again and again; asleep, it is woken by the kernel (tens of microseconds on a virtual
-#: machine) and then queues for the GIL behind the others woken with it. The passes hand out
-#: their next call within this (the fit's calls follow each other within 0.2-0.5 ms, the
-#: training dynamics' epochs within 0.5 ms on a busy 2-core machine).
-AWAKE_NS = _awake_ns()
-#: Two clock readings of a waiting thread further apart than this (ns): the thread lost its
-#: core to another, the machine is busy, and a thread awake there only delays the others
-#: (and is scheduled after them when its task comes); it sleeps on its lock instead.
-PREEMPTED_NS = 50_000
-#: Seconds a thread preempted while awake then sleeps at once: on a busy machine the pool
-#: waits as if it had no awake time but for one wait a second.
-BUSY_S = 1.0
-_GO, _DONE, _ROW = 0, 8, 16  # a thread's two flag words, 64 bytes apart (two cache lines)
-
-
-def _flag_pointer(context, builder, array_type, array_value, index):
-    array = context.make_array(array_type)(context, builder, array_value)
-    return cgutils.get_item_pointer(context, builder, array_type, array, [index])
-
-
-@intrinsic
-def _load(typingctx, flags, index):
-    """flags[index] read as one atomic load (never hoisted out of a wait loop)."""
-    if not (isinstance(flags, types.Array) and flags.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _flag_pointer(context, builder, sig.args[0], args[0], args[1])
-        return builder.load_atomic(ptr, "acquire", 8)
-
-    return types.int64(flags, types.intp), codegen
-
-
-@intrinsic
-def _store(typingctx, flags, index, value):
-    """flags[index] = value as one atomic store."""
-    if not (isinstance(flags, types.Array) and flags.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _flag_pointer(context, builder, sig.args[0], args[0], args[1])
-        builder.store_atomic(context.cast(builder, args[2], sig.args[2], types.int64), ptr,
-                             "release", 8)
-        return context.get_dummy_value()
-
-    return types.none(flags, types.intp, value), codegen
-
-
-# the C library's clock_gettime(clock, struct timespec *): two int64 on 64-bit POSIX
-_clock_gettime = types.ExternalFunction("clock_gettime", types.int32(types.int32, types.uintp))
-_MONOTONIC = getattr(time, "CLOCK_MONOTONIC", 1)
-
-
-@njit(inline="always")
-def _deadline(ns):
-    """A clock buffer (timespec, then the last reading in ns) and the CLOCK_MONOTONIC time
-    ``ns`` nanoseconds from now."""
-    ts = np.zeros(3, dtype=np.int64)
-    _clock_gettime(_MONOTONIC, ts.ctypes.data)
-    ts[2] = ts[0] * 1_000_000_000 + ts[1]
-    return ts, ts[2] + ns
-
-
-@njit(inline="always")
-def _go_on(ts, deadline):
-    """1 to wait awake on; 0 past ``deadline`` (ns); -1 preempted since the last reading
-    (`PREEMPTED_NS`)."""
-    _clock_gettime(_MONOTONIC, ts.ctypes.data)
-    now = ts[0] * 1_000_000_000 + ts[1]
-    gap, ts[2] = now - ts[2], now
-    if gap >= PREEMPTED_NS:
-        return -1
-    return 1 if now < deadline else 0
-
-
-@njit(nogil=True, cache=True)
-def _serve_wait(row, served, ns):
-    """A pool thread between tasks, the GIL released: row[_DONE] = ``served`` (the tasks it
-    ended), then wait awake for row[_GO] (the tasks handed to it) to exceed that: 1 when it
-    does, else `_go_on`'s 0 (``ns`` nanoseconds passed) or -1 (preempted)."""
-    _store(row, _DONE, served)
-    ts, deadline = _deadline(ns)
-    while _load(row, _GO) <= served:
-        state = _go_on(ts, deadline)
-        if state <= 0:
-            return state
-    return 1
-
-
-@njit(nogil=True, cache=True)
-def _wait_all(flags, n, ns):
-    """A caller, the GIL released: wait awake for the first ``n`` threads' rows of ``flags``
-    (flattened) to show their tasks ended (_DONE >= _GO): 1 when they do, else `_go_on`'s 0
-    (``ns`` nanoseconds passed) or -1 (preempted)."""
-    ts, deadline = _deadline(ns)
-    for i in range(n):
-        while _load(flags, i * _ROW + _DONE) < _load(flags, i * _ROW + _GO):
-            state = _go_on(ts, deadline)
-            if state <= 0:
-                return state
-    return 1
-
-
 class _Worker:
-    """A pool thread: runs ``task`` = (function, arguments) for each ``go`` release, then
-    releases ``done``. The locks order the hand-offs; beside them the counters of its row
-    of the pool's flags (tasks handed out, tasks ended) let both sides wait awake a while
-    (`AWAKE_NS`) before sleeping on a lock."""
+    """A pool thread: runs ``task`` = (function, arguments) each time ``go`` is released,
+    then releases ``done`` (two locks: a hand-off costs a few microseconds, where a
+    ThreadPoolExecutor's futures cost tens per thread and call)."""
 
-    def __init__(self, flags, awake):
+    def __init__(self):
         self.go, self.done = threading.Lock(), threading.Lock()
         self.go.acquire()
         self.done.acquire()
-        self.flags, self.handed = flags, 0  # its row; tasks handed out (the caller's count)
-        self.awake, self.asleep_until = awake, 0.0  # ns it waits awake; see BUSY_S
         self.task = self.result = self.error = None
         threading.Thread(target=self._loop, name="forgetkit-kernel", daemon=True).start()
 
-    def hand(self, task):
-        """Give the thread ``task``: the lock first, so that an awake thread takes it at
-        once."""
-        self.task = task
-        self.handed += 1
-        self.go.release()
-        self.flags[_GO] = self.handed
-
     def _loop(self):
-        served = 0
         while True:
-            if self.awake and time.monotonic() >= self.asleep_until:
-                if _serve_wait(self.flags, served, self.awake) < 0:
-                    self.asleep_until = time.monotonic() + BUSY_S
             self.go.acquire()
             fn, args = self.task
             try:
@@ -292,59 +150,19 @@ class _Worker:
             except BaseException as error:  # re-raised on the caller's thread
                 self.result, self.error = None, error
             self.task = None
-            served += 1
             self.done.release()
 
 
-def compile_waits():
-    """Compile the wait loops of the pool's threads (`_serve_wait`, `_wait_all`)."""
-    row = np.zeros(_ROW, dtype=np.int64)
-    _serve_wait(row, 0, 0)
-    _wait_all(row, 0, 0)
-
-
-def _waits_compiled():
-    """Whether the wait loops are compiled, in this process or in numba's cache. If not,
-    they are noted for `compile_later`, and this process's threads sleep on their locks at
-    once: compiling them would cost a first run half a second."""
-    if not AWAKE_NS:
-        return False
-    row = np.zeros(_ROW, dtype=np.int64)
-    missing = [f for f in (_serve_wait, _wait_all) if not _compiled(f, (row, 0, AWAKE_NS))]
-    for f in missing:
-        _want(__name__, f.py_func.__name__, (row, 0, AWAKE_NS))
-    return not missing
-
-
 class _Pool:
-    """The pool's threads, grown on demand, and their flags (a row of ``_ROW`` int64 each);
-    ``busy`` is held by the call running on them; ``awake``: the ns a thread waits awake
-    (`AWAKE_NS`, or 0 while the wait loops are not compiled)."""
+    """The pool's threads, grown on demand; ``busy`` is held by the call running on them."""
 
     def __init__(self):
         self.workers, self.busy = [], threading.Lock()
-        self.flags = np.zeros((0, _ROW), dtype=np.int64)
-        self.awake = AWAKE_NS if _waits_compiled() else 0
-        self.asleep_until = 0.0  # the caller's, as a thread's (BUSY_S)
 
     def take(self, n):
-        if n > self.flags.shape[0]:  # between calls: every thread has ended its task
-            flags = np.zeros((max(2 * n, 64), _ROW), dtype=np.int64)
-            flags[:len(self.workers)] = self.flags[:len(self.workers)]
-            self.flags = flags
-            for i, w in enumerate(self.workers):
-                w.flags = flags[i]
         while len(self.workers) < n:
-            self.workers.append(_Worker(self.flags[len(self.workers)], self.awake))
+            self.workers.append(_Worker())
         return self.workers[:n]
-
-    def wait(self, workers):
-        """Wait for ``workers`` (the first of the pool) to end their tasks."""
-        if self.awake and time.monotonic() >= self.asleep_until:
-            if _wait_all(self.flags.reshape(-1), len(workers), self.awake) < 0:
-                self.asleep_until = time.monotonic() + BUSY_S
-        for w in workers:
-            w.done.acquire()
 
 
 _POOL = None
@@ -397,11 +215,13 @@ def run(k, n_threads, args):
         try:
             workers = pool.take(n_threads - 1)
             for w in workers:
-                w.hand((k.build, full))
+                w.task = (k.build, full)
+                w.go.release()
             try:
                 results = [k.build(*full)]
             finally:  # the workers finish (or find no block left) before the pool is free
-                pool.wait(workers)
+                for w in workers:
+                    w.done.acquire()
             for w in workers:
                 if w.error is not None:
                     raise w.error
@@ -477,7 +297,7 @@ def use_twin(k, work, args):
     full = k.full_args(args, 1)
     if _compiled(k.build, full):
         return False
-    _want(k.py_func.__module__, k.__name__, full)
+    _want(k, full)
     return True
 
 
@@ -494,28 +314,25 @@ def typeof(value):
 
 #: Environment variable: "0" compiles nothing in the background (`compile_later`).
 BACKGROUND = "FORGETKIT_BACKGROUND_COMPILE"
-#: (module, name, argument types) of the kernels whose twin ran in this process, and of the
-#: pool's wait loops where they were not compiled
+#: (module, kernel name, argument types) of the calls whose twin ran in this process
 _WANTED = set()
 
 
-def _want(module, name, full_args):
-    """Note that kernel (or compiled function) ``name`` of ``module`` was not compiled for
-    these arguments: `compile_later` compiles it."""
+def _want(k, full_args):
+    """Note that kernel ``k`` ran its twin on these arguments: `compile_later` compiles it."""
     try:
         sig = tuple(typeof(a) for a in full_args)
     except Exception:  # no compiler (NUMBA_DISABLE_JIT)
         return
     if not _WANTED:
         atexit.register(compile_later)
-    _WANTED.add((module, name, sig))
+    _WANTED.add((k.py_func.__module__, k.__name__, sig))
 
 
 def compile_later():
     """At exit, where twins ran for kernels not compiled: start a detached process, at the
     lowest priority, that compiles those kernels for those argument types into numba's
-    cache (``python -m forgetkit.kernels --later FILE``); likewise the pool's wait loops
-    where they were not compiled. Not under pytest, nor with
+    cache (``python -m forgetkit.kernels --later FILE``). Not under pytest, nor with
     FORGETKIT_BACKGROUND_COMPILE=0, nor off POSIX. Returns the process, or None."""
     if (not _WANTED or os.environ.get(BACKGROUND) == "0" or "pytest" in sys.modules
             or os.name != "posix"):
@@ -535,8 +352,7 @@ def compile_later():
 
 def compile_wanted(path):
     """The background process of `compile_later`: compile (or load from the cache) each
-    (module, kernel or compiled function, argument types) of the pickle at ``path``, then
-    remove it. One such
+    (module, kernel, argument types) of the pickle at ``path``, then remove it. One such
     process compiles at a time (a lock file in the temporary folder); the others wait and
     then load what it saved."""
     import fcntl  # POSIX: the background compile is started on POSIX only
@@ -548,8 +364,7 @@ def compile_wanted(path):
     with open(os.path.join(tempfile.gettempdir(), "forgetkit-compile.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for module, name, sig in wanted:
-            target = getattr(importlib.import_module(module), name)
-            getattr(target, "build", target).compile(sig)
+            getattr(importlib.import_module(module), name).build.compile(sig)
 
 
 # ------------------------------------------------------------------ compile notice
