@@ -17,7 +17,8 @@ new `Run` (the forgetting pass is kept on a run).
 Sizes: ``sample`` the clean sample run (60 x 10,000 x 10, float16, in memory);
 ``cifar`` the CIFAR-100 test size of the paper's main setting (60 x 10,000 x 100, float32
 logits in memory, `bench.common.synthetic_logits`, written once to bench/data/);
-``L`` the suite's L run (90 x 50,000 x 1,000 float16 memmap, 9 GB: for a lent host).
+``L`` the suite's L run (90 x 50,000 x 1,000 float16 memmap, 9 GB: for a lent host);
+``XS`` the suite's XS run (40 x 5,000 x 100 float16 memmap: a quick check of a command).
 Prints a markdown table of seconds and new / first-tree ratios; ``--json`` writes the rows.
 """
 
@@ -54,7 +55,7 @@ def _run_maker(size):
         values = np.load(data / "cifar_f32.npy")
         labels = np.load(data / "cifar_labels.npy")
         return lambda: fk.Run(values, labels)
-    path = ROOT / "bench" / "data" / "suite_L.npy"  # written by the parent (`prepare`)
+    path = ROOT / "bench" / "data" / f"suite_{size}.npy"  # written by the parent (`prepare`)
     return lambda: fk.load(path)
 
 
@@ -95,14 +96,15 @@ def child(size, tasks, repeat):
 
 # ---------------------------------------------------------------- in the parent
 def prepare(sizes):
-    """Write the runs of ``sizes`` once: the suite's L run, the cifar-sized one
+    """Write the runs of ``sizes`` once: the suite's runs (L, XS), the cifar-sized one
     (bench/data/cifar_f32.npy and its labels)."""
     import numpy as np
 
-    from bench.common import suite_run, synthetic_logits
+    from bench.common import SIZES, suite_run, synthetic_logits
 
-    if "L" in sizes:
-        suite_run("L")
+    for size in sizes:
+        if size in SIZES:
+            suite_run(size)
     if "cifar" not in sizes:
         return
 
@@ -180,7 +182,7 @@ def main(argv=None):
     p.add_argument("--tree", action="append", required=False, default=[],
                    help="a checkout's root (repeatable; the first is the baseline)")
     p.add_argument("--sizes", nargs="+", default=["sample", "cifar"],
-                   choices=["sample", "cifar", "L"])
+                   choices=["sample", "cifar", "L", "XS"])
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)

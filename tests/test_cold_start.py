@@ -175,14 +175,34 @@ def test_compile_notice_is_silent(case):
 
 def test_cli_warmup_compiles_the_workload_and_reports(monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(warmup, "workload", lambda folder: calls.append(jit._FORCED))
+    monkeypatch.setattr(warmup, "_processes", lambda: 1)  # the parts in this process
+    monkeypatch.setattr(warmup, "workload", lambda folder, dtypes, topk: calls.append(
+        (jit._FORCED, np.dtype(dtypes[0]).name, topk)))
+    monkeypatch.setattr(warmup, "_topk_workload", lambda: calls.append((jit._FORCED, "topk")))
     assert cli.main(["warmup"]) == 0
-    assert calls == ["parallel"]  # one pass: one build per kernel, on every thread
+    # one pass per part: one build per kernel, on every thread
+    assert calls == [("parallel", "float16", False), ("parallel", "float32", False),
+                     ("parallel", "float64", False), ("parallel", "topk")]
     out, err = capsys.readouterr()
     assert re.search(r"forgetkit's kernels are compiled into numba's cache \(\d+\.\d s\)", out)
     assert "compiling forgetkit's kernels ..." in err
     assert cli.main(["warmup", "--quiet"]) == 0
     assert capsys.readouterr() == ("", "")
+
+
+def test_the_warmup_runs_its_parts_in_processes_that_share_the_cache(tmp_path, monkeypatch):
+    """Two processes at once run a part each (here the same one) through numba's cache, a
+    save and a compile of a signature locked across them, and report what they compiled."""
+    monkeypatch.setattr(warmup, "PARTS", ("topk", "topk"))
+    compiled = warmup._run_parts(str(tmp_path), 2)
+    assert "forgetkit.kernels.topk.certify_rows" in compiled
+    assert "forgetkit.kernels.argmax.argmax_f16" not in compiled
+
+
+def test_a_failing_warmup_part_raises_with_its_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmup, "PARTS", ("no-such-dtype",))
+    with pytest.raises(RuntimeError, match="(?s)part no-such-dtype failed.*TypeError"):
+        warmup._run_parts(str(tmp_path), 1)
 
 
 def test_the_tests_lock_numba_cache_saves(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """``python -m forgetkit.kernels``: compile every kernel into numba's cache (see
 ``forgetkit.kernels.warmup``); ``--later FILE``: the background compile of
-``forgetkit.kernels.jit.compile_later``."""
+``forgetkit.kernels.jit.compile_later``; ``--parts FOLDER``: a process of the warmup that
+runs the parts named on its stdin (``forgetkit.kernels.warmup.serve_parts``)."""
 
 import sys
 
@@ -9,6 +10,10 @@ if __name__ == "__main__":
         from .jit import compile_wanted
 
         compile_wanted(sys.argv[2])
+    elif sys.argv[1:2] == ["--parts"]:
+        from .warmup import serve_parts
+
+        serve_parts(sys.argv[2])
     else:
         from .warmup import warmup
 

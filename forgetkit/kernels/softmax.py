@@ -275,7 +275,10 @@ def window_mean_row(values, epochs, row, table, scratch, out):
     scratch from `combine_scratch`. Returns the number of epochs whose row holds inf or
     nan."""
     tmp, inv, w = scratch
-    return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, False)
+    # a computed False: a literal one would compile combine_row a second time, typed
+    # Literal[bool], beside the build combine_softmax compiles
+    accumulate = epochs.shape[0] < 0
+    return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, accumulate)
 
 
 @njit(cache=True)

@@ -4,14 +4,25 @@ pays the compilation.
 
 The kernels are compiled for the argument types forgetkit passes them by running the
 library's passes on tiny runs (float16, float32 and float64 outputs, in memory and memory
-mapped, the probability cache on and off), on every thread (`jit.forced`): each kernel has
-one build, whatever the number of threads (``jit``).
+mapped, the probability cache on and off; a top-k token run), on every thread
+(`jit.forced`): each kernel has one build, whatever the number of threads (``jit``).
+
+numba compiles on one thread, so the parts (`PARTS`: one per dtype, and the top-k run)
+run on as many processes as the process has cores (``python -m forgetkit.kernels --parts
+FOLDER``, each taking the next part as it ends one), sharing numba's cache: each save
+holds a lock beside the function's index, and each compile of a signature a lock of its
+own, so that a signature two parts reach is compiled once and loaded by the other
+(`share_cache`).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -39,13 +50,13 @@ def _runs(folder, dtypes):
         yield fk.load(path)
 
 
-def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
+def workload(folder, *, dtypes=(np.float16, np.float32, np.float64), topk=True):
     """The library's passes on tiny runs of ``dtypes`` (files written to ``folder``):
     forgetting, training dynamics, label issues, every fuser's fit and prediction through
     `compare` (probabilities held; softmax statistics and gathered values; streamed), the
     exact eps search, a sample subset read in place, the checksumming forgetting pass (that
-    of a verified load), the EM pass, and certified fusion on a top-k token run. Returns
-    their results, a list of arrays and tables."""
+    of a verified load), the EM pass, and (``topk``) certified fusion on a top-k token run.
+    Returns their results, a list of arrays and tables."""
     import forgetkit as fk
     from forgetkit.run import DEFAULT_MEMORY_BUDGET
 
@@ -72,7 +83,7 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
     results.append(em_pass(q, np.full(4, 0.25)))
     total, p = rng.random((300, 5)), rng.random((300, 5))
     results.append(sum_correct_count_rows(total, p, rng.integers(0, 5, 300), np.arange(300)))
-    return results + _topk_workload()
+    return results + (_topk_workload() if topk else [])
 
 
 def _topk_workload():
@@ -99,25 +110,162 @@ def missing():
             if not k.build.overloads]
 
 
-def warmup(*, stream=None, quiet=False):
+#: The parts of the warmup, the longest to compile first.
+PARTS = ("float16", "float32", "float64", "topk")
+
+
+def run_part(part, folder):
+    """Compile the kernels of one part of `PARTS` (files written to ``folder``). Returns the
+    names of the kernels compiled in this process, as `missing` writes them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with jit.forced("parallel"):
+            if part == "topk":
+                _topk_workload()
+                twins.row_sums(np.zeros((1, 1)), np.empty(1))  # the twins' compiled piece
+            else:
+                workload(folder, dtypes=(np.dtype(part).type,), topk=False)
+    return [name for name in _names() if name not in missing()]
+
+
+def _names():
+    return [f"{k.py_func.__module__}.{k.__name__}" for k in jit.KERNELS]
+
+
+def share_cache():
+    """In this process, numba's cache as the warmup's processes share it: a save holds a
+    lock file beside the function's index (numba saves unlocked: two processes saving two
+    signatures of one function at once can pair one's index entry with the other's code,
+    numba issues 4807 and 10128), and a compile of a signature a lock file of its own, so
+    that the process that comes second loads the first one's build instead of compiling it
+    again. A lock this process holds is not taken again: the functions a kernel calls are
+    locked under it, along the call graph, so no two processes wait on each other. POSIX."""
+    import fcntl
+    import hashlib
+
+    from numba.core import caching, dispatcher, sigutils
+
+    save = caching.IndexDataCacheFile.save
+
+    def locked_save(self, key, data):
+        with open(self._index_path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return save(self, key, data)  # closing the file releases the lock
+
+    compile_, held = dispatcher.Dispatcher.compile, set()
+
+    def compile_once(self, sig):
+        args, _ = sigutils.normalize_signature(sig)
+        index = getattr(getattr(self._cache, "_cache_file", None), "_index_path", None)
+        if index is None or tuple(args) in self.overloads:
+            return compile_(self, sig)
+        path = f"{index}.{hashlib.sha1(str(tuple(args)).encode()).hexdigest()[:16]}.compiling"
+        if path in held:
+            return compile_(self, sig)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held.add(path)
+            try:
+                return compile_(self, sig)  # loads the other process's build if it saved one
+            finally:
+                held.discard(path)
+
+    caching.IndexDataCacheFile.save = locked_save
+    dispatcher.Dispatcher.compile = compile_once
+
+
+def _processes():
+    """Processes the warmup runs at once: the cores this process may use (POSIX), at most
+    one per part."""
+    if os.name != "posix" or not hasattr(os, "sched_getaffinity"):
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), len(PARTS)))
+
+
+#: The line before each part's report on a part process's stdout.
+_REPORT = "forgetkit-warmup-part:"
+
+
+def serve_parts(folder, lines=sys.stdin, out=sys.stdout):
+    """A part process: run each part named on a line of ``lines`` (files written to
+    ``folder``), then write `_REPORT` and the kernels it compiled (one JSON line)."""
+    share_cache()
+    for line in lines:
+        compiled = run_part(line.strip(), folder)
+        out.write(f"{_REPORT}\n{json.dumps(compiled)}\n")
+        out.flush()
+
+
+def _run_parts(folder, processes):
+    """Run `PARTS` on ``processes`` part processes (``python -m forgetkit.kernels --parts
+    FOLDER``), each taking the next part as it ends one; returns the kernels compiled."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    waiting, compiled, failed, lock = list(PARTS), set(), [], threading.Lock()
+
+    def serve():
+        with tempfile.TemporaryFile("w+") as err:  # a pipe could fill and stall the child
+            child = subprocess.Popen([sys.executable, "-m", "forgetkit.kernels", "--parts",
+                                      folder], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=err, text=True)
+            part = None
+            try:
+                while True:
+                    with lock:
+                        if not waiting or failed:
+                            part = None
+                            break
+                        part = waiting.pop(0)
+                    child.stdin.write(part + "\n")
+                    child.stdin.flush()
+                    line = child.stdout.readline()
+                    while line and line.strip() != _REPORT:  # lines the part printed
+                        line = child.stdout.readline()
+                    if not line:  # the child ended
+                        break
+                    with lock:
+                        compiled.update(json.loads(child.stdout.readline()))
+            finally:
+                child.stdin.close()
+                child.wait()
+            if part is not None:
+                err.seek(0)
+                failed.append(f"the warmup's part {part} failed:\n{err.read()[-3000:]}")
+
+    threads = [threading.Thread(target=serve) for _ in range(processes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise RuntimeError(failed[0])
+    return compiled
+
+
+def warmup(*, stream=None, quiet=False, processes=None):
     """Compile every kernel into numba's cache (kernels already cached are loaded, not
-    compiled again). Writes a line to ``stream`` (stderr) unless ``quiet``. Returns the
-    seconds taken."""
+    compiled again), the parts of `PARTS` in ``processes`` processes at once (default: one
+    per core, at most one per part; 1: in this process). Writes a line to ``stream``
+    (stderr) unless ``quiet``. Returns the seconds taken."""
     stream = stream or sys.stderr
+    processes = _processes() if processes is None else processes
     start = time.perf_counter()
     if not quiet:
         stream.write("compiling forgetkit's kernels ...")
         stream.flush()
-    with tempfile.TemporaryDirectory(prefix="forgetkit-warmup-") as folder, \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with jit.forced("parallel"):
-            workload(folder)
-        twins.row_sums(np.zeros((1, 1)), np.empty(1))  # the one compiled piece of the twins
+    with tempfile.TemporaryDirectory(prefix="forgetkit-warmup-") as folder:
+        if processes > 1:
+            compiled = _run_parts(folder, processes)
+        else:
+            compiled = set()
+            for part in PARTS:
+                compiled.update(run_part(part, folder))
     seconds = time.perf_counter() - start
     if not quiet:
         stream.write(f" {seconds:.1f} s\n")
-        left = missing()
+        left = [name for name in _names() if name not in compiled]
         if left:
             stream.write("not compiled (no pass of the workload reaches them): "
                          + ", ".join(left) + "\n")
