@@ -21,6 +21,7 @@ import dask
 import dask.array as da
 import numpy as np
 
+from .. import kernels
 from ..errors import ForgetkitError
 from ..execution import LocalParts
 from ..fusion import topk
@@ -101,6 +102,56 @@ class ChunkFit(ChunkedFitState):
             self.records.forget()
 
 
+class ChunkSelection:
+    """Greedy ensemble selection's state on one chunk of tokens on its worker (the rounds of
+    `forgetkit.fusion.topk.topk_selection`): per `CHUNK_TOKENS` of its tokens, the layout
+    of every epoch and the running sum of the picks' upper bounds."""
+
+    def __init__(self, data):
+        self.data, self.n_picked = data, 0
+        data.records.hold()  # the layouts read every epoch: one read of the chunk
+        self.parts = []
+        for rows in data.chunks(CHUNK_TOKENS):
+            layout = topk.Layout(data, range(data.n_epochs), rows)
+            self.parts.append((layout, np.zeros(layout.shape), np.arange(layout.shape[0])))
+        data.records.forget()
+
+    def scores(self):
+        """Tokens certified correct by the sum of the picks and each epoch: int64 (E,)."""
+        scores = np.zeros(self.data.n_epochs, dtype=np.int64)
+        self.data.records.hold()
+        for layout, total, every in self.parts:
+            tmp = np.empty(layout.shape)
+            for e in range(self.data.n_epochs):
+                topk.epoch_values(self.data, e, layout, tmp)
+                scores[e] += kernels.sum_correct_count_rows(total, tmp, layout.label_col, every)
+        self.data.records.forget()
+        return scores
+
+    def add(self, e, n_picked):
+        """Add epoch index ``e``'s upper bounds to the sum, unless this state has
+        ``n_picked`` picks already (a task run twice)."""
+        if self.n_picked == n_picked:
+            for layout, total, _ in self.parts:
+                kernels.add_into(total, topk.epoch_values(self.data, e, layout,
+                                                          np.empty(layout.shape))[0])
+            self.data.records.forget()
+            self.n_picked += 1
+        return self
+
+
+def _scores(state):
+    return state.scores()
+
+
+def _add(state, e, n_picked):
+    return state.add(e, n_picked)
+
+
+def _select_chunk(records, targets, vocab_size):
+    return ChunkSelection(chunk_data(records, targets, vocab_size))
+
+
 def _fit_chunk(records, targets, vocab_size):
     return ChunkFit(chunk_data(records, targets, vocab_size))
 
@@ -165,6 +216,19 @@ class DaskTopK:
                                  "memory or on disk, read as one chunk; on a run on a dask "
                                  "array pass an eps grid (e.g. grid=101)")
         return ChunkedFitState(DaskParts(self._tasks(_fit_chunk)))
+
+    def selection(self, k):
+        """Greedy ensemble selection's ``k`` picks (epoch indices): those of
+        `forgetkit.fusion.topk.topk_selection`, each round's counts summed here over the
+        chunks' `ChunkSelection` on the workers."""
+        parts = DaskParts(self._tasks(_select_chunk))
+        picks = []
+        for i in range(k):
+            scores = np.sum(parts.map(_scores), axis=0, dtype=np.int64)
+            picks.append(int(np.argmax(scores)))  # ties: the earlier epoch
+            if i + 1 < k:
+                parts.update(_add, picks[-1], i)
+        return picks
 
     def certify(self, recipe):
         """`forgetkit.fusion.topk.certify` of the run, computed on the workers: (prediction
