@@ -4,11 +4,11 @@
         [--shard-tokens 250000 --chunks 65536 --workers 2 --dir /tmp --keep]
     python -m bench.bench_topk_dask --shards DIR   # an existing run's shards (kept)
 
-The synthetic records of `bench.bench_topk_scale` (the same recipe, one seed per shard),
-written shard by shard and checkpoint by checkpoint with `forgetkit.TopKWriter`
+The synthetic records of `bench.bench_topk_fusion` (the same recipe, one seed per shard:
+12 to 20 classes per token over the 50 checkpoints), written shard by shard and checkpoint by checkpoint with `forgetkit.TopKWriter`
 (durable=False): memory stays one checkpoint of one shard. Then, each in a fresh client
-process on a `distributed.LocalCluster` of ``--workers`` worker processes (one thread each)
-over ``fk.load(DIR/shard-*.npy, chunks=...)``:
+process on a `distributed.LocalCluster` of ``--workers`` worker processes (one task at a
+time each, its kernels on cores // workers threads) over ``fk.load(DIR/shard-*.npy, chunks=...)``:
 
 - the forgetting pass (``fk.forget_fraction``), the baseline;
 - ``KnowledgeFusion().fit`` (grid 101, window 1), then ``certified_accuracy`` of the plan
@@ -33,40 +33,45 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_topk_scale import STRIDE, commit
+from .bench_topk_fusion import POOL
+from .bench_topk_scale import commit
 from .common import machine, peak_rss_anon, rss_anon_mb
 
 
 def write_shard(path, start, n_epochs, n_tokens, k, vocab, *, seed):
     """One shard of the synthetic run: tokens start..start + n_tokens (sequence ids and
-    positions of the whole run), written checkpoint by checkpoint."""
+    positions of the whole run), written checkpoint by checkpoint. The records of
+    `bench.bench_topk_fusion`: each token has a pool of `POOL` plausible next tokens (its
+    target among them) whose logits move from checkpoint to checkpoint, the target's rising
+    with training; the rest of the vocabulary sits well below the pool."""
     import forgetkit as fk
     from forgetkit.kinds.topk import set_token_ids, topk_dtype
 
     rng = np.random.default_rng(seed)
-    targets = rng.integers(0, vocab, n_tokens)
-    learned = rng.integers(0, n_epochs, n_tokens)
-    index = np.arange(start, start + n_tokens)
+    pool = np.stack([rng.choice(vocab, POOL, replace=False) for _ in range(1024)])
+    pool = pool[rng.integers(0, 1024, n_tokens)]  # (n, POOL) distinct ids per token
+    every = np.arange(n_tokens)
+    target_at = rng.integers(0, POOL, n_tokens)
+    targets = pool[every, target_at]
+    skill = rng.normal(0.0, 1.0, n_tokens)
+    base = rng.normal(0.0, 1.0, (n_tokens, POOL))
+    rest = np.log(vocab - POOL) - 4.0  # the other classes' log-sum-exp, below the pool
+    rows = every[:, None]
     records = np.empty(n_tokens, dtype=topk_dtype(k, vocab))
-    steps = (np.arange(k) * STRIDE)[None, :]
+    index = start + every
     with fk.TopKWriter(path, vocab_size=vocab, top_k=k, targets=targets,
-                       sequence_ids=index // 1024, positions=index % 1024, mode="w",
+                       sequence_ids=index // 512, positions=index % 512, mode="w",
                        durable=False) as w:
         for e in range(n_epochs):
-            correct = (learned <= e) & (rng.random(n_tokens) > 0.1)
-            shift = rng.integers(1, 1000, n_tokens)[:, None]
-            ids = (targets[:, None] + shift + steps) % vocab
-            ids[correct, 0] = targets[correct]
-            top = rng.normal(5.0, 1.0, n_tokens).astype(np.float32)
-            gaps = 0.01 + rng.exponential(0.5, (n_tokens, k)).astype(np.float32)  # no ties
-            gaps[:, 0] = 0
-            logits = top[:, None] - np.cumsum(gaps, axis=1)
-            records["logits"] = logits
-            set_token_ids(records, ids)
-            records["target"] = np.where(correct, logits[:, 0],
-                                         logits[:, -1] - np.float32(1.0))
-            records["lse"] = top + np.log1p(np.exp(rng.normal(1.0, 1.0, n_tokens))).astype(
-                np.float32)
+            z = base + rng.normal(0.0, 0.7, (n_tokens, POOL))
+            z[every, target_at] += skill + 3.0 * e / max(n_epochs - 1, 1)
+            # the pool stays above every other class; float32, as the records store it
+            z = np.maximum(z, -3.0).astype(np.float32).astype(np.float64)
+            order = np.lexsort((pool, -z), axis=1)[:, :k]  # equal logits: ascending ids
+            records["logits"] = z[rows, order]
+            set_token_ids(records, pool[rows, order])
+            records["target"] = z[every, target_at]
+            records["lse"] = np.logaddexp(np.log(np.exp(z).sum(axis=1)), rest)
             w.append(e, records)
 
 
@@ -135,7 +140,10 @@ def child(pattern, task, workers, chunks):
 def run_child(pattern, task, workers, chunks):
     cmd = [sys.executable, "-m", "bench.bench_topk_dask", "--child", task, "--shards", pattern,
            "--workers", str(workers), "--chunks", str(chunks)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    # the workers' kernels on cores // workers threads each (as fk.sweep's): no
+    # oversubscription of the cores
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // workers)))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
         raise RuntimeError(f"{task} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
