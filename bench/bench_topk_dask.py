@@ -1,14 +1,16 @@
 """Knowledge Fusion on a top-k run larger than memory, held as NPY shards on dask.
 
     python -m bench.bench_topk_dask --tokens 10000000 --epochs 50 [--k 8 --vocab 50257]
-        [--shard-tokens 250000 --chunks 65536 --workers 2 --dir /tmp --keep]
+        [--shard-tokens 250000 --distinct 4 --chunks 65536 --workers 2 --dir /tmp --keep]
     python -m bench.bench_topk_dask --shards DIR   # an existing run's shards (kept)
 
 The synthetic records of `bench.bench_topk_fusion` (the same recipe, one seed per shard:
-12 to 20 classes per token over the 50 checkpoints), written shard by shard and checkpoint by checkpoint with `forgetkit.TopKWriter`
-(durable=False): memory stays one checkpoint of one shard. Then, each in a fresh client
-process on a `distributed.LocalCluster` of ``--workers`` worker processes (one task at a
-time each, its kernels on cores // workers threads) over ``fk.load(DIR/shard-*.npy, chunks=...)``:
+12 to 20 classes per token over the 50 checkpoints; with ``--distinct n`` only the first n
+shards are drawn, the others hold their records in other token orders), written shard by
+shard and checkpoint by checkpoint with `forgetkit.TopKWriter` (durable=False): memory
+stays one shard's draws. Then, each in a fresh client process on a
+`distributed.LocalCluster` of ``--workers`` worker processes (one task at a time each, its
+kernels on cores // workers threads) over ``fk.load(DIR/shard-*.npy, chunks=...)``:
 
 - the forgetting pass (``fk.forget_fraction``), the baseline;
 - ``KnowledgeFusion().fit`` (grid 101, window 1), then ``certified_accuracy`` of the plan
@@ -75,12 +77,38 @@ def write_shard(path, start, n_epochs, n_tokens, k, vocab, *, seed):
             w.append(e, records)
 
 
-def write_shards(folder, n_epochs, n_tokens, k, vocab, shard_tokens):
-    """The synthetic run as shards ``folder/shard-00000.npy``...; returns (wall, cpu)."""
+def copy_shard(source, path, start, seed):
+    """A shard at ``path`` holding the records of the shard ``source`` with its tokens in
+    a random order (sequence ids and positions of tokens start..), written checkpoint by
+    checkpoint: tiles of a few distinct shards make a large run without drawing every
+    token."""
+    import forgetkit as fk
+
+    run = fk.load(source)
+    records = run.outputs.records  # a memmap: one checkpoint in memory at a time
+    order = np.random.default_rng(seed).permutation(run.n_samples)
+    index = start + np.arange(run.n_samples)
+    with fk.TopKWriter(path, vocab_size=run.n_classes, top_k=run.top_k,
+                       targets=run.labels[order], sequence_ids=index // 512,
+                       positions=index % 512, mode="w", durable=False) as w:
+        for e in range(run.n_epochs):
+            w.append(e, np.asarray(records[e])[order])
+
+
+def write_shards(folder, n_epochs, n_tokens, k, vocab, shard_tokens, distinct=None):
+    """The synthetic run as shards ``folder/shard-00000.npy``...: the first ``distinct``
+    (default: every one) drawn, each later one a copy of one of them in another token
+    order (`copy_shard`). Returns (wall, cpu) seconds."""
     wall, cpu = time.perf_counter(), time.process_time()
-    for i, start in enumerate(range(0, n_tokens, shard_tokens)):
-        write_shard(folder / f"shard-{i:05d}.npy", start, n_epochs,
-                    min(shard_tokens, n_tokens - start), k, vocab, seed=i)
+    starts = range(0, n_tokens, shard_tokens)
+    distinct = len(starts) if distinct is None else distinct
+    for i, start in enumerate(starts):
+        n = min(shard_tokens, n_tokens - start)
+        path = folder / f"shard-{i:05d}.npy"
+        if i < distinct or n != shard_tokens:
+            write_shard(path, start, n_epochs, n, k, vocab, seed=i)
+        else:
+            copy_shard(folder / f"shard-{i % distinct:05d}.npy", path, start, seed=i)
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -156,6 +184,8 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--vocab", type=int, default=50_257)
     p.add_argument("--shard-tokens", type=int, default=250_000)
+    p.add_argument("--distinct", type=int, help="shards drawn (default: every one); the "
+                                                 "others copy them in other token orders")
     p.add_argument("--chunks", type=int, default=65_536, help="tokens per dask chunk")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--dir", default=tempfile.gettempdir())
@@ -175,7 +205,7 @@ def main(argv=None):
     try:
         if not args.shards:
             write = write_shards(folder, args.epochs, args.tokens, args.k, args.vocab,
-                                 args.shard_tokens)
+                                 args.shard_tokens, args.distinct)
             os.sync()
             print(f"written {folder} in {write[0]:.0f} s ({write[1]:.0f} s CPU)", flush=True)
             if args.write_only:
