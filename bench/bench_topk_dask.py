@@ -2,7 +2,7 @@
 
     python -m bench.bench_topk_dask --tokens 10000000 --epochs 50 [--k 8 --vocab 50257]
         [--shard-tokens 250000 --distinct 4 --chunks 65536 --workers 2 --dir /tmp --keep]
-    python -m bench.bench_topk_dask --shards DIR   # an existing run's shards (kept)
+    python -m bench.bench_topk_dask --shards DIR_OR_PATTERN   # existing shards (kept)
 
 The synthetic records of `bench.bench_topk_fusion` (the same recipe, one seed per shard:
 12 to 20 classes per token over the 50 checkpoints; with ``--distinct n`` only the first n
@@ -24,6 +24,7 @@ are removed at the end unless ``--keep`` (or ``--shards``).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -191,8 +192,8 @@ def main(argv=None):
     p.add_argument("--dir", default=tempfile.gettempdir())
     p.add_argument("--keep", action="store_true")
     p.add_argument("--write-only", action="store_true", help="write the shards and stop")
-    p.add_argument("--shards", help="a folder of existing shards (kept), or with --child "
-                                    "their pattern")
+    p.add_argument("--shards", help="existing shards (kept): a folder (its shard-*.npy) or "
+                                    "a glob pattern")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -211,8 +212,10 @@ def main(argv=None):
             if args.write_only:
                 args.keep = True
                 return 0
-        size_mb = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
-        pattern = str(folder / "shard-*.npy")
+        pattern = str(folder) if glob.has_magic(str(folder)) else str(folder / "shard-*.npy")
+        shards = sorted(glob.glob(pattern))
+        size_mb = sum(os.path.getsize(f[: -len(".npy")] + suffix) for f in shards
+                      for suffix in (".npy", ".tokens.npy", ".forgetkit.json")) / 1e6
         load_before = os.getloadavg()
         base = run_child(pattern, "forget", args.workers, args.chunks)
         fit = run_child(pattern, "fit", args.workers, args.chunks)
@@ -224,7 +227,7 @@ def main(argv=None):
           f"{commit()}; command: python -m bench.bench_topk_dask "
           f"{' '.join(argv or sys.argv[1:])}".rstrip())
     print(f"top-k run: {fit['n_epochs']} checkpoints x {fit['n_tokens']:,} tokens, "
-          f"{size_mb:,.0f} MB in {len(list(folder.glob('shard-*.npy')))} shards"
+          f"{size_mb:,.0f} MB in {len(shards)} shards"
           + (f", written by TopKWriter in {write[0]:.0f} s" if write else "")
           + f"; {fit['chunks']} dask chunks, {args.workers} worker processes")
     print(f"load average before {load_before}, after {load_after}")

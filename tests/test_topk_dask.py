@@ -11,7 +11,7 @@ from forgetkit.errors import CorruptFileError, ForgetkitError
 from forgetkit.kinds.topk import TopKOutputs, topk_dtype
 
 from .conftest import import_real_part
-from .test_topk_fusion import make_logits, records_of, topk_run
+from .test_topk_fusion import make_logits, topk_run
 
 dask = import_real_part("dask", "dask (the forgetkit[dask] extra)")
 da = import_real_part("dask.array", "dask (the forgetkit[dask] extra)")
