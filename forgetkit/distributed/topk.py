@@ -32,7 +32,7 @@ from .chunks import DaskParts
 
 class ChunkRecords:
     """The records (E, n) of one chunk of tokens of a top-k run on dask, read on a worker
-    epoch by epoch and kept until `forget` (or every epoch at once within `held`): the
+    epoch by epoch and kept until `forget` (or every epoch at once, `hold`): the
     ``records`` of a `TopKData`.
 
     Parameters
