@@ -1,7 +1,7 @@
 """Knowledge Fusion on a top-k run larger than memory, held as NPY shards on dask.
 
     python -m bench.bench_topk_dask --tokens 10000000 --epochs 50 [--k 8 --vocab 50257]
-        [--shard-tokens 250000 --distinct 4 --chunks 65536 --workers 2 --dir /tmp --keep]
+        [--shard-tokens 250000 --distinct 4 --chunks 0 --workers 2 --dir /tmp --keep]
     python -m bench.bench_topk_dask --shards DIR_OR_PATTERN   # existing shards (kept)
 
 The synthetic records of `bench.bench_topk_fusion` (the same recipe, one seed per shard:
@@ -146,7 +146,7 @@ def child(pattern, task, workers, chunks):
     out = {}
     with peak_rss_anon() as mem:
         wall, cpu = time.perf_counter(), time.process_time()
-        run = fk.load(pattern, chunks=chunks)
+        run = fk.load(pattern, chunks=chunks or None)
         if task == "forget":
             out["max_forget"] = float(fk.forget_fraction(run).max())
         else:
@@ -187,7 +187,9 @@ def main(argv=None):
     p.add_argument("--shard-tokens", type=int, default=250_000)
     p.add_argument("--distinct", type=int, help="shards drawn (default: every one); the "
                                                  "others copy them in other token orders")
-    p.add_argument("--chunks", type=int, default=65_536, help="tokens per dask chunk")
+    p.add_argument("--chunks", type=int, default=0,
+                   help="tokens per dask chunk (default 0: one per shard, each checkpoint of "
+                        "a shard read whole and verified by its checksum)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--dir", default=tempfile.gettempdir())
     p.add_argument("--keep", action="store_true")
