@@ -215,7 +215,7 @@ def main(argv=None):
                 args.keep = True
                 return 0
         pattern = str(folder) if glob.has_magic(str(folder)) else str(folder / "shard-*.npy")
-        shards = sorted(glob.glob(pattern))
+        shards = sorted(f for f in glob.glob(pattern) if not f.endswith(".tokens.npy"))
         size_mb = sum(os.path.getsize(f[: -len(".npy")] + suffix) for f in shards
                       for suffix in (".npy", ".tokens.npy", ".forgetkit.json")) / 1e6
         load_before = os.getloadavg()
