@@ -14,7 +14,9 @@ kernels on cores // workers threads) over ``fk.load(DIR/shard-*.npy, chunks=...)
 
 - the forgetting pass (``fk.forget_fraction``), the baseline;
 - ``KnowledgeFusion().fit`` (grid 101, window 1), then ``certified_accuracy`` of the plan
-  on the same run.
+  on the same run;
+- with ``--memory``, the same on the records concatenated in memory, in one process
+  without dask (its plan and interval must be the same).
 
 Reported: wall and CPU seconds (the client's and the workers', user + system), the
 client's and the workers' peak RssAnon, the plan and the certified interval. The shards
@@ -131,8 +133,40 @@ def _cpu(dask_worker):
     return t.user + t.system
 
 
+def in_memory(pattern):
+    """The shards at ``pattern`` as one top-k Run held in memory (records concatenated)."""
+    import forgetkit as fk
+    from forgetkit.kinds.topk import TopKOutputs
+
+    runs = [fk.load(f) for f in sorted(glob.glob(pattern)) if not f.endswith(".tokens.npy")]
+    records = np.concatenate([np.asarray(r.outputs.records) for r in runs], axis=1)
+    cat = [np.concatenate([getattr(r, name) for r in runs])
+           for name in ("labels", "sequence_ids", "positions")]
+    return fk.Run(TopKOutputs(records, runs[0].n_classes, cat[1], cat[2]), cat[0],
+                  kind="topk", epochs=runs[0].epochs)
+
+
+def memory_child(pattern):
+    """The fit and certified accuracy of the shards held in memory, in this (fresh)
+    process; prints a JSON line."""
+    import forgetkit as fk
+
+    run = in_memory(pattern)
+    with peak_rss_anon() as mem:
+        wall, cpu = time.perf_counter(), time.process_time()
+        kf = fk.KnowledgeFusion().fit(run)
+        fit_wall = time.perf_counter() - wall
+        certified = list(kf.certified_accuracy(run))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    print(json.dumps({"wall": wall, "client_cpu": cpu, "client_peak_mb": mem["peak_mb"],
+                      "fit_wall": fit_wall, "certified": certified,
+                      "plan": [[int(a), float(e)] for a, e in kf.plan_]}))
+
+
 def child(pattern, task, workers, chunks):
     """One task in this (fresh) process on a new LocalCluster; prints a JSON line."""
+    if task == "memory":
+        return memory_child(pattern)
     from distributed import Client, LocalCluster
 
     import forgetkit as fk
@@ -193,6 +227,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--dir", default=tempfile.gettempdir())
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--memory", action="store_true",
+                   help="also fit the run held in memory (the records must fit)")
     p.add_argument("--write-only", action="store_true", help="write the shards and stop")
     p.add_argument("--shards", help="existing shards (kept): a folder (its shard-*.npy) or "
                                     "a glob pattern")
@@ -221,6 +257,8 @@ def main(argv=None):
         load_before = os.getloadavg()
         base = run_child(pattern, "forget", args.workers, args.chunks)
         fit = run_child(pattern, "fit", args.workers, args.chunks)
+        memory = run_child(pattern, "memory", args.workers, args.chunks) if args.memory \
+            else None
         load_after = os.getloadavg()
     finally:
         if not args.keep and not args.shards:
@@ -241,6 +279,13 @@ def main(argv=None):
         print(f"| {name} | {r['wall']:.1f} | {r['client_cpu']:.1f} | {r['workers_cpu']:.1f} "
               f"| {r['wall'] / base['wall']:.1f} | {r['client_peak_mb']:.0f} | "
               f"{', '.join(f'{v:.0f}' for v in r['workers_peak_mb'].values())} |")
+    if memory is not None:
+        print(f"| the same in memory, one process (no dask) | {memory['wall']:.1f} | "
+              f"{memory['client_cpu']:.1f} | | {memory['wall'] / base['wall']:.1f} | "
+              f"{memory['client_peak_mb']:.0f} (records in memory) | |")
+        print(f"in memory: fit alone {memory['fit_wall']:.1f} s; the same plan: "
+              f"{memory['plan'] == fit['plan']}; the same certified accuracy: "
+              f"{memory['certified'] == fit['certified']}")
     print(f"fit alone {fit['fit_wall']:.1f} s; plan {fit['plan']}; k = {fit['k']}; final "
           f"checkpoint {100 * fit['initial_accuracy']:.2f}%; certified accuracy "
           f"[{100 * fit['certified'][0]:.2f}%, {100 * fit['certified'][1]:.2f}%]")
