@@ -1,13 +1,17 @@
 """Certified fusion on top-k runs held on dask (shards, or any dask array of records) on a
 real dask.distributed cluster (2 worker processes): every fuser's fit, certificates,
-certified accuracy and `compare` equal the in-memory path's bit for bit; a shard read
-epoch by epoch is verified per epoch."""
+certified accuracy and `compare` equal the in-memory path's bit for bit, also after a
+worker is killed mid-fit; a shard read epoch by epoch is verified per epoch."""
+
+import os
+import signal
 
 import numpy as np
 import pytest
 
 import forgetkit as fk
 from forgetkit.errors import CorruptFileError, ForgetkitError
+from forgetkit.fusion import fitstate
 from forgetkit.kinds.topk import TopKOutputs, topk_dtype
 
 from .conftest import import_real_part
@@ -123,3 +127,24 @@ def test_a_corrupt_epoch_of_a_shard_fails_the_fit_naming_shard_and_epoch(client,
     # read in parts, the values are checked instead
     with pytest.raises(ForgetkitError, match=r"shard .*shard-1.npy.*epoch index 2"):
         fk.KnowledgeFusion().fit(fk.load(pattern, chunks=60))
+
+
+def test_the_fit_survives_a_worker_killed_mid_fit(client, top, tmp_path, monkeypatch):
+    """Each chunk's fit state is a chain of futures: a worker lost after the first mix is
+    recomputed from its shards, and the plan is the in-memory one."""
+    mix = fitstate.ChunkedFitState.mix
+    killed = []
+
+    def mix_after_a_kill(state, window, eps):
+        if getattr(state.parts, "client", None) is not None and state.n_mixed == 1:
+            pid = next(iter(state.parts.client.run(os.getpid).values()))
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        mix(state, window, eps)
+
+    monkeypatch.setattr(fitstate.ChunkedFitState, "mix", mix_after_a_kill)
+    ref = fk.KnowledgeFusion(window=0).fit(top)
+    assert sum(eps > 0 for _, eps in ref.plan_) >= 2
+    got = fk.KnowledgeFusion(window=0).fit(on_dask(top, "npy", tmp_path))
+    assert got.to_json() == ref.to_json()
+    assert killed
