@@ -263,8 +263,8 @@ class KnowledgeFusion(Fuser):
 
 def _fit_state(run, grid):
     """The fit's `ChunkedFitState` of ``run``: chunks of its certified bounds where its kind
-    is bounded (a top-k run), else the `FullFitChunk` of each chunk of samples on the run's
-    executor."""
+    is bounded (a top-k run; on the workers where its records are a dask array), else the
+    `FullFitChunk` of each chunk of samples on the run's executor."""
     kind = kind_of(run)
     executor = executor_for(run)
     if kind.bounded:
