@@ -284,6 +284,7 @@ def compare_splits(run, *, methods=DEFAULT_METHODS, seeds=(0, 1, 2), val_frac=0.
     for m in methods:
         check_option("method", m, tuple(METHODS))
     if "ensemble_selection" in methods and any(r is not None and executor_for(r).lazy
+                                               and not kind_of(r).bounded
                                                for r in (run, val_run)):
         raise ForgetkitError("ensemble selection needs a run held in memory or on disk (each "
                              "round reads its outputs): on a run on a dask array pass methods "

@@ -27,7 +27,11 @@ What an executor implements (`Executor`):
   chunk) concatenated along the axis of samples (None in ``shape``): an ndarray here, a
   lazy dask array on dask (``lazy`` True); ``out``: the array ``fn`` writes into, if
   any (refused where results are lazy);
-- ``compute(*results)``: the values of such results (lazy ones computed together).
+- ``compute(*results)``: the values of such results (lazy ones computed together);
+- ``certified_bounds(run)`` (lazy executors): what certified fusion reads of a bounded run
+  (a top-k run) whose records this executor holds, in place of the in-memory
+  `forgetkit.kinds.topk.TopKData`: ``fit_state(grid)``, ``certify(recipe)``,
+  ``label_probs()`` and ``exact_probs(recipe)``, each one task per chunk of tokens.
 
 `Parts` implements ``map(fn, *args)`` (results here, in chunk order), ``update(fn, *args)``
 (each part replaced where it is by ``fn(part, *args)``, which may change it in place) and
@@ -107,6 +111,9 @@ class Executor:
 
     def compute(self, *results):
         return results
+
+    def certified_bounds(self, run):
+        raise NotImplementedError
 
 
 class LocalParts(Parts):

@@ -335,20 +335,6 @@ def test_cli_fuse_compare_and_apply_on_a_topk_run(tmp_path, capsys):
     assert "predict_proba needs every class" in err and len(err.splitlines()) == 1
 
 
-def test_a_topk_run_on_dask_is_refused_with_a_clear_message(tmp_path):
-    pytest.importorskip("dask")
-    logits, targets = make_logits(9, n_epochs=3, n_tokens=60, vocab=12)
-    top = topk_run(logits, targets, 3)
-    (tmp_path / "s").mkdir()
-    for i, (a, b) in enumerate([(0, 30), (30, 60)]):
-        fk.save(top.isel(samples=np.arange(a, b)), tmp_path / "s" / f"shard-{i}.npy")
-    run = fk.load(str(tmp_path / "s" / "shard-*.npy"))
-    kf = fk.KnowledgeFusion().fit(top)
-    for call in (lambda: fk.KnowledgeFusion().fit(run), lambda: kf.certified(run)):
-        with pytest.raises(ForgetkitError, match="not on dask workers"):
-            call()
-
-
 def test_fusion_reads_24_bit_and_uint32_ids_alike():
     """A vocabulary above 65,536 ids: the records' 24-bit ids (and the uint32 ids of runs
     written before them) give the same plan, certificates and predictions."""

@@ -173,6 +173,12 @@ class DaskExecutor(Executor):
                 bar.update(len(tasks))
         return parts
 
+    def certified_bounds(self, run):
+        """The `forgetkit.distributed.topk.DaskTopK` of a top-k run on a dask array."""
+        from .topk import DaskTopK  # here: .topk imports this module (DaskParts)
+
+        return DaskTopK(run)
+
     def map_samples(self, run, fn, shape, dtype, *, out=None):
         """Lazy dask array of ``fn(chunk Run)`` over the chunks, concatenated along samples.
 

@@ -15,6 +15,8 @@ import os
 import dask
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
 from fsspec.core import url_to_fs
 
 from .._validation import check_int, check_labels, check_path
@@ -76,7 +78,7 @@ def spans_of(n, chunks):
 def load_topk_shards(opened, *, chunks, labels):
     """The top-k Run of ``opened`` (`open_shards`) on a dask array of records (E, N)."""
     first_name, first = opened[0]
-    blocks = []
+    spans = []
     for name, shard in opened:
         shape, record = shard.shape, shard.record
         if (shape[0], shard.dtype, record["epochs"], record["vocab_size"]) != \
@@ -88,14 +90,32 @@ def load_topk_shards(opened, *, chunks, labels):
                                    f"epochs {first.record['epochs']}, vocabulary "
                                    f"{first.record['vocab_size']} and k={first.record['k']}: "
                                    "shards must hold the same epochs, vocabulary and k")
-        for a, b in spans_of(shape[1], chunks):
-            task = dask.delayed(shard.read_block, pure=True)(a, b)
-            blocks.append(da.from_delayed(task, shape=(shape[0], b - a), dtype=shard.dtype))
+        spans += [(shard, a, b) for a, b in spans_of(shape[1], chunks)]
     table = np.concatenate([shard.table for _, shard in opened])
-    outputs = TopKOutputs(da.concatenate(blocks, axis=1), first.record["vocab_size"],
+    outputs = TopKOutputs(topk_records(spans, first.shape[0], first.dtype),
+                          first.record["vocab_size"],
                           table["sequence"], table["position"])
     return Run(outputs, table["target"] if labels is None else labels, kind="topk",
                epochs=first.record["epochs"], meta=first.record.get("meta"))
+
+
+def topk_records(spans, n_epochs, dtype):
+    """The dask array (n_epochs, tokens) of the records of ``spans`` [(shard, start, stop)]
+    concatenated along tokens, as one graph layer: a chunk per epoch and span where every
+    shard reads an epoch alone (`Shard.read_epoch`: certified fusion's steps on the workers
+    read only the epochs they need), else a chunk per span."""
+    by_epoch = all(shard.read_epoch is not None for shard, _, _ in spans)
+    name = "topk-records-" + tokenize([(shard.read_block, a, b) for shard, a, b in spans],
+                                      by_epoch)
+    graph = {}
+    for j, (shard, a, b) in enumerate(spans):
+        if by_epoch:
+            graph.update({(name, e, j): (shard.read_epoch, e, a, b) for e in range(n_epochs)})
+        else:
+            graph[(name, 0, j)] = (shard.read_block, a, b)
+    chunks = ((1,) * n_epochs if by_epoch else (n_epochs,), tuple(b - a for _, a, b in spans))
+    return da.Array(HighLevelGraph.from_collections(name, graph, dependencies=()), name,
+                    chunks, dtype=dtype)
 
 
 def load_shards(source, *, chunks=None, labels=None, kind=None, verify=True):

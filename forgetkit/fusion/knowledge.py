@@ -263,15 +263,17 @@ class KnowledgeFusion(Fuser):
 
 def _fit_state(run, grid):
     """The fit's `ChunkedFitState` of ``run``: chunks of its certified bounds where its kind
-    is bounded (a top-k run), else the `FullFitChunk` of each chunk of samples on the run's
-    executor."""
+    is bounded (a top-k run; on the workers where its records are a dask array), else the
+    `FullFitChunk` of each chunk of samples on the run's executor."""
     kind = kind_of(run)
+    executor = executor_for(run)
     if kind.bounded:
         data = kind.certified_bounds(run)
+        if executor.lazy:  # each chunk's state on the workers
+            return data.fit_state(grid)
         correct = np.asarray(run.correctness())
         rows = data.chunks(max(data.n_tokens, 1) if grid is None else topk.CHUNK_TOKENS)
         return ChunkedFitState(LocalParts([topk.TopKFitChunk(data, r, correct) for r in rows]))
-    executor = executor_for(run)
     if grid is None and not executor.whole(run):
         raise ForgetkitError("grid=None (the continuous eps search) needs a run held in memory "
                              "or on disk, read as one chunk; on a run on a dask array pass an "

@@ -52,13 +52,16 @@ class EnsembleSelection(Fuser):
         self._check_params()
         k = self.max_checkpoints
         check_validation_run(run)
-        if executor_for(run).lazy:  # read on workers, not here
+        kind = kind_of(run)
+        lazy = executor_for(run).lazy
+        if lazy and not kind.bounded:  # read on workers, not here
             raise ForgetkitError("ensemble selection needs a run held in memory or on disk "
                                  "(each round reads its outputs); load the run from its "
                                  "files without chunks=, or run fk.sweep on a cluster")
-        kind = kind_of(run)
-        if kind.bounded:  # certified counts of the bounds (see fusion.topk)
-            return self._fit_picks(run, topk.topk_selection(kind.certified_bounds(run), k))
+        if kind.bounded:  # certified counts of the bounds (see fusion.topk), on workers too
+            data = kind.certified_bounds(run)
+            return self._fit_picks(run, data.selection(k) if lazy
+                                   else topk.topk_selection(data, k))
         cached = run.cache_probs(memory_budget=self.memory_budget)
         if cached is not None:
             scorer = _CachedScorer(run, cached)

@@ -99,7 +99,8 @@ class Shard:
     and checked on a worker (a picklable callable); ``table``: a top-k run's token table;
     ``read_parts(start, stop)`` (optional): the block and the CRC32C of each epoch's rows of
     it, whose combination over the blocks is checked against ``crcs`` (the stored per-epoch
-    checksums) when a shard is read in several blocks."""
+    checksums) when a shard is read in several blocks; ``read_epoch(epoch, start, stop)``
+    (optional, top-k shards): the block of one epoch (1, stop - start), read alone."""
 
     kind: str
     shape: tuple
@@ -109,6 +110,7 @@ class Shard:
     table: np.ndarray | None = None
     read_parts: Callable | None = None
     crcs: list | None = None
+    read_epoch: Callable | None = None
 
 
 _FORMATS = []  # newest registration first

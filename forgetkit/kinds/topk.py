@@ -40,6 +40,7 @@ import numpy as np
 from .. import kernels
 from .._validation import check_int
 from ..errors import ForgetkitError
+from ..execution import executor_for
 from .base import SUMMARY_DTYPE, RecordKind, RecordOutputs, register_kind
 
 #: k used when none is given (recorders).
@@ -558,7 +559,12 @@ class TopKKind(RecordKind):
     bounded = True
 
     def certified_bounds(self, run):
-        """The `TopKData` of a top-k run held in memory or on disk."""
+        """The `TopKData` of a top-k run held in memory or on disk; of one whose records
+        live on an executor's workers (a dask array), what that executor reads them with
+        (`forgetkit.execution.Executor.certified_bounds`)."""
+        executor = executor_for(run)
+        if executor.lazy:
+            return executor.certified_bounds(run)
         if not isinstance(run.outputs.stored, np.ndarray):
             raise ForgetkitError("certified fusion reads a top-k run's records here, not on "
                                  "dask workers: load the run from one file (not a glob of "

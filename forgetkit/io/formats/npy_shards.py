@@ -113,7 +113,8 @@ def _topk_shard(fs, path, name, record, verify):
     reader = dict(fs=fs, path=path, name=name, shape=shape, dtype=stored, offset=offset,
                   crcs=crcs, vocab=vocab, targets=table["target"])
     return Shard(kind="topk", shape=shape, dtype=dtype, record=record, table=table,
-                 read_block=functools.partial(read_topk_npy_block, **reader))
+                 read_block=functools.partial(read_topk_npy_block, **reader),
+                 read_epoch=functools.partial(read_topk_npy_epoch, **reader))
 
 
 def read_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, crcs=None,
@@ -168,4 +169,30 @@ def read_topk_npy_block(start, stop, *, fs, path, name, shape, dtype, offset, cr
                                    "checksum: the file is corrupt")
     if not whole:  # a part of a shard cannot be checked against its checksums
         check_records(out, table_targets, vocab, where=f"shard {name!r}")
+    return out
+
+
+def read_topk_npy_epoch(epoch, start, stop, *, fs, path, name, shape, dtype, offset, crcs,
+                        vocab, targets):
+    """Tokens start..stop of epoch index ``epoch`` of a top-k NPY shard: records
+    (1, stop - start), one read; verified against the epoch's checksum when they are the
+    whole shard's tokens, else their values are checked."""
+    n = shape[1]
+    out = np.empty((1, stop - start), dtype=dtype)
+    try:
+        with fs.open(path, "rb") as f:
+            f.seek(offset + (epoch * n + start) * dtype.itemsize)
+            got = f.readinto(out.view(np.uint8))
+    except FileNotFoundError:
+        raise missing_shard(name) from None
+    if got != out.nbytes:
+        raise corrupt_shard(name, f"epoch index {epoch} ends after {got} of {out.nbytes} "
+                                  "bytes")
+    if crcs is not None and start == 0 and stop == n:
+        if crc_array(out[0]) != crcs[epoch]:
+            raise CorruptFileError(f"shard {name!r}: epoch index {epoch} does not match its "
+                                   "checksum: the file is corrupt")
+    else:  # a part of a shard cannot be checked against its checksums
+        check_records(out, targets[start:stop], vocab,
+                      where=f"shard {name!r}, epoch index {epoch}")
     return out
