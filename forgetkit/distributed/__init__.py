@@ -11,9 +11,11 @@ steps and a combine); this package only runs them: importing it registers the da
 first use (``forgetkit.execution.PROVIDERS``). Knowledge Fusion's fit keeps one fit state per
 chunk on the workers (futures of the active ``dask.distributed`` Client, if any).
 
-Modules: ``chunks`` (the chunk Runs, the dask executor, per-sample dask results), ``shards``
-(loading NPY/Parquet shards, local or fsspec URLs), ``sweep`` (the module of
-`forgetkit.sweep`: `compare` on many runs, one task per run on a dask.distributed cluster).
+Modules: ``chunks`` (the chunk Runs, the dask executor, per-sample dask results), ``parts``
+(per-chunk results kept on the workers), ``topk`` (certified fusion of a top-k run held on
+dask: each chunk of tokens fitted and certified on its worker), ``shards`` (loading NPY/
+Parquet shards, local or fsspec URLs), ``sweep`` (the module of `forgetkit.sweep`:
+`compare` on many runs, one task per run on a dask.distributed cluster).
 
 dask (and distributed, for clusters and sweeps) is the optional extra ``forgetkit[dask]``;
 ``import forgetkit`` never imports this package, and no module of the core imports it.

@@ -28,7 +28,7 @@ from ..execution import LocalParts
 from ..fusion import topk
 from ..fusion.fitstate import ChunkedFitState
 from ..kinds.topk import CHUNK_TOKENS, TopKData, correct, top_k_of
-from .chunks import DaskParts
+from .parts import DaskParts
 
 
 class ChunkRecords:
