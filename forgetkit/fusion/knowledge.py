@@ -270,7 +270,9 @@ def _fit_state(run, grid):
         data = kind.certified_bounds(run)
         correct = np.asarray(run.correctness())
         rows = data.chunks(max(data.n_tokens, 1) if grid is None else topk.CHUNK_TOKENS)
-        return ChunkedFitState(LocalParts([topk.TopKFitChunk(data, r, correct) for r in rows]))
+        return ChunkedFitState(LocalParts([topk.TopKFitChunk(data, r, correct,
+                                                                 settle=grid is not None)
+                                              for r in rows]))
     executor = executor_for(run)
     if grid is None and not executor.whole(run):
         raise ForgetkitError("grid=None (the continuous eps search) needs a run held in memory "

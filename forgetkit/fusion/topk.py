@@ -29,8 +29,8 @@ import pandas as pd
 
 from .. import kernels
 from ..errors import ForgetkitError
-from ..kinds.topk import CHUNK_TOKENS, TopKData, record_fields, token_ids  # noqa: F401 (TopKData: its old home)
-from .fitstate import FitChunk
+from ..kinds.topk import CHUNK_TOKENS, TopKData, token_ids  # noqa: F401 (TopKData: its old home)
+from .fitstate import REL_BAND, FitChunk
 
 #: What a top-k run cannot give, for the errors of the methods that need every class.
 TOPK_HOLDS = ("a top-k run holds, per checkpoint and token, the k largest logits with their "
@@ -39,30 +39,36 @@ TOPK_HOLDS = ("a top-k run holds, per checkpoint and token, the k largest logits
 
 
 class Layout:
-    """The classes of tokens ``rows`` that a mixture of checkpoints ``epochs`` can hold:
-    ``cls`` (n, M) ascending class ids per token (every class stored by one of the epochs,
-    the target, the unstored slot, padding), ``label_col`` and ``unstored_col`` (n,)."""
+    """The classes of tokens ``rows`` (a slice) that a mixture of checkpoints ``epochs`` can
+    hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
+    epochs, the target, the unstored slot, padding), ``label_col`` and ``unstored_col``
+    (n,); ``fields`` the records' fields there (`TopKData.fields`), read by the kernels
+    at the tokens ``src`` (int64 (n,))."""
 
     def __init__(self, data, epochs, rows):
         self.rows, self.vocab = rows, data.vocab_size
         targets = data.targets[rows]
         self.targets = targets
+        n = targets.shape[0]
         if data.exact:
-            n = targets.shape[0]
             self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
                                        (n, data.vocab_size))
             self.label_col = targets.copy()
             self.unstored_col = np.full(n, -1, dtype=np.int64)
         else:
-            floor = np.full(targets.shape[0], data.vocab_size, dtype=np.int64)
-            ids = []
-            for e in epochs:
-                records = data.rows(e, rows)
-                kernels.topk_tie_floor(record_fields(records), targets, floor)
-                ids.append(np.asarray(token_ids(records), dtype=np.int32))  # any vocabulary
-            self.cls, self.label_col, self.unstored_col = kernels.topk_layout(
-                np.stack(ids), targets, data.vocab_size, floor)
+            self.fields, self.src = data.fields(rows), np.arange(n, dtype=np.int64)
+            self.epochs = _indices(epochs)
+            self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
+                self.fields, self.epochs, self.src, targets, data.vocab_size)
         self.cls = np.ascontiguousarray(self.cls)
+
+    def window(self, data, epochs, upper, lower=None):
+        """The mean of the bounds of ``epochs`` (epochs of the layout) into ``upper`` (and
+        ``lower``): `kernels.topk_window`."""
+        epochs = _indices(epochs)
+        pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
+        return kernels.topk_window(self.fields, self.cols, epochs, pos, self.src, self.targets,
+                                   data.vocab_size, self.parts, upper, lower)
 
     @property
     def parts(self):
@@ -73,12 +79,17 @@ class Layout:
         return self.cls.shape
 
 
+def _indices(epochs):
+    """Epoch positions as the kernels take them: int64 (W,)."""
+    return np.asarray(list(epochs), dtype=np.int64).reshape(-1)
+
+
 def epoch_values(data, e, layout, upper, lower=None):
     """Checkpoint ``e``'s upper (and lower) bounds in ``layout``, written into the float64
     arrays (n, M). With k == vocabulary: the softmax of its logits (upper and lower equal;
     ``lower`` is then filled with a copy)."""
-    records = data.rows(e, layout.rows)
     if data.exact:
+        records = data.rows(e, layout.rows)
         n = layout.targets.shape[0]
         dense = np.empty((n, data.vocab_size), dtype=np.asarray(records["logits"]).dtype)
         np.put_along_axis(dense, np.asarray(token_ids(records), dtype=np.int64),
@@ -88,17 +99,18 @@ def epoch_values(data, e, layout, upper, lower=None):
         if lower is not None:
             lower[...] = upper
         return upper, lower
-    return kernels.topk_bounds(record_fields(records), layout.targets, data.vocab_size,
-                               layout.parts, upper, lower)
+    return window_mean(data, [e], layout, upper, lower)
 
 
-def window_mean(data, epochs, layout, out, lower_out=None, scratch=None):
+def window_mean(data, epochs, layout, out, lower_out=None):
     """The mean of the bounds of ``epochs`` (summed in order, then divided: a logits run's
     `Run.mean_probs` arithmetic) into ``out`` (and ``lower_out``)."""
     epochs = list(epochs)
+    if not data.exact:
+        return layout.window(data, epochs, out, lower_out)
     epoch_values(data, epochs[0], layout, out, lower_out)
     if len(epochs) > 1:
-        tmp = np.empty_like(out) if scratch is None else scratch
+        tmp = np.empty_like(out)
         tmp_low = None if lower_out is None else np.empty_like(out)
         for e in epochs[1:]:
             epoch_values(data, e, layout, tmp, tmp_low)
@@ -206,19 +218,74 @@ class TopKFitChunk(FitChunk):
     column exact) and its certified correctness; ``correct`` (E, N) is the run's. The
     kernels of the full-vocabulary fit run on these rows with the target's column as the
     label, so a token counts as correct exactly when it is certified correct (uncertain
-    tokens count as wrong: the fit maximises the lower end of the accuracy interval)."""
+    tokens count as wrong: the fit maximises the lower end of the accuracy interval).
 
-    def __init__(self, data, rows, correct):
+    With ``settle`` (an eps grid: the grid counts are the brute-force grid's), the tokens
+    that one class beats at every checkpoint by a margin (`kernels.topk.token_scan`: the
+    unstored slot, or the final checkpoint's largest class other than the target) are
+    wrong under every mixture the fit can make: they add to the forget counts and nothing
+    else, and no window's bounds are made for them. The continuous search (``settle``
+    False) sweeps every token's interval, as the full-vocabulary fit does."""
+
+    def __init__(self, data, rows, correct, *, settle=True):
         self.data, self.rows = data, rows
-        self.layout = Layout(data, range(data.n_epochs), rows)
-        prob = epoch_values(data, data.n_epochs - 1, self.layout, np.empty(self.layout.shape))[0]
-        super().__init__(correct[:, rows], prob, self.layout.label_col)
+        correct = correct[:, rows]
+        if data.exact:
+            self.layout = Layout(data, range(data.n_epochs), rows)
+            prob = epoch_values(data, data.n_epochs - 1, self.layout,
+                                np.empty(self.layout.shape))[0]
+            super().__init__(correct, prob, self.layout.label_col)
+            return
+        self.fields = data.fields(rows)
+        targets = data.targets[rows]
+        epochs = np.arange(data.n_epochs, dtype=np.int64)
+        src = np.arange(targets.shape[0], dtype=np.int64)
+        rival = _rival(self.fields[1][-1], targets) if settle else None
+        floor, width, settled = kernels.topk_scan(self.fields, epochs, src, targets,
+                                                  data.vocab_size, rival)
+        self.src = np.flatnonzero(~settled)
+        self.targets = targets[self.src]
+        cls, label_col, unstored_col, self.cols = kernels.topk_layout_of(
+            self.fields[1], epochs, self.src, self.targets, data.vocab_size, floor[self.src],
+            width[self.src])
+        self.parts = (cls, label_col, unstored_col)
+        prob = np.empty(cls.shape)
+        kernels.topk_window(self.fields, self.cols, epochs[-1:], epochs[-1:], self.src,
+                            self.targets, data.vocab_size, self.parts, prob)
+        super().__init__(correct[:, self.src], prob, self.parts[1])
+        gone = correct[:, settled]  # wrong under every mixture: missed wherever correct
+        self.missed += gone.sum(axis=1)
+        self.n_final_correct += int(gone[-1].sum())
 
     def window_mean(self, window):
         if self.window != window:
-            window_mean(self.data, window, self.layout, self.mean)
+            if self.data.exact:
+                window_mean(self.data, window, self.layout, self.mean)
+            else:
+                epochs = _indices(window)
+                kernels.topk_window(self.fields, self.cols, epochs, epochs, self.src,
+                                    self.targets, self.data.vocab_size, self.parts, self.mean)
             self.window = window
         return self.mean
+
+    def _window_counts(self, window, grid):
+        if self.data.exact:
+            return None
+        epochs = _indices(window)
+        counts = kernels.topk_window_grid_counts(
+            self.fields, self.cols, epochs, epochs, self.src, self.targets,
+            self.data.vocab_size, self.parts, self.mean, self.prob, self.stats, grid, REL_BAND)
+        self.window = window  # the window's mean is in self.mean
+        return counts
+
+
+def _rival(ids, targets):
+    """The largest class other than the target of records' ids (n, k) (-1 where k = 1 and
+    the target is stored first): int64 (n,)."""
+    first = ids[:, 0].astype(np.int64)
+    if ids.shape[1] < 2:
+        return np.where(first != targets, first, -1)
+    return np.where(first != targets, first, ids[:, 1].astype(np.int64))
 
 
 def topk_selection(data, k):

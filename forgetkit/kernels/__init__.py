@@ -466,38 +466,74 @@ def exp(x):
     return out
 
 
-def topk_layout(ids, targets, vocab, floor):
-    """The class layout of tokens whose checkpoints stored ``ids`` (E, N, k), the unstored
-    slot above ``floor`` (int64 (N,), see `topk_tie_floor`): (cls int32 (N, M) (int64 for
-    vocabularies beyond int32), label_col
-    int64 (N,), unstored_col int64 (N,), -1 where none); see ``topk``'s module docstring."""
-    targets = np.asarray(targets, dtype=np.int64)
-    n = targets.shape[0]
-    width = np.empty(n, dtype=np.int64)
-    call(_topk.layout_widths, ids.size, ids, targets, vocab, width)
+def topk_scan(fields, epochs, src, targets, vocab, rival=None):
+    """(floor, width, settled) of tokens ``src`` over the checkpoints ``epochs`` (int64
+    indices) of a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):
+    `forgetkit.kinds.topk.TopKData.fields`, any strides): each token's tie floor (int64
+    (n,)), its layout's width (int64 (n,)) and whether it is settled (bool (n,), never
+    correct under any mixture; only where ``rival`` (int64 (n,), the class to try, -1 none)
+    is given). See ``topk.token_scan``."""
+    n = len(src)
+    floor, width = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    settled = np.empty(n, dtype=bool)
+    rival = np.full(n, -1, dtype=np.int64) if rival is None else rival
+    call(_topk.token_scan, n * len(epochs) * fields[0].shape[2], *fields, epochs, src,
+         targets, vocab, rival, floor, width, settled)
+    return floor, width, settled
+
+
+def topk_layout(fields, epochs, src, targets, vocab):
+    """The class layout of tokens ``src`` over the checkpoints ``epochs`` (int64 indices)
+    of a top-k run's record ``fields`` (as `topk_scan` takes them; ``targets`` int64 (n,)):
+    (cls int32 (n, M) (int64 for vocabularies beyond int32), label_col int64 (n,),
+    unstored_col int64 (n,), -1 where none, cols (W, n, k) the column of each stored id);
+    see ``topk``'s module docstring."""
+    floor, width, _ = topk_scan(fields, epochs, src, targets, vocab)
+    return topk_layout_of(fields[1], epochs, src, targets, vocab, floor, width)
+
+
+def topk_layout_of(ids, epochs, src, targets, vocab, floor, width):
+    """`topk_layout` of tokens whose tie floors and widths `topk_scan` gave."""
+    n = len(src)
     cls = np.empty((n, int(width.max()) if n else 0),
                    dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
     label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    call(_topk.layout_fill, ids.size, ids, targets, vocab, floor, cls, label_col,
-         unstored_col)
-    return cls, label_col, unstored_col
+    cols = np.empty((len(epochs), n, ids.shape[2]),
+                    dtype=np.uint8 if cls.shape[1] <= 255 else np.int32)
+    call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
+         floor, cls, label_col, unstored_col, cols)
+    return cls, label_col, unstored_col, cols
 
 
-def topk_tie_floor(fields, targets, floor):
-    """floor = min(floor, this checkpoint's tie floor) per token (``topk.tie_floor``) from
-    its records' ``fields`` (logits (N, k), ids int32 (N, k), target (N,), lse (N,),
-    contiguous: `forgetkit.kinds.topk.record_fields`)."""
-    call(_topk.tie_floor, floor.size * fields[0].shape[1], *fields, targets, floor)
-    return floor
+def topk_window(fields, cols, epochs, pos, src, targets, vocab, layout, upper, lower=None):
+    """The mean over the checkpoints ``epochs`` (int64 indices; ``pos`` their positions in
+    the layout's ``cols``) of each one's upper and lower bounds (float64 (n, M)) of tokens
+    ``src`` in ``layout`` (``lower`` None: upper only), summed in order and then divided
+    (numpy's ``out += tmp``, ``out /= len(epochs)``)."""
+    cls, label_col, _ = layout
+    call(_topk.window_bounds, upper.size * len(epochs), *fields, cols, epochs, pos, src,
+         targets, vocab, cls, label_col, upper, np.empty((0, 0)) if lower is None else lower)
+    return upper, lower
+
+
+def topk_window_grid_counts(fields, cols, epochs, pos, src, targets, vocab, layout, mean, prob,
+                            leads, grid, rel_band):
+    """`grid_correct_counts` of the window mean of ``epochs`` (`topk_window`'s upper bounds,
+    written to ``mean``) mixed into ``prob``, in one pass: int64 (G,)."""
+    cls, label_col, _ = layout
+    return call(_topk.window_grid_counts, mean.size * len(epochs), *fields, cols, epochs, pos,
+                src, targets, vocab, cls, label_col, mean, prob, *leads, grid, rel_band)
 
 
 def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
-    records' ``fields`` (as `topk_tie_floor` takes them); ``lower`` None: upper only."""
-    cls, label_col, unstored_col = layout
-    call(_topk.bound_values, upper.size, *fields, targets, vocab, cls, label_col,
-         unstored_col, upper, np.empty((0, 0)) if lower is None else lower)
-    return upper, lower
+    records' ``fields`` (logits (N, k), ids (N, k), target (N,), lse (N,):
+    `forgetkit.kinds.topk.record_fields`); ``lower`` None: upper only."""
+    fields = tuple(f[None] for f in fields)
+    one, src = np.zeros(1, dtype=np.int64), np.arange(len(targets), dtype=np.int64)
+    cols = np.empty((1, len(targets), fields[0].shape[2]), dtype=np.int32)
+    call(_topk.layout_columns, cols.size, fields[1], one, src, layout[0], vocab, cols)
+    return topk_window(fields, cols, one, one, src, targets, vocab, layout, upper, lower)
 
 
 def topk_certify(upper, lower, layout, vocab):

@@ -7,8 +7,15 @@ of the mixture stored among its top k, and the target; then, when these are fewe
 vocabulary, one *unstored slot* standing for every other class (their common upper bound),
 placed at the smallest such id that can reach that bound (ties with it follow the rule of
 the lowest id): above each checkpoint's k-th stored id where its bound is its k-th
-probability, since equal logits are stored by ascending id (`tie_floor`, the lowest such id
-over the checkpoints, or -1); then padding (id = vocabulary + 1, value 0) up to the width.
+probability, since equal logits are stored by ascending id (the *tie floor*, the lowest
+such id over the checkpoints, or -1: `token_scan`); then padding (id = vocabulary + 1,
+value 0) up to the width.
+
+The kernels read the records' fields in place (logits, ids (E, N, k), target, lse (E, N),
+any strides), at the checkpoints ``epochs`` and tokens ``src`` (int64 indices): each
+token's candidate classes are gathered once per layout (a small hash set), and a window's
+mean of bounds is made row by row (`window_bounds`; `window_grid_counts` feeds each row to
+the eps search at once).
 
 See docs/definitions.md ("Certified fusion on top-k runs").
 """
@@ -20,6 +27,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .eps_search import _grid_row
 from .jit import kernel
 from .schedule import claim, span
 
@@ -46,44 +54,6 @@ def _lower_bound(row, c, end):
     return lo
 
 
-@njit(cache=True)
-def _row_classes(ids, targets, n, buf):
-    """Sorted distinct classes of token n: ids[e, n, :] over every e, and targets[n]; written
-    to buf's start (insertion into the sorted prefix: checkpoints store mostly the same
-    ids); returns their count."""
-    n_epochs, _, k = ids.shape
-    buf[0] = targets[n]
-    count = 1
-    for e in range(n_epochs):
-        for j in range(k):
-            c = np.int64(ids[e, n, j])
-            if e > 0 and ids[e - 1, n, j] == ids[e, n, j]:
-                continue  # inserted already (consecutive checkpoints often agree)
-            lo = _lower_bound(buf, c, count)
-            if lo < count and buf[lo] == c:
-                continue
-            for i in range(count, lo, -1):
-                buf[i] = buf[i - 1]
-            buf[lo] = c
-            count += 1
-    return count
-
-
-@kernel
-def layout_widths(ids, targets, vocab, width, n_blocks, counter):
-    """width[n] = number of layout slots of token n (its distinct classes, plus the unstored
-    slot when they are fewer than ``vocab``). ids: (E, N, k) stored ids; targets: int64 (N,)."""
-    n_epochs, n_tokens, k = ids.shape
-    blk = claim(counter)
-    while blk < n_blocks:
-        lo, hi = span(blk, n_tokens, n_blocks)
-        for n in range(lo, hi):
-            buf = np.empty(n_epochs * k + 1, dtype=np.int64)
-            count = _row_classes(ids, targets, n, buf)
-            width[n] = count + (1 if count < vocab else 0)
-        blk = claim(counter)
-
-
 #: The slack of the unstored mass, relative to max(|lse|, |largest logit|, 1): the records'
 #: probabilities exp(z - lse) sum over the vocabulary to 1 only up to the float32 rounding of
 #: lse and of the logits (half a float32 step each, 2**-24 relative); four times that.
@@ -91,55 +61,167 @@ MASS_SLACK = 2.0 ** -21
 
 
 @njit(inline="always")
-def _unstored_bound(logits, ids, target, lse, y, n):
-    """(p_y, u, p_k) of one record: the target's exact probability, the bound of the classes
-    it did not store, min(p_k, max(0, 1 - the sum of the stored probabilities) + slack)
-    (slack: MASS_SLACK * max(|lse|, |largest logit|, 1)), and its k-th probability."""
-    k = logits.shape[1]
-    top = np.float64(lse[n])
-    p_y = np.exp(np.float64(target[n]) - top)
+def _record_probs(logits, ids, target, lse, e, s, y, probs):
+    """The probabilities of record (e, s) of a token of target y: probs[:k] = the stored
+    ones exp(z - lse); returns (p_y, u) with u the bound of the classes it did not store
+    (see ``_unstored_bound``, whose arithmetic this is)."""
+    k = logits.shape[2]
+    top = np.float64(lse[e, s])
     total = 0.0
     stored_y = False
+    p = 0.0
     for j in range(k):
-        total += np.exp(np.float64(logits[n, j]) - top)
-        stored_y = stored_y or ids[n, j] == y
+        p = np.exp(np.float64(logits[e, s, j]) - top)
+        probs[j] = p
+        total += p
+        stored_y = stored_y or ids[e, s, j] == y
+    p_y = np.exp(np.float64(target[e, s]) - top)
     if not stored_y:
         total += p_y
-    p_k = np.exp(np.float64(logits[n, k - 1]) - top)
-    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
-    return p_y, min(p_k, max(0.0, 1.0 - total) + slack), p_k
+    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
+    return p_y, min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
+
+
+@njit(inline="always")
+def _hash_insert(keys, stamps, stamp, c):
+    """Insert class c into the open-addressing set (keys, stamps) of the entries marked
+    ``stamp``; returns whether it was new."""
+    mask = keys.shape[0] - 1
+    h = (c * np.int64(0x9E3779B1)) & mask
+    while stamps[h] == stamp:
+        if keys[h] == c:
+            return False
+        h = (h + 1) & mask
+    stamps[h] = stamp
+    keys[h] = c
+    return True
+
+
+@njit(inline="always")
+def _hash_find(keys, stamps, stamp, c):
+    """The slot of class c in the set (keys, stamps) of the entries marked ``stamp`` (c
+    must be in it)."""
+    mask = keys.shape[0] - 1
+    h = (c * np.int64(0x9E3779B1)) & mask
+    while keys[h] != c or stamps[h] != stamp:
+        h = (h + 1) & mask
+    return h
+
+
+@njit(inline="always")
+def _hash_size(n_epochs, k):
+    """Slots of a set of up to n_epochs * k + 1 classes: a power of two, at most half full."""
+    size = 16
+    while size < 2 * (n_epochs * k + 1):
+        size *= 2
+    return size
+
+
+@njit(inline="always")
+def _row_end(cls_row, vocab):
+    """Columns of a layout row before its padding (ids > vocab)."""
+    end = cls_row.shape[0]
+    while end > 0 and cls_row[end - 1] > vocab:
+        end -= 1
+    return end
+
+
+#: Relative margin by which a class's bound must beat the target's probability at every
+#: checkpoint for a token to be *settled* (wrong under every mixture the fit can make):
+#: the rounding of a mixture's sums and mixing steps is some 2**-45 at most.
+SETTLE_MARGIN = 2.0 ** -20
+#: Smallest bound a settling class may take at a checkpoint: a mixture of such values
+#: stays far above the underflow of its products with any eps.
+SETTLE_FLOOR = 2.0 ** -900
 
 
 @kernel
-def tie_floor(logits, ids, target, lse, targets, floor, n_blocks, counter):
-    """floor[n] = min(floor[n], t) with t the k-th stored id where this checkpoint's
-    unstored bound is its k-th probability (no unstored class below that id reaches the
-    bound: equal logits are stored by ascending id), else -1."""
-    k = logits.shape[1]
+def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, floor, width,
+               settled, n_blocks, counter):
+    """Per token n (records at token src[n] of ``epochs``): floor[n] = min(vocab, each
+    checkpoint's tie floor: its k-th stored id where its unstored bound is its k-th
+    probability, else -1); width[n] = its layout's columns (the distinct classes of the
+    epochs and the target, plus the unstored slot when they are fewer than ``vocab``);
+    settled[n] = some column beats the target's probability at every checkpoint by
+    `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`: the unstored slot (bound u),
+    or class rival[n] (its probability where stored, else u; rival[n] < 0: not settled).
+
+    logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
+    src: int64 indices."""
+    k = logits.shape[2]
+    size = _hash_size(epochs.shape[0], k)
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, logits.shape[0], n_blocks)
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        keys = np.empty(size, dtype=np.int64)
+        stamps = np.zeros(size, dtype=np.int64)
+        probs = np.empty(k)
         for n in range(lo, hi):
-            _, u, p_k = _unstored_bound(logits, ids, target, lse, targets[n], n)
-            t = np.int64(ids[n, k - 1]) if u == p_k else np.int64(-1)
-            floor[n] = min(floor[n], t)
+            s, y, c = src[n], targets[n], rival[n]
+            stamp = n + 1
+            _hash_insert(keys, stamps, stamp, y)
+            count = 1
+            low = np.int64(vocab)
+            slot_beats, rival_beats = c >= 0, c >= 0
+            for i in range(epochs.shape[0]):
+                e = epochs[i]
+                p_y, u = _record_probs(logits, ids, target, lse, e, s, y, probs)
+                t = np.int64(ids[e, s, k - 1]) if u == probs[k - 1] else np.int64(-1)
+                low = min(low, t)
+                bar = p_y * (1.0 + SETTLE_MARGIN)
+                slot_beats = slot_beats and u > bar and u >= SETTLE_FLOOR
+                up = u
+                for j in range(k):
+                    cj = np.int64(ids[e, s, j])
+                    if cj == c:
+                        up = probs[j]
+                    if _hash_insert(keys, stamps, stamp, cj):
+                        count += 1
+                rival_beats = rival_beats and up > bar and up >= SETTLE_FLOOR
+            floor[n] = low
+            width[n] = count + (1 if count < vocab else 0)
+            settled[n] = (slot_beats and count < vocab) or rival_beats
         blk = claim(counter)
 
 
 @kernel
-def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col, n_blocks, counter):
-    """Fill the layout: cls (N, M) int32 or int64 (see the module; the unstored slot's id is the
-    smallest class no checkpoint stored above floor[n], or ``vocab`` if none; padding
-    ``vocab + 1``), label_col[n] = the target's column, unstored_col[n] = the unstored
-    slot's column (-1: none)."""
-    n_epochs, n_tokens, k = ids.shape
+def layout_fill(ids, epochs, src, targets, vocab, floor, cls, label_col, unstored_col, cols,
+                n_blocks, counter):
+    """Fill the layout of tokens src (see the module): cls (n, M) int32 or int64 (the
+    unstored slot's id is the smallest class no checkpoint stored above floor[n], or
+    ``vocab`` if none; padding ``vocab + 1``), label_col[n] = the target's column,
+    unstored_col[n] = the unstored slot's column (-1: none), cols[i, n, j] = the column of
+    the j-th id stored at epochs[i] (cols (W, n, k)). ids (E, N, k), any strides."""
+    k = ids.shape[2]
     width = cls.shape[1]
+    size = _hash_size(epochs.shape[0], k)
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, n_tokens, n_blocks)
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        keys = np.empty(size, dtype=np.int64)
+        stamps = np.zeros(size, dtype=np.int64)
+        where = np.empty(size, dtype=np.int64)  # the column of each class in the set
+        buf = np.empty(epochs.shape[0] * k + 1, dtype=np.int64)
         for n in range(lo, hi):
-            buf = np.empty(n_epochs * k + 1, dtype=np.int64)
-            count = _row_classes(ids, targets, n, buf)
+            s, y = src[n], targets[n]
+            stamp = n + 1
+            _hash_insert(keys, stamps, stamp, y)
+            buf[0] = y
+            count = 1
+            for i in range(epochs.shape[0]):
+                e = epochs[i]
+                for j in range(k):
+                    c = np.int64(ids[e, s, j])
+                    if _hash_insert(keys, stamps, stamp, c):
+                        buf[count] = c
+                        count += 1
+            for i in range(1, count):  # insertion sort: a few dozen classes
+                c = buf[i]
+                m = i
+                while m > 0 and buf[m - 1] > c:
+                    buf[m] = buf[m - 1]
+                    m -= 1
+                buf[m] = c
             slot = np.int64(-1)
             if count < vocab:  # the smallest class above floor[n] not in buf
                 slot = max(floor[n] + 1, 0)
@@ -155,7 +237,7 @@ def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col, n_bloc
                     unstored_col[n] = col
                     cls[n, col] = slot
                     col += 1
-                if buf[i] == targets[n]:
+                if buf[i] == y:
                     label_col[n] = col
                 cls[n, col] = buf[i]
                 col += 1
@@ -165,6 +247,29 @@ def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col, n_bloc
                 col += 1
             for c in range(col, width):
                 cls[n, c] = vocab + 1
+            for c in range(col):
+                if c != unstored_col[n]:
+                    where[_hash_find(keys, stamps, stamp, np.int64(cls[n, c]))] = c
+            for i in range(epochs.shape[0]):
+                for j in range(k):
+                    c = np.int64(ids[epochs[i], s, j])
+                    cols[i, n, j] = where[_hash_find(keys, stamps, stamp, c)]
+        blk = claim(counter)
+
+
+@kernel
+def layout_columns(ids, epochs, src, cls, vocab, cols, n_blocks, counter):
+    """cols[i, n, j] = the column in the layout row cls[n] of the j-th id stored at
+    epochs[i] by token src[n] (-1: not in the row)."""
+    k = ids.shape[2]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        for n in range(lo, hi):
+            end = _row_end(cls[n], vocab)
+            for i in range(epochs.shape[0]):
+                for j in range(k):
+                    cols[i, n, j] = _column(cls[n], np.int64(ids[epochs[i], src[n], j]), end)
         blk = claim(counter)
 
 
@@ -175,58 +280,133 @@ def _column(row, c, end):
     return lo if lo < end and row[lo] == c else -1
 
 
-@kernel
-def bound_values(logits, ids, target, lse, targets, vocab, cls, label_col, unstored_col,
-                 upper, lower, n_blocks, counter):
-    """One checkpoint's bounds in the layout: for the classes it stored and the target, the
-    exact p = exp(z - lse) (upper = lower); for every other class of the layout and the
-    unstored slot, upper = u = min(p of its k-th stored class, max(0, 1 - the sum of its
-    stored probabilities) + slack) (see ``_unstored_bound``) and lower = 0; padding 0.
+@njit(inline="always")
+def _window_row(logits, ids, target, lse, cols, epochs, pos, s, n, y, y_col, end, upper,
+                lower, both, probs, bounds, touched, vals, mark):
+    """The mean over ``epochs`` of each one's bounds of token n (records at token s) in its
+    layout row up to ``end``: for the classes a checkpoint stored and the target, the exact
+    p (upper = lower); for every other column upper = u (see ``_record_probs``), lower = 0.
+    Each column's values are summed in epoch order, then divided by their number where
+    it is above 1 (numpy's ``out += tmp``, ``out /= W``): a column no epoch stored holds
+    the same sum of the u's, so only the stored columns are summed one by one.
 
-    The stored probabilities are the k top ones (summed in order) and the target's when it
-    is not among them. logits (N, k) float32, ids (N, k), target (N,) float32, lse (N,)
-    float32: one checkpoint's records; upper, lower: float64 (N, M) (lower (0, 0): upper
-    only)."""
-    n_tokens, k = logits.shape
-    width = cls.shape[1]
+    cols[pos[i], n, j]: the column of the j-th id stored at epochs[i]; scratch: probs (k,),
+    bounds (2, W), touched (W * k,), vals (W * k, W), mark (M,) all -1 (left so)."""
+    n_epochs, k = epochs.shape[0], logits.shape[2]
+    n_touched = 0
+    for i in range(n_epochs):
+        p_y, u = _record_probs(logits, ids, target, lse, epochs[i], s, y, probs)
+        bounds[0, i], bounds[1, i] = u, p_y
+        for j in range(k):
+            col = np.int64(cols[pos[i], n, j])
+            if col == y_col or col < 0:  # the target's column holds p_y
+                continue
+            t = mark[col]
+            if t < 0:
+                t = n_touched
+                mark[col] = t
+                touched[t] = col
+                for m in range(n_epochs):
+                    vals[t, m] = -1.0  # not stored at epoch m
+                n_touched += 1
+            vals[t, i] = probs[j]
+    u_sum, y_sum = bounds[0, 0], bounds[1, 0]
+    for i in range(1, n_epochs):
+        u_sum += bounds[0, i]
+        y_sum += bounds[1, i]
+    if n_epochs > 1:
+        u_sum /= n_epochs
+        y_sum /= n_epochs
+    for c in range(end):
+        upper[c] = u_sum
+        if both:
+            lower[c] = 0.0
+    upper[y_col] = y_sum
+    if both:
+        lower[y_col] = y_sum
+    for t in range(n_touched):
+        col = touched[t]
+        mark[col] = -1
+        v = vals[t, 0]
+        up = v if v >= 0.0 else bounds[0, 0]
+        low = max(v, 0.0)
+        for i in range(1, n_epochs):
+            v = vals[t, i]
+            up += v if v >= 0.0 else bounds[0, i]
+            low += max(v, 0.0)
+        if n_epochs > 1:
+            up /= n_epochs
+            low /= n_epochs
+        upper[col] = up
+        if both:
+            lower[col] = low
+
+
+@njit(inline="always")
+def _window_scratch(n_epochs, k, width):
+    """(probs, bounds, touched, vals, mark) of `_window_row`, for one block of rows."""
+    return (np.empty(k), np.empty((2, n_epochs)), np.empty(n_epochs * k, dtype=np.int64),
+            np.empty((n_epochs * k, n_epochs)), np.full(width, -1, dtype=np.int64))
+
+
+@kernel
+def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
+                  label_col, upper, lower, n_blocks, counter):
+    """The mean over ``epochs`` of each checkpoint's bounds in the layout (see
+    `_window_row`; padding 0) of tokens src: upper, lower float64 (n, M) (lower (0, 0):
+    upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cols
+    (layout epochs, n, k) the stored ids' columns, at positions ``pos`` for ``epochs``."""
+    k, width = logits.shape[2], cls.shape[1]
     both = lower.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, n_tokens, n_blocks)
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        probs, bounds, touched, vals, mark = _window_scratch(epochs.shape[0], k, width)
+        spare = np.empty(width)
         for n in range(lo, hi):
-            # the arithmetic of _unstored_bound, each probability computed once
-            y, top = targets[n], np.float64(lse[n])
-            end = width
-            while end > 0 and cls[n, end - 1] > vocab:
-                end -= 1
-            for c in range(width):
-                upper[n, c] = -1.0 if c < end else 0.0  # -1: not stored, set to u below
+            end = _row_end(cls[n], vocab)
+            low = lower[n] if both else spare
+            _window_row(logits, ids, target, lse, cols, epochs, pos, src[n], n, targets[n],
+                        label_col[n], end, upper[n], low, both, probs, bounds, touched, vals,
+                        mark)
+            for c in range(end, width):
+                upper[n, c] = 0.0
                 if both:
                     lower[n, c] = 0.0
-            total = 0.0
-            stored_y = False
-            p = 0.0
-            for j in range(k):
-                p = np.exp(np.float64(logits[n, j]) - top)
-                total += p
-                stored_y = stored_y or ids[n, j] == y
-                col = _column(cls[n], np.int64(ids[n, j]), end)
-                if col >= 0:
-                    upper[n, col] = p
-                    if both:
-                        lower[n, col] = p
-            p_y = np.exp(np.float64(target[n]) - top)
-            if not stored_y:
-                total += p_y
-            slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
-            u = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
-            upper[n, label_col[n]] = p_y
-            if both:
-                lower[n, label_col[n]] = p_y
-            for c in range(end):
-                if upper[n, c] < 0.0:
-                    upper[n, c] = u
         blk = claim(counter)
+
+
+def _window_counts(diff, *args):
+    """The grid counts of the threads' summed difference array (G+1,): int64 (G,)."""
+    return np.cumsum(diff[:-1])
+
+
+@kernel(finish=_window_counts)
+def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
+                       label_col, mean, prob, b_lead, b_magnitude, b_top, grid, rel_band,
+                       n_blocks, counter):
+    """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds of
+    ``epochs`` (`window_bounds`, written to ``mean``) mixed into prob, each row read up to
+    its padding (which holds 0 in both: it never changes which column is the first argmax,
+    so the counts are the padded rows'). Returns int64 (G,)."""
+    k, width = logits.shape[2], cls.shape[1]
+    diff = np.zeros(grid.shape[0] + 1, dtype=np.int64)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        probs, bounds, touched, vals, mark = _window_scratch(epochs.shape[0], k, width)
+        for n in range(lo, hi):
+            end = _row_end(cls[n], vocab)
+            a = mean[n]
+            _window_row(logits, ids, target, lse, cols, epochs, pos, src[n], n, targets[n],
+                        label_col[n], end, a, a, False, probs, bounds, touched, vals, mark)
+            for c in range(end, width):
+                a[c] = 0.0
+            m = end if end >= 2 else width
+            _grid_row(a[:m], prob[n, :m], label_col[n], b_lead[n], b_magnitude[n], b_top[n],
+                      grid, rel_band, diff)
+        blk = claim(counter)
+    return diff
 
 
 @kernel
