@@ -43,23 +43,35 @@ class Layout:
     hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
     epochs, the target, the unstored slot, padding), ``label_col`` and ``unstored_col``
     (n,); ``fields`` the records' fields there (`TopKData.fields`), read by the kernels
-    at the tokens ``src`` (int64 (n,))."""
+    at the tokens ``src`` (int64 (n,)), whose targets are ``targets``.
 
-    def __init__(self, data, epochs, rows):
+    With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
+    beats at every checkpoint by a margin (`kernels.topk.token_scan`: the unstored slot, or
+    the final checkpoint's largest class other than the target) are left out: no sum or
+    mixture of their bounds with nonnegative weights ranks the target first. ``settled``
+    (bool, one per token of ``rows``) marks them; ``src`` holds the others."""
+
+    def __init__(self, data, epochs, rows, *, settle=False):
         self.rows, self.vocab = rows, data.vocab_size
         targets = data.targets[rows]
-        self.targets = targets
         n = targets.shape[0]
+        self.targets, self.settled = targets, np.zeros(n, dtype=bool)
         if data.exact:
             self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
                                        (n, data.vocab_size))
             self.label_col = targets.copy()
             self.unstored_col = np.full(n, -1, dtype=np.int64)
         else:
-            self.fields, self.src = data.fields(rows), np.arange(n, dtype=np.int64)
-            self.epochs = _indices(epochs)
-            self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
-                self.fields, self.epochs, self.src, targets, data.vocab_size)
+            self.fields, self.epochs = data.fields(rows), _indices(epochs)
+            rival = _rival(self.fields[1][-1], targets) if settle else None
+            floor, width, self.settled = kernels.topk_scan(
+                self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
+                data.vocab_size, rival)
+            self.src = np.flatnonzero(~self.settled)
+            self.targets = targets[self.src]
+            self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout_of(
+                self.fields[1], self.epochs, self.src, self.targets, data.vocab_size,
+                floor[self.src], width[self.src])
         self.cls = np.ascontiguousarray(self.cls)
 
     def window(self, data, epochs, upper, lower=None):
@@ -69,6 +81,13 @@ class Layout:
         pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
         return kernels.topk_window(self.fields, self.cols, epochs, pos, self.src, self.targets,
                                    data.vocab_size, self.parts, upper, lower)
+
+    def grid_counts(self, data, epochs, mean, prob, leads, grid):
+        """`kernels.topk_window_grid_counts` of the window ``epochs``."""
+        epochs = _indices(epochs)
+        return kernels.topk_window_grid_counts(
+            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
+            self.targets, data.vocab_size, self.parts, mean, prob, leads, grid, REL_BAND)
 
     @property
     def parts(self):
@@ -220,61 +239,33 @@ class TopKFitChunk(FitChunk):
     label, so a token counts as correct exactly when it is certified correct (uncertain
     tokens count as wrong: the fit maximises the lower end of the accuracy interval).
 
-    With ``settle`` (an eps grid: the grid counts are the brute-force grid's), the tokens
-    that one class beats at every checkpoint by a margin (`kernels.topk.token_scan`: the
-    unstored slot, or the final checkpoint's largest class other than the target) are
-    wrong under every mixture the fit can make: they add to the forget counts and nothing
-    else, and no window's bounds are made for them. The continuous search (``settle``
-    False) sweeps every token's interval, as the full-vocabulary fit does."""
+    With ``settle`` (an eps grid, whose counts are the brute-force grid's) the settled
+    tokens (`Layout`) are wrong under every mixture the fit can make: they add to the
+    forget counts and nothing else, and no window's bounds are made for them. The
+    continuous search (``settle`` False) sweeps every token's interval, as the
+    full-vocabulary fit does."""
 
     def __init__(self, data, rows, correct, *, settle=True):
         self.data, self.rows = data, rows
+        self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle)
+        prob = epoch_values(data, data.n_epochs - 1, layout, np.empty(layout.shape))[0]
         correct = correct[:, rows]
-        if data.exact:
-            self.layout = Layout(data, range(data.n_epochs), rows)
-            prob = epoch_values(data, data.n_epochs - 1, self.layout,
-                                np.empty(self.layout.shape))[0]
-            super().__init__(correct, prob, self.layout.label_col)
-            return
-        self.fields = data.fields(rows)
-        targets = data.targets[rows]
-        epochs = np.arange(data.n_epochs, dtype=np.int64)
-        src = np.arange(targets.shape[0], dtype=np.int64)
-        rival = _rival(self.fields[1][-1], targets) if settle else None
-        floor, width, settled = kernels.topk_scan(self.fields, epochs, src, targets,
-                                                  data.vocab_size, rival)
-        self.src = np.flatnonzero(~settled)
-        self.targets = targets[self.src]
-        cls, label_col, unstored_col, self.cols = kernels.topk_layout_of(
-            self.fields[1], epochs, self.src, self.targets, data.vocab_size, floor[self.src],
-            width[self.src])
-        self.parts = (cls, label_col, unstored_col)
-        prob = np.empty(cls.shape)
-        kernels.topk_window(self.fields, self.cols, epochs[-1:], epochs[-1:], self.src,
-                            self.targets, data.vocab_size, self.parts, prob)
-        super().__init__(correct[:, self.src], prob, self.parts[1])
-        gone = correct[:, settled]  # wrong under every mixture: missed wherever correct
+        gone = correct[:, layout.settled]  # wrong under every mixture: missed where correct
+        super().__init__(correct[:, ~layout.settled], prob, layout.label_col)
         self.missed += gone.sum(axis=1)
         self.n_final_correct += int(gone[-1].sum())
 
     def window_mean(self, window):
         if self.window != window:
-            if self.data.exact:
-                window_mean(self.data, window, self.layout, self.mean)
-            else:
-                epochs = _indices(window)
-                kernels.topk_window(self.fields, self.cols, epochs, epochs, self.src,
-                                    self.targets, self.data.vocab_size, self.parts, self.mean)
+            window_mean(self.data, window, self.layout, self.mean)
             self.window = window
         return self.mean
 
     def _window_counts(self, window, grid):
         if self.data.exact:
             return None
-        epochs = _indices(window)
-        counts = kernels.topk_window_grid_counts(
-            self.fields, self.cols, epochs, epochs, self.src, self.targets,
-            self.data.vocab_size, self.parts, self.mean, self.prob, self.stats, grid, REL_BAND)
+        counts = self.layout.grid_counts(self.data, window, self.mean, self.prob, self.stats,
+                                         grid)
         self.window = window  # the window's mean is in self.mean
         return counts
 
@@ -292,22 +283,34 @@ def topk_selection(data, k):
     """Greedy ensemble selection with replacement on a top-k run: k rounds, each adding the
     checkpoint whose inclusion gives the most tokens certified correct by the sum of the
     picks' bounds (ties: the earlier epoch), the arithmetic of the full-vocabulary
-    selection. Returns the picks (epoch indices). Each round reads every epoch's records."""
+    selection; settled tokens (`Layout`) are certified by no sum. Returns the picks (epoch
+    indices). Each round reads every epoch's records."""
+    everything = range(data.n_epochs)
     parts = []
     for rows in data.chunks():
-        layout = Layout(data, range(data.n_epochs), rows)
-        parts.append((layout, np.zeros(layout.shape), np.arange(layout.shape[0])))
+        layout = Layout(data, everything, rows, settle=True)
+        parts.append((layout, np.zeros(layout.shape)))
     picks = []
     for i in range(k):
         scores = np.zeros(data.n_epochs, dtype=np.int64)
-        for layout, total, every in parts:
-            tmp = np.empty(layout.shape)
-            for e in range(data.n_epochs):
-                epoch_values(data, e, layout, tmp)
-                scores[e] += kernels.sum_correct_count_rows(total, tmp, layout.label_col, every)
+        for layout, total in parts:
+            scores += _selection_scores(data, layout, total)
         picks.append(int(np.argmax(scores)))
         if i + 1 < k:
-            for layout, total, _ in parts:
+            for layout, total in parts:
                 kernels.add_into(total, epoch_values(data, picks[-1], layout,
                                                      np.empty(layout.shape))[0])
     return picks
+
+
+def _selection_scores(data, layout, total):
+    """For each epoch, the tokens of ``layout`` whose argmax of total + its bounds is the
+    target: int64 (E,)."""
+    if not data.exact:
+        return kernels.topk_selection_counts(layout.fields, layout.cols, layout.epochs,
+                                             layout.src, layout.targets, data.vocab_size,
+                                             layout.parts, total)
+    every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
+    return np.array([kernels.sum_correct_count_rows(
+        total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)
+        for e in range(data.n_epochs)], dtype=np.int64)

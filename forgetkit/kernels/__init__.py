@@ -525,6 +525,15 @@ def topk_window_grid_counts(fields, cols, epochs, pos, src, targets, vocab, layo
                 src, targets, vocab, cls, label_col, mean, prob, *leads, grid, rel_band)
 
 
+def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total):
+    """For each of ``epochs`` (the layout's, whose columns ``cols`` holds), the tokens
+    ``src`` whose first argmax of total + that checkpoint's upper bounds is the target's
+    column: int64 (W,) (`sum_correct_count_rows` of each epoch's bounds)."""
+    cls, label_col, _ = layout
+    return call(_topk.selection_counts, total.size * len(epochs), *fields, cols, epochs, src,
+                targets, vocab, cls, label_col, total)
+
+
 def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
     records' ``fields`` (logits (N, k), ids (N, k), target (N,), lse (N,):

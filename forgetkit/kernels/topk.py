@@ -27,6 +27,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .argmax import first_argmax_mix
 from .eps_search import _grid_row
 from .jit import kernel
 from .schedule import claim, span
@@ -407,6 +408,38 @@ def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets
                       grid, rel_band, diff)
         blk = claim(counter)
     return diff
+
+
+@kernel
+def selection_counts(logits, ids, target, lse, cols, epochs, src, targets, vocab, cls,
+                     label_col, total, n_blocks, counter):
+    """For each epochs[i], the tokens whose argmax of total[n] + that checkpoint's upper
+    bounds (`window_bounds` of one epoch) is their target's column (the first argmax,
+    numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its padding
+    (which holds 0 in both: never the first argmax). cols: the layout's, whose epochs are
+    ``epochs``. Returns int64 (W,)."""
+    n_epochs, k, width = epochs.shape[0], logits.shape[2], cls.shape[1]
+    counts = np.zeros(n_epochs, dtype=np.int64)
+    one = np.zeros(1, dtype=np.int64)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        probs, bounds, touched, vals, mark = _window_scratch(1, k, width)
+        row = np.empty(width)
+        for n in range(lo, hi):
+            end = _row_end(cls[n], vocab)
+            m = end if end >= 1 else width
+            for i in range(n_epochs):
+                one[0] = i
+                _window_row(logits, ids, target, lse, cols, epochs[i:i + 1], one, src[n], n,
+                            targets[n], label_col[n], end, row, row, False, probs, bounds,
+                            touched, vals, mark)
+                for c in range(end, width):
+                    row[c] = 0.0
+                if first_argmax_mix(total[n, :m], row[:m], 1.0, 1.0) == label_col[n]:
+                    counts[i] += 1
+        blk = claim(counter)
+    return counts
 
 
 @kernel
