@@ -175,18 +175,42 @@ def certify(data, recipe, *, chunk=CHUNK_TOKENS):
     """The certificate of the mixture ``recipe`` on every token of ``data``: (prediction
     int64 (N,), certified bool (N,), state int8 (N,) (1 certified correct, 0 certified
     wrong, -1 uncertain), label_prob float64 (N,): the exact q(y)). Streams tokens in
-    chunks."""
+    chunks; with k < vocabulary each token's layout, bounds and mixture are made in one
+    pass over its records (`kernels.topk_certify_recipe`)."""
     n = data.n_tokens
     pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
     state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
     epochs = recipe_epochs(recipe)
+    steps = None if data.exact else _steps(recipe, _indices(epochs))
     for rows in data.chunks(chunk):
+        if steps is not None:
+            targets = data.targets[rows]
+            pred[rows], certified[rows], state[rows], label_prob[rows] = \
+                kernels.topk_certify_recipe(data.fields(rows), _indices(epochs),
+                                            np.arange(len(targets), dtype=np.int64), targets,
+                                            data.vocab_size, steps)
+            continue
         layout = Layout(data, epochs, rows)
         upper, lower = recipe_bounds(data, recipe, layout)
         pred[rows], certified[rows], state[rows] = kernels.topk_certify(
             upper, lower, layout.parts, data.vocab_size)
         label_prob[rows] = upper[np.arange(upper.shape[0]), layout.label_col]
     return pred, certified, state, label_prob
+
+
+def _steps(recipe, epochs):
+    """A recipe as `kernels.topk_certify_recipe` takes it: (kinds int64 (S,), starts int64
+    (S+1,), positions in ``epochs`` int64, values float64: a WEIGHTED step's weights, a MIX
+    step's eps at its first position)."""
+    kinds, starts, pos, values = [], [0], [], []
+    for kind, at, value in recipe:
+        kinds.append(kind)
+        pos += np.searchsorted(epochs, _indices(at)).tolist()
+        values += (list(value) if kind == kernels.WEIGHTED
+                   else [0.0 if value is None else value] * len(at))
+        starts.append(len(pos))
+    return (np.asarray(kinds, dtype=np.int64), np.asarray(starts, dtype=np.int64),
+            np.asarray(pos, dtype=np.int64), np.asarray(values, dtype=np.float64))
 
 
 def label_probs(data):

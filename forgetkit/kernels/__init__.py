@@ -534,6 +534,19 @@ def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, tot
                 targets, vocab, cls, label_col, total)
 
 
+def topk_certify_recipe(fields, epochs, src, targets, vocab, steps):
+    """`topk_certify` of a recipe's mixture (``steps`` = (kinds, starts, positions into
+    ``epochs``, values), see ``topk.certify_recipe``) of tokens ``src``, each token's layout
+    over ``epochs`` (ascending) and bounds made in one pass over its records:
+    (prediction int64, certified bool, state int8, label_prob float64), each (n,)."""
+    n = len(src)
+    pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
+    call(_topk.certify_recipe, n * len(epochs) * fields[0].shape[2], *fields, epochs, src,
+         targets, vocab, *steps, pred, certified, state, label_prob)
+    return pred, certified, state, label_prob
+
+
 def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
     records' ``fields`` (logits (N, k), ids (N, k), target (N,), lse (N,):

@@ -185,76 +185,87 @@ def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, flo
         blk = claim(counter)
 
 
+@njit(inline="always")
+def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, row,
+                  tcols):
+    """The layout of one token (records at token s, target y; see the module): row[:w] its
+    classes and unstored slot (above ``floor``), tcols[i, j] the column of the j-th id
+    stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
+    Scratch: the set (keys, stamps) marked ``stamp``, where (its size), buf (W * k + 1,)."""
+    k = ids.shape[2]
+    _hash_insert(keys, stamps, stamp, y)
+    buf[0] = y
+    count = 1
+    for i in range(epochs.shape[0]):
+        e = epochs[i]
+        for j in range(k):
+            c = np.int64(ids[e, s, j])
+            if _hash_insert(keys, stamps, stamp, c):
+                buf[count] = c
+                count += 1
+    for i in range(1, count):  # insertion sort: a few dozen classes
+        c = buf[i]
+        m = i
+        while m > 0 and buf[m - 1] > c:
+            buf[m] = buf[m - 1]
+            m -= 1
+        buf[m] = c
+    slot = np.int64(-1)
+    if count < vocab:  # the smallest class above floor not in buf
+        slot = max(floor + 1, 0)
+        for i in range(count):
+            if buf[i] == slot:
+                slot += 1
+            elif buf[i] > slot:
+                break
+    slot_col, y_col = np.int64(-1), np.int64(-1)
+    col = 0
+    for i in range(count):
+        if slot >= 0 and slot_col < 0 and buf[i] > slot:
+            slot_col = col
+            row[col] = slot
+            col += 1
+        if buf[i] == y:
+            y_col = col
+        where[_hash_find(keys, stamps, stamp, buf[i])] = col
+        row[col] = buf[i]
+        col += 1
+    if slot >= 0 and slot_col < 0:
+        slot_col = col
+        row[col] = min(slot, vocab)
+        col += 1
+    for i in range(epochs.shape[0]):
+        for j in range(k):
+            tcols[i, j] = where[_hash_find(keys, stamps, stamp, np.int64(ids[epochs[i], s, j]))]
+    return col, y_col, slot_col
+
+
+@njit(inline="always")
+def _layout_scratch(n_epochs, k):
+    """(keys, stamps, where, buf) of `_token_layout`, for one block of rows."""
+    size = _hash_size(n_epochs, k)
+    return (np.empty(size, dtype=np.int64), np.zeros(size, dtype=np.int64),
+            np.empty(size, dtype=np.int64), np.empty(n_epochs * k + 1, dtype=np.int64))
+
+
 @kernel
 def layout_fill(ids, epochs, src, targets, vocab, floor, cls, label_col, unstored_col, cols,
                 n_blocks, counter):
-    """Fill the layout of tokens src (see the module): cls (n, M) int32 or int64 (the
-    unstored slot's id is the smallest class no checkpoint stored above floor[n], or
-    ``vocab`` if none; padding ``vocab + 1``), label_col[n] = the target's column,
-    unstored_col[n] = the unstored slot's column (-1: none), cols[i, n, j] = the column of
-    the j-th id stored at epochs[i] (cols (W, n, k)). ids (E, N, k), any strides."""
-    k = ids.shape[2]
+    """Fill the layout of tokens src (`_token_layout`): cls (n, M) int32 or int64 (padding
+    ``vocab + 1``), label_col[n] = the target's column, unstored_col[n] = the unstored
+    slot's column (-1: none), cols[i, n, j] = the column of the j-th id stored at epochs[i]
+    (cols (W, n, k)). ids (E, N, k), any strides."""
     width = cls.shape[1]
-    size = _hash_size(epochs.shape[0], k)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        keys = np.empty(size, dtype=np.int64)
-        stamps = np.zeros(size, dtype=np.int64)
-        where = np.empty(size, dtype=np.int64)  # the column of each class in the set
-        buf = np.empty(epochs.shape[0] * k + 1, dtype=np.int64)
+        keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2])
         for n in range(lo, hi):
-            s, y = src[n], targets[n]
-            stamp = n + 1
-            _hash_insert(keys, stamps, stamp, y)
-            buf[0] = y
-            count = 1
-            for i in range(epochs.shape[0]):
-                e = epochs[i]
-                for j in range(k):
-                    c = np.int64(ids[e, s, j])
-                    if _hash_insert(keys, stamps, stamp, c):
-                        buf[count] = c
-                        count += 1
-            for i in range(1, count):  # insertion sort: a few dozen classes
-                c = buf[i]
-                m = i
-                while m > 0 and buf[m - 1] > c:
-                    buf[m] = buf[m - 1]
-                    m -= 1
-                buf[m] = c
-            slot = np.int64(-1)
-            if count < vocab:  # the smallest class above floor[n] not in buf
-                slot = max(floor[n] + 1, 0)
-                for i in range(count):
-                    if buf[i] == slot:
-                        slot += 1
-                    elif buf[i] > slot:
-                        break
-            unstored_col[n] = -1
-            col = 0
-            for i in range(count):
-                if slot >= 0 and unstored_col[n] < 0 and buf[i] > slot:
-                    unstored_col[n] = col
-                    cls[n, col] = slot
-                    col += 1
-                if buf[i] == y:
-                    label_col[n] = col
-                cls[n, col] = buf[i]
-                col += 1
-            if slot >= 0 and unstored_col[n] < 0:
-                unstored_col[n] = col
-                cls[n, col] = min(slot, vocab)
-                col += 1
-            for c in range(col, width):
+            w, label_col[n], unstored_col[n] = _token_layout(
+                ids, epochs, src[n], targets[n], vocab, floor[n], keys, stamps, n + 1, where,
+                buf, cls[n], cols[:, n, :])
+            for c in range(w, width):
                 cls[n, c] = vocab + 1
-            for c in range(col):
-                if c != unstored_col[n]:
-                    where[_hash_find(keys, stamps, stamp, np.int64(cls[n, c]))] = c
-            for i in range(epochs.shape[0]):
-                for j in range(k):
-                    c = np.int64(ids[epochs[i], s, j])
-                    cols[i, n, j] = where[_hash_find(keys, stamps, stamp, c)]
         blk = claim(counter)
 
 
@@ -282,24 +293,34 @@ def _column(row, c, end):
 
 
 @njit(inline="always")
-def _window_row(logits, ids, target, lse, cols, epochs, pos, s, n, y, y_col, end, upper,
-                lower, both, probs, bounds, touched, vals, mark):
-    """The mean over ``epochs`` of each one's bounds of token n (records at token s) in its
-    layout row up to ``end``: for the classes a checkpoint stored and the target, the exact
-    p (upper = lower); for every other column upper = u (see ``_record_probs``), lower = 0.
-    Each column's values are summed in epoch order, then divided by their number where
-    it is above 1 (numpy's ``out += tmp``, ``out /= W``): a column no epoch stored holds
-    the same sum of the u's, so only the stored columns are summed one by one.
+def _cache_records(logits, ids, target, lse, epochs, pos, s, y, cache):
+    """The probabilities of the records of ``epochs`` at token s (target y) into the rows
+    pos[i] of ``cache`` = (p (Wl, k), p_y (Wl,), u (Wl,)) (`_record_probs`)."""
+    probs, p_y, u = cache
+    for i in range(epochs.shape[0]):
+        r = pos[i]
+        p_y[r], u[r] = _record_probs(logits, ids, target, lse, epochs[i], s, y, probs[r])
 
-    cols[pos[i], n, j]: the column of the j-th id stored at epochs[i]; scratch: probs (k,),
-    bounds (2, W), touched (W * k,), vals (W * k, W), mark (M,) all -1 (left so)."""
-    n_epochs, k = epochs.shape[0], logits.shape[2]
+
+@njit(inline="always")
+def _window_row(tcols, pos, cache, y_col, end, upper, lower, both, touched, vals, mark):
+    """The mean over the epochs at rows ``pos`` of one token's record cache (see
+    `_cache_records`) of each one's bounds in the token's layout row up to ``end``: for
+    the classes a checkpoint stored and the target, the exact p (upper = lower); for every
+    other column upper = u, lower = 0. Each column's values are summed in epoch order,
+    then divided by their number where it is above 1 (numpy's ``out += tmp``, ``out /=
+    W``): a column no epoch stored holds the same sum of the u's, so only the stored
+    columns are summed one by one.
+
+    tcols[pos[i], j]: the column of the j-th id stored at that epoch; scratch: touched
+    (W * k,), vals (W * k, W), mark (M,) all -1 (left so)."""
+    probs, p_y, u = cache
+    n_epochs, k = pos.shape[0], probs.shape[1]
     n_touched = 0
     for i in range(n_epochs):
-        p_y, u = _record_probs(logits, ids, target, lse, epochs[i], s, y, probs)
-        bounds[0, i], bounds[1, i] = u, p_y
+        r = pos[i]
         for j in range(k):
-            col = np.int64(cols[pos[i], n, j])
+            col = np.int64(tcols[r, j])
             if col == y_col or col < 0:  # the target's column holds p_y
                 continue
             t = mark[col]
@@ -310,11 +331,11 @@ def _window_row(logits, ids, target, lse, cols, epochs, pos, s, n, y, y_col, end
                 for m in range(n_epochs):
                     vals[t, m] = -1.0  # not stored at epoch m
                 n_touched += 1
-            vals[t, i] = probs[j]
-    u_sum, y_sum = bounds[0, 0], bounds[1, 0]
+            vals[t, i] = probs[r, j]
+    u_sum, y_sum = u[pos[0]], p_y[pos[0]]
     for i in range(1, n_epochs):
-        u_sum += bounds[0, i]
-        y_sum += bounds[1, i]
+        u_sum += u[pos[i]]
+        y_sum += p_y[pos[i]]
     if n_epochs > 1:
         u_sum /= n_epochs
         y_sum /= n_epochs
@@ -329,11 +350,11 @@ def _window_row(logits, ids, target, lse, cols, epochs, pos, s, n, y, y_col, end
         col = touched[t]
         mark[col] = -1
         v = vals[t, 0]
-        up = v if v >= 0.0 else bounds[0, 0]
+        up = v if v >= 0.0 else u[pos[0]]
         low = max(v, 0.0)
         for i in range(1, n_epochs):
             v = vals[t, i]
-            up += v if v >= 0.0 else bounds[0, i]
+            up += v if v >= 0.0 else u[pos[i]]
             low += max(v, 0.0)
         if n_epochs > 1:
             up /= n_epochs
@@ -344,10 +365,12 @@ def _window_row(logits, ids, target, lse, cols, epochs, pos, s, n, y, y_col, end
 
 
 @njit(inline="always")
-def _window_scratch(n_epochs, k, width):
-    """(probs, bounds, touched, vals, mark) of `_window_row`, for one block of rows."""
-    return (np.empty(k), np.empty((2, n_epochs)), np.empty(n_epochs * k, dtype=np.int64),
-            np.empty((n_epochs * k, n_epochs)), np.full(width, -1, dtype=np.int64))
+def _window_scratch(n_layout, n_window, k, width):
+    """(cache, touched, vals, mark) of `_window_row`, for one block of rows: the record
+    cache of ``n_layout`` epochs, for windows of up to ``n_window``."""
+    cache = (np.empty((n_layout, k)), np.empty(n_layout), np.empty(n_layout))
+    return (cache, np.empty(n_window * k, dtype=np.int64), np.empty((n_window * k, n_window)),
+            np.full(width, -1, dtype=np.int64))
 
 
 @kernel
@@ -362,14 +385,14 @@ def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, voc
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        probs, bounds, touched, vals, mark = _window_scratch(epochs.shape[0], k, width)
+        cache, touched, vals, mark = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         spare = np.empty(width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             low = lower[n] if both else spare
-            _window_row(logits, ids, target, lse, cols, epochs, pos, src[n], n, targets[n],
-                        label_col[n], end, upper[n], low, both, probs, bounds, touched, vals,
-                        mark)
+            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
+            _window_row(cols[:, n, :], pos, cache, label_col[n], end, upper[n], low, both,
+                        touched, vals, mark)
             for c in range(end, width):
                 upper[n, c] = 0.0
                 if both:
@@ -395,12 +418,13 @@ def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        probs, bounds, touched, vals, mark = _window_scratch(epochs.shape[0], k, width)
+        cache, touched, vals, mark = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             a = mean[n]
-            _window_row(logits, ids, target, lse, cols, epochs, pos, src[n], n, targets[n],
-                        label_col[n], end, a, a, False, probs, bounds, touched, vals, mark)
+            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
+            _window_row(cols[:, n, :], pos, cache, label_col[n], end, a, a, False, touched,
+                        vals, mark)
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
@@ -420,26 +444,56 @@ def selection_counts(logits, ids, target, lse, cols, epochs, src, targets, vocab
     ``epochs``. Returns int64 (W,)."""
     n_epochs, k, width = epochs.shape[0], logits.shape[2], cls.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
-    one = np.zeros(1, dtype=np.int64)
+    every = np.arange(n_epochs)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        probs, bounds, touched, vals, mark = _window_scratch(1, k, width)
+        cache, touched, vals, mark = _window_scratch(n_epochs, 1, k, width)
         row = np.empty(width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             m = end if end >= 1 else width
+            _cache_records(logits, ids, target, lse, epochs, every, src[n], targets[n], cache)
             for i in range(n_epochs):
-                one[0] = i
-                _window_row(logits, ids, target, lse, cols, epochs[i:i + 1], one, src[n], n,
-                            targets[n], label_col[n], end, row, row, False, probs, bounds,
-                            touched, vals, mark)
+                _window_row(cols[:, n, :], every[i:i + 1], cache, label_col[n], end, row, row,
+                            False, touched, vals, mark)
                 for c in range(end, width):
                     row[c] = 0.0
                 if first_argmax_mix(total[n, :m], row[:m], 1.0, 1.0) == label_col[n]:
                     counts[i] += 1
         blk = claim(counter)
     return counts
+
+
+@njit(inline="always")
+def _certify_row(upper, lower, row_cls, width, vocab, slot_col, y_col):
+    """(prediction, certified, state) of one token's mixture bounds in its layout row
+    (columns of ids > vocab: padding): see `certify_rows`."""
+    best = -1
+    for c in range(width):
+        if row_cls[c] > vocab or c == slot_col:
+            continue
+        if best < 0 or lower[c] > lower[best]:
+            best = c
+    sure = True
+    for c in range(width):
+        if c == best or row_cls[c] > vocab:
+            continue
+        if row_cls[c] < row_cls[best]:
+            sure = sure and lower[best] > upper[c]
+        else:
+            sure = sure and lower[best] >= upper[c]
+    q = upper[y_col]
+    wrong = False
+    for c in range(width):
+        if c == y_col or row_cls[c] > vocab:
+            continue
+        if row_cls[c] < row_cls[y_col]:
+            wrong = wrong or lower[c] >= q
+        else:
+            wrong = wrong or lower[c] > q
+    state = 1 if sure and best == y_col else (0 if wrong else -1)
+    return row_cls[best], sure, state
 
 
 @kernel
@@ -455,37 +509,68 @@ def certify_rows(upper, lower, cls, label_col, unstored_col, vocab, pred, certif
     while blk < n_blocks:
         lo, hi = span(blk, n_tokens, n_blocks)
         for n in range(lo, hi):
-            row_cls = cls[n]
-            best = -1
-            for c in range(width):
-                if row_cls[c] > vocab or c == unstored_col[n]:
-                    continue
-                if best < 0 or lower[n, c] > lower[n, best]:
-                    best = c
-            pred[n] = row_cls[best]
-            sure = True
-            for c in range(width):
-                if c == best or row_cls[c] > vocab:
-                    continue
-                if row_cls[c] < row_cls[best]:
-                    sure = sure and lower[n, best] > upper[n, c]
-                else:
-                    sure = sure and lower[n, best] >= upper[n, c]
-            certified[n] = sure
-            y_col = label_col[n]
-            q = upper[n, y_col]
-            wrong = False
-            for c in range(width):
-                if c == y_col or row_cls[c] > vocab:
-                    continue
-                if row_cls[c] < row_cls[y_col]:
-                    wrong = wrong or lower[n, c] >= q
-                else:
-                    wrong = wrong or lower[n, c] > q
-            if sure and best == y_col:
-                state[n] = 1
-            elif wrong:
-                state[n] = 0
-            else:
-                state[n] = -1
+            pred[n], certified[n], state[n] = _certify_row(
+                upper[n], lower[n], cls[n], width, vocab, unstored_col[n], label_col[n])
+        blk = claim(counter)
+
+
+@kernel
+def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds, starts, pos,
+                   values, pred, certified, state, label_prob, n_blocks, counter):
+    """The certificate of a recipe's mixture (`certify_rows`) of tokens src, each token's
+    layout (over ``epochs``, ascending), bounds and mixture made in scratch rows from its
+    records' probabilities, each computed once. The recipe: step s of kind kinds[s]
+    (``recipes``: MEAN, WEIGHTED, MIX) over the epochs at positions pos[starts[s]:
+    starts[s + 1]] of ``epochs``, with values[starts[s]:...] (WEIGHTED: the weights; MIX:
+    eps, at the step's first position), in the fusers' arithmetic: a mean is summed in
+    order and then divided, a weighted sum starts from 0 and adds w * bounds, a mix is
+    eps * mean + (1 - eps) * b. label_prob[n]: the target's exact fused probability."""
+    n_epochs, k = epochs.shape[0], logits.shape[2]
+    width = n_epochs * k + 2
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        keys, stamps, where, buf = _layout_scratch(n_epochs, k)
+        cache, touched, vals, mark = _window_scratch(n_epochs, n_epochs, k, width)
+        row_cls = np.empty(width, dtype=np.int64)
+        tcols = np.empty((n_epochs, k), dtype=np.int64)
+        upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
+                                      np.empty(width))
+        every = np.arange(n_epochs)
+        for n in range(lo, hi):
+            s, y = src[n], targets[n]
+            _cache_records(logits, ids, target, lse, epochs, every, s, y, cache)
+            floor = np.int64(vocab)
+            for i in range(n_epochs):
+                t = np.int64(ids[epochs[i], s, k - 1])
+                floor = min(floor, t if cache[2][i] == cache[0][i, k - 1] else np.int64(-1))
+            end, y_col, slot_col = _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps,
+                                                 n + 1, where, buf, row_cls, tcols)
+            for step in range(kinds.shape[0]):
+                at = pos[starts[step]:starts[step + 1]]
+                if kinds[step] == 0:  # MEAN
+                    _window_row(tcols, at, cache, y_col, end, upper, lower, True, touched,
+                                vals, mark)
+                elif kinds[step] == 1:  # WEIGHTED
+                    for c in range(end):
+                        upper[c] = 0.0
+                        lower[c] = 0.0
+                    for i in range(at.shape[0]):
+                        _window_row(tcols, at[i:i + 1], cache, y_col, end, tmp, tmp_low, True,
+                                    touched, vals, mark)
+                        w = values[starts[step] + i]
+                        for c in range(end):
+                            upper[c] += w * tmp[c]
+                            lower[c] += w * tmp_low[c]
+                else:  # MIX
+                    _window_row(tcols, at, cache, y_col, end, tmp, tmp_low, True, touched,
+                                vals, mark)
+                    eps = values[starts[step]]
+                    one_minus = 1.0 - eps
+                    for c in range(end):
+                        upper[c] = eps * tmp[c] + one_minus * upper[c]
+                        lower[c] = eps * tmp_low[c] + one_minus * lower[c]
+            pred[n], certified[n], state[n] = _certify_row(upper, lower, row_cls, end, vocab,
+                                                           slot_col, y_col)
+            label_prob[n] = upper[y_col]
         blk = claim(counter)
