@@ -64,14 +64,14 @@ class Layout:
         else:
             self.fields, self.epochs = data.fields(rows), _indices(epochs)
             rival = _rival(self.fields[1][-1], targets) if settle else None
-            floor, width, self.settled = kernels.topk_scan(
+            floor, self.settled = kernels.topk_scan(
                 self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
                 data.vocab_size, rival)
             self.src = np.flatnonzero(~self.settled)
             self.targets = targets[self.src]
-            self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout_of(
-                self.fields[1], self.epochs, self.src, self.targets, data.vocab_size,
-                floor[self.src], width[self.src])
+            self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
+                self.fields, self.epochs, self.src, self.targets, data.vocab_size,
+                floor[self.src])
         self.cls = np.ascontiguousarray(self.cls)
 
     def window(self, data, epochs, upper, lower=None):

@@ -467,39 +467,36 @@ def exp(x):
 
 
 def topk_scan(fields, epochs, src, targets, vocab, rival=None):
-    """(floor, width, settled) of tokens ``src`` over the checkpoints ``epochs`` (int64
-    indices) of a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):
+    """(floor, settled) of tokens ``src`` over the checkpoints ``epochs`` (int64 indices) of
+    a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):
     `forgetkit.kinds.topk.TopKData.fields`, any strides): each token's tie floor (int64
-    (n,)), its layout's width (int64 (n,)) and whether it is settled (bool (n,), never
-    correct under any mixture; only where ``rival`` (int64 (n,), the class to try, -1 none)
-    is given). See ``topk.token_scan``."""
+    (n,)) and whether it is settled (bool (n,), never correct under any mixture; only where
+    ``rival`` (int64 (n,), the class to try, -1 none) is given). See ``topk.token_scan``."""
     n = len(src)
-    floor, width = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    settled = np.empty(n, dtype=bool)
+    floor, settled = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
     rival = np.full(n, -1, dtype=np.int64) if rival is None else rival
     call(_topk.token_scan, n * len(epochs) * fields[0].shape[2], *fields, epochs, src,
-         targets, vocab, rival, floor, width, settled)
-    return floor, width, settled
+         targets, vocab, rival, floor, settled)
+    return floor, settled
 
 
-def topk_layout(fields, epochs, src, targets, vocab):
+def topk_layout(fields, epochs, src, targets, vocab, floor):
     """The class layout of tokens ``src`` over the checkpoints ``epochs`` (int64 indices)
-    of a top-k run's record ``fields`` (as `topk_scan` takes them; ``targets`` int64 (n,)):
-    (cls int32 (n, M) (int64 for vocabularies beyond int32), label_col int64 (n,),
-    unstored_col int64 (n,), -1 where none, cols (W, n, k) the column of each stored id);
-    see ``topk``'s module docstring."""
-    floor, width, _ = topk_scan(fields, epochs, src, targets, vocab)
-    return topk_layout_of(fields[1], epochs, src, targets, vocab, floor, width)
-
-
-def topk_layout_of(ids, epochs, src, targets, vocab, floor, width):
-    """`topk_layout` of tokens whose tie floors and widths `topk_scan` gave."""
-    n = len(src)
+    of a top-k run's record ``fields`` (as `topk_scan` takes them; ``targets`` int64 (n,)),
+    the unstored slot above ``floor`` (`topk_scan`): (cls int32 (n, M) (int64 for
+    vocabularies beyond int32), label_col int64 (n,), unstored_col int64 (n,), -1 where
+    none, cols (W, n, k) the column of each stored id: uint8, or uint16 / int32 for wider
+    layouts); see ``topk``'s module docstring."""
+    ids, n = fields[1], len(src)
+    width = np.empty(n, dtype=np.int64)
+    call(_topk.layout_widths, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
+         width)
     cls = np.empty((n, int(width.max()) if n else 0),
                    dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
     label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     cols = np.empty((len(epochs), n, ids.shape[2]),
-                    dtype=np.uint8 if cls.shape[1] <= 255 else np.int32)
+                    dtype=next(t for t in (np.uint8, np.uint16, np.int32)
+                               if cls.shape[1] <= np.iinfo(t).max))
     call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
          floor, cls, label_col, unstored_col, cols)
     return cls, label_col, unstored_col, cols

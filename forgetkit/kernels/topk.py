@@ -137,51 +137,66 @@ SETTLE_FLOOR = 2.0 ** -900
 
 
 @kernel
-def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, floor, width,
-               settled, n_blocks, counter):
+def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, floor, settled,
+               n_blocks, counter):
     """Per token n (records at token src[n] of ``epochs``): floor[n] = min(vocab, each
     checkpoint's tie floor: its k-th stored id where its unstored bound is its k-th
-    probability, else -1); width[n] = its layout's columns (the distinct classes of the
-    epochs and the target, plus the unstored slot when they are fewer than ``vocab``);
-    settled[n] = some column beats the target's probability at every checkpoint by
-    `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`: the unstored slot (bound u),
-    or class rival[n] (its probability where stored, else u; rival[n] < 0: not settled).
+    probability, else -1); settled[n] = some column beats the target's probability at
+    every checkpoint by `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`: the
+    unstored slot (bound u; tried where the epochs' ids and the target cannot fill the
+    vocabulary), or class rival[n] (its probability where stored, else u; rival[n] < 0:
+    not settled).
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
     k = logits.shape[2]
+    has_slot = epochs.shape[0] * k + 1 < vocab
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        probs = np.empty(k)
+        for n in range(lo, hi):
+            s, y, c = src[n], targets[n], rival[n]
+            low = np.int64(vocab)
+            slot_beats, rival_beats = has_slot and c >= 0, c >= 0
+            for i in range(epochs.shape[0]):
+                e = epochs[i]
+                p_y, u = _record_probs(logits, ids, target, lse, e, s, y, probs)
+                t = np.int64(ids[e, s, k - 1]) if u == probs[k - 1] else np.int64(-1)
+                low = min(low, t)
+                if slot_beats or rival_beats:
+                    bar = p_y * (1.0 + SETTLE_MARGIN)
+                    slot_beats = slot_beats and u > bar and u >= SETTLE_FLOOR
+                    up = u
+                    for j in range(k):
+                        if np.int64(ids[e, s, j]) == c:
+                            up = probs[j]
+                    rival_beats = rival_beats and up > bar and up >= SETTLE_FLOOR
+            floor[n] = low
+            settled[n] = slot_beats or rival_beats
+        blk = claim(counter)
+
+
+@kernel
+def layout_widths(ids, epochs, src, targets, vocab, width, n_blocks, counter):
+    """width[n] = the columns of token src[n]'s layout: the distinct classes of ``epochs``
+    and the target, plus the unstored slot when they are fewer than ``vocab``."""
+    k = ids.shape[2]
     size = _hash_size(epochs.shape[0], k)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         keys = np.empty(size, dtype=np.int64)
         stamps = np.zeros(size, dtype=np.int64)
-        probs = np.empty(k)
         for n in range(lo, hi):
-            s, y, c = src[n], targets[n], rival[n]
-            stamp = n + 1
-            _hash_insert(keys, stamps, stamp, y)
+            s = src[n]
+            _hash_insert(keys, stamps, n + 1, targets[n])
             count = 1
-            low = np.int64(vocab)
-            slot_beats, rival_beats = c >= 0, c >= 0
             for i in range(epochs.shape[0]):
-                e = epochs[i]
-                p_y, u = _record_probs(logits, ids, target, lse, e, s, y, probs)
-                t = np.int64(ids[e, s, k - 1]) if u == probs[k - 1] else np.int64(-1)
-                low = min(low, t)
-                bar = p_y * (1.0 + SETTLE_MARGIN)
-                slot_beats = slot_beats and u > bar and u >= SETTLE_FLOOR
-                up = u
                 for j in range(k):
-                    cj = np.int64(ids[e, s, j])
-                    if cj == c:
-                        up = probs[j]
-                    if _hash_insert(keys, stamps, stamp, cj):
+                    if _hash_insert(keys, stamps, n + 1, np.int64(ids[epochs[i], s, j])):
                         count += 1
-                rival_beats = rival_beats and up > bar and up >= SETTLE_FLOOR
-            floor[n] = low
             width[n] = count + (1 if count < vocab else 0)
-            settled[n] = (slot_beats and count < vocab) or rival_beats
         blk = claim(counter)
 
 
