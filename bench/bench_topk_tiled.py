@@ -1,6 +1,6 @@
 """Certified fusion on a real token run, as ratios to its forgetting pass.
 
-    python -m bench.bench_topk_tiled [--tile 40] [--repeat 3]
+    python -m bench.bench_topk_tiled [--tile 40] [--repeat 3] [--tasks fit,certified,...]
 
 The GPT-2 sample run (data_samples/lm_fortunes_gpt2_heldout_top8.npy: 26 checkpoints x
 3,048 tokens, k = 8, vocabulary 8,192) tiled ``--tile`` times along its tokens (each copy's
@@ -25,6 +25,10 @@ from .common import machine
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / \
     "lm_fortunes_gpt2_heldout_top8.npy"
+
+
+#: The timed tasks (``--tasks``).
+TASKS = ("fit", "certified", "selection", "likelihood", "label_issues")
 
 
 def tiler(run, copies):
@@ -57,25 +61,34 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tile", type=int, default=40)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help=f"comma-separated, of {', '.join(TASKS)} (default: all)")
     args = p.parse_args(argv)
+    tasks = args.tasks.split(",")
     import forgetkit as fk
 
     sample = fk.load(SAMPLE)
     fk.forget_fraction(sample)
     fk.KnowledgeFusion().fit(sample).certified_accuracy(sample)  # compiles the kernels
     fk.EnsembleSelection().fit(sample)
-    fk.LikelihoodFusion().fit(sample)
     new_run = tiler(sample, args.tile)
-    rows = {}
+    rows, issues = {}, None
     rows["forgetting pass"], _ = cpu_seconds(fk.forget_fraction, new_run, args.repeat)
-    rows["KnowledgeFusion().fit"], kf = cpu_seconds(lambda r: fk.KnowledgeFusion().fit(r),
-                                                    new_run, args.repeat)
-    rows["certified_accuracy"], _ = cpu_seconds(kf.certified_accuracy, new_run, args.repeat)
-    rows["EnsembleSelection().fit"], _ = cpu_seconds(lambda r: fk.EnsembleSelection().fit(r),
-                                                     new_run, args.repeat)
-    rows["LikelihoodFusion().fit"], _ = cpu_seconds(lambda r: fk.LikelihoodFusion().fit(r),
-                                                    new_run, args.repeat)
-    rows["label_issues"], issues = cpu_seconds(_label_issues, new_run, 1)
+    kf = fk.KnowledgeFusion().fit(sample)
+    if "fit" in tasks:
+        rows["KnowledgeFusion().fit"], kf = cpu_seconds(
+            lambda r: fk.KnowledgeFusion().fit(r), new_run, args.repeat)
+    if "certified" in tasks:
+        rows["certified_accuracy"], _ = cpu_seconds(kf.certified_accuracy, new_run,
+                                                    args.repeat)
+    if "selection" in tasks:
+        rows["EnsembleSelection().fit"], _ = cpu_seconds(
+            lambda r: fk.EnsembleSelection().fit(r), new_run, args.repeat)
+    if "likelihood" in tasks:
+        rows["LikelihoodFusion().fit"], _ = cpu_seconds(
+            lambda r: fk.LikelihoodFusion().fit(r), new_run, args.repeat)
+    if "label_issues" in tasks:
+        rows["label_issues"], issues = cpu_seconds(_label_issues, new_run, 1)
     base = rows["forgetting pass"]
     run = new_run()
     print(json.dumps({"machine": machine(), "tokens": run.n_samples,

@@ -136,50 +136,6 @@ SETTLE_MARGIN = 2.0 ** -20
 SETTLE_FLOOR = 2.0 ** -900
 
 
-_LOG2E, _LN2 = 1.4426950408889634, 0.6931471805599453
-
-
-@njit(inline="always")
-def _exp_near(x):
-    """exp(x) within a relative 2**-26 for x >= -700 (0 below: under 1e-304): 2**n e**r,
-    |r| <= ln(2) / 2, e**r by its Taylor polynomial of degree 7 (remainder under 1e-8).
-    Not the C library's exp: for bounds that only decide between exact computations."""
-    if x < -700.0:
-        return 0.0
-    t = x * _LOG2E
-    n = np.floor(t + 0.5)
-    r = (t - n) * _LN2
-    poly = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (
-        1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))))
-    return poly * np.int64((np.int64(n) + 1023) << 52).view(np.float64)
-
-
-#: Relative margin of `_exp_near`'s sums (its error, 2**-26 per term, is far inside).
-NEAR_MARGIN = 2.0 ** -16
-#: Logit gap (z_c - z_y) by which a class's probability surely exceeds the target's times
-#: 1 + `SETTLE_MARGIN` (exp's own rounding is 2**-52), and the log-probability above which
-#: it surely exceeds `SETTLE_FLOOR` (e**-620 > 2**-894).
-SETTLE_GAP, SETTLE_LOG_FLOOR = 2.0 ** -18, -620.0
-
-
-@njit(inline="always")
-def _bound_is_kth(logits, ids, target, lse, e, s, y):
-    """Whether record (e, s) surely has u = p_k (`_record_probs`): the stored probabilities,
-    the target's where not stored and p_k sum to at most 1 by a margin (`_exp_near`), so
-    that 1 - their sum is at least p_k."""
-    k = logits.shape[2]
-    top = np.float64(lse[e, s])
-    total = 0.0
-    stored_y = False
-    for j in range(k):
-        total += _exp_near(np.float64(logits[e, s, j]) - top)
-        stored_y = stored_y or ids[e, s, j] == y
-    if not stored_y:
-        total += _exp_near(np.float64(target[e, s]) - top)
-    total += _exp_near(np.float64(logits[e, s, k - 1]) - top)
-    return total * (1.0 + NEAR_MARGIN) <= 1.0 - 2.0 ** -30
-
-
 @kernel
 def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, floor, settled,
                n_blocks, counter):
@@ -205,21 +161,6 @@ def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, flo
             slot_beats, rival_beats = has_slot and c >= 0, c >= 0
             for i in range(epochs.shape[0]):
                 e = epochs[i]
-                if _bound_is_kth(logits, ids, target, lse, e, s, y):
-                    # u = p_k: the tests on logits, which order the probabilities
-                    low = min(low, np.int64(ids[e, s, k - 1]))
-                    if slot_beats or rival_beats:
-                        top, z_y = np.float64(lse[e, s]), np.float64(target[e, s])
-                        z_k = np.float64(logits[e, s, k - 1])
-                        z_c = z_k
-                        for j in range(k):
-                            if np.int64(ids[e, s, j]) == c:
-                                z_c = np.float64(logits[e, s, j])
-                        slot_beats = (slot_beats and z_k - z_y > SETTLE_GAP
-                                      and z_k - top > SETTLE_LOG_FLOOR)
-                        rival_beats = (rival_beats and z_c - z_y > SETTLE_GAP
-                                       and z_c - top > SETTLE_LOG_FLOOR)
-                    continue
                 p_y, u = _record_probs(logits, ids, target, lse, e, s, y, probs)
                 t = np.int64(ids[e, s, k - 1]) if u == probs[k - 1] else np.int64(-1)
                 low = min(low, t)
