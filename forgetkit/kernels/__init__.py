@@ -548,11 +548,17 @@ def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
     records' ``fields`` (logits (N, k), ids (N, k), target (N,), lse (N,):
     `forgetkit.kinds.topk.record_fields`); ``lower`` None: upper only."""
-    fields = tuple(f[None] for f in fields)
-    one, src = np.zeros(1, dtype=np.int64), np.arange(len(targets), dtype=np.int64)
-    cols = np.empty((1, len(targets), fields[0].shape[2]), dtype=np.int32)
-    call(_topk.layout_columns, cols.size, fields[1], one, src, layout[0], vocab, cols)
-    return topk_window(fields, cols, one, one, src, targets, vocab, layout, upper, lower)
+    cls = layout[0]
+    n, width = cls.shape
+    # each stored id's column: rows laid end to end ascend (padding vocab + 1 < vocab + 2)
+    shift = np.arange(n, dtype=np.int64)[:, None] * (vocab + 2)
+    flat = (cls + shift).ravel()
+    key = np.asarray(fields[1], dtype=np.int64) + shift
+    at = np.minimum(np.searchsorted(flat, key), flat.size - 1)
+    cols = np.where(flat[at] == key, at - np.arange(n)[:, None] * width, -1)
+    one, src = np.zeros(1, dtype=np.int64), np.arange(n, dtype=np.int64)
+    return topk_window(tuple(f[None] for f in fields), cols[None], one, one, src, targets,
+                       vocab, layout, upper, lower)
 
 
 def topk_certify(upper, lower, layout, vocab):

@@ -42,19 +42,6 @@ def exp_into(x, out):
         out[i] = math.exp(x[i])
 
 
-@njit(inline="always")
-def _lower_bound(row, c, end):
-    """The first index i of row[:end] (ascending) with row[i] >= c (end if none)."""
-    lo, hi = 0, end
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if row[mid] < c:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 #: The slack of the unstored mass, relative to max(|lse|, |largest logit|, 1): the records'
 #: probabilities exp(z - lse) sum over the vocabulary to 1 only up to the float32 rounding of
 #: lse and of the logits (half a float32 step each, 2**-24 relative); four times that.
@@ -282,29 +269,6 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, label_col, unstore
             for c in range(w, width):
                 cls[n, c] = vocab + 1
         blk = claim(counter)
-
-
-@kernel
-def layout_columns(ids, epochs, src, cls, vocab, cols, n_blocks, counter):
-    """cols[i, n, j] = the column in the layout row cls[n] of the j-th id stored at
-    epochs[i] by token src[n] (-1: not in the row)."""
-    k = ids.shape[2]
-    blk = claim(counter)
-    while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
-            for i in range(epochs.shape[0]):
-                for j in range(k):
-                    cols[i, n, j] = _column(cls[n], np.int64(ids[epochs[i], src[n], j]), end)
-        blk = claim(counter)
-
-
-@njit(inline="always")
-def _column(row, c, end):
-    """Column of class c in row[:end] (ascending), or -1."""
-    lo = _lower_bound(row, c, end)
-    return lo if lo < end and row[lo] == c else -1
 
 
 @njit(inline="always")

@@ -77,7 +77,7 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
 
 def _topk_workload():
     """Certified fusion on a tiny top-k token run: every fuser through `compare`, and the
-    certificates of a Knowledge Fusion plan."""
+    certificates of a Knowledge Fusion plan, also with k equal to the vocabulary."""
     import forgetkit as fk
     from forgetkit.kinds.topk import TopKOutputs, topk_records
 
@@ -89,8 +89,12 @@ def _topk_workload():
     records = np.stack([topk_records(x, targets, k) for x in z])
     run = fk.Run(TopKOutputs(records, vocab, np.arange(n_tokens) // 10,
                              np.arange(n_tokens) % 10), targets, kind="topk")
+    exact = fk.Run(TopKOutputs(np.stack([topk_records(x, targets, vocab) for x in z]), vocab,
+                               np.arange(n_tokens) // 10, np.arange(n_tokens) % 10),
+                   targets, kind="topk")  # k = vocabulary: the exact path
     return [fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,)),
-            fk.KnowledgeFusion().fit(run).certified(run)]
+            fk.KnowledgeFusion().fit(run).certified(run),
+            fk.KnowledgeFusion().fit(exact).certified(exact)]
 
 
 def missing():
