@@ -72,12 +72,14 @@ def workload(folder, *, dtypes=(np.float16, np.float32, np.float64)):
     results.append(em_pass(q, np.full(4, 0.25)))
     total, p = rng.random((300, 5)), rng.random((300, 5))
     results.append(sum_correct_count_rows(total, p, rng.integers(0, 5, 300), np.arange(300)))
-    return results + _topk_workload()
+    return results + _topk_workload(folder)
 
 
-def _topk_workload():
-    """Certified fusion on a tiny top-k token run: every fuser through `compare`, and the
-    certificates of a Knowledge Fusion plan, also with k equal to the vocabulary."""
+def _topk_workload(folder):
+    """Certified fusion on a tiny top-k token run, in memory and memory-mapped from .npy
+    (read-only records: the kernels read their fields in place): every fuser through
+    `compare`, and the certificates of a Knowledge Fusion plan, also with k equal to the
+    vocabulary."""
     import forgetkit as fk
     from forgetkit.kinds.topk import TopKOutputs, topk_records
 
@@ -92,9 +94,13 @@ def _topk_workload():
     exact = fk.Run(TopKOutputs(np.stack([topk_records(x, targets, vocab) for x in z]), vocab,
                                np.arange(n_tokens) // 10, np.arange(n_tokens) % 10),
                    targets, kind="topk")  # k = vocabulary: the exact path
-    return [fk.compare(run, methods=list(fk.evaluate.METHODS), seeds=(0,)),
-            fk.KnowledgeFusion().fit(run).certified(run),
-            fk.KnowledgeFusion().fit(exact).certified(exact)]
+    path = Path(folder) / "topk.npy"
+    fk.save(run, path)
+    results = [fk.KnowledgeFusion().fit(exact).certified(exact)]
+    for tokens in (run, fk.load(path)):
+        results += [fk.compare(tokens, methods=list(fk.evaluate.METHODS), seeds=(0,)),
+                    fk.KnowledgeFusion().fit(tokens).certified(tokens)]
+    return results
 
 
 def missing():
