@@ -71,29 +71,24 @@ def _record_probs(logits, ids, target, lse, e, s, y, probs):
 
 
 @njit(inline="always")
-def _hash_insert(keys, stamps, stamp, c):
+def _hash_slot(keys, stamps, stamp, c):
     """Insert class c into the open-addressing set (keys, stamps) of the entries marked
-    ``stamp``; returns whether it was new."""
+    ``stamp``; returns (its slot, whether it was new)."""
     mask = keys.shape[0] - 1
     h = (c * np.int64(0x9E3779B1)) & mask
     while stamps[h] == stamp:
         if keys[h] == c:
-            return False
+            return h, False
         h = (h + 1) & mask
     stamps[h] = stamp
     keys[h] = c
-    return True
+    return h, True
 
 
 @njit(inline="always")
-def _hash_find(keys, stamps, stamp, c):
-    """The slot of class c in the set (keys, stamps) of the entries marked ``stamp`` (c
-    must be in it)."""
-    mask = keys.shape[0] - 1
-    h = (c * np.int64(0x9E3779B1)) & mask
-    while keys[h] != c or stamps[h] != stamp:
-        h = (h + 1) & mask
-    return h
+def _hash_insert(keys, stamps, stamp, c):
+    """`_hash_slot`, whether c was new."""
+    return _hash_slot(keys, stamps, stamp, c)[1]
 
 
 @njit(inline="always")
@@ -193,44 +188,47 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
     """The layout of one token (records at token s, target y; see the module): row[:w] its
     classes and unstored slot (above ``floor``), tcols[i, j] the column of the j-th id
     stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
-    Scratch: the set (keys, stamps) marked ``stamp``, where (its size), buf (W * k + 1,)."""
+    Scratch: the set (keys, stamps) marked ``stamp``, where (its size), buf (3, W * k + 1):
+    the classes, their slots in the set, each stored id's slot."""
     k = ids.shape[2]
-    _hash_insert(keys, stamps, stamp, y)
-    buf[0] = y
+    h, _ = _hash_slot(keys, stamps, stamp, y)
+    buf[0, 0], buf[1, 0] = y, h
     count = 1
     for i in range(epochs.shape[0]):
         e = epochs[i]
         for j in range(k):
             c = np.int64(ids[e, s, j])
-            if _hash_insert(keys, stamps, stamp, c):
-                buf[count] = c
+            h, new = _hash_slot(keys, stamps, stamp, c)
+            buf[2, i * k + j] = h
+            if new:
+                buf[0, count], buf[1, count] = c, h
                 count += 1
     for i in range(1, count):  # insertion sort: a few dozen classes
-        c = buf[i]
+        c, h = buf[0, i], buf[1, i]
         m = i
-        while m > 0 and buf[m - 1] > c:
-            buf[m] = buf[m - 1]
+        while m > 0 and buf[0, m - 1] > c:
+            buf[0, m], buf[1, m] = buf[0, m - 1], buf[1, m - 1]
             m -= 1
-        buf[m] = c
+        buf[0, m], buf[1, m] = c, h
     slot = np.int64(-1)
     if count < vocab:  # the smallest class above floor not in buf
         slot = max(floor + 1, 0)
         for i in range(count):
-            if buf[i] == slot:
+            if buf[0, i] == slot:
                 slot += 1
-            elif buf[i] > slot:
+            elif buf[0, i] > slot:
                 break
     slot_col, y_col = np.int64(-1), np.int64(-1)
     col = 0
     for i in range(count):
-        if slot >= 0 and slot_col < 0 and buf[i] > slot:
+        if slot >= 0 and slot_col < 0 and buf[0, i] > slot:
             slot_col = col
             row[col] = slot
             col += 1
-        if buf[i] == y:
+        if buf[0, i] == y:
             y_col = col
-        where[_hash_find(keys, stamps, stamp, buf[i])] = col
-        row[col] = buf[i]
+        where[buf[1, i]] = col
+        row[col] = buf[0, i]
         col += 1
     if slot >= 0 and slot_col < 0:
         slot_col = col
@@ -238,7 +236,7 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
         col += 1
     for i in range(epochs.shape[0]):
         for j in range(k):
-            tcols[i, j] = where[_hash_find(keys, stamps, stamp, np.int64(ids[epochs[i], s, j]))]
+            tcols[i, j] = where[buf[2, i * k + j]]
     return col, y_col, slot_col
 
 
@@ -247,7 +245,7 @@ def _layout_scratch(n_epochs, k):
     """(keys, stamps, where, buf) of `_token_layout`, for one block of rows."""
     size = _hash_size(n_epochs, k)
     return (np.empty(size, dtype=np.int64), np.zeros(size, dtype=np.int64),
-            np.empty(size, dtype=np.int64), np.empty(n_epochs * k + 1, dtype=np.int64))
+            np.empty(size, dtype=np.int64), np.empty((3, n_epochs * k + 1), dtype=np.int64))
 
 
 @kernel
@@ -318,12 +316,10 @@ def _window_row(tcols, pos, cache, y_col, end, upper, lower, both, touched, vals
     if n_epochs > 1:
         u_sum /= n_epochs
         y_sum /= n_epochs
-    for c in range(end):
-        upper[c] = u_sum
-        if both:
-            lower[c] = 0.0
+    upper[:end] = u_sum
     upper[y_col] = y_sum
     if both:
+        lower[:end] = 0.0
         lower[y_col] = y_sum
     for t in range(n_touched):
         col = touched[t]
