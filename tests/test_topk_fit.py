@@ -124,7 +124,7 @@ def test_settled_tokens_are_wrong_under_every_mixture(case):
     run = topk_run(*case)
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
-    chunk = ft.TopKFitChunk(data, slice(None), np.asarray(run.correctness()))
+    chunk = ft.TopKFitChunk(data, slice(None), np.asarray(run.correctness()), settle=True)
     settled = np.flatnonzero(chunk.layout.settled)
     assert len(settled) > 0 or case[3] <= 7  # tiny vocabularies: nothing settles
     rng = np.random.default_rng(0)

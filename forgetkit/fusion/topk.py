@@ -266,10 +266,10 @@ class TopKFitChunk(FitChunk):
     With ``settle`` (an eps grid, whose counts are the brute-force grid's) the settled
     tokens (`Layout`) are wrong under every mixture the fit can make: they add to the
     forget counts and nothing else, and no window's bounds are made for them. The
-    continuous search (``settle`` False) sweeps every token's interval, as the
-    full-vocabulary fit does."""
+    continuous search (``settle`` False, the default) sweeps every token's interval, as
+    the full-vocabulary fit does: its candidates come from those intervals."""
 
-    def __init__(self, data, rows, correct, *, settle=True):
+    def __init__(self, data, rows, correct, *, settle=False):
         self.data, self.rows = data, rows
         self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle)
         prob = epoch_values(data, data.n_epochs - 1, layout, np.empty(layout.shape))[0]
