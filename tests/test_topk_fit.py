@@ -164,3 +164,24 @@ def test_fit_chunks_give_the_plan_of_one_chunk(monkeypatch):
     monkeypatch.setattr(knowledge.topk, "CHUNK_TOKENS", 37)
     chunked = fk.KnowledgeFusion().fit(run)
     assert chunked.plan_ == whole.plan_ and chunked.val_accuracy_ == whole.val_accuracy_
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_pass_certificates_equal_the_layout_and_bounds_path(case):
+    run = topk_run(*case)
+    data = kind_of(run).certified_bounds(run)
+    last = run.n_epochs - 1
+    weights = np.linspace(1.0, 2.0, run.n_epochs) / np.linspace(1.0, 2.0, run.n_epochs).sum()
+    recipes = [[(kernels.MEAN, [last], None)],
+               [(kernels.MEAN, list(range(run.n_epochs)), None)],
+               [(kernels.WEIGHTED, list(range(run.n_epochs)), weights.tolist())],
+               [(kernels.MEAN, [last], None), (kernels.MIX, [0, 1], 0.3),
+                (kernels.MIX, [2, 1, 3], 0.25)]]
+    for recipe in recipes:
+        got = ft.certify(data, recipe, chunk=64)
+        layout = ft.Layout(data, ft.recipe_epochs(recipe), slice(None))
+        upper, lower = ft.recipe_bounds(data, recipe, layout)
+        want = kernels.topk_certify(upper, lower, layout.parts, run.n_classes)
+        for a, b in zip(got[:3], want, strict=True):
+            assert np.array_equal(a, b)
+        assert np.array_equal(got[3], upper[np.arange(run.n_samples), layout.label_col])
