@@ -280,72 +280,57 @@ def _cache_records(logits, ids, target, lse, epochs, pos, s, y, cache):
 
 
 @njit(inline="always")
-def _window_row(tcols, pos, cache, y_col, end, upper, lower, both, touched, vals, mark):
+def _window_row(tcols, pos, cache, y_col, end, upper, lower, both, tmp, tmp_low):
     """The mean over the epochs at rows ``pos`` of one token's record cache (see
     `_cache_records`) of each one's bounds in the token's layout row up to ``end``: for
     the classes a checkpoint stored and the target, the exact p (upper = lower); for every
-    other column upper = u, lower = 0. Each column's values are summed in epoch order,
-    then divided by their number where it is above 1 (numpy's ``out += tmp``, ``out /=
-    W``): a column no epoch stored holds the same sum of the u's, so only the stored
-    columns are summed one by one.
+    other column upper = u, lower = 0. Each epoch's bounds are laid out in a scratch row,
+    then summed in epoch order and divided by their number where it is above 1 (numpy's
+    ``out += tmp``, ``out /= W``).
 
-    tcols[pos[i], j]: the column of the j-th id stored at that epoch; scratch: touched
-    (W * k,), vals (W * k, W), mark (M,) all -1 (left so)."""
+    tcols[pos[i], j]: the column of the j-th id stored at that epoch (-1: none); scratch:
+    tmp, tmp_low (W, M)."""
     probs, p_y, u = cache
     n_epochs, k = pos.shape[0], probs.shape[1]
-    n_touched = 0
     for i in range(n_epochs):
         r = pos[i]
+        tmp[i, :end] = u[r]
+        if both:
+            tmp_low[i, :end] = 0.0
         for j in range(k):
             col = np.int64(tcols[r, j])
-            if col == y_col or col < 0:  # the target's column holds p_y
-                continue
-            t = mark[col]
-            if t < 0:
-                t = n_touched
-                mark[col] = t
-                touched[t] = col
-                for m in range(n_epochs):
-                    vals[t, m] = -1.0  # not stored at epoch m
-                n_touched += 1
-            vals[t, i] = probs[r, j]
-    u_sum, y_sum = u[pos[0]], p_y[pos[0]]
-    for i in range(1, n_epochs):
-        u_sum += u[pos[i]]
-        y_sum += p_y[pos[i]]
-    if n_epochs > 1:
-        u_sum /= n_epochs
-        y_sum /= n_epochs
-    upper[:end] = u_sum
-    upper[y_col] = y_sum
-    if both:
-        lower[:end] = 0.0
-        lower[y_col] = y_sum
-    for t in range(n_touched):
-        col = touched[t]
-        mark[col] = -1
-        v = vals[t, 0]
-        up = v if v >= 0.0 else u[pos[0]]
-        low = max(v, 0.0)
-        for i in range(1, n_epochs):
-            v = vals[t, i]
-            up += v if v >= 0.0 else u[pos[i]]
-            low += max(v, 0.0)
-        if n_epochs > 1:
-            up /= n_epochs
-            low /= n_epochs
-        upper[col] = up
+            if col >= 0:
+                tmp[i, col] = probs[r, j]
+                if both:
+                    tmp_low[i, col] = probs[r, j]
+        tmp[i, y_col] = p_y[r]  # the target's column holds p_y, stored or not
         if both:
-            lower[col] = low
+            tmp_low[i, y_col] = p_y[r]
+    _sum_rows(tmp, n_epochs, end, upper)
+    if both:
+        _sum_rows(tmp_low, n_epochs, end, lower)
+
+
+@njit(inline="always")
+def _sum_rows(rows, n_rows, end, out):
+    """out[:end] = (rows[0] + rows[1] + ...) / n_rows, summed in order (no division for
+    one row)."""
+    for c in range(end):
+        out[c] = rows[0, c]
+    for i in range(1, n_rows):
+        for c in range(end):
+            out[c] += rows[i, c]
+    if n_rows > 1:
+        for c in range(end):
+            out[c] /= n_rows
 
 
 @njit(inline="always")
 def _window_scratch(n_layout, n_window, k, width):
-    """(cache, touched, vals, mark) of `_window_row`, for one block of rows: the record
-    cache of ``n_layout`` epochs, for windows of up to ``n_window``."""
+    """(cache, tmp, tmp_low) of `_window_row`, for one block of rows: the record cache of
+    ``n_layout`` epochs, rows for windows of up to ``n_window``."""
     cache = (np.empty((n_layout, k)), np.empty(n_layout), np.empty(n_layout))
-    return (cache, np.empty(n_window * k, dtype=np.int64), np.empty((n_window * k, n_window)),
-            np.full(width, -1, dtype=np.int64))
+    return cache, np.empty((n_window, width)), np.empty((n_window, width))
 
 
 @kernel
@@ -360,14 +345,13 @@ def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, voc
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, touched, vals, mark = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
-        spare = np.empty(width)
+        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
-            low = lower[n] if both else spare
+            low = lower[n] if both else upper[n]
             _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
             _window_row(cols[:, n, :], pos, cache, label_col[n], end, upper[n], low, both,
-                        touched, vals, mark)
+                        tmp, tmp_low)
             for c in range(end, width):
                 upper[n, c] = 0.0
                 if both:
@@ -393,13 +377,13 @@ def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, touched, vals, mark = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             a = mean[n]
             _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
-            _window_row(cols[:, n, :], pos, cache, label_col[n], end, a, a, False, touched,
-                        vals, mark)
+            _window_row(cols[:, n, :], pos, cache, label_col[n], end, a, a, False, tmp,
+                        tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
@@ -423,7 +407,7 @@ def selection_counts(logits, ids, target, lse, cols, epochs, src, targets, vocab
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, touched, vals, mark = _window_scratch(n_epochs, 1, k, width)
+        cache, tmp, tmp_low = _window_scratch(n_epochs, 1, k, width)
         row = np.empty(width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
@@ -431,7 +415,7 @@ def selection_counts(logits, ids, target, lse, cols, epochs, src, targets, vocab
             _cache_records(logits, ids, target, lse, epochs, every, src[n], targets[n], cache)
             for i in range(n_epochs):
                 _window_row(cols[:, n, :], every[i:i + 1], cache, label_col[n], end, row, row,
-                            False, touched, vals, mark)
+                            False, tmp, tmp_low)
                 for c in range(end, width):
                     row[c] = 0.0
                 if first_argmax_mix(total[n, :m], row[:m], 1.0, 1.0) == label_col[n]:
@@ -506,7 +490,7 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         keys, stamps, where, buf = _layout_scratch(n_epochs, k)
-        cache, touched, vals, mark = _window_scratch(n_epochs, n_epochs, k, width)
+        cache, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
         row_cls = np.empty(width, dtype=np.int64)
         tcols = np.empty((n_epochs, k), dtype=np.int64)
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
@@ -524,22 +508,22 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
             for step in range(kinds.shape[0]):
                 at = pos[starts[step]:starts[step + 1]]
                 if kinds[step] == 0:  # MEAN
-                    _window_row(tcols, at, cache, y_col, end, upper, lower, True, touched,
-                                vals, mark)
+                    _window_row(tcols, at, cache, y_col, end, upper, lower, True, rows,
+                                rows_low)
                 elif kinds[step] == 1:  # WEIGHTED
                     for c in range(end):
                         upper[c] = 0.0
                         lower[c] = 0.0
                     for i in range(at.shape[0]):
                         _window_row(tcols, at[i:i + 1], cache, y_col, end, tmp, tmp_low, True,
-                                    touched, vals, mark)
+                                    rows, rows_low)
                         w = values[starts[step] + i]
                         for c in range(end):
                             upper[c] += w * tmp[c]
                             lower[c] += w * tmp_low[c]
                 else:  # MIX
-                    _window_row(tcols, at, cache, y_col, end, tmp, tmp_low, True, touched,
-                                vals, mark)
+                    _window_row(tcols, at, cache, y_col, end, tmp, tmp_low, True, rows,
+                                rows_low)
                     eps = values[starts[step]]
                     one_minus = 1.0 - eps
                     for c in range(end):
