@@ -1,14 +1,15 @@
 """Certified fusion on a real token run, as ratios to its forgetting pass.
 
-    python -m bench.bench_topk_tiled [--tile 40] [--repeat 3]
+    python -m bench.bench_topk_tiled [--tile 40] [--repeat 3] [--tasks fit,certified,...]
 
 The GPT-2 sample run (data_samples/lm_fortunes_gpt2_heldout_top8.npy: 26 checkpoints x
 3,048 tokens, k = 8, vocabulary 8,192) tiled ``--tile`` times along its tokens (each copy's
 sequence ids shifted): real per-token candidate sets, which are wider than the synthetic
 records of `bench.bench_topk_fusion`. In one process, kernels compiled first on the sample
 itself: CPU seconds (best of ``--repeat``) of the forgetting pass (`fk.forget_fraction`),
-`KnowledgeFusion().fit`, `certified_accuracy` of the fitted plan and `fk.label_issues`,
-each also as a ratio to the forgetting pass.
+`KnowledgeFusion().fit`, `certified_accuracy` of the fitted plan, `EnsembleSelection().fit`,
+`LikelihoodFusion().fit` and `fk.label_issues` (which refuses a token run: its message is
+printed), each also as a ratio to the forgetting pass.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from .common import machine
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / \
     "lm_fortunes_gpt2_heldout_top8.npy"
+
+
+#: The timed tasks (``--tasks``).
+TASKS = ("fit", "certified", "selection", "likelihood", "label_issues")
 
 
 def tiler(run, copies):
@@ -56,25 +61,51 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tile", type=int, default=40)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help=f"comma-separated, of {', '.join(TASKS)} (default: all)")
     args = p.parse_args(argv)
+    tasks = args.tasks.split(",")
     import forgetkit as fk
 
     sample = fk.load(SAMPLE)
     fk.forget_fraction(sample)
     fk.KnowledgeFusion().fit(sample).certified_accuracy(sample)  # compiles the kernels
+    fk.EnsembleSelection().fit(sample)
     new_run = tiler(sample, args.tile)
-    rows = {}
+    rows, issues = {}, None
     rows["forgetting pass"], _ = cpu_seconds(fk.forget_fraction, new_run, args.repeat)
-    rows["KnowledgeFusion().fit"], kf = cpu_seconds(lambda r: fk.KnowledgeFusion().fit(r),
-                                                    new_run, args.repeat)
-    rows["certified_accuracy"], _ = cpu_seconds(kf.certified_accuracy, new_run, args.repeat)
-    rows["label_issues"], _ = cpu_seconds(fk.label_issues, new_run, 1)
+    kf = fk.KnowledgeFusion().fit(sample)
+    if "fit" in tasks:
+        rows["KnowledgeFusion().fit"], kf = cpu_seconds(
+            lambda r: fk.KnowledgeFusion().fit(r), new_run, args.repeat)
+    if "certified" in tasks:
+        rows["certified_accuracy"], _ = cpu_seconds(kf.certified_accuracy, new_run,
+                                                    args.repeat)
+    if "selection" in tasks:
+        rows["EnsembleSelection().fit"], _ = cpu_seconds(
+            lambda r: fk.EnsembleSelection().fit(r), new_run, args.repeat)
+    if "likelihood" in tasks:
+        rows["LikelihoodFusion().fit"], _ = cpu_seconds(
+            lambda r: fk.LikelihoodFusion().fit(r), new_run, args.repeat)
+    if "label_issues" in tasks:
+        rows["label_issues"], issues = cpu_seconds(_label_issues, new_run, 1)
     base = rows["forgetting pass"]
     run = new_run()
     print(json.dumps({"machine": machine(), "tokens": run.n_samples,
-                      "checkpoints": run.n_epochs, "rows": {
+                      "checkpoints": run.n_epochs, "plan": kf.plan_,
+                      "label_issues": issues, "rows": {
                           k: {"cpu_s": round(v, 3), "x_forgetting": round(v / base, 1)}
                           for k, v in rows.items()}}, indent=1))
+
+
+def _label_issues(run):
+    """`fk.label_issues` of ``run``: its flagged count, or the message of its refusal."""
+    import forgetkit as fk
+
+    try:
+        return int(fk.label_issues(run)["is_issue"].sum())
+    except fk.ForgetkitError as refused:
+        return f"refused: {refused}"
 
 
 if __name__ == "__main__":

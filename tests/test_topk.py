@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import forgetkit as fk
-from forgetkit.errors import CorruptFileError, RunExistsError, RunLockedError
+from forgetkit.errors import CorruptFileError, ForgetkitError, RunExistsError, RunLockedError
 from forgetkit.io.topk import tokens_path
 from forgetkit.kinds import kind_of
 from forgetkit.kinds import topk as _topk
@@ -125,8 +125,17 @@ def test_scores_and_label_issues_from_a_topk_run():
         assert scores[col].equals(ref[col])
     np.testing.assert_allclose(scores["variability"], ref["variability"], rtol=1e-5,
                                atol=1e-12)
-    # label issues: what the summary of the same logits gives (exact from the records)
-    assert fk.label_issues(top).equals(fk.label_issues(fk.summarize(full)))
+    # label issues of a classifier's top-k run (every sample its own sequence, position 0):
+    # what the summary of the same logits gives (exact from the records)
+    n = full.n_samples
+    classifier = fk.Run(_topk.TopKOutputs(top.outputs.records, V, np.arange(n),
+                                          np.zeros(n, np.int32)), full.labels, kind="topk",
+                        epochs=full.epochs)
+    assert fk.label_issues(classifier).equals(fk.label_issues(fk.summarize(full)))
+    # a language model's tokens (targets inside sequences): next-token targets, refused
+    with pytest.raises(ForgetkitError, match="next-token targets") as refused:
+        fk.label_issues(top)
+    assert "\n" not in str(refused.value)
     assert np.array_equal(fk.summarize(top).outputs.records,
                           fk.summarize(full).outputs.records)
 

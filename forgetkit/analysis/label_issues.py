@@ -172,6 +172,9 @@ def label_issues(run, *, n_issues=None, progress=False):
     never counted in the joint (the full run may count one whose mean probability reaches
     its threshold).
 
+    A top-k run of a language model's tokens (targets at positions > 0 of their sequences)
+    is refused: its labels are next-token targets (`check_given_labels`).
+
     Parameters
     ----------
     run : Run
@@ -200,6 +203,7 @@ def label_issues(run, *, n_issues=None, progress=False):
     """
     check_run("run", run)
     check_bool("progress", progress)
+    check_given_labels(run)
     if not kind_of(run).full:  # a summary, or a top-k run through its summary
         joint, score, suggested, n_epochs = _summary_scores(run, progress)
     else:
@@ -233,6 +237,19 @@ def label_issues(run, *, n_issues=None, progress=False):
         "n_epochs": n_epochs,
     }
     return df
+
+
+def check_given_labels(run):
+    """Raise ForgetkitError where ``run``'s labels are next-token targets: a top-k run whose
+    token table places some target after the start of its sequence (position > 0, as
+    `forgetkit.TokenRecorder` records a language model's tokens). A classifier's top-k run
+    (`forgetkit.to_topk` without positions: every sample its own sequence at position 0)
+    has labels a person gave."""
+    positions = run.positions
+    if positions is not None and len(positions) and int(np.max(positions)) > 0:
+        raise ForgetkitError("label_issues audits labels a person gave; this run's labels are "
+                             "next-token targets (its token table has positions up to "
+                             f"{int(np.max(positions))}), which no one labelled")
 
 
 def _full_scores(run, progress):

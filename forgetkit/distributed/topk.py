@@ -56,6 +56,8 @@ class ChunkRecords:
         e, rows = key
         if self.block is not None:
             return self.block[e, rows]
+        if isinstance(e, slice):  # every epoch at these tokens (`TopKData.fields`)
+            return np.asarray(self.x[e, rows].compute(scheduler="sync"))
         if e not in self.epochs:
             self.epochs[e] = self.x[e].compute(scheduler="sync")
         return self.epochs[e][rows]

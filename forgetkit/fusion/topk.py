@@ -29,8 +29,8 @@ import pandas as pd
 
 from .. import kernels
 from ..errors import ForgetkitError
-from ..kinds.topk import CHUNK_TOKENS, TopKData, record_fields, token_ids  # noqa: F401 (TopKData: its old home)
-from .fitstate import FitChunk
+from ..kinds.topk import CHUNK_TOKENS, TopKData, token_ids  # noqa: F401 (TopKData: its old home)
+from .fitstate import REL_BAND, FitChunk
 
 #: What a top-k run cannot give, for the errors of the methods that need every class.
 TOPK_HOLDS = ("a top-k run holds, per checkpoint and token, the k largest logits with their "
@@ -39,30 +39,55 @@ TOPK_HOLDS = ("a top-k run holds, per checkpoint and token, the k largest logits
 
 
 class Layout:
-    """The classes of tokens ``rows`` that a mixture of checkpoints ``epochs`` can hold:
-    ``cls`` (n, M) ascending class ids per token (every class stored by one of the epochs,
-    the target, the unstored slot, padding), ``label_col`` and ``unstored_col`` (n,)."""
+    """The classes of tokens ``rows`` (a slice) that a mixture of checkpoints ``epochs`` can
+    hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
+    epochs, the target, the unstored slot, padding), ``label_col`` and ``unstored_col``
+    (n,); ``fields`` the records' fields there (`TopKData.fields`), read by the kernels
+    at the tokens ``src`` (int64 (n,)), whose targets are ``targets``.
 
-    def __init__(self, data, epochs, rows):
+    With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
+    beats at every checkpoint by a margin (`kernels.topk.token_scan`: the unstored slot, or
+    the final checkpoint's largest class other than the target) are left out: no sum or
+    mixture of their bounds with nonnegative weights ranks the target first. ``settled``
+    (bool, one per token of ``rows``) marks them; ``src`` holds the others."""
+
+    def __init__(self, data, epochs, rows, *, settle=False):
         self.rows, self.vocab = rows, data.vocab_size
         targets = data.targets[rows]
-        self.targets = targets
+        n = targets.shape[0]
+        self.targets, self.settled = targets, np.zeros(n, dtype=bool)
         if data.exact:
-            n = targets.shape[0]
             self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
                                        (n, data.vocab_size))
             self.label_col = targets.copy()
             self.unstored_col = np.full(n, -1, dtype=np.int64)
         else:
-            floor = np.full(targets.shape[0], data.vocab_size, dtype=np.int64)
-            ids = []
-            for e in epochs:
-                records = data.rows(e, rows)
-                kernels.topk_tie_floor(record_fields(records), targets, floor)
-                ids.append(np.asarray(token_ids(records), dtype=np.int32))  # any vocabulary
-            self.cls, self.label_col, self.unstored_col = kernels.topk_layout(
-                np.stack(ids), targets, data.vocab_size, floor)
+            self.fields, self.epochs = data.fields(rows), _indices(epochs)
+            rival = _rival(self.fields[1][-1], targets) if settle else None
+            floor, self.settled = kernels.topk_scan(
+                self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
+                data.vocab_size, rival)
+            self.src = np.flatnonzero(~self.settled)
+            self.targets = targets[self.src]
+            self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
+                self.fields, self.epochs, self.src, self.targets, data.vocab_size,
+                floor[self.src])
         self.cls = np.ascontiguousarray(self.cls)
+
+    def window(self, data, epochs, upper, lower=None):
+        """The mean of the bounds of ``epochs`` (epochs of the layout) into ``upper`` (and
+        ``lower``): `kernels.topk_window`."""
+        epochs = _indices(epochs)
+        pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
+        return kernels.topk_window(self.fields, self.cols, epochs, pos, self.src, self.targets,
+                                   data.vocab_size, self.parts, upper, lower)
+
+    def grid_counts(self, data, epochs, mean, prob, leads, grid):
+        """`kernels.topk_window_grid_counts` of the window ``epochs``."""
+        epochs = _indices(epochs)
+        return kernels.topk_window_grid_counts(
+            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
+            self.targets, data.vocab_size, self.parts, mean, prob, leads, grid, REL_BAND)
 
     @property
     def parts(self):
@@ -73,12 +98,17 @@ class Layout:
         return self.cls.shape
 
 
+def _indices(epochs):
+    """Epoch positions as the kernels take them: int64 (W,)."""
+    return np.asarray(list(epochs), dtype=np.int64).reshape(-1)
+
+
 def epoch_values(data, e, layout, upper, lower=None):
     """Checkpoint ``e``'s upper (and lower) bounds in ``layout``, written into the float64
     arrays (n, M). With k == vocabulary: the softmax of its logits (upper and lower equal;
     ``lower`` is then filled with a copy)."""
-    records = data.rows(e, layout.rows)
     if data.exact:
+        records = data.rows(e, layout.rows)
         n = layout.targets.shape[0]
         dense = np.empty((n, data.vocab_size), dtype=np.asarray(records["logits"]).dtype)
         np.put_along_axis(dense, np.asarray(token_ids(records), dtype=np.int64),
@@ -88,17 +118,18 @@ def epoch_values(data, e, layout, upper, lower=None):
         if lower is not None:
             lower[...] = upper
         return upper, lower
-    return kernels.topk_bounds(record_fields(records), layout.targets, data.vocab_size,
-                               layout.parts, upper, lower)
+    return window_mean(data, [e], layout, upper, lower)
 
 
-def window_mean(data, epochs, layout, out, lower_out=None, scratch=None):
+def window_mean(data, epochs, layout, out, lower_out=None):
     """The mean of the bounds of ``epochs`` (summed in order, then divided: a logits run's
     `Run.mean_probs` arithmetic) into ``out`` (and ``lower_out``)."""
     epochs = list(epochs)
+    if not data.exact:
+        return layout.window(data, epochs, out, lower_out)
     epoch_values(data, epochs[0], layout, out, lower_out)
     if len(epochs) > 1:
-        tmp = np.empty_like(out) if scratch is None else scratch
+        tmp = np.empty_like(out)
         tmp_low = None if lower_out is None else np.empty_like(out)
         for e in epochs[1:]:
             epoch_values(data, e, layout, tmp, tmp_low)
@@ -144,18 +175,42 @@ def certify(data, recipe, *, chunk=CHUNK_TOKENS):
     """The certificate of the mixture ``recipe`` on every token of ``data``: (prediction
     int64 (N,), certified bool (N,), state int8 (N,) (1 certified correct, 0 certified
     wrong, -1 uncertain), label_prob float64 (N,): the exact q(y)). Streams tokens in
-    chunks."""
+    chunks; with k < vocabulary each token's layout, bounds and mixture are made in one
+    pass over its records (`kernels.topk_certify_recipe`)."""
     n = data.n_tokens
     pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
     state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
     epochs = recipe_epochs(recipe)
+    steps = None if data.exact else _steps(recipe, _indices(epochs))
     for rows in data.chunks(chunk):
+        if steps is not None:
+            targets = data.targets[rows]
+            pred[rows], certified[rows], state[rows], label_prob[rows] = \
+                kernels.topk_certify_recipe(data.fields(rows), _indices(epochs),
+                                            np.arange(len(targets), dtype=np.int64), targets,
+                                            data.vocab_size, steps)
+            continue
         layout = Layout(data, epochs, rows)
         upper, lower = recipe_bounds(data, recipe, layout)
         pred[rows], certified[rows], state[rows] = kernels.topk_certify(
             upper, lower, layout.parts, data.vocab_size)
         label_prob[rows] = upper[np.arange(upper.shape[0]), layout.label_col]
     return pred, certified, state, label_prob
+
+
+def _steps(recipe, epochs):
+    """A recipe as `kernels.topk_certify_recipe` takes it: (kinds int64 (S,), starts int64
+    (S+1,), positions in ``epochs`` int64, values float64: a WEIGHTED step's weights, a MIX
+    step's eps at its first position)."""
+    kinds, starts, pos, values = [], [0], [], []
+    for kind, at, value in recipe:
+        kinds.append(kind)
+        pos += np.searchsorted(epochs, _indices(at)).tolist()
+        values += (list(value) if kind == kernels.WEIGHTED
+                   else [0.0 if value is None else value] * len(at))
+        starts.append(len(pos))
+    return (np.asarray(kinds, dtype=np.int64), np.asarray(starts, dtype=np.int64),
+            np.asarray(pos, dtype=np.int64), np.asarray(values, dtype=np.float64))
 
 
 def label_probs(data):
@@ -206,13 +261,23 @@ class TopKFitChunk(FitChunk):
     column exact) and its certified correctness; ``correct`` (E, N) is the run's. The
     kernels of the full-vocabulary fit run on these rows with the target's column as the
     label, so a token counts as correct exactly when it is certified correct (uncertain
-    tokens count as wrong: the fit maximises the lower end of the accuracy interval)."""
+    tokens count as wrong: the fit maximises the lower end of the accuracy interval).
 
-    def __init__(self, data, rows, correct):
+    With ``settle`` (an eps grid, whose counts are the brute-force grid's) the settled
+    tokens (`Layout`) are wrong under every mixture the fit can make: they add to the
+    forget counts and nothing else, and no window's bounds are made for them. The
+    continuous search (``settle`` False, the default) sweeps every token's interval, as
+    the full-vocabulary fit does: its candidates come from those intervals."""
+
+    def __init__(self, data, rows, correct, *, settle=False):
         self.data, self.rows = data, rows
-        self.layout = Layout(data, range(data.n_epochs), rows)
-        prob = epoch_values(data, data.n_epochs - 1, self.layout, np.empty(self.layout.shape))[0]
-        super().__init__(correct[:, rows], prob, self.layout.label_col)
+        self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle)
+        prob = epoch_values(data, data.n_epochs - 1, layout, np.empty(layout.shape))[0]
+        correct = correct[:, rows]
+        gone = correct[:, layout.settled]  # wrong under every mixture: missed where correct
+        super().__init__(correct[:, ~layout.settled], prob, layout.label_col)
+        self.missed += gone.sum(axis=1)
+        self.n_final_correct += int(gone[-1].sum())
 
     def window_mean(self, window):
         if self.window != window:
@@ -220,27 +285,56 @@ class TopKFitChunk(FitChunk):
             self.window = window
         return self.mean
 
+    def _window_counts(self, window, grid):
+        if self.data.exact:
+            return None
+        counts = self.layout.grid_counts(self.data, window, self.mean, self.prob, self.stats,
+                                         grid)
+        self.window = window  # the window's mean is in self.mean
+        return counts
+
+
+def _rival(ids, targets):
+    """The largest class other than the target of records' ids (n, k) (-1 where k = 1 and
+    the target is stored first): int64 (n,)."""
+    first = ids[:, 0].astype(np.int64)
+    if ids.shape[1] < 2:
+        return np.where(first != targets, first, -1)
+    return np.where(first != targets, first, ids[:, 1].astype(np.int64))
+
 
 def topk_selection(data, k):
     """Greedy ensemble selection with replacement on a top-k run: k rounds, each adding the
     checkpoint whose inclusion gives the most tokens certified correct by the sum of the
     picks' bounds (ties: the earlier epoch), the arithmetic of the full-vocabulary
-    selection. Returns the picks (epoch indices). Each round reads every epoch's records."""
+    selection; settled tokens (`Layout`) are certified by no sum. Returns the picks (epoch
+    indices). Each round reads every epoch's records."""
+    everything = range(data.n_epochs)
     parts = []
     for rows in data.chunks():
-        layout = Layout(data, range(data.n_epochs), rows)
-        parts.append((layout, np.zeros(layout.shape), np.arange(layout.shape[0])))
+        layout = Layout(data, everything, rows, settle=True)
+        parts.append((layout, np.zeros(layout.shape)))
     picks = []
     for i in range(k):
         scores = np.zeros(data.n_epochs, dtype=np.int64)
-        for layout, total, every in parts:
-            tmp = np.empty(layout.shape)
-            for e in range(data.n_epochs):
-                epoch_values(data, e, layout, tmp)
-                scores[e] += kernels.sum_correct_count_rows(total, tmp, layout.label_col, every)
+        for layout, total in parts:
+            scores += _selection_scores(data, layout, total)
         picks.append(int(np.argmax(scores)))
         if i + 1 < k:
-            for layout, total, _ in parts:
+            for layout, total in parts:
                 kernels.add_into(total, epoch_values(data, picks[-1], layout,
                                                      np.empty(layout.shape))[0])
     return picks
+
+
+def _selection_scores(data, layout, total):
+    """For each epoch, the tokens of ``layout`` whose argmax of total + its bounds is the
+    target: int64 (E,)."""
+    if not data.exact:
+        return kernels.topk_selection_counts(layout.fields, layout.cols, layout.epochs,
+                                             layout.src, layout.targets, data.vocab_size,
+                                             layout.parts, total)
+    every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
+    return np.array([kernels.sum_correct_count_rows(
+        total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)
+        for e in range(data.n_epochs)], dtype=np.int64)

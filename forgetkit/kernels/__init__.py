@@ -466,38 +466,99 @@ def exp(x):
     return out
 
 
-def topk_layout(ids, targets, vocab, floor):
-    """The class layout of tokens whose checkpoints stored ``ids`` (E, N, k), the unstored
-    slot above ``floor`` (int64 (N,), see `topk_tie_floor`): (cls int32 (N, M) (int64 for
-    vocabularies beyond int32), label_col
-    int64 (N,), unstored_col int64 (N,), -1 where none); see ``topk``'s module docstring."""
-    targets = np.asarray(targets, dtype=np.int64)
-    n = targets.shape[0]
+def topk_scan(fields, epochs, src, targets, vocab, rival=None):
+    """(floor, settled) of tokens ``src`` over the checkpoints ``epochs`` (int64 indices) of
+    a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):
+    `forgetkit.kinds.topk.TopKData.fields`, any strides): each token's tie floor (int64
+    (n,)) and whether it is settled (bool (n,), never correct under any mixture; only where
+    ``rival`` (int64 (n,), the class to try, -1 none) is given). See ``topk.token_scan``."""
+    n = len(src)
+    floor, settled = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    rival = np.full(n, -1, dtype=np.int64) if rival is None else rival
+    call(_topk.token_scan, n * len(epochs) * fields[0].shape[2], *fields, epochs, src,
+         targets, vocab, rival, floor, settled)
+    return floor, settled
+
+
+def topk_layout(fields, epochs, src, targets, vocab, floor):
+    """The class layout of tokens ``src`` over the checkpoints ``epochs`` (int64 indices)
+    of a top-k run's record ``fields`` (as `topk_scan` takes them; ``targets`` int64 (n,)),
+    the unstored slot above ``floor`` (`topk_scan`): (cls int32 (n, M) (int64 for
+    vocabularies beyond int32), label_col int64 (n,), unstored_col int64 (n,), -1 where
+    none, cols (W, n, k) the column of each stored id: uint8, or uint16 / int32 for wider
+    layouts); see ``topk``'s module docstring."""
+    ids, n = fields[1], len(src)
     width = np.empty(n, dtype=np.int64)
-    call(_topk.layout_widths, ids.size, ids, targets, vocab, width)
+    call(_topk.layout_widths, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
+         width)
     cls = np.empty((n, int(width.max()) if n else 0),
                    dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
     label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    call(_topk.layout_fill, ids.size, ids, targets, vocab, floor, cls, label_col,
-         unstored_col)
-    return cls, label_col, unstored_col
+    cols = np.empty((len(epochs), n, ids.shape[2]),
+                    dtype=next(t for t in (np.uint8, np.uint16, np.int32)
+                               if cls.shape[1] <= np.iinfo(t).max))
+    call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
+         floor, cls, label_col, unstored_col, cols)
+    return cls, label_col, unstored_col, cols
 
 
-def topk_tie_floor(fields, targets, floor):
-    """floor = min(floor, this checkpoint's tie floor) per token (``topk.tie_floor``) from
-    its records' ``fields`` (logits (N, k), ids int32 (N, k), target (N,), lse (N,),
-    contiguous: `forgetkit.kinds.topk.record_fields`)."""
-    call(_topk.tie_floor, floor.size * fields[0].shape[1], *fields, targets, floor)
-    return floor
+def topk_window(fields, cols, epochs, pos, src, targets, vocab, layout, upper, lower=None):
+    """The mean over the checkpoints ``epochs`` (int64 indices; ``pos`` their positions in
+    the layout's ``cols``) of each one's upper and lower bounds (float64 (n, M)) of tokens
+    ``src`` in ``layout`` (``lower`` None: upper only), summed in order and then divided
+    (numpy's ``out += tmp``, ``out /= len(epochs)``)."""
+    cls, label_col, _ = layout
+    call(_topk.window_bounds, upper.size * len(epochs), *fields, cols, epochs, pos, src,
+         targets, vocab, cls, label_col, upper, np.empty((0, 0)) if lower is None else lower)
+    return upper, lower
+
+
+def topk_window_grid_counts(fields, cols, epochs, pos, src, targets, vocab, layout, mean, prob,
+                            leads, grid, rel_band):
+    """`grid_correct_counts` of the window mean of ``epochs`` (`topk_window`'s upper bounds,
+    written to ``mean``) mixed into ``prob``, in one pass: int64 (G,)."""
+    cls, label_col, _ = layout
+    return call(_topk.window_grid_counts, mean.size * len(epochs), *fields, cols, epochs, pos,
+                src, targets, vocab, cls, label_col, mean, prob, *leads, grid, rel_band)
+
+
+def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total):
+    """For each of ``epochs`` (the layout's, whose columns ``cols`` holds), the tokens
+    ``src`` whose first argmax of total + that checkpoint's upper bounds is the target's
+    column: int64 (W,) (`sum_correct_count_rows` of each epoch's bounds)."""
+    cls, label_col, _ = layout
+    return call(_topk.selection_counts, total.size * len(epochs), *fields, cols, epochs, src,
+                targets, vocab, cls, label_col, total)
+
+
+def topk_certify_recipe(fields, epochs, src, targets, vocab, steps):
+    """`topk_certify` of a recipe's mixture (``steps`` = (kinds, starts, positions into
+    ``epochs``, values), see ``topk.certify_recipe``) of tokens ``src``, each token's layout
+    over ``epochs`` (ascending) and bounds made in one pass over its records:
+    (prediction int64, certified bool, state int8, label_prob float64), each (n,)."""
+    n = len(src)
+    pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+    state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
+    call(_topk.certify_recipe, n * len(epochs) * fields[0].shape[2], *fields, epochs, src,
+         targets, vocab, *steps, pred, certified, state, label_prob)
+    return pred, certified, state, label_prob
 
 
 def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
-    records' ``fields`` (as `topk_tie_floor` takes them); ``lower`` None: upper only."""
-    cls, label_col, unstored_col = layout
-    call(_topk.bound_values, upper.size, *fields, targets, vocab, cls, label_col,
-         unstored_col, upper, np.empty((0, 0)) if lower is None else lower)
-    return upper, lower
+    records' ``fields`` (logits (N, k), ids (N, k), target (N,), lse (N,):
+    `forgetkit.kinds.topk.record_fields`); ``lower`` None: upper only."""
+    cls = layout[0]
+    n, width = cls.shape
+    # each stored id's column: rows laid end to end ascend (padding vocab + 1 < vocab + 2)
+    shift = np.arange(n, dtype=np.int64)[:, None] * (vocab + 2)
+    flat = (cls + shift).ravel()
+    key = np.asarray(fields[1], dtype=np.int64) + shift
+    at = np.minimum(np.searchsorted(flat, key), flat.size - 1)
+    cols = np.where(flat[at] == key, at - np.arange(n)[:, None] * width, -1)
+    one, src = np.zeros(1, dtype=np.int64), np.arange(n, dtype=np.int64)
+    return topk_window(tuple(f[None] for f in fields), cols[None], one, one, src, targets,
+                       vocab, layout, upper, lower)
 
 
 def topk_certify(upper, lower, layout, vocab):

@@ -7,8 +7,15 @@ of the mixture stored among its top k, and the target; then, when these are fewe
 vocabulary, one *unstored slot* standing for every other class (their common upper bound),
 placed at the smallest such id that can reach that bound (ties with it follow the rule of
 the lowest id): above each checkpoint's k-th stored id where its bound is its k-th
-probability, since equal logits are stored by ascending id (`tie_floor`, the lowest such id
-over the checkpoints, or -1); then padding (id = vocabulary + 1, value 0) up to the width.
+probability, since equal logits are stored by ascending id (the *tie floor*, the lowest
+such id over the checkpoints, or -1: `token_scan`); then padding (id = vocabulary + 1,
+value 0) up to the width.
+
+The kernels read the records' fields in place (logits, ids (E, N, k), target, lse (E, N),
+any strides), at the checkpoints ``epochs`` and tokens ``src`` (int64 indices): each
+token's candidate classes are gathered once per layout (a small hash set), and a window's
+mean of bounds is made row by row (`window_bounds`; `window_grid_counts` feeds each row to
+the eps search at once).
 
 See docs/definitions.md ("Certified fusion on top-k runs").
 """
@@ -20,6 +27,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .argmax import first_argmax_mix
+from .eps_search import _grid_row
 from .jit import kernel
 from .schedule import claim, span
 
@@ -33,57 +42,6 @@ def exp_into(x, out):
         out[i] = math.exp(x[i])
 
 
-@njit(inline="always")
-def _lower_bound(row, c, end):
-    """The first index i of row[:end] (ascending) with row[i] >= c (end if none)."""
-    lo, hi = 0, end
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if row[mid] < c:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True)
-def _row_classes(ids, targets, n, buf):
-    """Sorted distinct classes of token n: ids[e, n, :] over every e, and targets[n]; written
-    to buf's start (insertion into the sorted prefix: checkpoints store mostly the same
-    ids); returns their count."""
-    n_epochs, _, k = ids.shape
-    buf[0] = targets[n]
-    count = 1
-    for e in range(n_epochs):
-        for j in range(k):
-            c = np.int64(ids[e, n, j])
-            if e > 0 and ids[e - 1, n, j] == ids[e, n, j]:
-                continue  # inserted already (consecutive checkpoints often agree)
-            lo = _lower_bound(buf, c, count)
-            if lo < count and buf[lo] == c:
-                continue
-            for i in range(count, lo, -1):
-                buf[i] = buf[i - 1]
-            buf[lo] = c
-            count += 1
-    return count
-
-
-@kernel
-def layout_widths(ids, targets, vocab, width, n_blocks, counter):
-    """width[n] = number of layout slots of token n (its distinct classes, plus the unstored
-    slot when they are fewer than ``vocab``). ids: (E, N, k) stored ids; targets: int64 (N,)."""
-    n_epochs, n_tokens, k = ids.shape
-    blk = claim(counter)
-    while blk < n_blocks:
-        lo, hi = span(blk, n_tokens, n_blocks)
-        for n in range(lo, hi):
-            buf = np.empty(n_epochs * k + 1, dtype=np.int64)
-            count = _row_classes(ids, targets, n, buf)
-            width[n] = count + (1 if count < vocab else 0)
-        blk = claim(counter)
-
-
 #: The slack of the unstored mass, relative to max(|lse|, |largest logit|, 1): the records'
 #: probabilities exp(z - lse) sum over the vocabulary to 1 only up to the float32 rounding of
 #: lse and of the logits (half a float32 step each, 2**-24 relative); four times that.
@@ -91,142 +49,410 @@ MASS_SLACK = 2.0 ** -21
 
 
 @njit(inline="always")
-def _unstored_bound(logits, ids, target, lse, y, n):
-    """(p_y, u, p_k) of one record: the target's exact probability, the bound of the classes
-    it did not store, min(p_k, max(0, 1 - the sum of the stored probabilities) + slack)
-    (slack: MASS_SLACK * max(|lse|, |largest logit|, 1)), and its k-th probability."""
-    k = logits.shape[1]
-    top = np.float64(lse[n])
-    p_y = np.exp(np.float64(target[n]) - top)
+def _record_probs(logits, ids, target, lse, e, s, y, probs):
+    """The probabilities of record (e, s) of a token of target y: probs[:k] = the stored
+    ones exp(z - lse); returns (p_y, u) with u the bound of the classes it did not store
+    (see ``_unstored_bound``, whose arithmetic this is)."""
+    k = logits.shape[2]
+    top = np.float64(lse[e, s])
     total = 0.0
     stored_y = False
+    p = 0.0
     for j in range(k):
-        total += np.exp(np.float64(logits[n, j]) - top)
-        stored_y = stored_y or ids[n, j] == y
+        p = np.exp(np.float64(logits[e, s, j]) - top)
+        probs[j] = p
+        total += p
+        stored_y = stored_y or ids[e, s, j] == y
+    p_y = np.exp(np.float64(target[e, s]) - top)
     if not stored_y:
         total += p_y
-    p_k = np.exp(np.float64(logits[n, k - 1]) - top)
-    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
-    return p_y, min(p_k, max(0.0, 1.0 - total) + slack), p_k
+    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
+    return p_y, min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
+
+
+@njit(inline="always")
+def _hash_slot(keys, stamps, stamp, c):
+    """Insert class c into the open-addressing set (keys, stamps) of the entries marked
+    ``stamp``; returns (its slot, whether it was new)."""
+    mask = keys.shape[0] - 1
+    h = (c * np.int64(0x9E3779B1)) & mask
+    while stamps[h] == stamp:
+        if keys[h] == c:
+            return h, False
+        h = (h + 1) & mask
+    stamps[h] = stamp
+    keys[h] = c
+    return h, True
+
+
+@njit(inline="always")
+def _hash_insert(keys, stamps, stamp, c):
+    """`_hash_slot`, whether c was new."""
+    return _hash_slot(keys, stamps, stamp, c)[1]
+
+
+@njit(inline="always")
+def _hash_size(n_epochs, k):
+    """Slots of a set of up to n_epochs * k + 1 classes: a power of two, at most half full."""
+    size = 16
+    while size < 2 * (n_epochs * k + 1):
+        size *= 2
+    return size
+
+
+@njit(inline="always")
+def _row_end(cls_row, vocab):
+    """Columns of a layout row before its padding (ids > vocab)."""
+    end = cls_row.shape[0]
+    while end > 0 and cls_row[end - 1] > vocab:
+        end -= 1
+    return end
+
+
+#: Relative margin by which a class's bound must beat the target's probability at every
+#: checkpoint for a token to be *settled* (wrong under every mixture the fit can make):
+#: the rounding of a mixture's sums and mixing steps is some 2**-45 at most.
+SETTLE_MARGIN = 2.0 ** -20
+#: Smallest bound a settling class may take at a checkpoint: a mixture of such values
+#: stays far above the underflow of its products with any eps.
+SETTLE_FLOOR = 2.0 ** -900
 
 
 @kernel
-def tie_floor(logits, ids, target, lse, targets, floor, n_blocks, counter):
-    """floor[n] = min(floor[n], t) with t the k-th stored id where this checkpoint's
-    unstored bound is its k-th probability (no unstored class below that id reaches the
-    bound: equal logits are stored by ascending id), else -1."""
-    k = logits.shape[1]
+def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, floor, settled,
+               n_blocks, counter):
+    """Per token n (records at token src[n] of ``epochs``): floor[n] = min(vocab, each
+    checkpoint's tie floor: its k-th stored id where its unstored bound is its k-th
+    probability, else -1); settled[n] = some column beats the target's probability at
+    every checkpoint by `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`: the
+    unstored slot (bound u; tried where the epochs' ids and the target cannot fill the
+    vocabulary), or class rival[n] (its probability where stored, else u; rival[n] < 0:
+    not settled).
+
+    logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
+    src: int64 indices."""
+    k = logits.shape[2]
+    has_slot = epochs.shape[0] * k + 1 < vocab
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, logits.shape[0], n_blocks)
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        probs = np.empty(k)
         for n in range(lo, hi):
-            _, u, p_k = _unstored_bound(logits, ids, target, lse, targets[n], n)
-            t = np.int64(ids[n, k - 1]) if u == p_k else np.int64(-1)
-            floor[n] = min(floor[n], t)
+            s, y, c = src[n], targets[n], rival[n]
+            low = np.int64(vocab)
+            slot_beats, rival_beats = has_slot and c >= 0, c >= 0
+            for i in range(epochs.shape[0]):
+                e = epochs[i]
+                p_y, u = _record_probs(logits, ids, target, lse, e, s, y, probs)
+                t = np.int64(ids[e, s, k - 1]) if u == probs[k - 1] else np.int64(-1)
+                low = min(low, t)
+                if slot_beats or rival_beats:
+                    bar = p_y * (1.0 + SETTLE_MARGIN)
+                    slot_beats = slot_beats and u > bar and u >= SETTLE_FLOOR
+                    up = u
+                    for j in range(k):
+                        if np.int64(ids[e, s, j]) == c:
+                            up = probs[j]
+                    rival_beats = rival_beats and up > bar and up >= SETTLE_FLOOR
+            floor[n] = low
+            settled[n] = slot_beats or rival_beats
         blk = claim(counter)
 
 
 @kernel
-def layout_fill(ids, targets, vocab, floor, cls, label_col, unstored_col, n_blocks, counter):
-    """Fill the layout: cls (N, M) int32 or int64 (see the module; the unstored slot's id is the
-    smallest class no checkpoint stored above floor[n], or ``vocab`` if none; padding
+def layout_widths(ids, epochs, src, targets, vocab, width, n_blocks, counter):
+    """width[n] = the columns of token src[n]'s layout: the distinct classes of ``epochs``
+    and the target, plus the unstored slot when they are fewer than ``vocab``."""
+    k = ids.shape[2]
+    size = _hash_size(epochs.shape[0], k)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        keys = np.empty(size, dtype=np.int64)
+        stamps = np.zeros(size, dtype=np.int64)
+        for n in range(lo, hi):
+            s = src[n]
+            _hash_insert(keys, stamps, n + 1, targets[n])
+            count = 1
+            for i in range(epochs.shape[0]):
+                for j in range(k):
+                    if _hash_insert(keys, stamps, n + 1, np.int64(ids[epochs[i], s, j])):
+                        count += 1
+            width[n] = count + (1 if count < vocab else 0)
+        blk = claim(counter)
+
+
+@njit(inline="always")
+def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, row,
+                  tcols):
+    """The layout of one token (records at token s, target y; see the module): row[:w] its
+    classes and unstored slot (above ``floor``), tcols[i, j] the column of the j-th id
+    stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
+    Scratch: the set (keys, stamps) marked ``stamp``, where (its size), buf (3, W * k + 1):
+    the classes, their slots in the set, each stored id's slot."""
+    k = ids.shape[2]
+    h, _ = _hash_slot(keys, stamps, stamp, y)
+    buf[0, 0], buf[1, 0] = y, h
+    count = 1
+    for i in range(epochs.shape[0]):
+        e = epochs[i]
+        for j in range(k):
+            c = np.int64(ids[e, s, j])
+            h, new = _hash_slot(keys, stamps, stamp, c)
+            buf[2, i * k + j] = h
+            if new:
+                buf[0, count], buf[1, count] = c, h
+                count += 1
+    for i in range(1, count):  # insertion sort: a few dozen classes
+        c, h = buf[0, i], buf[1, i]
+        m = i
+        while m > 0 and buf[0, m - 1] > c:
+            buf[0, m], buf[1, m] = buf[0, m - 1], buf[1, m - 1]
+            m -= 1
+        buf[0, m], buf[1, m] = c, h
+    slot = np.int64(-1)
+    if count < vocab:  # the smallest class above floor not in buf
+        slot = max(floor + 1, 0)
+        for i in range(count):
+            if buf[0, i] == slot:
+                slot += 1
+            elif buf[0, i] > slot:
+                break
+    slot_col, y_col = np.int64(-1), np.int64(-1)
+    col = 0
+    for i in range(count):
+        if slot >= 0 and slot_col < 0 and buf[0, i] > slot:
+            slot_col = col
+            row[col] = slot
+            col += 1
+        if buf[0, i] == y:
+            y_col = col
+        where[buf[1, i]] = col
+        row[col] = buf[0, i]
+        col += 1
+    if slot >= 0 and slot_col < 0:
+        slot_col = col
+        row[col] = min(slot, vocab)
+        col += 1
+    for i in range(epochs.shape[0]):
+        for j in range(k):
+            tcols[i, j] = where[buf[2, i * k + j]]
+    return col, y_col, slot_col
+
+
+@njit(inline="always")
+def _layout_scratch(n_epochs, k):
+    """(keys, stamps, where, buf) of `_token_layout`, for one block of rows."""
+    size = _hash_size(n_epochs, k)
+    return (np.empty(size, dtype=np.int64), np.zeros(size, dtype=np.int64),
+            np.empty(size, dtype=np.int64), np.empty((3, n_epochs * k + 1), dtype=np.int64))
+
+
+@kernel
+def layout_fill(ids, epochs, src, targets, vocab, floor, cls, label_col, unstored_col, cols,
+                n_blocks, counter):
+    """Fill the layout of tokens src (`_token_layout`): cls (n, M) int32 or int64 (padding
     ``vocab + 1``), label_col[n] = the target's column, unstored_col[n] = the unstored
-    slot's column (-1: none)."""
-    n_epochs, n_tokens, k = ids.shape
+    slot's column (-1: none), cols[i, n, j] = the column of the j-th id stored at epochs[i]
+    (cols (W, n, k)). ids (E, N, k), any strides."""
     width = cls.shape[1]
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, n_tokens, n_blocks)
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2])
         for n in range(lo, hi):
-            buf = np.empty(n_epochs * k + 1, dtype=np.int64)
-            count = _row_classes(ids, targets, n, buf)
-            slot = np.int64(-1)
-            if count < vocab:  # the smallest class above floor[n] not in buf
-                slot = max(floor[n] + 1, 0)
-                for i in range(count):
-                    if buf[i] == slot:
-                        slot += 1
-                    elif buf[i] > slot:
-                        break
-            unstored_col[n] = -1
-            col = 0
-            for i in range(count):
-                if slot >= 0 and unstored_col[n] < 0 and buf[i] > slot:
-                    unstored_col[n] = col
-                    cls[n, col] = slot
-                    col += 1
-                if buf[i] == targets[n]:
-                    label_col[n] = col
-                cls[n, col] = buf[i]
-                col += 1
-            if slot >= 0 and unstored_col[n] < 0:
-                unstored_col[n] = col
-                cls[n, col] = min(slot, vocab)
-                col += 1
-            for c in range(col, width):
+            w, label_col[n], unstored_col[n] = _token_layout(
+                ids, epochs, src[n], targets[n], vocab, floor[n], keys, stamps, n + 1, where,
+                buf, cls[n], cols[:, n, :])
+            for c in range(w, width):
                 cls[n, c] = vocab + 1
         blk = claim(counter)
 
 
 @njit(inline="always")
-def _column(row, c, end):
-    """Column of class c in row[:end] (ascending), or -1."""
-    lo = _lower_bound(row, c, end)
-    return lo if lo < end and row[lo] == c else -1
+def _cache_records(logits, ids, target, lse, epochs, pos, s, y, cache):
+    """The probabilities of the records of ``epochs`` at token s (target y) into the rows
+    pos[i] of ``cache`` = (p (Wl, k), p_y (Wl,), u (Wl,)) (`_record_probs`)."""
+    probs, p_y, u = cache
+    for i in range(epochs.shape[0]):
+        r = pos[i]
+        p_y[r], u[r] = _record_probs(logits, ids, target, lse, epochs[i], s, y, probs[r])
+
+
+@njit(inline="always")
+def _window_row(tcols, pos, cache, y_col, end, upper, lower, both, tmp, tmp_low):
+    """The mean over the epochs at rows ``pos`` of one token's record cache (see
+    `_cache_records`) of each one's bounds in the token's layout row up to ``end``: for
+    the classes a checkpoint stored and the target, the exact p (upper = lower); for every
+    other column upper = u, lower = 0. Each epoch's bounds are laid out in a scratch row,
+    then summed in epoch order and divided by their number where it is above 1 (numpy's
+    ``out += tmp``, ``out /= W``).
+
+    tcols[pos[i], j]: the column of the j-th id stored at that epoch (-1: none); scratch:
+    tmp, tmp_low (W, M)."""
+    probs, p_y, u = cache
+    n_epochs, k = pos.shape[0], probs.shape[1]
+    for i in range(n_epochs):
+        r = pos[i]
+        tmp[i, :end] = u[r]
+        if both:
+            tmp_low[i, :end] = 0.0
+        for j in range(k):
+            col = np.int64(tcols[r, j])
+            if col >= 0:
+                tmp[i, col] = probs[r, j]
+                if both:
+                    tmp_low[i, col] = probs[r, j]
+        tmp[i, y_col] = p_y[r]  # the target's column holds p_y, stored or not
+        if both:
+            tmp_low[i, y_col] = p_y[r]
+    _sum_rows(tmp, n_epochs, end, upper)
+    if both:
+        _sum_rows(tmp_low, n_epochs, end, lower)
+
+
+@njit(inline="always")
+def _sum_rows(rows, n_rows, end, out):
+    """out[:end] = (rows[0] + rows[1] + ...) / n_rows, summed in order (no division for
+    one row)."""
+    for c in range(end):
+        out[c] = rows[0, c]
+    for i in range(1, n_rows):
+        for c in range(end):
+            out[c] += rows[i, c]
+    if n_rows > 1:
+        for c in range(end):
+            out[c] /= n_rows
+
+
+@njit(inline="always")
+def _window_scratch(n_layout, n_window, k, width):
+    """(cache, tmp, tmp_low) of `_window_row`, for one block of rows: the record cache of
+    ``n_layout`` epochs, rows for windows of up to ``n_window``."""
+    cache = (np.empty((n_layout, k)), np.empty(n_layout), np.empty(n_layout))
+    return cache, np.empty((n_window, width)), np.empty((n_window, width))
 
 
 @kernel
-def bound_values(logits, ids, target, lse, targets, vocab, cls, label_col, unstored_col,
-                 upper, lower, n_blocks, counter):
-    """One checkpoint's bounds in the layout: for the classes it stored and the target, the
-    exact p = exp(z - lse) (upper = lower); for every other class of the layout and the
-    unstored slot, upper = u = min(p of its k-th stored class, max(0, 1 - the sum of its
-    stored probabilities) + slack) (see ``_unstored_bound``) and lower = 0; padding 0.
-
-    The stored probabilities are the k top ones (summed in order) and the target's when it
-    is not among them. logits (N, k) float32, ids (N, k), target (N,) float32, lse (N,)
-    float32: one checkpoint's records; upper, lower: float64 (N, M) (lower (0, 0): upper
-    only)."""
-    n_tokens, k = logits.shape
-    width = cls.shape[1]
+def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
+                  label_col, upper, lower, n_blocks, counter):
+    """The mean over ``epochs`` of each checkpoint's bounds in the layout (see
+    `_window_row`; padding 0) of tokens src: upper, lower float64 (n, M) (lower (0, 0):
+    upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cols
+    (layout epochs, n, k) the stored ids' columns, at positions ``pos`` for ``epochs``."""
+    k, width = logits.shape[2], cls.shape[1]
     both = lower.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, n_tokens, n_blocks)
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         for n in range(lo, hi):
-            # the arithmetic of _unstored_bound, each probability computed once
-            y, top = targets[n], np.float64(lse[n])
-            end = width
-            while end > 0 and cls[n, end - 1] > vocab:
-                end -= 1
-            for c in range(width):
-                upper[n, c] = -1.0 if c < end else 0.0  # -1: not stored, set to u below
+            end = _row_end(cls[n], vocab)
+            low = lower[n] if both else upper[n]
+            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
+            _window_row(cols[:, n, :], pos, cache, label_col[n], end, upper[n], low, both,
+                        tmp, tmp_low)
+            for c in range(end, width):
+                upper[n, c] = 0.0
                 if both:
                     lower[n, c] = 0.0
-            total = 0.0
-            stored_y = False
-            p = 0.0
-            for j in range(k):
-                p = np.exp(np.float64(logits[n, j]) - top)
-                total += p
-                stored_y = stored_y or ids[n, j] == y
-                col = _column(cls[n], np.int64(ids[n, j]), end)
-                if col >= 0:
-                    upper[n, col] = p
-                    if both:
-                        lower[n, col] = p
-            p_y = np.exp(np.float64(target[n]) - top)
-            if not stored_y:
-                total += p_y
-            slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[n, 0])), 1.0)
-            u = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
-            upper[n, label_col[n]] = p_y
-            if both:
-                lower[n, label_col[n]] = p_y
-            for c in range(end):
-                if upper[n, c] < 0.0:
-                    upper[n, c] = u
         blk = claim(counter)
+
+
+def _window_counts(diff, *args):
+    """The grid counts of the threads' summed difference array (G+1,): int64 (G,)."""
+    return np.cumsum(diff[:-1])
+
+
+@kernel(finish=_window_counts)
+def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
+                       label_col, mean, prob, b_lead, b_magnitude, b_top, grid, rel_band,
+                       n_blocks, counter):
+    """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds of
+    ``epochs`` (`window_bounds`, written to ``mean``) mixed into prob, each row read up to
+    its padding (which holds 0 in both: it never changes which column is the first argmax,
+    so the counts are the padded rows'). Returns int64 (G,)."""
+    k, width = logits.shape[2], cls.shape[1]
+    diff = np.zeros(grid.shape[0] + 1, dtype=np.int64)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        for n in range(lo, hi):
+            end = _row_end(cls[n], vocab)
+            a = mean[n]
+            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
+            _window_row(cols[:, n, :], pos, cache, label_col[n], end, a, a, False, tmp,
+                        tmp_low)
+            for c in range(end, width):
+                a[c] = 0.0
+            m = end if end >= 2 else width
+            _grid_row(a[:m], prob[n, :m], label_col[n], b_lead[n], b_magnitude[n], b_top[n],
+                      grid, rel_band, diff)
+        blk = claim(counter)
+    return diff
+
+
+@kernel
+def selection_counts(logits, ids, target, lse, cols, epochs, src, targets, vocab, cls,
+                     label_col, total, n_blocks, counter):
+    """For each epochs[i], the tokens whose argmax of total[n] + that checkpoint's upper
+    bounds (`window_bounds` of one epoch) is their target's column (the first argmax,
+    numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its padding
+    (which holds 0 in both: never the first argmax). cols: the layout's, whose epochs are
+    ``epochs``. Returns int64 (W,)."""
+    n_epochs, k, width = epochs.shape[0], logits.shape[2], cls.shape[1]
+    counts = np.zeros(n_epochs, dtype=np.int64)
+    every = np.arange(n_epochs)
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        cache, tmp, tmp_low = _window_scratch(n_epochs, 1, k, width)
+        row = np.empty(width)
+        for n in range(lo, hi):
+            end = _row_end(cls[n], vocab)
+            m = end if end >= 1 else width
+            _cache_records(logits, ids, target, lse, epochs, every, src[n], targets[n], cache)
+            for i in range(n_epochs):
+                _window_row(cols[:, n, :], every[i:i + 1], cache, label_col[n], end, row, row,
+                            False, tmp, tmp_low)
+                for c in range(end, width):
+                    row[c] = 0.0
+                if first_argmax_mix(total[n, :m], row[:m], 1.0, 1.0) == label_col[n]:
+                    counts[i] += 1
+        blk = claim(counter)
+    return counts
+
+
+@njit(inline="always")
+def _certify_row(upper, lower, row_cls, width, vocab, slot_col, y_col):
+    """(prediction, certified, state) of one token's mixture bounds in its layout row
+    (columns of ids > vocab: padding): see `certify_rows`."""
+    best = -1
+    for c in range(width):
+        if row_cls[c] > vocab or c == slot_col:
+            continue
+        if best < 0 or lower[c] > lower[best]:
+            best = c
+    sure = True
+    for c in range(width):
+        if c == best or row_cls[c] > vocab:
+            continue
+        if row_cls[c] < row_cls[best]:
+            sure = sure and lower[best] > upper[c]
+        else:
+            sure = sure and lower[best] >= upper[c]
+    q = upper[y_col]
+    wrong = False
+    for c in range(width):
+        if c == y_col or row_cls[c] > vocab:
+            continue
+        if row_cls[c] < row_cls[y_col]:
+            wrong = wrong or lower[c] >= q
+        else:
+            wrong = wrong or lower[c] > q
+    state = 1 if sure and best == y_col else (0 if wrong else -1)
+    return row_cls[best], sure, state
 
 
 @kernel
@@ -242,37 +468,68 @@ def certify_rows(upper, lower, cls, label_col, unstored_col, vocab, pred, certif
     while blk < n_blocks:
         lo, hi = span(blk, n_tokens, n_blocks)
         for n in range(lo, hi):
-            row_cls = cls[n]
-            best = -1
-            for c in range(width):
-                if row_cls[c] > vocab or c == unstored_col[n]:
-                    continue
-                if best < 0 or lower[n, c] > lower[n, best]:
-                    best = c
-            pred[n] = row_cls[best]
-            sure = True
-            for c in range(width):
-                if c == best or row_cls[c] > vocab:
-                    continue
-                if row_cls[c] < row_cls[best]:
-                    sure = sure and lower[n, best] > upper[n, c]
-                else:
-                    sure = sure and lower[n, best] >= upper[n, c]
-            certified[n] = sure
-            y_col = label_col[n]
-            q = upper[n, y_col]
-            wrong = False
-            for c in range(width):
-                if c == y_col or row_cls[c] > vocab:
-                    continue
-                if row_cls[c] < row_cls[y_col]:
-                    wrong = wrong or lower[n, c] >= q
-                else:
-                    wrong = wrong or lower[n, c] > q
-            if sure and best == y_col:
-                state[n] = 1
-            elif wrong:
-                state[n] = 0
-            else:
-                state[n] = -1
+            pred[n], certified[n], state[n] = _certify_row(
+                upper[n], lower[n], cls[n], width, vocab, unstored_col[n], label_col[n])
+        blk = claim(counter)
+
+
+@kernel
+def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds, starts, pos,
+                   values, pred, certified, state, label_prob, n_blocks, counter):
+    """The certificate of a recipe's mixture (`certify_rows`) of tokens src, each token's
+    layout (over ``epochs``, ascending), bounds and mixture made in scratch rows from its
+    records' probabilities, each computed once. The recipe: step s of kind kinds[s]
+    (``recipes``: MEAN, WEIGHTED, MIX) over the epochs at positions pos[starts[s]:
+    starts[s + 1]] of ``epochs``, with values[starts[s]:...] (WEIGHTED: the weights; MIX:
+    eps, at the step's first position), in the fusers' arithmetic: a mean is summed in
+    order and then divided, a weighted sum starts from 0 and adds w * bounds, a mix is
+    eps * mean + (1 - eps) * b. label_prob[n]: the target's exact fused probability."""
+    n_epochs, k = epochs.shape[0], logits.shape[2]
+    width = n_epochs * k + 2
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        keys, stamps, where, buf = _layout_scratch(n_epochs, k)
+        cache, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
+        row_cls = np.empty(width, dtype=np.int64)
+        tcols = np.empty((n_epochs, k), dtype=np.int64)
+        upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
+                                      np.empty(width))
+        every = np.arange(n_epochs)
+        for n in range(lo, hi):
+            s, y = src[n], targets[n]
+            _cache_records(logits, ids, target, lse, epochs, every, s, y, cache)
+            floor = np.int64(vocab)
+            for i in range(n_epochs):
+                t = np.int64(ids[epochs[i], s, k - 1])
+                floor = min(floor, t if cache[2][i] == cache[0][i, k - 1] else np.int64(-1))
+            end, y_col, slot_col = _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps,
+                                                 n + 1, where, buf, row_cls, tcols)
+            for step in range(kinds.shape[0]):
+                at = pos[starts[step]:starts[step + 1]]
+                if kinds[step] == 0:  # MEAN
+                    _window_row(tcols, at, cache, y_col, end, upper, lower, True, rows,
+                                rows_low)
+                elif kinds[step] == 1:  # WEIGHTED
+                    for c in range(end):
+                        upper[c] = 0.0
+                        lower[c] = 0.0
+                    for i in range(at.shape[0]):
+                        _window_row(tcols, at[i:i + 1], cache, y_col, end, tmp, tmp_low, True,
+                                    rows, rows_low)
+                        w = values[starts[step] + i]
+                        for c in range(end):
+                            upper[c] += w * tmp[c]
+                            lower[c] += w * tmp_low[c]
+                else:  # MIX
+                    _window_row(tcols, at, cache, y_col, end, tmp, tmp_low, True, rows,
+                                rows_low)
+                    eps = values[starts[step]]
+                    one_minus = 1.0 - eps
+                    for c in range(end):
+                        upper[c] = eps * tmp[c] + one_minus * upper[c]
+                        lower[c] = eps * tmp_low[c] + one_minus * lower[c]
+            pred[n], certified[n], state[n] = _certify_row(upper, lower, row_cls, end, vocab,
+                                                           slot_col, y_col)
+            label_prob[n] = upper[y_col]
         blk = claim(counter)

@@ -545,6 +545,13 @@ class TopKData:
         """Records (n,) of epoch index ``e`` at tokens ``rows`` (a slice)."""
         return np.asarray(self.records[int(e), rows])
 
+    def fields(self, rows):
+        """The fields the top-k kernels read, of every epoch at tokens ``rows`` (a slice):
+        (logits (E, n, k) float32, ids (E, n, k), target (E, n) float32, lse (E, n)
+        float32), views of the records (24-bit ids decoded to int32)."""
+        block = np.asarray(self.records[:, rows])
+        return block["logits"], token_ids(block), block["target"], block["lse"]
+
     def chunks(self, size=CHUNK_TOKENS):
         """Slices of tokens, ``size`` at a time."""
         n = self.n_tokens

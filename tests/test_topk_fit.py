@@ -1,0 +1,187 @@
+"""Knowledge Fusion's fit on top-k runs against a plain-numpy reference: the window means
+made row by row from the records, the eps grid counts read up to each row's padding, the
+tokens the fit leaves out as settled, and whole plans bit for bit against a fit whose state
+is built from `tests.reference_topk` (layouts and bounds in Python, windows summed with
+numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import forgetkit as fk
+from forgetkit import kernels
+from forgetkit.execution import LocalParts
+from forgetkit.fusion import knowledge
+from forgetkit.fusion import topk as ft
+from forgetkit.fusion.fitstate import REL_BAND, ChunkedFitState, FitChunk
+from forgetkit.kinds import kind_of
+from forgetkit.kinds.topk import TopKOutputs, topk_records
+from tests.reference_topk import bounds_ref, layout_ref
+
+#: (seed, epochs, tokens, vocabulary, k, ties): ties and small vocabularies (layouts that
+#: hold every class), k = 1, and runs where many tokens are never right (settled).
+CASES = [(1, 6, 240, 12, 2, True), (2, 8, 300, 30, 3, False), (3, 5, 200, 7, 1, True),
+         (4, 7, 260, 40, 5, False), (5, 4, 150, 5, 4, True)]
+
+
+def make_logits(seed, n_epochs, n_tokens, vocab, ties):
+    """float32 logits (E, N, V) of a run that learns and forgets (a third of its tokens
+    never learnt), and targets (N,)."""
+    rng = np.random.default_rng(seed)
+    targets = rng.integers(0, vocab, n_tokens)
+    z = rng.normal(size=(n_epochs, n_tokens, vocab)) * 1.5
+    learn = np.linspace(-1, 2.5, n_epochs)[:, None] + rng.normal(size=(n_epochs, n_tokens))
+    learn[:, : n_tokens // 3] -= 4.0
+    z[:, np.arange(n_tokens), targets] += learn
+    if ties:
+        z = np.round(z * 2) / 2
+    return z.astype(np.float32), targets
+
+
+def topk_run(seed, n_epochs, n_tokens, vocab, k, ties):
+    logits, targets = make_logits(seed, n_epochs, n_tokens, vocab, ties)
+    records = np.stack([topk_records(z, targets, k) for z in logits])
+    return fk.Run(TopKOutputs(records, vocab, np.arange(n_tokens) // 10,
+                              np.arange(n_tokens) % 10 + 1), targets, kind="topk")
+
+
+class Reference:
+    """Every epoch's upper and lower bounds (E, N, M) in the layout of every epoch, from the
+    plain-Python reference (padding: class vocab + 1, bounds 0)."""
+
+    def __init__(self, run):
+        records = np.asarray(run.outputs.records)
+        targets, vocab = run.labels, run.n_classes
+        self.rows = layout_ref(records, targets, vocab)
+        width = max(len(row) for row in self.rows)
+        n_epochs, n = records.shape
+        self.upper, self.lower = np.zeros((2, n_epochs, n, width))
+        self.label_col = np.array([next(i for i, (c, kind) in enumerate(row)
+                                        if c == y and kind == "class")
+                                   for row, y in zip(self.rows, targets, strict=True)])
+        for e in range(n_epochs):
+            for i, (row, y) in enumerate(zip(self.rows, targets, strict=True)):
+                up, low = bounds_ref(records[e, i], y, row)
+                self.upper[e, i, :len(row)], self.lower[e, i, :len(row)] = up, low
+
+    def window(self, epochs, lower=False):
+        """The mean of the epochs' bounds: summed in order, then divided (numpy)."""
+        values = self.lower if lower else self.upper
+        out = values[epochs[0]].copy()
+        for e in epochs[1:]:
+            out += values[e]
+        if len(epochs) > 1:
+            out /= len(epochs)
+        return out
+
+
+class ReferenceChunk(FitChunk):
+    """The fit's state on the reference's bounds, every token kept."""
+
+    def __init__(self, ref, correct):
+        self.ref = ref
+        super().__init__(correct, ref.upper[-1].copy(), ref.label_col)
+
+    def window_mean(self, window):
+        if self.window != window:
+            self.mean[...] = self.ref.window(list(window))
+            self.window = window
+        return self.mean
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_window_means_and_grid_counts_match_the_reference(case):
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    n_epochs = run.n_epochs
+    layout = ft.Layout(data, range(n_epochs), slice(None))
+    assert layout.shape == ref.upper.shape[1:]
+    assert np.array_equal(layout.label_col, ref.label_col)
+    grid = np.arange(101) / 100
+    prob = ref.upper[-1].copy()
+    leads, _ = kernels.label_leads(prob, ref.label_col)
+    src = np.arange(run.n_samples, dtype=np.int64)
+    for window in ([n_epochs - 1], [0, 1], list(range(n_epochs)), [1, 2, 3]):
+        upper, lower = np.empty(layout.shape), np.empty(layout.shape)
+        ft.window_mean(data, window, layout, upper, lower)
+        assert np.array_equal(upper, ref.window(window))
+        assert np.array_equal(lower, ref.window(window, lower=True))
+        # the fit's pass: the same mean, and the counts of the padded rows
+        mean = np.full(layout.shape, np.nan)
+        epochs = np.asarray(window, dtype=np.int64)
+        counts = kernels.topk_window_grid_counts(
+            layout.fields, layout.cols, epochs, epochs, src, layout.targets, run.n_classes,
+            layout.parts, mean, prob, leads, grid, REL_BAND)
+        assert np.array_equal(mean, upper)
+        assert np.array_equal(counts, kernels.grid_correct_counts(upper, prob, ref.label_col,
+                                                                  leads, grid, REL_BAND))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_settled_tokens_are_wrong_under_every_mixture(case):
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    chunk = ft.TopKFitChunk(data, slice(None), np.asarray(run.correctness()), settle=True)
+    settled = np.flatnonzero(chunk.layout.settled)
+    assert len(settled) > 0 or case[3] <= 7  # tiny vocabularies: nothing settles
+    rng = np.random.default_rng(0)
+    rows = np.arange(len(settled))
+    for _ in range(20):  # random mixtures, made as the fit makes them
+        fused = ref.window([run.n_epochs - 1])[settled]
+        for _ in range(3):
+            w = sorted(rng.choice(run.n_epochs, size=rng.integers(1, 4), replace=False))
+            eps = rng.choice([1e-6, 0.01, 0.5, 1.0])
+            kernels.mix(np.ascontiguousarray(ref.window(list(w))[settled]), fused, eps)
+            label = fused[rows, ref.label_col[settled]]
+            others = fused.copy()
+            others[rows, ref.label_col[settled]] = -np.inf
+            assert (others.max(axis=1) > label).all()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("options", [{}, {"window": 0}, {"window": 2, "grid": 11},
+                                     {"rule": "paper"}, {"grid": None}])
+def test_fit_plans_equal_the_reference_fits(case, options, monkeypatch):
+    run = topk_run(*case)
+    got = fk.KnowledgeFusion(**options).fit(run)
+    ref = Reference(run)
+    correct = np.asarray(run.correctness())
+    monkeypatch.setattr(knowledge, "_fit_state", lambda run, grid: ChunkedFitState(
+        LocalParts([ReferenceChunk(ref, correct)])))
+    want = fk.KnowledgeFusion(**options).fit(run)
+    assert got.plan_ == want.plan_
+    assert got.val_accuracy_ == want.val_accuracy_
+    assert got.initial_accuracy_ == want.initial_accuracy_
+
+
+def test_fit_chunks_give_the_plan_of_one_chunk(monkeypatch):
+    run = topk_run(2, 8, 300, 30, 3, False)
+    whole = fk.KnowledgeFusion().fit(run)
+    monkeypatch.setattr(ft, "CHUNK_TOKENS", 37)
+    monkeypatch.setattr(knowledge.topk, "CHUNK_TOKENS", 37)
+    chunked = fk.KnowledgeFusion().fit(run)
+    assert chunked.plan_ == whole.plan_ and chunked.val_accuracy_ == whole.val_accuracy_
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_pass_certificates_equal_the_layout_and_bounds_path(case):
+    run = topk_run(*case)
+    data = kind_of(run).certified_bounds(run)
+    last = run.n_epochs - 1
+    weights = np.linspace(1.0, 2.0, run.n_epochs) / np.linspace(1.0, 2.0, run.n_epochs).sum()
+    recipes = [[(kernels.MEAN, [last], None)],
+               [(kernels.MEAN, list(range(run.n_epochs)), None)],
+               [(kernels.WEIGHTED, list(range(run.n_epochs)), weights.tolist())],
+               [(kernels.MEAN, [last], None), (kernels.MIX, [0, 1], 0.3),
+                (kernels.MIX, [2, 1, 3], 0.25)]]
+    for recipe in recipes:
+        got = ft.certify(data, recipe, chunk=64)
+        layout = ft.Layout(data, ft.recipe_epochs(recipe), slice(None))
+        upper, lower = ft.recipe_bounds(data, recipe, layout)
+        want = kernels.topk_certify(upper, lower, layout.parts, run.n_classes)
+        for a, b in zip(got[:3], want, strict=True):
+            assert np.array_equal(a, b)
+        assert np.array_equal(got[3], upper[np.arange(run.n_samples), layout.label_col])
