@@ -158,14 +158,14 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     while blk < n_blocks:
         lo, hi = span(blk, a.shape[0], n_blocks)
         for n in range(lo, hi):
-            _grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
+            grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
                       rel_band, diff)
         blk = claim(counter)
     return diff
 
 
 @njit(cache=True)  # compiled once for both grid kernels (see softmax.exp_row)
-def _grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
+def grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
     """One sample of ``grid_correct_counts``: adds to the difference array diff (G+1,) the
     grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first."""
     n_grid = grid.shape[0]
@@ -220,7 +220,7 @@ def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_m
             if row_bad:
                 n_bad += row_bad
                 continue
-            _grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid, rel_band,
+            grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid, rel_band,
                       diff)
         blk = claim(counter)
     return diff, n_bad

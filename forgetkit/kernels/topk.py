@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from .argmax import first_argmax_mix
-from .eps_search import _grid_row
+from .eps_search import grid_row
 from .jit import kernel
 from .schedule import claim, span
 
@@ -387,7 +387,7 @@ def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
-            _grid_row(a[:m], prob[n, :m], label_col[n], b_lead[n], b_magnitude[n], b_top[n],
+            grid_row(a[:m], prob[n, :m], label_col[n], b_lead[n], b_magnitude[n], b_top[n],
                       grid, rel_band, diff)
         blk = claim(counter)
     return diff
