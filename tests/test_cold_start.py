@@ -178,7 +178,8 @@ def test_cli_warmup_compiles_the_workload_and_reports(monkeypatch, capsys):
     monkeypatch.setattr(warmup, "_processes", lambda: 1)  # the parts in this process
     monkeypatch.setattr(warmup, "workload", lambda folder, dtypes, topk: calls.append(
         (jit._FORCED, np.dtype(dtypes[0]).name, topk)))
-    monkeypatch.setattr(warmup, "_topk_workload", lambda: calls.append((jit._FORCED, "topk")))
+    monkeypatch.setattr(warmup, "_topk_workload",
+                        lambda folder: calls.append((jit._FORCED, "topk")))
     assert cli.main(["warmup"]) == 0
     # one pass per part: one build per kernel, on every thread
     assert calls == [("parallel", "float16", False), ("parallel", "float32", False),
