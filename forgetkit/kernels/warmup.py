@@ -127,14 +127,15 @@ PARTS = ("float16", "float32", "float64", "topk")
 def run_part(part, folder):
     """Compile the kernels of one part of `PARTS` (files written to ``folder``). Returns the
     names of the kernels compiled in this process, as `missing` writes them."""
-    with warnings.catch_warnings():
+    # a folder of its own: part processes running at once write their runs apart
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory(dir=folder) as own:
         warnings.simplefilter("ignore")
         with jit.forced("parallel"):
             if part == "topk":
-                _topk_workload(folder)
+                _topk_workload(own)
                 twins.row_sums(np.zeros((1, 1)), np.empty(1))  # the twins' compiled piece
             else:
-                workload(folder, dtypes=(np.dtype(part).type,), topk=False)
+                workload(own, dtypes=(np.dtype(part).type,), topk=False)
     return [name for name in _names() if name not in missing()]
 
 
