@@ -16,88 +16,18 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import forgetkit as fk  # noqa: E402
+from forgetkit.kernels.warmup import compile_lock_path, share_cache  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RUN = ROOT / "data_samples" / "fmnist_resnet18_clean_seed100.npz"
 
 
-def _lock_numba_cache_saves():
-    """numba saves a compiled function by reading its cache index, taking a data file name
-    free in it and writing both, unlocked: two processes saving two signatures of one
-    function at once can leave the index pairing one signature with the other's code (numba
-    issues 4807 and 10128: segfaults). The workers of ``pytest -n 2`` (pytest-xdist) share
-    the cache, so each save holds a lock file beside the index."""
-    import fcntl
-
-    from numba.core import caching
-
-    save = caching.IndexDataCacheFile.save
-    if getattr(save, "locked", False):
-        return
-
-    def locked_save(self, key, data):
-        with open(self._index_path + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                return save(self, key, data)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    locked_save.locked = True
-    caching.IndexDataCacheFile.save = locked_save
-
-
-_lock_numba_cache_saves()
-
-
-def compile_lock_path(dispatcher, args):
-    """The lock file of compiling cached function ``dispatcher`` for argument types
-    ``args``, beside its cache index; None for a function numba does not cache."""
-    import hashlib
-
-    index = getattr(getattr(dispatcher._cache, "_cache_file", None), "_index_path", None)
-    if index is None:
-        return None
-    return f"{index}.{hashlib.sha1(str(tuple(args)).encode()).hexdigest()[:16]}.compiling"
-
-
-def _compile_each_signature_once_across_processes():
-    """The workers of ``pytest -n 2`` start from the same empty cache and often reach the
-    same kernel at about the same time: both would compile it (seconds each). A compile of a
-    cached function's signature holds a lock file named after the signature beside the
-    cache index, so the process that comes second waits and then loads the first one's
-    build from the cache instead of compiling it again. A lock this process already holds
-    is not taken again; the functions a kernel calls are locked under it, along the call
-    graph, so no two processes wait on each other."""
-    import fcntl
-
-    from numba.core import dispatcher, sigutils
-
-    compile_ = dispatcher.Dispatcher.compile
-    if getattr(compile_, "original", None):
-        return
-    held = set()
-
-    def compile_once(self, sig):
-        args, _ = sigutils.normalize_signature(sig)
-        path = None if tuple(args) in self.overloads else compile_lock_path(self, args)
-        if path is None or path in held:
-            return compile_(self, sig)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            held.add(path)
-            try:
-                return compile_(self, sig)  # loads the other process's build if it saved one
-            finally:
-                held.discard(path)
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    compile_once.original = compile_
-    dispatcher.Dispatcher.compile = compile_once
-
-
-_compile_each_signature_once_across_processes()
+# The workers of ``pytest -n 2`` share numba's cache and start from the same empty one:
+# saves must be locked (numba saves unlocked; two processes saving signatures of one
+# function at once can corrupt its index), and two workers reaching the same kernel at once
+# should compile it once, the second loading the first one's build. The warmup's part
+# processes share it the same way.
+share_cache()
 
 
 def require_real_part(what, available):

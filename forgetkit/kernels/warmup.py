@@ -143,35 +143,53 @@ def _names():
     return [f"{k.py_func.__module__}.{k.__name__}" for k in jit.KERNELS]
 
 
-def share_cache():
-    """In this process, numba's cache as the warmup's processes share it: a save holds a
-    lock file beside the function's index (numba saves unlocked: two processes saving two
-    signatures of one function at once can pair one's index entry with the other's code,
-    numba issues 4807 and 10128), and a compile of a signature a lock file of its own, so
-    that the process that comes second loads the first one's build instead of compiling it
-    again. A lock this process holds is not taken again: the functions a kernel calls are
-    locked under it, along the call graph, so no two processes wait on each other. POSIX."""
-    import fcntl
+def compile_lock_path(dispatcher, args):
+    """The lock file of compiling cached function ``dispatcher`` for argument types
+    ``args``, beside its cache index; None for a function numba does not cache."""
     import hashlib
+
+    index = getattr(getattr(dispatcher._cache, "_cache_file", None), "_index_path", None)
+    if index is None:
+        return None
+    return f"{index}.{hashlib.sha1(str(tuple(args)).encode()).hexdigest()[:16]}.compiling"
+
+
+def share_cache():
+    """In this process, numba's cache as several processes share it (the warmup's part
+    processes, the workers of ``pytest -n 2``): a save holds a lock file beside the
+    function's index (numba saves unlocked: two processes saving two signatures of one
+    function at once can pair one's index entry with the other's code, numba issues 4807
+    and 10128), and a compile of a signature a lock file of its own
+    (`compile_lock_path`), so that the process that comes second loads the first one's
+    build instead of compiling it again. A lock this process holds is not taken again: the
+    functions a kernel calls are locked under it, along the call graph, so no two processes
+    wait on each other. Calling it again changes nothing. POSIX."""
+    import fcntl
 
     from numba.core import caching, dispatcher, sigutils
 
     save = caching.IndexDataCacheFile.save
+    if not getattr(save, "locked", False):
+        def locked_save(self, key, data):
+            with open(self._index_path + ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    return save(self, key, data)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def locked_save(self, key, data):
-        with open(self._index_path + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            return save(self, key, data)  # closing the file releases the lock
+        locked_save.locked = True
+        caching.IndexDataCacheFile.save = locked_save
 
-    compile_, held = dispatcher.Dispatcher.compile, set()
+    compile_ = dispatcher.Dispatcher.compile
+    if getattr(compile_, "original", None):
+        return
+    held = set()
 
     def compile_once(self, sig):
         args, _ = sigutils.normalize_signature(sig)
-        index = getattr(getattr(self._cache, "_cache_file", None), "_index_path", None)
-        if index is None or tuple(args) in self.overloads:
-            return compile_(self, sig)
-        path = f"{index}.{hashlib.sha1(str(tuple(args)).encode()).hexdigest()[:16]}.compiling"
-        if path in held:
+        path = None if tuple(args) in self.overloads else compile_lock_path(self, args)
+        if path is None or path in held:
             return compile_(self, sig)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "a") as lock:
@@ -181,8 +199,9 @@ def share_cache():
                 return compile_(self, sig)  # loads the other process's build if it saved one
             finally:
                 held.discard(path)
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
-    caching.IndexDataCacheFile.save = locked_save
+    compile_once.original = compile_
     dispatcher.Dispatcher.compile = compile_once
 
 
