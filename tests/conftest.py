@@ -52,6 +52,18 @@ def import_real_part(module, what):
 
 
 @pytest.fixture(scope="module")
+def client():
+    """A dask.distributed cluster of 2 worker processes (one thread each) and its client,
+    for one test module."""
+    distributed = import_real_part("distributed", "dask.distributed (the forgetkit[dask] extra)")
+    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                       dashboard_address=":0")
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
 def browser():
     """Debian's headless Chromium through Playwright (the explorer's and reports' tests)."""
     require_real_part("Debian chromium (headless browser)", Path("/usr/bin/chromium").exists())

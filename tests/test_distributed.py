@@ -27,15 +27,6 @@ distributed = import_real_part("distributed", "dask.distributed (the forgetkit[d
 from forgetkit.fusion import knowledge as fknowledge  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                       dashboard_address=":0")
-    with distributed.Client(cluster) as c:
-        yield c
-    cluster.close()
-
-
 def on_dask(run, chunk):
     """The run with its outputs as a dask array of ``chunk`` samples per chunk."""
     return run.replace(outputs=da.from_array(np.asarray(run.outputs), chunks=(-1, chunk, -1)))

@@ -207,6 +207,8 @@ DDP_TOKENS = textwrap.dedent("""
         err = str(e)
     with open(f"{tmp}/rank{rank}.json", "w") as f:
         json.dump({"accuracy": acc, "error": err}, f)
+    dist.barrier()  # no rank leaves while another is still in a collective
+    dist.destroy_process_group()
 """)
 
 

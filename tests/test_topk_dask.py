@@ -22,15 +22,6 @@ da = import_real_part("dask.array", "dask (the forgetkit[dask] extra)")
 distributed = import_real_part("distributed", "dask.distributed (the forgetkit[dask] extra)")
 
 @pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                       dashboard_address=":0")
-    with distributed.Client(cluster) as c:
-        yield c
-    cluster.close()
-
-
-@pytest.fixture(scope="module")
 def top():
     """A top-k run (k = 3 of 30 classes, 8 checkpoints, 2,000 tokens) held in memory."""
     logits, targets = make_logits(5, n_epochs=8, n_tokens=2000, vocab=30)
