@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import forgetkit as fk  # noqa: E402
-from forgetkit.kernels.warmup import compile_lock_path, share_cache  # noqa: E402, F401
+from forgetkit.kernels.warmup import share_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RUN = ROOT / "data_samples" / "fmnist_resnet18_clean_seed100.npz"

@@ -242,7 +242,9 @@ def test_the_tests_compile_a_signature_once_across_processes(tmp_path, monkeypat
 
     from numba import types
 
-    from .conftest import ROOT, compile_lock_path
+    from forgetkit.kernels.warmup import compile_lock_path
+
+    from .conftest import ROOT
 
     (tmp_path / "cached_twice.py").write_text(
         "from numba import njit\n\n@njit(cache=True)\ndef probe(x):\n    return x + 1\n")

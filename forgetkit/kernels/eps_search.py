@@ -124,17 +124,18 @@ def _win_bounds(a, b, y, band):
             empty > 0)
 
 
-def _grid_counts(diff, *args):
-    """The grid counts of a difference array (G+1,) summed over the threads: int64 (G,)."""
+def grid_counts(diff, *args):
+    """The grid counts of a difference array (G+1,) summed over the threads: int64 (G,)
+    (the ``finish`` of the grid kernels)."""
     return np.cumsum(diff[:-1])
 
 
 def _window_counts(total, *args):
-    """(`_grid_counts` of the summed difference array, the number of bad pairs)."""
-    return _grid_counts(total[0]), total[1]
+    """(`grid_counts` of the summed difference array, the number of bad pairs)."""
+    return grid_counts(total[0]), total[1]
 
 
-@kernel(finish=_grid_counts)
+@kernel(finish=grid_counts)
 def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band, n_blocks,
                         counter):
     """Number of samples that eps*a + (1-eps)*b classifies correctly, for every eps in ``grid``.

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from .argmax import first_argmax_mix
-from .eps_search import grid_row
+from .eps_search import grid_counts, grid_row
 from .jit import kernel
 from .schedule import claim, span
 
@@ -359,12 +359,7 @@ def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, voc
         blk = claim(counter)
 
 
-def _window_counts(diff, *args):
-    """The grid counts of the threads' summed difference array (G+1,): int64 (G,)."""
-    return np.cumsum(diff[:-1])
-
-
-@kernel(finish=_window_counts)
+@kernel(finish=grid_counts)
 def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
                        label_col, mean, prob, b_lead, b_magnitude, b_top, grid, rel_band,
                        n_blocks, counter):
