@@ -82,7 +82,8 @@ class ChunkFit(ChunkedFitState):
         self.records = data.records
         block = self.records.hold()  # the layouts read every epoch: one read of the chunk
         hits = correct(block, data.targets)
-        parts = [topk.TopKFitChunk(data, rows, hits) for rows in data.chunks(CHUNK_TOKENS)]
+        parts = [topk.TopKFitChunk(data, rows, hits, settle=True)  # always an eps grid here
+                 for rows in data.chunks(CHUNK_TOKENS)]
         self.records.forget()
         super().__init__(LocalParts(parts))
 
@@ -109,19 +110,16 @@ class ChunkSelection:
         data.records.hold()  # the layouts read every epoch: one read of the chunk
         self.parts = []
         for rows in data.chunks(CHUNK_TOKENS):
-            layout = topk.Layout(data, range(data.n_epochs), rows)
-            self.parts.append((layout, np.zeros(layout.shape), np.arange(layout.shape[0])))
+            layout = topk.Layout(data, range(data.n_epochs), rows, settle=True)
+            self.parts.append((layout, np.zeros(layout.shape)))
         data.records.forget()
 
     def scores(self):
         """Tokens certified correct by the sum of the picks and each epoch: int64 (E,)."""
         scores = np.zeros(self.data.n_epochs, dtype=np.int64)
         self.data.records.hold()
-        for layout, total, every in self.parts:
-            tmp = np.empty(layout.shape)
-            for e in range(self.data.n_epochs):
-                topk.epoch_values(self.data, e, layout, tmp)
-                scores[e] += kernels.sum_correct_count_rows(total, tmp, layout.label_col, every)
+        for layout, total in self.parts:
+            scores += topk.selection_scores(self.data, layout, total)
         self.data.records.forget()
         return scores
 
@@ -129,7 +127,7 @@ class ChunkSelection:
         """Add epoch index ``e``'s upper bounds to the sum, unless this state has
         ``n_picked`` picks already (a task run twice)."""
         if self.n_picked == n_picked:
-            for layout, total, _ in self.parts:
+            for layout, total in self.parts:
                 kernels.add_into(total, topk.epoch_values(self.data, e, layout,
                                                           np.empty(layout.shape))[0])
             self.data.records.forget()

@@ -318,7 +318,7 @@ def topk_selection(data, k):
     for i in range(k):
         scores = np.zeros(data.n_epochs, dtype=np.int64)
         for layout, total in parts:
-            scores += _selection_scores(data, layout, total)
+            scores += selection_scores(data, layout, total)
         picks.append(int(np.argmax(scores)))
         if i + 1 < k:
             for layout, total in parts:
@@ -327,7 +327,7 @@ def topk_selection(data, k):
     return picks
 
 
-def _selection_scores(data, layout, total):
+def selection_scores(data, layout, total):
     """For each epoch, the tokens of ``layout`` whose argmax of total + its bounds is the
     target: int64 (E,)."""
     if not data.exact:
