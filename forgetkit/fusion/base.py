@@ -163,8 +163,6 @@ class Fuser:
         run = self._as_input(run)
         kind = kind_of(run)
         if kind.bounded:  # exact only where the bounds are (else raises)
-            if executor_for(run).lazy:  # a lazy dask array, as of any run on dask
-                return kind.certified_bounds(run).exact_probs(self.recipe(run))
             return topk.exact_probs(kind.certified_bounds(run), self.recipe(run))
         return executor_for(run).map_samples(run, self._predict_proba, (None, self.n_classes_),
                                              np.float64)
@@ -229,8 +227,6 @@ class Fuser:
         """(prediction, certified, state, label_prob) arrays of `certified`."""
         kind = kind_of(run)
         if kind.bounded:
-            if executor_for(run).lazy:  # per token on the workers, gathered here
-                return kind.certified_bounds(run).certify(self.recipe(run))
             return topk.certify(kind.certified_bounds(run), self.recipe(run))
         prob = self.predict_proba(run)
         pred, _, label_prob = kernels.row_top(prob, run.labels)

@@ -66,12 +66,8 @@ class LikelihoodFusion(Fuser):
         # (N, E): on a dask run, computed on the workers; on a top-k run exact (with k equal
         # to the vocabulary, the softmax of the logits: the full run's bits)
         kind = kind_of(run)
-        if not kind.bounded:
-            q = run.label_probs()
-        elif executor_for(run).lazy:
-            q = kind.certified_bounds(run).label_probs()
-        else:
-            q = topk.label_probs(kind.certified_bounds(run))
+        q = (topk.label_probs(kind.certified_bounds(run)) if kind.bounded
+             else run.label_probs())
         # C order whatever the source (a transposed view of the softmax stats, a dask
         # result): the BLAS products' bits depend on the layout
         q = np.ascontiguousarray(np.maximum(executor_for(run).compute(q)[0], LOG_FLOOR))

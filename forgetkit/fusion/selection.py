@@ -53,15 +53,12 @@ class EnsembleSelection(Fuser):
         k = self.max_checkpoints
         check_validation_run(run)
         kind = kind_of(run)
-        lazy = executor_for(run).lazy
-        if lazy and not kind.bounded:  # read on workers, not here
+        if executor_for(run).lazy and not kind.bounded:  # read on workers, not here
             raise ForgetkitError("ensemble selection needs a run held in memory or on disk "
                                  "(each round reads its outputs); load the run from its "
                                  "files without chunks=, or run fk.sweep on a cluster")
         if kind.bounded:  # certified counts of the bounds (see fusion.topk), on workers too
-            data = kind.certified_bounds(run)
-            return self._fit_picks(run, data.selection(k) if lazy
-                                   else topk.topk_selection(data, k))
+            return self._fit_picks(run, topk.topk_selection(kind.certified_bounds(run), k))
         cached = run.cache_probs(memory_budget=self.memory_budget)
         if cached is not None:
             scorer = _CachedScorer(run, cached)

@@ -171,12 +171,22 @@ def recipe_epochs(recipe):
     return sorted({int(e) for _, pos, _ in recipe for e in pos})
 
 
+def on_workers(data):
+    """Whether ``data`` (what `TopKKind.certified_bounds` gives) is a run's records on an
+    executor's workers (`forgetkit.execution.Executor.certified_bounds`, such as
+    `forgetkit.distributed.topk.DaskTopK`), which runs each step of this module there
+    itself, rather than a `TopKData` read here."""
+    return not isinstance(data, TopKData)
+
+
 def certify(data, recipe, *, chunk=CHUNK_TOKENS):
     """The certificate of the mixture ``recipe`` on every token of ``data``: (prediction
     int64 (N,), certified bool (N,), state int8 (N,) (1 certified correct, 0 certified
     wrong, -1 uncertain), label_prob float64 (N,): the exact q(y)). Streams tokens in
     chunks; with k < vocabulary each token's layout, bounds and mixture are made in one
     pass over its records (`kernels.topk_certify_recipe`)."""
+    if on_workers(data):
+        return data.certify(recipe)
     n = data.n_tokens
     pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
     state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
@@ -215,7 +225,10 @@ def _steps(recipe, epochs):
 
 def label_probs(data):
     """The targets' probabilities at every epoch, float64 (N, E): exp(target - lse), or with
-    k == vocabulary the softmax of the logits (the arithmetic of a logits run)."""
+    k == vocabulary the softmax of the logits (the arithmetic of a logits run); a lazy dask
+    array for records on workers."""
+    if on_workers(data):
+        return data.label_probs()
     if not data.exact:
         out = np.empty((data.n_epochs, data.n_tokens))
         for e in range(data.n_epochs):
@@ -234,7 +247,10 @@ def label_probs(data):
 
 
 def exact_probs(data, recipe):
-    """The fused probabilities (N, V) of a top-k run whose records hold every class."""
+    """The fused probabilities (N, V) of a top-k run whose records hold every class (a lazy
+    dask array for records on workers)."""
+    if on_workers(data):
+        return data.exact_probs(recipe)
     if not data.exact:
         raise ForgetkitError(f"predict_proba needs every class's probability; {TOPK_HOLDS} "
                              f"(k={data.top_k} of {data.vocab_size}); use certified(run) for "
@@ -309,6 +325,8 @@ def topk_selection(data, k):
     picks' bounds (ties: the earlier epoch), the arithmetic of the full-vocabulary
     selection; settled tokens (`Layout`) are certified by no sum. Returns the picks (epoch
     indices). Each round reads every epoch's records."""
+    if on_workers(data):
+        return data.selection(k)
     everything = range(data.n_epochs)
     parts = []
     for rows in data.chunks():
