@@ -81,6 +81,36 @@ def test_kernel_matches_reference(dtype, ties):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("softmax", [True, False])
+@pytest.mark.parametrize("mode", ["serial", "numpy", "parallel"])
+def test_one_call_over_epochs_equals_a_call_per_epoch(dtype, softmax, mode):
+    """The kernel (one thread, the numpy twin, the pool's threads) over (E, N, C) gives the
+    bits of E calls over (N, C): the same per-epoch results, totals summed in epoch order;
+    bad rows counted over all epochs."""
+    run = make_run(n_epochs=5, n_samples=700, n_classes=6, dtype=dtype, ties=True, seed=11)
+    values = np.asarray(run.outputs)
+    if not softmax:
+        values = np.stack([softmax64(v) for v in values]).astype(dtype)
+    values[3, 17, 2] = np.nan
+    e, n, c = values.shape
+
+    def outputs(shape):
+        return (np.empty(shape), np.empty(shape), np.empty(shape, dtype=bool),
+                np.full((n, c), 0.25), np.full((n, c), -0.5))
+
+    each, once = outputs((e, n)), outputs((e, n))
+    with kernels.forced(mode):
+        bad_each = sum(kernels.label_margins(values[i], run.labels, *(a[i] for a in each[:3]),
+                                             softmax=softmax, total=each[3],
+                                             total_log=each[4]) for i in range(e))
+        bad_once = kernels.label_margins(values, run.labels, *once[:3], softmax=softmax,
+                                         total=once[3], total_log=once[4])
+    assert bad_each == bad_once == 1
+    for a, b in zip(each, once, strict=True):
+        assert np.array_equal(a, b, equal_nan=a.dtype != bool)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_kernel_counts_rows_holding_nan_or_inf(dtype):
     values = np.zeros((4, 3), dtype=dtype)
     values[1, 2], values[3, 0] = np.nan, np.inf

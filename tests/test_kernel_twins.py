@@ -86,8 +86,8 @@ def test_label_margins_of_float16_logits_equal_the_kernel(n_classes):
     class) and the sums of probabilities and log-probabilities of float16 logits."""
     values = f16_logits((300, n_classes), n_classes, scale=0.25)
     labels = np.random.default_rng(3).integers(0, n_classes, 300)
-    assert twins.label_margins(kernels.source(values), labels, f16_exp_table(), True,
-                               *(np.empty(300),) * 2, np.empty(300, bool),
+    assert twins.label_margins(kernels.source(values)[None], labels, f16_exp_table(), True,
+                               *(np.empty((1, 300)),) * 2, np.empty((1, 300), bool),
                                np.empty((0, 0)), np.empty((0, 0)), 1) == 0
 
     def passes():
@@ -130,8 +130,9 @@ def test_softmax_twins_decline_rows_outside_the_table_and_other_floats():
                               np.empty((40, 6))) is None
     empty = np.empty((0, 0))
     probs = kernels.source(values[0])  # probabilities (softmax=False): the kernel
-    assert twins.label_margins(probs, np.zeros(40, np.int64), table, False, np.empty(40),
-                               np.empty(40), np.empty(40, bool), empty, empty, 1) is None
+    assert twins.label_margins(probs[None], np.zeros(40, np.int64), table, False,
+                               np.empty((1, 40)), np.empty((1, 40)), np.empty((1, 40), bool),
+                               empty, empty, 1) is None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -2,9 +2,10 @@
 2020), the area under the margin (AUM, Pleiss et al. 2020) and cartography-style selection.
 
 Everything comes from one streaming pass over the epochs (`trajectory`): each epoch is read
-once (memmap and Parquet runs epoch by epoch), reduced by one numba kernel to the label's
-probability, the label's margin and correctness per sample, and folded into per-sample
-running statistics; memory grows with the number of samples, never with the epochs. The pass
+once, in chunks of epochs of about 64 MB, each reduced by one numba kernel call to the label's
+probability, the label's margin and correctness per sample and epoch, then folded into
+per-sample running statistics; memory grows with the number of samples, never with the
+epochs. The pass
 runs per chunk of samples on the run's executor (`forgetkit.execution`; one chunk for a run
 held here, the workers' chunks for a run on a dask array) and only the per-sample rows come
 back; the region thresholds are then taken over all of them.
@@ -25,6 +26,7 @@ from .._validation import check_bool, check_int, check_number, check_option
 from ..errors import ForgetkitError
 from ..execution import executor_for
 from ..kinds import kind_of
+from ..kinds.summary import epoch_chunks
 from ..run import check_run
 
 #: Data-map regions, in the order of the categorical ``region`` column.
@@ -116,41 +118,50 @@ def trajectory(run, *, burn_out=None, mean_probs=False, mean_log_probs=False, pr
         raise ForgetkitError(f"mean probabilities need every class's outputs; {kind.holds}")
     n = run.n_samples
     labels = run.labels
-    p, margin = np.empty(n), np.empty(n)
-    correct, previous = np.empty(n, dtype=bool), np.zeros(n, dtype=bool)
+    previous = np.zeros(n, dtype=bool)
     total_p, mean, m2, total_margin = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     n_correct = np.zeros(n, dtype=np.int64)
     events = np.zeros(n, dtype=np.int64)
     total = np.zeros((n, run.n_classes)) if mean_probs else None
     total_log = np.zeros((n, run.n_classes)) if mean_log_probs else None
     bar = Progress(n_epochs, "training dynamics", enabled=progress)
-    for e in range(n_epochs):
+    # Stored values are read in chunks of epochs, one kernel call each (a call per epoch
+    # of a mid-sized run costs more in waking threads than in work); records epoch by epoch.
+    chunks = (epoch_chunks(n_epochs, n * run.n_classes * run.outputs.itemsize)
+              if kind.stores_values else ((e, e + 1) for e in range(n_epochs)))
+    for start, stop in chunks:
+        epochs = slice(start, stop)
         if not kind.stores_values:  # exact from the records (e.g. label logit, largest other, lse)
-            epoch = slice(e, e + 1)
-            p[:], margin[:], correct[:] = (kind.label_probs(run, epoch)[0],
-                                           kind.label_margins(run, epoch)[0],
-                                           kind.correctness(run, epoch)[0])
+            ps, margins, corrects = (kind.label_probs(run, epochs), kind.label_margins(run, epochs),
+                                     kind.correctness(run, epochs))
             if total is not None or total_log is not None:  # records of every class
-                probs = kind.epoch_probs(run, e, np.empty((n, run.n_classes)))
+                probs = kind.epoch_probs(run, start, np.empty((n, run.n_classes)))
                 for acc, values in ((total, probs), (total_log, _log(probs))):
                     if acc is not None:
                         acc += values
         else:
-            values = run.epoch_values(e)
-            if kernels.label_margins(values, labels, p, margin, correct,
-                                     softmax=kind.softmax, total=total,
-                                     total_log=total_log):
-                run.check_epoch(e, values)  # raises the error naming the epoch
-        total_p += p
-        total_margin += margin
-        delta = p - mean
-        mean += delta / (e + 1)
-        m2 += delta * (p - mean)
-        n_correct += correct
-        if e:
-            events += previous & ~correct
-        previous, correct = correct, previous
-        bar.update()
+            values = run.backend.read(epochs)
+            if run.checked_per_read:
+                for i, epoch_values in enumerate(values):
+                    kind.check_values(run, start + i, epoch_values)
+            shape = (stop - start, n)
+            ps, margins, corrects = np.empty(shape), np.empty(shape), np.empty(shape, dtype=bool)
+            if kernels.label_margins(values, labels, ps, margins, corrects,
+                                     softmax=kind.softmax, total=total, total_log=total_log):
+                for i, epoch_values in enumerate(values):
+                    run.check_epoch(start + i, epoch_values)  # raises the error naming the epoch
+        for e, p, margin, correct in zip(range(start, stop), ps, margins, corrects,
+                                         strict=True):
+            total_p += p
+            total_margin += margin
+            delta = p - mean
+            mean += delta / (e + 1)
+            m2 += delta * (p - mean)
+            n_correct += correct
+            if e:
+                events += previous & ~correct
+            previous = correct
+        bar.update(stop - start)
     for acc in (total, total_log):
         if acc is not None:
             acc /= n_epochs

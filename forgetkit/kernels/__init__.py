@@ -201,11 +201,14 @@ def take_samples(stats, idx):
 
 def label_margins(values, labels, p, margin, correct, *, softmax=True, total=None,
                   total_log=None):
-    """One epoch's outputs (N, C) to the label's probability ``p``, its margin over the
-    largest other class ``margin`` (float64 (N,)) and ``correct`` (bool (N,)), adding the
-    row probabilities to ``total`` and their logs to ``total_log`` (float64 (N, C)) if
-    given; ``softmax``: the values are logits. See ``dynamics.label_margins``. Returns the
-    number of rows holding inf or nan."""
+    """Epochs' outputs (E, N, C), or one epoch's (N, C), to the label's probability ``p``,
+    its margin over the largest other class ``margin`` (float64 (E, N) or (N,)) and
+    ``correct`` (bool, same shape), adding the rows' probabilities to ``total`` and their
+    logs to ``total_log`` (float64 (N, C)) if given, epoch after epoch; ``softmax``: the
+    values are logits. See ``dynamics.label_margins``. Returns the number of (epoch, row)
+    pairs holding inf or nan."""
+    if values.ndim == 2:
+        values, p, margin, correct = values[None], p[None], margin[None], correct[None]
     none = np.empty((0, 0))
     return _run(_dynamics.label_margins, values.size,
                 (source(values), labels, f16_exp_table(), softmax, p, margin, correct,

@@ -1,6 +1,6 @@
-"""Training-dynamics kernel: one epoch of stored outputs to the per-sample quantities of data
+"""Training-dynamics kernel: epochs of stored outputs to the per-sample quantities of data
 maps, AUM and label issues (the label's probability, the label's margin over the largest other
-class, correctness), optionally adding the epoch's probabilities and log-probabilities to
+class, correctness), optionally adding the epochs' probabilities and log-probabilities to
 running totals."""
 
 from __future__ import annotations
@@ -34,26 +34,28 @@ def _finite_impl(value):
 @kernel
 def label_margins(values, labels, table, softmax, p, margin, correct, total, total_log,
                   n_blocks, counter):
-    """Per row r of one epoch's stored outputs ``values`` (N, C) (float16 as int16 bits),
-    with y = labels[r] and o the largest other class (the lowest index among equals):
+    """Per epoch e and row r of stored outputs ``values`` (E, N, C) (float16 as int16
+    bits), with y = labels[r] and o the largest other class (the lowest index among equals):
 
-    - p[r]: the label's probability, ``softmax(values[r])[y]`` with the arithmetic of
-      ``softmax_rows`` when ``softmax`` (logits), else ``values[r, y]`` (probabilities);
-    - margin[r]: ``values[r, y] - values[r, o]`` for logits (the AUM margin); for
+    - p[e, r]: the label's probability, ``softmax(values[e, r])[y]`` with the arithmetic of
+      ``softmax_rows`` when ``softmax`` (logits), else ``values[e, r, y]`` (probabilities);
+    - margin[e, r]: ``values[e, r, y] - values[e, r, o]`` for logits (the AUM margin); for
       probabilities the log-probability margin ``log(p_y) - log(p_o)``, each probability
       raised to at least TINY;
-    - correct[r]: ``values[r, y] > values[r, o]``, or equal and ``y < o`` (argmax, ties to
-      the lowest index, is the label);
-    - total (N, C) float64, unless empty: ``total[r] += `` the row's probabilities (the
-      arithmetic of ``combine_softmax``'s mean, before its division);
+    - correct[e, r]: ``values[e, r, y] > values[e, r, o]``, or equal and ``y < o`` (argmax,
+      ties to the lowest index, is the label);
+    - total (N, C) float64, unless empty: ``total[r] += `` the row's probabilities, epoch
+      after epoch (the arithmetic of ``combine_softmax``'s mean, before its division);
     - total_log (N, C) float64, unless empty: ``total_log[r] += `` the row's
       log-probabilities: ``x - m + log(inv)`` with ``exp_row``'s shift m and 1/sum inv for
       logits, ``log(max(x, TINY))`` for probabilities.
 
-    table: the ``f16_exp_table()``. Rows holding inf or nan get p = margin = nan and
-    correct = False and are counted; returns their number.
+    A block of rows is read epoch after epoch, so each row's totals are summed in epoch
+    order: one call over E epochs gives the bits of E calls over one. table: the
+    ``f16_exp_table()``. Rows holding inf or nan get p = margin = nan and correct = False
+    and are counted; returns their number over all epochs.
     """
-    n_rows, n_classes = values.shape
+    n_epochs, n_rows, n_classes = values.shape
     accumulate = total.shape[0] > 0
     accumulate_log = total_log.shape[0] > 0
     tmp = np.empty(n_classes)
@@ -61,45 +63,46 @@ def label_margins(values, labels, table, softmax, p, margin, correct, total, tot
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, n_rows, n_blocks)
-        for r in range(lo, hi):
-            row = values[r]
-            y = labels[r]
-            other = -1
-            best = -np.inf
-            finite = True
-            for c in range(n_classes):
-                finite = finite and _finite(row[c])
-                v = to_f64(row[c])
-                if c != y and (other < 0 or v > best):
-                    best = v
-                    other = c
-            if not finite:
-                n_bad += 1
-                p[r] = np.nan
-                margin[r] = np.nan
-                correct[r] = False
-                continue
-            zy = to_f64(row[y])
-            correct[r] = zy > best or (zy == best and y < other)
-            if softmax:
-                _, shift, inv = exp_row(row, tmp, table)
-                p[r] = tmp[y] * inv
-                margin[r] = zy - best
-                if accumulate:
-                    for c in range(n_classes):
-                        total[r, c] += tmp[c] * inv
-                if accumulate_log:
-                    log_inv = math.log(inv)
-                    for c in range(n_classes):
-                        total_log[r, c] += (to_f64(row[c]) - shift) + log_inv
-            else:
-                p[r] = zy
-                margin[r] = math.log(max(zy, TINY)) - math.log(max(best, TINY))
-                if accumulate:
-                    for c in range(n_classes):
-                        total[r, c] += to_f64(row[c])
-                if accumulate_log:
-                    for c in range(n_classes):
-                        total_log[r, c] += math.log(max(to_f64(row[c]), TINY))
+        for e in range(n_epochs):
+            for r in range(lo, hi):
+                row = values[e, r]
+                y = labels[r]
+                other = -1
+                best = -np.inf
+                finite = True
+                for c in range(n_classes):
+                    finite = finite and _finite(row[c])
+                    v = to_f64(row[c])
+                    if c != y and (other < 0 or v > best):
+                        best = v
+                        other = c
+                if not finite:
+                    n_bad += 1
+                    p[e, r] = np.nan
+                    margin[e, r] = np.nan
+                    correct[e, r] = False
+                    continue
+                zy = to_f64(row[y])
+                correct[e, r] = zy > best or (zy == best and y < other)
+                if softmax:
+                    _, shift, inv = exp_row(row, tmp, table)
+                    p[e, r] = tmp[y] * inv
+                    margin[e, r] = zy - best
+                    if accumulate:
+                        for c in range(n_classes):
+                            total[r, c] += tmp[c] * inv
+                    if accumulate_log:
+                        log_inv = math.log(inv)
+                        for c in range(n_classes):
+                            total_log[r, c] += (to_f64(row[c]) - shift) + log_inv
+                else:
+                    p[e, r] = zy
+                    margin[e, r] = math.log(max(zy, TINY)) - math.log(max(best, TINY))
+                    if accumulate:
+                        for c in range(n_classes):
+                            total[r, c] += to_f64(row[c])
+                    if accumulate_log:
+                        for c in range(n_classes):
+                            total_log[r, c] += math.log(max(to_f64(row[c]), TINY))
         blk = claim(counter)
     return n_bad

@@ -83,29 +83,31 @@ def label_probs(values, src, labels, table, out, n_blocks):
 
 def label_margins(values, labels, table, softmax, p, margin, correct, total, total_log,
                   n_blocks):
-    """``dynamics.label_margins`` of one epoch's float16 logits (N, C) within the exp table
+    """``dynamics.label_margins`` of epochs of float16 logits (E, N, C) within the exp table
     (shift 0: the log-probabilities are x + log(inv), with the C library's log as the
-    kernels call it); 0, or None for probabilities, float32/64 and rows outside the table."""
+    kernels call it), totals added epoch after epoch; 0, or None (nothing written) for
+    probabilities, float32/64 and rows outside the table."""
     if values.dtype != np.int16 or not softmax:
         return None
-    exp = _table_exp(values, table)
-    if exp is None:
+    exps = [_table_exp(epoch, table) for epoch in values]
+    if any(exp is None for exp in exps):
         return None
-    inv = 1.0 / exp[1]
-    rows = np.arange(values.shape[0])
-    x = values.view(np.float16).astype(np.float64)
-    others = x.copy()
-    others[rows, labels] = -np.inf
-    other = others.argmax(axis=1)  # the lowest index among equals, as the kernel's
-    best, zy = others[rows, other], x[rows, labels]
-    correct[...] = (zy > best) | ((zy == best) & (labels < other))
-    p[...] = exp[0][rows, labels] * inv
-    margin[...] = zy - best
-    if total.shape[0]:
-        total += exp[0] * inv[:, None]
-    if total_log.shape[0]:
-        log_inv = np.array([math.log(v) for v in inv.tolist()])
-        total_log += (x - 0.0) + log_inv[:, None]
+    rows = np.arange(values.shape[1])
+    for e, exp in enumerate(exps):
+        inv = 1.0 / exp[1]
+        x = values[e].view(np.float16).astype(np.float64)
+        others = x.copy()
+        others[rows, labels] = -np.inf
+        other = others.argmax(axis=1)  # the lowest index among equals, as the kernel's
+        best, zy = others[rows, other], x[rows, labels]
+        correct[e] = (zy > best) | ((zy == best) & (labels < other))
+        p[e] = exp[0][rows, labels] * inv
+        margin[e] = zy - best
+        if total.shape[0]:
+            total += exp[0] * inv[:, None]
+        if total_log.shape[0]:
+            log_inv = np.array([math.log(v) for v in inv.tolist()])
+            total_log += (x - 0.0) + log_inv[:, None]
     return 0
 
 
