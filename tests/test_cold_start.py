@@ -181,9 +181,9 @@ def test_cli_warmup_compiles_the_workload_and_reports(monkeypatch, capsys):
     monkeypatch.setattr(warmup, "_topk_workload",
                         lambda folder: calls.append((jit._FORCED, "topk")))
     assert cli.main(["warmup"]) == 0
-    # one pass per part: one build per kernel, on every thread
-    assert calls == [("parallel", "float16", False), ("parallel", "float32", False),
-                     ("parallel", "float64", False), ("parallel", "topk")]
+    # one pass per part, the longest first: one build per kernel, on every thread
+    assert calls == [("parallel", "topk"), ("parallel", "float16", False),
+                     ("parallel", "float32", False), ("parallel", "float64", False)]
     out, err = capsys.readouterr()
     assert re.search(r"forgetkit's kernels are compiled into numba's cache \(\d+\.\d s\)", out)
     assert "compiling forgetkit's kernels ..." in err
