@@ -101,33 +101,46 @@ class LikelihoodFusion(Fuser):
     def _em(self, q):
         """Mixture weights maximising mean(log(q @ w)) over the simplex, for q (N, k) > 0:
         EM accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3). Each iteration takes
-        two EM steps, extrapolates along them, keeps the extrapolated point when it stays
-        inside the simplex and raises the likelihood (else halves the step toward the
-        second EM step), then takes one more EM step: the likelihood never decreases.
-        Stops when an iteration gains less than ``tol``. Each evaluation (`_evaluate`)
-        gives a point's likelihood and its EM step together. Returns (w, iterations)."""
+        two EM steps r and v apart and tries one point extrapolated along them,
+        w + 2a r + a^2 v, with the step length a = |r| / |v| at most ``a_max`` (a = 1 is the
+        second EM step); it keeps the point if it lies inside the simplex and raises the
+        likelihood over the second EM step (else that step), then takes one more EM step:
+        the likelihood never decreases. ``a_max`` (from 1) grows 4x after a kept step at
+        the bound and shrinks 4x (to 1 at least) after a refused one, the step control of
+        the authors' SQUAREM package: near the optimum |v| -> 0 makes an unbounded a huge,
+        and halving it down to a point that is kept costs tens of passes over q.
+        Stops when an iteration whose point was not refused gains less than ``tol``
+        (a refused one can gain little far from the optimum). Each evaluation
+        (`_evaluate`) gives a point's likelihood and its EM step together: at most four
+        per iteration. Returns (w, iterations)."""
         if q.shape[0] >= PARALLEL_EM_SAMPLES:
             q = np.ascontiguousarray(q)  # once, for every pass
         k = q.shape[1]
         w = np.full(k, 1.0 / k)
+        a_max = 1.0
         cur, w1 = _evaluate(q, w)
         for n_iter in range(1, self.max_iter + 1):
             _, w2 = _evaluate(q, w1)
             r, v = w1 - w, w2 - 2 * w1 + w
-            alpha = -np.sqrt((r @ r) / (v @ v)) if v @ v > 0 else -1.0
+            a = min(np.sqrt((r @ r) / (v @ v)), a_max) if v @ v > 0 else 1.0
             best_ll, best_step = _evaluate(q, w2)
-            while alpha < -1:  # alpha = -1 is the second EM step itself
-                point = w - 2 * alpha * r + alpha * alpha * v
-                if (point > 0).all():
+            refused = False
+            if a > 1:
+                point = w + 2 * a * r + a * a * v
+                refused = not (point > 0).all()
+                if not refused:
                     point /= point.sum()
                     point_ll, point_step = _evaluate(q, point)
-                    if point_ll >= best_ll:
+                    refused = point_ll < best_ll
+                    if not refused:
                         best_ll, best_step = point_ll, point_step
-                        break
-                alpha = (alpha - 1) / 2
+            if refused:
+                a_max = max(1.0, a_max / 4)
+            elif a == a_max:
+                a_max *= 4
             w = best_step
             new, w1 = _evaluate(q, w)
-            if new - cur < self.tol:
+            if new - cur < self.tol and not refused:
                 return w, n_iter
             cur = new
         warnings.warn(f"likelihood fusion stopped at max_iter={self.max_iter} before its "
