@@ -234,10 +234,10 @@ def test_em_pass_equals_numpy_and_takes_the_parallel_path_above_its_size(monkeyp
     finally:
         numba.set_num_threads(threads)
     assert one[0] == mean_log and np.array_equal(one[1], sums)
-    w_big, _ = likelihood.LikelihoodFusion()._em(q)
+    w_big, _ = likelihood.LikelihoodFusion()._solve(q)
     # the same fit through numpy's matrix-vector products
     monkeypatch.setattr(likelihood, "PARALLEL_EM_SAMPLES", q.shape[0] + 1)
-    w_numpy, _ = likelihood.LikelihoodFusion()._em(q)
+    w_numpy, _ = likelihood.LikelihoodFusion()._solve(q)
     np.testing.assert_allclose(w_big, w_numpy, atol=1e-7)
 
 
