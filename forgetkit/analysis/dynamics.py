@@ -5,10 +5,9 @@ Everything comes from one streaming pass over the epochs (`trajectory`): each ep
 once, in chunks of epochs of about 64 MB, each reduced by one numba kernel call to the label's
 probability, the label's margin and correctness per sample and epoch, then folded into
 per-sample running statistics; memory grows with the number of samples, never with the
-epochs. The pass
-runs per chunk of samples on the run's executor (`forgetkit.execution`; one chunk for a run
-held here, the workers' chunks for a run on a dask array) and only the per-sample rows come
-back; the region thresholds are then taken over all of them.
+epochs. The pass runs per chunk of samples on the run's executor (`forgetkit.execution`;
+one chunk for a run held here, the workers' chunks for a run on a dask array) and only the
+per-sample rows come back; the region thresholds are then taken over all of them.
 """
 
 from __future__ import annotations
