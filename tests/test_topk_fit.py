@@ -91,32 +91,33 @@ class ReferenceChunk(FitChunk):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_window_means_and_grid_counts_match_the_reference(case):
+@pytest.mark.parametrize("cache", [False, True])
+def test_window_means_and_grid_counts_match_the_reference(case, cache):
     run = topk_run(*case)
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
     n_epochs = run.n_epochs
-    layout = ft.Layout(data, range(n_epochs), slice(None))
+    layout = ft.Layout(data, range(n_epochs), slice(None), cache=cache)
+    assert (layout.cache.size > 0) == cache
     assert layout.shape == ref.upper.shape[1:]
     assert np.array_equal(layout.label_col, ref.label_col)
     grid = np.arange(101) / 100
-    prob = ref.upper[-1].copy()
-    leads, _ = kernels.label_leads(prob, ref.label_col)
     src = np.arange(run.n_samples, dtype=np.int64)
-    for window in ([n_epochs - 1], [0, 1], list(range(n_epochs)), [1, 2, 3]):
-        upper, lower = np.empty(layout.shape), np.empty(layout.shape)
-        ft.window_mean(data, window, layout, upper, lower)
-        assert np.array_equal(upper, ref.window(window))
-        assert np.array_equal(lower, ref.window(window, lower=True))
-        # the fit's pass: the same mean, and the counts of the padded rows
-        mean = np.full(layout.shape, np.nan)
-        epochs = np.asarray(window, dtype=np.int64)
-        counts = kernels.topk_window_grid_counts(
-            layout.fields, layout.cols, epochs, epochs, src, layout.targets, run.n_classes,
-            layout.parts, mean, prob, leads, grid, REL_BAND)
-        assert np.array_equal(mean, upper)
-        assert np.array_equal(counts, kernels.grid_correct_counts(upper, prob, ref.label_col,
-                                                                  leads, grid, REL_BAND))
+    for prob in (ref.upper[-1].copy(), ref.window([0, 2]), ref.window([1]) * 0.5):
+        leads, _ = kernels.label_leads(prob, ref.label_col)
+        for window in ([n_epochs - 1], [0, 1], list(range(n_epochs)), [1, 2, 3], [2]):
+            upper, lower = np.empty(layout.shape), np.empty(layout.shape)
+            ft.window_mean(data, window, layout, upper, lower)
+            assert np.array_equal(upper, ref.window(window))
+            assert np.array_equal(lower, ref.window(window, lower=True))
+            # the fit's pass (early answers from the leads, rows for the others): the
+            # counts of the padded rows
+            epochs = np.asarray(window, dtype=np.int64)
+            counts = kernels.topk_window_grid_counts(
+                layout.fields, layout.cols, epochs, epochs, src, layout.targets,
+                run.n_classes, layout.parts, prob, leads, grid, REL_BAND, layout.cache)
+            assert np.array_equal(counts, kernels.grid_correct_counts(
+                upper, prob, ref.label_col, leads, grid, REL_BAND))
 
 
 @pytest.mark.parametrize("case", CASES)

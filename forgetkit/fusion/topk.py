@@ -46,16 +46,22 @@ class Layout:
     at the tokens ``src`` (int64 (n,)), whose targets are ``targets``.
 
     With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
-    beats at every checkpoint by a margin (`kernels.topk.token_scan`: the unstored slot, or
-    the final checkpoint's largest class other than the target) are left out: no sum or
+    beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the unstored slot,
+    or the final checkpoint's largest class other than the target) are left out: no sum or
     mixture of their bounds with nonnegative weights ranks the target first. ``settled``
-    (bool, one per token of ``rows``) marks them; ``src`` holds the others."""
+    (bool, one per token of ``rows``) marks them; ``src`` holds the others.
 
-    def __init__(self, data, epochs, rows, *, settle=False):
+    With ``cache`` (default: ``settle``), the layout keeps the probabilities of the records
+    of its tokens (``cache``, `kernels.topk_record_cache`: (k + 2) float64 per record)
+    while `TopKData.reserve` grants them, so that its windows read no record twice;
+    otherwise ``cache`` is `kernels.NO_CACHE` and each window reads the records."""
+
+    def __init__(self, data, epochs, rows, *, settle=False, cache=None):
         self.rows, self.vocab = rows, data.vocab_size
         targets = data.targets[rows]
         n = targets.shape[0]
         self.targets, self.settled = targets, np.zeros(n, dtype=bool)
+        self.cache = kernels.NO_CACHE
         if data.exact:
             self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
                                        (n, data.vocab_size))
@@ -63,15 +69,20 @@ class Layout:
             self.unstored_col = np.full(n, -1, dtype=np.int64)
         else:
             self.fields, self.epochs = data.fields(rows), _indices(epochs)
-            rival = _rival(self.fields[1][-1], targets) if settle else None
-            floor, self.settled = kernels.topk_scan(
-                self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
-                data.vocab_size, rival)
+            if settle:
+                self.settled = kernels.topk_settle(
+                    self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
+                    data.vocab_size, _rival(self.fields[1][-1], targets))
             self.src = np.flatnonzero(~self.settled)
             self.targets = targets[self.src]
+            args = (self.fields, self.epochs, self.src, self.targets, data.vocab_size)
+            if (settle if cache is None else cache) and data.reserve(
+                    self.src.size * self.epochs.size * (data.top_k + 2) * 8):
+                self.cache, floor = kernels.topk_record_cache(*args)
+            else:
+                floor = kernels.topk_floors(*args)
             self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
-                self.fields, self.epochs, self.src, self.targets, data.vocab_size,
-                floor[self.src])
+                *args, floor)
         self.cls = np.ascontiguousarray(self.cls)
 
     def window(self, data, epochs, upper, lower=None):
@@ -80,14 +91,14 @@ class Layout:
         epochs = _indices(epochs)
         pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
         return kernels.topk_window(self.fields, self.cols, epochs, pos, self.src, self.targets,
-                                   data.vocab_size, self.parts, upper, lower)
+                                   data.vocab_size, self.parts, upper, lower, self.cache)
 
-    def grid_counts(self, data, epochs, mean, prob, leads, grid):
+    def grid_counts(self, data, epochs, prob, leads, grid):
         """`kernels.topk_window_grid_counts` of the window ``epochs``."""
         epochs = _indices(epochs)
         return kernels.topk_window_grid_counts(
             self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
-            self.targets, data.vocab_size, self.parts, mean, prob, leads, grid, REL_BAND)
+            self.targets, data.vocab_size, self.parts, prob, leads, grid, REL_BAND, self.cache)
 
     @property
     def parts(self):
@@ -287,7 +298,8 @@ class TopKFitChunk(FitChunk):
 
     def __init__(self, data, rows, correct, *, settle=False):
         self.data, self.rows = data, rows
-        self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle)
+        self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle,
+                                      cache=True)
         prob = epoch_values(data, data.n_epochs - 1, layout, np.empty(layout.shape))[0]
         correct = correct[:, rows]
         gone = correct[:, layout.settled]  # wrong under every mixture: missed where correct
@@ -304,10 +316,8 @@ class TopKFitChunk(FitChunk):
     def _window_counts(self, window, grid):
         if self.data.exact:
             return None
-        counts = self.layout.grid_counts(self.data, window, self.mean, self.prob, self.stats,
-                                         grid)
-        self.window = window  # the window's mean is in self.mean
-        return counts
+        # the mean is not kept: `mix` makes it for the windows mixed in (a few of them)
+        return self.layout.grid_counts(self.data, window, self.prob, self.stats, grid)
 
 
 def _rival(ids, targets):
@@ -351,7 +361,7 @@ def selection_scores(data, layout, total):
     if not data.exact:
         return kernels.topk_selection_counts(layout.fields, layout.cols, layout.epochs,
                                              layout.src, layout.targets, data.vocab_size,
-                                             layout.parts, total)
+                                             layout.parts, total, layout.cache)
     every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
     return np.array([kernels.sum_correct_count_rows(
         total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)

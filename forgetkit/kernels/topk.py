@@ -49,10 +49,10 @@ MASS_SLACK = 2.0 ** -21
 
 
 @njit(inline="always")
-def _record_probs(logits, ids, target, lse, e, s, y, probs):
-    """The probabilities of record (e, s) of a token of target y: probs[:k] = the stored
-    ones exp(z - lse); returns (p_y, u) with u the bound of the classes it did not store
-    (see ``_unstored_bound``, whose arithmetic this is)."""
+def _record_probs(logits, ids, target, lse, e, s, y, rec):
+    """The probabilities of record (e, s) of a token of target y into rec (k + 2,): rec[:k]
+    the stored ones exp(z - lse), rec[k] = p_y, rec[k + 1] = u, the bound of the classes
+    it did not store (see ``_unstored_bound``, whose arithmetic this is)."""
     k = logits.shape[2]
     top = np.float64(lse[e, s])
     total = 0.0
@@ -60,14 +60,15 @@ def _record_probs(logits, ids, target, lse, e, s, y, probs):
     p = 0.0
     for j in range(k):
         p = np.exp(np.float64(logits[e, s, j]) - top)
-        probs[j] = p
+        rec[j] = p
         total += p
         stored_y = stored_y or ids[e, s, j] == y
     p_y = np.exp(np.float64(target[e, s]) - top)
     if not stored_y:
         total += p_y
     slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
-    return p_y, min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
+    rec[k] = p_y
+    rec[k + 1] = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
 
 
 @njit(inline="always")
@@ -118,16 +119,70 @@ SETTLE_MARGIN = 2.0 ** -20
 SETTLE_FLOOR = 2.0 ** -900
 
 
+@njit(inline="always")
+def _tie_floor(ids, e, s, rec):
+    """A record's tie floor (`token_floors`) from its probabilities rec (`_record_probs`)."""
+    k = ids.shape[2]
+    return np.int64(ids[e, s, k - 1]) if rec[k + 1] == rec[k - 1] else np.int64(-1)
+
+
 @kernel
-def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, floor, settled,
-               n_blocks, counter):
-    """Per token n (records at token src[n] of ``epochs``): floor[n] = min(vocab, each
-    checkpoint's tie floor: its k-th stored id where its unstored bound is its k-th
-    probability, else -1); settled[n] = some column beats the target's probability at
-    every checkpoint by `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`: the
-    unstored slot (bound u; tried where the epochs' ids and the target cannot fill the
-    vocabulary), or class rival[n] (its probability where stored, else u; rival[n] < 0:
-    not settled).
+def token_floors(logits, ids, target, lse, epochs, src, targets, vocab, floor, n_blocks,
+                 counter):
+    """floor[n] = min(vocab, the tie floor of each record of token src[n] at ``epochs``:
+    its k-th stored id where its unstored bound is its k-th probability, else -1).
+
+    logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
+    src: int64 indices."""
+    k = logits.shape[2]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        rec = np.empty(k + 2)
+        for n in range(lo, hi):
+            s, y = src[n], targets[n]
+            low = np.int64(vocab)
+            for i in range(epochs.shape[0]):
+                _record_probs(logits, ids, target, lse, epochs[i], s, y, rec)
+                low = min(low, _tie_floor(ids, epochs[i], s, rec))
+            floor[n] = low
+        blk = claim(counter)
+
+
+@kernel
+def record_cache(logits, ids, target, lse, epochs, src, targets, vocab, cache, floor,
+                 n_blocks, counter):
+    """`token_floors` that also keeps every record's probabilities: cache[i, n] = those of
+    record (epochs[i], src[n]) (`_record_probs`: k stored, p_y, u; cache (W, n, k + 2),
+    laid out by epoch as the records are, so that a window streams its epochs' planes)."""
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        for n in range(lo, hi):
+            floor[n] = vocab
+        for i in range(epochs.shape[0]):
+            e = epochs[i]
+            for n in range(lo, hi):
+                _record_probs(logits, ids, target, lse, e, src[n], targets[n], cache[i, n])
+                floor[n] = min(floor[n], _tie_floor(ids, e, src[n], cache[i, n]))
+        blk = claim(counter)
+
+
+@njit(inline="always")
+def _beats(up, p_y):
+    """Whether a bound ``up`` beats the target's probability p_y as settling needs."""
+    return up > p_y * (1.0 + SETTLE_MARGIN) and up >= SETTLE_FLOOR
+
+
+@kernel
+def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, settled,
+                n_blocks, counter):
+    """settled[n] = some column beats the target's probability at every checkpoint of
+    ``epochs`` by `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`, for the token
+    src[n]: class rival[n] (its probability where stored, else the unstored bound u;
+    rival[n] < 0: not settled), or the unstored slot (bound u; tried where the epochs' ids
+    and the target cannot fill the vocabulary). Each test stops at the first checkpoint
+    that fails it, and a rival's stored probability costs two exps, not a record's k + 1.
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
@@ -136,26 +191,33 @@ def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, flo
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        probs = np.empty(k)
+        rec = np.empty(k + 2)
         for n in range(lo, hi):
             s, y, c = src[n], targets[n], rival[n]
-            low = np.int64(vocab)
-            slot_beats, rival_beats = has_slot and c >= 0, c >= 0
+            beats = c >= 0
             for i in range(epochs.shape[0]):
+                if not beats:
+                    break
                 e = epochs[i]
-                p_y, u = _record_probs(logits, ids, target, lse, e, s, y, probs)
-                t = np.int64(ids[e, s, k - 1]) if u == probs[k - 1] else np.int64(-1)
-                low = min(low, t)
-                if slot_beats or rival_beats:
-                    bar = p_y * (1.0 + SETTLE_MARGIN)
-                    slot_beats = slot_beats and u > bar and u >= SETTLE_FLOOR
-                    up = u
-                    for j in range(k):
-                        if np.int64(ids[e, s, j]) == c:
-                            up = probs[j]
-                    rival_beats = rival_beats and up > bar and up >= SETTLE_FLOOR
-            floor[n] = low
-            settled[n] = slot_beats or rival_beats
+                top = np.float64(lse[e, s])
+                at = -1
+                for j in range(k):
+                    if np.int64(ids[e, s, j]) == c:
+                        at = j
+                if at >= 0:
+                    up = np.exp(np.float64(logits[e, s, at]) - top)
+                    beats = _beats(up, np.exp(np.float64(target[e, s]) - top))
+                else:
+                    _record_probs(logits, ids, target, lse, e, s, y, rec)
+                    beats = _beats(rec[k + 1], rec[k])
+            if not beats and has_slot and c >= 0:
+                beats = True
+                for i in range(epochs.shape[0]):
+                    if not beats:
+                        break
+                    _record_probs(logits, ids, target, lse, epochs[i], s, y, rec)
+                    beats = _beats(rec[k + 1], rec[k])
+            settled[n] = beats
         blk = claim(counter)
 
 
@@ -270,42 +332,43 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, label_col, unstore
 
 
 @njit(inline="always")
-def _cache_records(logits, ids, target, lse, epochs, pos, s, y, cache):
-    """The probabilities of the records of ``epochs`` at token s (target y) into the rows
-    pos[i] of ``cache`` = (p (Wl, k), p_y (Wl,), u (Wl,)) (`_record_probs`)."""
-    probs, p_y, u = cache
+def _token_records(logits, ids, target, lse, cache, epochs, pos, n, s, y, scratch):
+    """The probabilities (`_record_probs`) of token s's records (target y), row pos[i] for
+    epochs[i]: cache[:, n] (``cache`` (layout epochs, n, k + 2)) where the layout keeps
+    them, else made in scratch[:, 0] (scratch (layout epochs, 1, k + 2))."""
+    if cache.shape[0] > 0:
+        return cache[:, n]
     for i in range(epochs.shape[0]):
-        r = pos[i]
-        p_y[r], u[r] = _record_probs(logits, ids, target, lse, epochs[i], s, y, probs[r])
+        _record_probs(logits, ids, target, lse, epochs[i], s, y, scratch[pos[i], 0])
+    return scratch[:, 0]
 
 
 @njit(inline="always")
-def _window_row(tcols, pos, cache, y_col, end, upper, lower, both, tmp, tmp_low):
-    """The mean over the epochs at rows ``pos`` of one token's record cache (see
-    `_cache_records`) of each one's bounds in the token's layout row up to ``end``: for
-    the classes a checkpoint stored and the target, the exact p (upper = lower); for every
-    other column upper = u, lower = 0. Each epoch's bounds are laid out in a scratch row,
-    then summed in epoch order and divided by their number where it is above 1 (numpy's
-    ``out += tmp``, ``out /= W``).
+def _window_row(tcols, pos, recs, y_col, end, upper, lower, both, tmp, tmp_low):
+    """The mean over the epochs at rows ``pos`` of one token's record probabilities
+    ``recs`` (`_token_records`) of each one's bounds in the token's layout row up to
+    ``end``: for the classes a checkpoint stored and the target, the exact p (upper =
+    lower); for every other column upper = u, lower = 0. Each epoch's bounds are laid out
+    in a scratch row, then summed in epoch order and divided by their number where it is
+    above 1 (numpy's ``out += tmp``, ``out /= W``).
 
     tcols[pos[i], j]: the column of the j-th id stored at that epoch (-1: none); scratch:
     tmp, tmp_low (W, M)."""
-    probs, p_y, u = cache
-    n_epochs, k = pos.shape[0], probs.shape[1]
+    n_epochs, k = pos.shape[0], recs.shape[1] - 2
     for i in range(n_epochs):
         r = pos[i]
-        tmp[i, :end] = u[r]
+        tmp[i, :end] = recs[r, k + 1]
         if both:
             tmp_low[i, :end] = 0.0
         for j in range(k):
             col = np.int64(tcols[r, j])
             if col >= 0:
-                tmp[i, col] = probs[r, j]
+                tmp[i, col] = recs[r, j]
                 if both:
-                    tmp_low[i, col] = probs[r, j]
-        tmp[i, y_col] = p_y[r]  # the target's column holds p_y, stored or not
+                    tmp_low[i, col] = recs[r, j]
+        tmp[i, y_col] = recs[r, k]  # the target's column holds p_y, stored or not
         if both:
-            tmp_low[i, y_col] = p_y[r]
+            tmp_low[i, y_col] = recs[r, k]
     _sum_rows(tmp, n_epochs, end, upper)
     if both:
         _sum_rows(tmp_low, n_epochs, end, lower)
@@ -327,30 +390,67 @@ def _sum_rows(rows, n_rows, end, out):
 
 @njit(inline="always")
 def _window_scratch(n_layout, n_window, k, width):
-    """(cache, tmp, tmp_low) of `_window_row`, for one block of rows: the record cache of
-    ``n_layout`` epochs, rows for windows of up to ``n_window``."""
-    cache = (np.empty((n_layout, k)), np.empty(n_layout), np.empty(n_layout))
-    return cache, np.empty((n_window, width)), np.empty((n_window, width))
+    """(records, tmp, tmp_low) of `_token_records` and `_window_row`, for one block of rows:
+    the records of ``n_layout`` epochs, rows for windows of up to ``n_window``."""
+    return (np.empty((n_layout, 1, k + 2)), np.empty((n_window, width)),
+            np.empty((n_window, width)))
+
+
+@njit(inline="always")
+def _window_leads(tcols, pos, recs, y_col, top_b):
+    """Bounds on what `eps_search.grid_row` reads of a window's mean row first, from a few
+    values of each window epoch, without making the row: (row[y_col], an upper bound on
+    the largest other value, row[top_b] (top_b >= 0; else the mean of the u's)), the
+    exact ones `_window_row`'s bit for bit. At each epoch no other column exceeds the
+    largest stored probability other than the target's (u is at most the k-th stored),
+    and sums and quotients of floats are monotone in each term, so the mean of those
+    maxima, summed in the same order, bounds every other column's mean."""
+    n_epochs, k = pos.shape[0], recs.shape[1] - 2
+    a_y, high, at_top = 0.0, 0.0, 0.0
+    for i in range(n_epochs):
+        r = pos[i]
+        u = recs[r, k + 1]
+        best = recs[r, 1] if k > 1 else u  # the largest stored probability not the target's
+        if np.int64(tcols[r, 0]) != y_col:
+            best = recs[r, 0]
+        top = u
+        for j in range(k):
+            if np.int64(tcols[r, j]) == top_b:
+                top = recs[r, j]
+        if i == 0:
+            a_y, high, at_top = recs[r, k], best, top
+        else:
+            a_y += recs[r, k]
+            high += best
+            at_top += top
+    if n_epochs > 1:
+        a_y /= n_epochs
+        high /= n_epochs
+        at_top /= n_epochs
+    return a_y, high, at_top
 
 
 @kernel
-def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
-                  label_col, upper, lower, n_blocks, counter):
+def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
+                  cls, label_col, upper, lower, n_blocks, counter):
     """The mean over ``epochs`` of each checkpoint's bounds in the layout (see
     `_window_row`; padding 0) of tokens src: upper, lower float64 (n, M) (lower (0, 0):
-    upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cols
-    (layout epochs, n, k) the stored ids' columns, at positions ``pos`` for ``epochs``."""
+    upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cache:
+    their probabilities at the layout's epochs (`record_cache`, (W, n, k + 2); (0, 0, 0):
+    made from the records); cols (layout epochs, n, k) the stored ids' columns, at positions ``pos`` for
+    ``epochs``."""
     k, width = logits.shape[2], cls.shape[1]
     both = lower.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             low = lower[n] if both else upper[n]
-            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
-            _window_row(cols[:, n, :], pos, cache, label_col[n], end, upper[n], low, both,
+            recs = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
+                                  targets[n], scratch)
+            _window_row(cols[:, n, :], pos, recs, label_col[n], end, upper[n], low, both,
                         tmp, tmp_low)
             for c in range(end, width):
                 upper[n, c] = 0.0
@@ -360,56 +460,72 @@ def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, voc
 
 
 @kernel(finish=grid_counts)
-def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
-                       label_col, mean, prob, b_lead, b_magnitude, b_top, grid, rel_band,
+def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, targets,
+                       vocab, cls, label_col, prob, b_lead, b_magnitude, b_top, grid, rel_band,
                        n_blocks, counter):
     """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds of
-    ``epochs`` (`window_bounds`, written to ``mean``) mixed into prob, each row read up to
-    its padding (which holds 0 in both: it never changes which column is the first argmax,
-    so the counts are the padded rows'). Returns int64 (G,)."""
-    k, width = logits.shape[2], cls.shape[1]
-    diff = np.zeros(grid.shape[0] + 1, dtype=np.int64)
+    ``epochs`` (`window_bounds`; cache as there) mixed into prob, each row read up to its
+    padding (which holds 0 in both: it never changes which column is the first argmax, so
+    the counts are the padded rows'). The tokens that `grid_row` answers from the leads
+    alone (wins at every eps or at none) are counted from `_window_leads`, without their
+    rows. Returns int64 (G,)."""
+    k, width, n_window = logits.shape[2], cls.shape[1], epochs.shape[0]
+    n_grid = grid.shape[0]
+    diff = np.zeros(n_grid + 1, dtype=np.int64)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], n_window, k, width)
+        a = np.zeros(width)
         for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
-            a = mean[n]
-            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
-            _window_row(cols[:, n, :], pos, cache, label_col[n], end, a, a, False, tmp,
-                        tmp_low)
+            end, y_col = _row_end(cls[n], vocab), label_col[n]
+            recs = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
+                                  targets[n], scratch)
+            if end >= 2:
+                # `grid_row`'s two early answers, where the bounds give them: the lead of
+                # the row is at least a_y - high, its band at most `band`
+                a_y, high, at_top = _window_leads(cols[:, n, :], pos, recs, y_col, b_top[n])
+                lead_b = b_lead[n]
+                band = rel_band * max(max(a_y, high), b_magnitude[n])  # values >= 0
+                if a_y - high > band and lead_b > band:
+                    diff[0] += 1
+                    diff[n_grid] -= 1
+                    continue
+                if lead_b < -band and at_top - a_y > band:  # the lead is <= a_y - at_top
+                    continue
+            _window_row(cols[:, n, :], pos, recs, y_col, end, a, a, False, tmp, tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
-            grid_row(a[:m], prob[n, :m], label_col[n], b_lead[n], b_magnitude[n], b_top[n],
-                      grid, rel_band, diff)
+            grid_row(a[:m], prob[n, :m], y_col, b_lead[n], b_magnitude[n], b_top[n], grid,
+                     rel_band, diff)
         blk = claim(counter)
     return diff
 
 
 @kernel
-def selection_counts(logits, ids, target, lse, cols, epochs, src, targets, vocab, cls,
+def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets, vocab, cls,
                      label_col, total, n_blocks, counter):
     """For each epochs[i], the tokens whose argmax of total[n] + that checkpoint's upper
-    bounds (`window_bounds` of one epoch) is their target's column (the first argmax,
-    numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its padding
-    (which holds 0 in both: never the first argmax). cols: the layout's, whose epochs are
-    ``epochs``. Returns int64 (W,)."""
+    bounds (`window_bounds` of one epoch; cache as there) is their target's column (the
+    first argmax, numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its
+    padding (which holds 0 in both: never the first argmax). cols: the layout's, whose
+    epochs are ``epochs``. Returns int64 (W,)."""
     n_epochs, k, width = epochs.shape[0], logits.shape[2], cls.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
     every = np.arange(n_epochs)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, tmp, tmp_low = _window_scratch(n_epochs, 1, k, width)
+        scratch, tmp, tmp_low = _window_scratch(n_epochs, 1, k, width)
         row = np.empty(width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             m = end if end >= 1 else width
-            _cache_records(logits, ids, target, lse, epochs, every, src[n], targets[n], cache)
+            recs = _token_records(logits, ids, target, lse, cache, epochs, every, n, src[n],
+                                  targets[n], scratch)
             for i in range(n_epochs):
-                _window_row(cols[:, n, :], every[i:i + 1], cache, label_col[n], end, row, row,
+                _window_row(cols[:, n, :], every[i:i + 1], recs, label_col[n], end, row, row,
                             False, tmp, tmp_low)
                 for c in range(end, width):
                     row[c] = 0.0
@@ -485,7 +601,8 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         keys, stamps, where, buf = _layout_scratch(n_epochs, k)
-        cache, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
+        scratch, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
+        recs = scratch[:, 0]
         row_cls = np.empty(width, dtype=np.int64)
         tcols = np.empty((n_epochs, k), dtype=np.int64)
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
@@ -493,31 +610,30 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
         every = np.arange(n_epochs)
         for n in range(lo, hi):
             s, y = src[n], targets[n]
-            _cache_records(logits, ids, target, lse, epochs, every, s, y, cache)
             floor = np.int64(vocab)
             for i in range(n_epochs):
-                t = np.int64(ids[epochs[i], s, k - 1])
-                floor = min(floor, t if cache[2][i] == cache[0][i, k - 1] else np.int64(-1))
+                _record_probs(logits, ids, target, lse, epochs[i], s, y, recs[i])
+                floor = min(floor, _tie_floor(ids, epochs[i], s, recs[i]))
             end, y_col, slot_col = _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps,
                                                  n + 1, where, buf, row_cls, tcols)
             for step in range(kinds.shape[0]):
                 at = pos[starts[step]:starts[step + 1]]
                 if kinds[step] == 0:  # MEAN
-                    _window_row(tcols, at, cache, y_col, end, upper, lower, True, rows,
+                    _window_row(tcols, at, recs, y_col, end, upper, lower, True, rows,
                                 rows_low)
                 elif kinds[step] == 1:  # WEIGHTED
                     for c in range(end):
                         upper[c] = 0.0
                         lower[c] = 0.0
                     for i in range(at.shape[0]):
-                        _window_row(tcols, at[i:i + 1], cache, y_col, end, tmp, tmp_low, True,
+                        _window_row(tcols, at[i:i + 1], recs, y_col, end, tmp, tmp_low, True,
                                     rows, rows_low)
                         w = values[starts[step] + i]
                         for c in range(end):
                             upper[c] += w * tmp[c]
                             lower[c] += w * tmp_low[c]
                 else:  # MIX
-                    _window_row(tcols, at, cache, y_col, end, tmp, tmp_low, True, rows,
+                    _window_row(tcols, at, recs, y_col, end, tmp, tmp_low, True, rows,
                                 rows_low)
                     eps = values[starts[step]]
                     one_minus = 1.0 - eps

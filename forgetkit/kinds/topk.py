@@ -507,6 +507,10 @@ def _token_column(name, values, n, dtype):
 #: Tokens per chunk of the passes that stream a top-k run's bounds (certificates,
 #: predictions): each holds a few float64 arrays of (chunk, layout width).
 CHUNK_TOKENS = 1 << 14
+#: Bytes of record probabilities that the layouts made from one `TopKData` may keep
+#: (`TopKData.reserve`): k + 2 float64 per kept record, read by every window of a fit and
+#: every round of a selection instead of the records' k + 1 exps.
+CACHE_BYTES = 1 << 29
 
 
 class TopKData:
@@ -531,6 +535,7 @@ class TopKData:
         self.vocab_size = int(vocab_size)
         self.top_k = top_k_of(dtype)
         self.n_epochs = records.shape[0]
+        self.cache_left = CACHE_BYTES
 
     @property
     def n_tokens(self):
@@ -551,6 +556,14 @@ class TopKData:
         float32), views of the records (24-bit ids decoded to int32)."""
         block = np.asarray(self.records[:, rows])
         return block["logits"], token_ids(block), block["target"], block["lse"]
+
+    def reserve(self, nbytes):
+        """Whether ``nbytes`` of record probabilities fit what is left of `CACHE_BYTES`
+        (then taken from it)."""
+        if nbytes > self.cache_left:
+            return False
+        self.cache_left -= nbytes
+        return True
 
     def chunks(self, size=CHUNK_TOKENS):
         """Slices of tokens, ``size`` at a time."""
