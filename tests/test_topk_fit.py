@@ -16,7 +16,7 @@ from forgetkit.fusion import knowledge
 from forgetkit.fusion import topk as ft
 from forgetkit.fusion.fitstate import REL_BAND, ChunkedFitState, FitChunk
 from forgetkit.kinds import kind_of
-from forgetkit.kinds.topk import TopKOutputs, topk_records
+from forgetkit.kinds.topk import TopKOutputs, token_ids, topk_records
 from tests.reference_topk import bounds_ref, layout_ref
 
 #: (seed, epochs, tokens, vocabulary, k, ties): ties and small vocabularies (layouts that
@@ -186,3 +186,51 @@ def test_one_pass_certificates_equal_the_layout_and_bounds_path(case):
         for a, b in zip(got[:3], want, strict=True):
             assert np.array_equal(a, b)
         assert np.array_equal(got[3], upper[np.arange(run.n_samples), layout.label_col])
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("cache", [False, True])
+def test_selection_scores_match_the_reference(case, cache):
+    """Each epoch's count of tokens whose first argmax of total + its bounds is the
+    target, against numpy on the reference's rows: totals made as the selection makes
+    them (sums of picks' bounds, with many ties) and arbitrary ones."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    layout = ft.Layout(data, range(run.n_epochs), slice(None), cache=cache)
+    rng = np.random.default_rng(case[0])
+    real = layout.cls <= run.n_classes  # padding holds 0 in both
+    totals = [np.zeros(layout.shape), ref.upper[-1] + ref.upper[0], 2 * ref.upper[1],
+              np.where(real, rng.integers(0, 3, layout.shape) / 4, 0.0)]
+    for total in totals:
+        got = ft.selection_scores(data, layout, total)
+        want = [np.sum(np.argmax(total + ref.upper[e], axis=1) == ref.label_col)
+                for e in range(run.n_epochs)]
+        assert got.tolist() == want
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_settled_tokens_are_those_the_definition_names(case):
+    """`Layout`'s settled tokens, against the definition on the reference's bounds: the
+    final checkpoint's largest class other than the target, or the unstored slot (where
+    the vocabulary has unstored classes), beats the target at every checkpoint by the
+    margin and is at least the floor."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    layout = ft.Layout(data, range(run.n_epochs), slice(None), settle=True)
+    records = np.asarray(run.outputs.records)
+    rival = ft._rival(token_ids(records[-1]), run.labels)
+    has_slot = run.n_epochs * data.top_k + 1 < run.n_classes
+    want = []
+    for n, row in enumerate(ref.rows):
+        p_y = ref.upper[:, n, ref.label_col[n]]
+        cols = [i for i, (c, kind) in enumerate(row)
+                if (kind == "class" and c == rival[n]) or (kind != "class" and has_slot)]
+
+        def beats(col, n=n, p_y=p_y):
+            up = ref.upper[:, n, col]
+            return bool(np.all((up > p_y * (1 + 2.0 ** -20)) & (up >= 2.0 ** -900)))
+
+        want.append(rival[n] >= 0 and any(beats(col) for col in cols))
+    assert layout.settled.tolist() == want

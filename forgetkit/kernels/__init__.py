@@ -508,18 +508,21 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
     none, cols (W, n, k) the column of each stored id: uint8, or uint16 / int32 for wider
     layouts); see ``topk``'s module docstring."""
     ids, n = fields[1], len(src)
-    width = np.empty(n, dtype=np.int64)
-    call(_topk.layout_widths, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
-         width)
-    cls = np.empty((n, int(width.max()) if n else 0),
-                   dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
+    wide = len(epochs) * ids.shape[2] + 2  # every stored id, the target and the slot
+    dtype = np.int32 if vocab < 2**31 - 1 else np.int64
+    cls, ends = np.empty((n, wide), dtype=dtype), np.empty(n, dtype=np.int64)
     label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    cols = np.empty((len(epochs), n, ids.shape[2]),
-                    dtype=next(t for t in (np.uint8, np.uint16, np.int32)
-                               if cls.shape[1] <= np.iinfo(t).max))
+    cols = np.empty((len(epochs), n, ids.shape[2]), dtype=_col_type(wide))
     call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
-         floor, cls, label_col, unstored_col, cols)
-    return cls, label_col, unstored_col, cols
+         floor, cls, ends, label_col, unstored_col, cols)
+    width = int(ends.max()) if n else 0
+    cls = np.where(np.arange(width) < ends[:, None], cls[:, :width], dtype(vocab + 1))
+    return cls, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
+
+
+def _col_type(width):
+    """The narrowest of uint8, uint16, int32 that holds the columns of rows ``width`` wide."""
+    return next(t for t in (np.uint8, np.uint16, np.int32) if width <= np.iinfo(t).max)
 
 
 def topk_window(fields, cols, epochs, pos, src, targets, vocab, layout, upper, lower=None,

@@ -182,7 +182,8 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
     src[n]: class rival[n] (its probability where stored, else the unstored bound u;
     rival[n] < 0: not settled), or the unstored slot (bound u; tried where the epochs' ids
     and the target cannot fill the vocabulary). Each test stops at the first checkpoint
-    that fails it, and a rival's stored probability costs two exps, not a record's k + 1.
+    that fails it, and two exps (the rival's stored probability, or the k-th that bounds
+    u, and the target's) decide most checkpoints, not a record's k + 1.
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
@@ -215,32 +216,15 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                 for i in range(epochs.shape[0]):
                     if not beats:
                         break
-                    _record_probs(logits, ids, target, lse, epochs[i], s, y, rec)
-                    beats = _beats(rec[k + 1], rec[k])
+                    e = epochs[i]
+                    top = np.float64(lse[e, s])
+                    # u <= p_k: where p_k does not beat p_y, u does not either
+                    beats = _beats(np.exp(np.float64(logits[e, s, k - 1]) - top),
+                                   np.exp(np.float64(target[e, s]) - top))
+                    if beats:
+                        _record_probs(logits, ids, target, lse, e, s, y, rec)
+                        beats = _beats(rec[k + 1], rec[k])
             settled[n] = beats
-        blk = claim(counter)
-
-
-@kernel
-def layout_widths(ids, epochs, src, targets, vocab, width, n_blocks, counter):
-    """width[n] = the columns of token src[n]'s layout: the distinct classes of ``epochs``
-    and the target, plus the unstored slot when they are fewer than ``vocab``."""
-    k = ids.shape[2]
-    size = _hash_size(epochs.shape[0], k)
-    blk = claim(counter)
-    while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        keys = np.empty(size, dtype=np.int64)
-        stamps = np.zeros(size, dtype=np.int64)
-        for n in range(lo, hi):
-            s = src[n]
-            _hash_insert(keys, stamps, n + 1, targets[n])
-            count = 1
-            for i in range(epochs.shape[0]):
-                for j in range(k):
-                    if _hash_insert(keys, stamps, n + 1, np.int64(ids[epochs[i], s, j])):
-                        count += 1
-            width[n] = count + (1 if count < vocab else 0)
         blk = claim(counter)
 
 
@@ -304,30 +288,28 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
 
 @njit(inline="always")
 def _layout_scratch(n_epochs, k):
-    """(keys, stamps, where, buf) of `_token_layout`, for one block of rows."""
+    """(keys, stamps, where, buf) of `_token_layout` (its stamps: one per token)."""
     size = _hash_size(n_epochs, k)
     return (np.empty(size, dtype=np.int64), np.zeros(size, dtype=np.int64),
             np.empty(size, dtype=np.int64), np.empty((3, n_epochs * k + 1), dtype=np.int64))
 
 
 @kernel
-def layout_fill(ids, epochs, src, targets, vocab, floor, cls, label_col, unstored_col, cols,
-                n_blocks, counter):
-    """Fill the layout of tokens src (`_token_layout`): cls (n, M) int32 or int64 (padding
-    ``vocab + 1``), label_col[n] = the target's column, unstored_col[n] = the unstored
-    slot's column (-1: none), cols[i, n, j] = the column of the j-th id stored at epochs[i]
-    (cols (W, n, k)). ids (E, N, k), any strides."""
-    width = cls.shape[1]
+def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, unstored_col,
+                cols, n_blocks, counter):
+    """Fill the layout of tokens src (`_token_layout`): cls[n, :ends[n]] (cls (n, W * k + 2)
+    int32 or int64, wide enough for any token; the rest left as it is), label_col[n] = the
+    target's column, unstored_col[n] = the unstored slot's column (-1: none), cols[i, n, j]
+    = the column of the j-th id stored at epochs[i] (cols (W, n, k)). ids (E, N, k), any
+    strides."""
+    keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2])
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2])
         for n in range(lo, hi):
-            w, label_col[n], unstored_col[n] = _token_layout(
+            ends[n], label_col[n], unstored_col[n] = _token_layout(
                 ids, epochs, src[n], targets[n], vocab, floor[n], keys, stamps, n + 1, where,
                 buf, cls[n], cols[:, n, :])
-            for c in range(w, width):
-                cls[n, c] = vocab + 1
         blk = claim(counter)
 
 
@@ -503,6 +485,22 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
     return diff
 
 
+@njit(inline="always")
+def _by_total(total, y_col, end, order):
+    """order[:y_col] = the columns before y_col, order[y_col:end - 1] those after it (up to
+    ``end``), each by total[c] descending (insertion sorts: a few dozen columns)."""
+    for c in range(end):
+        if c == y_col:
+            continue
+        first = 0 if c < y_col else y_col
+        m = c if c < y_col else c - 1
+        v = total[c]
+        while m > first and total[order[m - 1]] < v:
+            order[m] = order[m - 1]
+            m -= 1
+        order[m] = c
+
+
 @kernel
 def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets, vocab, cls,
                      label_col, total, n_blocks, counter):
@@ -510,27 +508,50 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
     bounds (`window_bounds` of one epoch; cache as there) is their target's column (the
     first argmax, numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its
     padding (which holds 0 in both: never the first argmax). cols: the layout's, whose
-    epochs are ``epochs``. Returns int64 (W,)."""
+    epochs are ``epochs``. Returns int64 (W,).
+
+    The rows are not made: the target must beat every column before it and match every
+    one after. The stored columns are checked one by one (and marked); every other column
+    adds the same u, and sums are monotone, so of those only the largest total before the
+    target and the largest after it can beat it: the first unmarked columns of each side
+    of the token's columns by total (`_by_total`)."""
     n_epochs, k, width = epochs.shape[0], logits.shape[2], cls.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
     every = np.arange(n_epochs)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        scratch, tmp, tmp_low = _window_scratch(n_epochs, 1, k, width)
-        row = np.empty(width)
+        scratch = _window_scratch(n_epochs, 1, k, width)[0]
+        order, marks = np.empty(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
-            m = end if end >= 1 else width
             recs = _token_records(logits, ids, target, lse, cache, epochs, every, n, src[n],
                                   targets[n], scratch)
-            for i in range(n_epochs):
-                _window_row(cols[:, n, :], every[i:i + 1], recs, label_col[n], end, row, row,
-                            False, tmp, tmp_low)
-                for c in range(end, width):
-                    row[c] = 0.0
-                if first_argmax_mix(total[n, :m], row[:m], 1.0, 1.0) == label_col[n]:
-                    counts[i] += 1
+            y, end = label_col[n], _row_end(cls[n], vocab)
+            _by_total(total[n], y, end, order)
+            for r in range(n_epochs):
+                stamp = n * n_epochs + r + 1
+                v_y = total[n, y] + recs[r, k]
+                first = True
+                for j in range(k):
+                    c = np.int64(cols[r, n, j])
+                    marks[c] = stamp
+                    if c != y:
+                        v = total[n, c] + recs[r, j]
+                        if v > v_y or (v == v_y and c < y):
+                            first = False
+                            break
+                u = recs[r, k + 1]
+                if first:
+                    for q in range(y):  # before the target: must be beaten
+                        if marks[order[q]] != stamp:
+                            first = total[n, order[q]] + u < v_y
+                            break
+                if first:
+                    for q in range(y, end - 1):  # after it: must be matched
+                        if marks[order[q]] != stamp:
+                            first = total[n, order[q]] + u <= v_y
+                            break
+                counts[r] += first
         blk = claim(counter)
     return counts
 
