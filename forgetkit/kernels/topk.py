@@ -315,14 +315,16 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
 
 @njit(inline="always")
 def _token_records(logits, ids, target, lse, cache, epochs, pos, n, s, y, scratch):
-    """The probabilities (`_record_probs`) of token s's records (target y), row pos[i] for
-    epochs[i]: cache[:, n] (``cache`` (layout epochs, n, k + 2)) where the layout keeps
-    them, else made in scratch[:, 0] (scratch (layout epochs, 1, k + 2))."""
+    """Where the probabilities (`_record_probs`) of token s's records (target y) are, row
+    pos[i] for epochs[i]: (cache, n) (``cache`` (layout epochs, n, k + 2)) where the layout
+    keeps them, else (scratch, 0), made there (scratch (layout epochs, 1, k + 2)). The
+    kernels index these arrays, rather than views of them, in their loops over tokens
+    (each view costs a reference count)."""
     if cache.shape[0] > 0:
-        return cache[:, n]
+        return cache, n
     for i in range(epochs.shape[0]):
         _record_probs(logits, ids, target, lse, epochs[i], s, y, scratch[pos[i], 0])
-    return scratch[:, 0]
+    return scratch, 0
 
 
 @njit(inline="always")
@@ -378,40 +380,6 @@ def _window_scratch(n_layout, n_window, k, width):
             np.empty((n_window, width)))
 
 
-@njit(inline="always")
-def _window_leads(tcols, pos, recs, y_col, top_b):
-    """Bounds on what `eps_search.grid_row` reads of a window's mean row first, from a few
-    values of each window epoch, without making the row: (row[y_col], an upper bound on
-    the largest other value, row[top_b] (top_b >= 0; else the mean of the u's)), the
-    exact ones `_window_row`'s bit for bit. At each epoch no other column exceeds the
-    largest stored probability other than the target's (u is at most the k-th stored),
-    and sums and quotients of floats are monotone in each term, so the mean of those
-    maxima, summed in the same order, bounds every other column's mean."""
-    n_epochs, k = pos.shape[0], recs.shape[1] - 2
-    a_y, high, at_top = 0.0, 0.0, 0.0
-    for i in range(n_epochs):
-        r = pos[i]
-        u = recs[r, k + 1]
-        best = recs[r, 1] if k > 1 else u  # the largest stored probability not the target's
-        if np.int64(tcols[r, 0]) != y_col:
-            best = recs[r, 0]
-        top = u
-        for j in range(k):
-            if np.int64(tcols[r, j]) == top_b:
-                top = recs[r, j]
-        if i == 0:
-            a_y, high, at_top = recs[r, k], best, top
-        else:
-            a_y += recs[r, k]
-            high += best
-            at_top += top
-    if n_epochs > 1:
-        a_y /= n_epochs
-        high /= n_epochs
-        at_top /= n_epochs
-    return a_y, high, at_top
-
-
 @kernel
 def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
                   cls, label_col, upper, lower, n_blocks, counter):
@@ -430,10 +398,10 @@ def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targe
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             low = lower[n] if both else upper[n]
-            recs = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
-                                  targets[n], scratch)
-            _window_row(cols[:, n, :], pos, recs, label_col[n], end, upper[n], low, both,
-                        tmp, tmp_low)
+            recs, at = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
+                                      targets[n], scratch)
+            _window_row(cols[:, n, :], pos, recs[:, at], label_col[n], end, upper[n], low,
+                        both, tmp, tmp_low)
             for c in range(end, width):
                 upper[n, c] = 0.0
                 if both:
@@ -448,9 +416,15 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
     """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds of
     ``epochs`` (`window_bounds`; cache as there) mixed into prob, each row read up to its
     padding (which holds 0 in both: it never changes which column is the first argmax, so
-    the counts are the padded rows'). The tokens that `grid_row` answers from the leads
-    alone (wins at every eps or at none) are counted from `_window_leads`, without their
-    rows. Returns int64 (G,)."""
+    the counts are the padded rows'). Returns int64 (G,).
+
+    `grid_row` first answers the tokens whose row's lead of the target (and band) settle
+    every eps at once; these are answered here without the row, from bounds: at each
+    epoch no column other than the target's exceeds the largest stored probability not
+    the target's (u is at most the k-th stored), and sums and quotients of floats are
+    monotone in each term, so the mean of those maxima (summed in the same order) bounds
+    the row's largest other value, hence its lead from below and its band from above;
+    the target's value and that of b's top class are the row's, bit for bit."""
     k, width, n_window = logits.shape[2], cls.shape[1], epochs.shape[0]
     n_grid = grid.shape[0]
     diff = np.zeros(n_grid + 1, dtype=np.int64)
@@ -460,26 +434,45 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
         scratch, tmp, tmp_low = _window_scratch(cols.shape[0], n_window, k, width)
         a = np.zeros(width)
         for n in range(lo, hi):
-            end, y_col = _row_end(cls[n], vocab), label_col[n]
-            recs = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
-                                  targets[n], scratch)
+            end, y = _row_end(cls[n], vocab), label_col[n]
+            recs, at = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
+                                      targets[n], scratch)
             if end >= 2:
-                # `grid_row`'s two early answers, where the bounds give them: the lead of
-                # the row is at least a_y - high, its band at most `band`
-                a_y, high, at_top = _window_leads(cols[:, n, :], pos, recs, y_col, b_top[n])
+                top_b = b_top[n]
+                a_y, high, at_top = 0.0, 0.0, 0.0
+                for i in range(n_window):
+                    r = pos[i]
+                    u = recs[r, at, k + 1]
+                    best = recs[r, at, 1] if k > 1 else u
+                    if np.int64(cols[r, n, 0]) != y:
+                        best = recs[r, at, 0]
+                    value_top = u
+                    for j in range(k):
+                        if np.int64(cols[r, n, j]) == top_b:
+                            value_top = recs[r, at, j]
+                    if i == 0:
+                        a_y, high, at_top = recs[r, at, k], best, value_top
+                    else:
+                        a_y += recs[r, at, k]
+                        high += best
+                        at_top += value_top
+                if n_window > 1:
+                    a_y /= n_window
+                    high /= n_window
+                    at_top /= n_window
                 lead_b = b_lead[n]
                 band = rel_band * max(max(a_y, high), b_magnitude[n])  # values >= 0
-                if a_y - high > band and lead_b > band:
+                if a_y - high > band and lead_b > band:  # the lead is >= a_y - high
                     diff[0] += 1
                     diff[n_grid] -= 1
                     continue
                 if lead_b < -band and at_top - a_y > band:  # the lead is <= a_y - at_top
                     continue
-            _window_row(cols[:, n, :], pos, recs, y_col, end, a, a, False, tmp, tmp_low)
+            _window_row(cols[:, n, :], pos, recs[:, at], y, end, a, a, False, tmp, tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
-            grid_row(a[:m], prob[n, :m], y_col, b_lead[n], b_magnitude[n], b_top[n], grid,
+            grid_row(a[:m], prob[n, :m], y, b_lead[n], b_magnitude[n], b_top[n], grid,
                      rel_band, diff)
         blk = claim(counter)
     return diff
@@ -524,23 +517,23 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
         scratch = _window_scratch(n_epochs, 1, k, width)[0]
         order, marks = np.empty(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
-            recs = _token_records(logits, ids, target, lse, cache, epochs, every, n, src[n],
-                                  targets[n], scratch)
+            recs, at = _token_records(logits, ids, target, lse, cache, epochs, every, n, src[n],
+                                      targets[n], scratch)
             y, end = label_col[n], _row_end(cls[n], vocab)
             _by_total(total[n], y, end, order)
             for r in range(n_epochs):
                 stamp = n * n_epochs + r + 1
-                v_y = total[n, y] + recs[r, k]
+                v_y = total[n, y] + recs[r, at, k]
                 first = True
                 for j in range(k):
                     c = np.int64(cols[r, n, j])
                     marks[c] = stamp
                     if c != y:
-                        v = total[n, c] + recs[r, j]
+                        v = total[n, c] + recs[r, at, j]
                         if v > v_y or (v == v_y and c < y):
                             first = False
                             break
-                u = recs[r, k + 1]
+                u = recs[r, at, k + 1]
                 if first:
                     for q in range(y):  # before the target: must be beaten
                         if marks[order[q]] != stamp:
