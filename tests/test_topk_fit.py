@@ -234,3 +234,26 @@ def test_settled_tokens_are_those_the_definition_names(case):
 
         want.append(rival[n] >= 0 and any(beats(col) for col in cols))
     assert layout.settled.tolist() == want
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_mixes_equal_the_reference_state(case):
+    """The fit's mix (each window's mean made row by row and mixed at once) leaves the
+    fusion, its leads and the forget counts as the reference's numpy mix does."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    correct = np.asarray(run.correctness())
+    got = ft.TopKFitChunk(data, slice(None), correct)
+    want = ReferenceChunk(ref, correct)
+    last = run.n_epochs - 1
+    for window, eps in ((range(0, 2), 0.3), (range(last - 1, last + 1), 0.01),
+                        (range(1, 4), 1.0), (range(2, 3), 0.5)):
+        assert np.array_equal(got.grid_counts(window, np.arange(11) / 10),
+                              want.grid_counts(window, np.arange(11) / 10))
+        got.mix(window, eps)
+        want.mix(window, eps)
+        assert np.array_equal(got.prob, want.prob)
+        for a, b in zip((*got.stats, got.cur, got.missed), (*want.stats, want.cur, want.missed),
+                        strict=True):
+            assert np.array_equal(a, b)

@@ -100,6 +100,13 @@ class Layout:
             self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
             self.targets, data.vocab_size, self.parts, prob, leads, grid, REL_BAND, self.cache)
 
+    def mix_into(self, data, epochs, prob, eps, leads, correct):
+        """`kernels.topk_window_mix_into` of the window ``epochs``."""
+        epochs = _indices(epochs)
+        kernels.topk_window_mix_into(
+            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
+            self.targets, data.vocab_size, self.parts, prob, eps, leads, correct, self.cache)
+
     @property
     def parts(self):
         return self.cls, self.label_col, self.unstored_col
@@ -316,8 +323,14 @@ class TopKFitChunk(FitChunk):
     def _window_counts(self, window, grid):
         if self.data.exact:
             return None
-        # the mean is not kept: `mix` makes it for the windows mixed in (a few of them)
+        # the mean is not kept: `_mix_window` makes it again for the windows mixed in
         return self.layout.grid_counts(self.data, window, self.prob, self.stats, grid)
+
+    def _mix_window(self, window, eps):
+        if self.data.exact:
+            return False
+        self.layout.mix_into(self.data, window, self.prob, eps, self.stats, self.cur)
+        return True
 
 
 def _rival(ids, targets):

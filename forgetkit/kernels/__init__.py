@@ -546,6 +546,16 @@ def topk_window_grid_counts(fields, cols, epochs, pos, src, targets, vocab, layo
                 epochs, pos, src, targets, vocab, cls, label_col, prob, *leads, grid, rel_band)
 
 
+def topk_window_mix_into(fields, cols, epochs, pos, src, targets, vocab, layout, prob, eps,
+                         leads, correct, cache=NO_CACHE):
+    """`mix_into` of the window mean of ``epochs`` (`topk_window`'s upper bounds) into
+    ``prob``, in one pass, the mean not stored: prob, ``leads`` (lead, magnitude, top) and
+    ``correct`` updated in place."""
+    cls, label_col, _ = layout
+    call(_topk.window_mix_into, prob.size * len(epochs), *fields, cache, cols, epochs, pos,
+         src, targets, vocab, cls, label_col, prob, eps, *leads, correct)
+
+
 def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total,
                           cache=NO_CACHE):
     """For each of ``epochs`` (the layout's, whose columns ``cols`` holds; ``cache`` as

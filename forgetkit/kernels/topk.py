@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from .argmax import first_argmax_mix
-from .eps_search import grid_counts, grid_row
+from .eps_search import _label_lead_into, _mix_row, grid_counts, grid_row
 from .jit import kernel
 from .schedule import claim, span
 
@@ -213,17 +213,18 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                     beats = _beats(rec[k + 1], rec[k])
             if not beats and has_slot and c >= 0:
                 beats = True
-                for i in range(epochs.shape[0]):
+                for i in range(epochs.shape[0]):  # u <= p_k: p_k must beat p_y first
                     if not beats:
                         break
                     e = epochs[i]
                     top = np.float64(lse[e, s])
-                    # u <= p_k: where p_k does not beat p_y, u does not either
                     beats = _beats(np.exp(np.float64(logits[e, s, k - 1]) - top),
                                    np.exp(np.float64(target[e, s]) - top))
-                    if beats:
-                        _record_probs(logits, ids, target, lse, e, s, y, rec)
-                        beats = _beats(rec[k + 1], rec[k])
+                for i in range(epochs.shape[0]):
+                    if not beats:
+                        break
+                    _record_probs(logits, ids, target, lse, epochs[i], s, y, rec)
+                    beats = _beats(rec[k + 1], rec[k])
             settled[n] = beats
         blk = claim(counter)
 
@@ -476,6 +477,33 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
                      rel_band, diff)
         blk = claim(counter)
     return diff
+
+
+@kernel
+def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
+                    cls, label_col, prob, eps, lead, magnitude, top, correct, n_blocks,
+                    counter):
+    """``eps_search.mix_into`` of a = the window mean of the upper bounds of ``epochs``
+    (`window_bounds`; cache as there) into prob (n, M), each row of a made in a scratch
+    row and mixed at once: prob, lead, magnitude, top and correct as mix_into leaves
+    them."""
+    k, width = logits.shape[2], cls.shape[1]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        a = np.zeros(width)
+        for n in range(lo, hi):
+            end = _row_end(cls[n], vocab)
+            recs, at = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
+                                      targets[n], scratch)
+            _window_row(cols[:, n, :], pos, recs[:, at], label_col[n], end, a, a, False, tmp,
+                        tmp_low)
+            for c in range(end, width):
+                a[c] = 0.0
+            _mix_row(a, prob[n], eps)
+            _label_lead_into(prob[n], label_col[n], n, lead, magnitude, top, correct)
+        blk = claim(counter)
 
 
 @njit(inline="always")
