@@ -77,13 +77,12 @@ def _hash_slot(keys, stamps, stamp, c):
     ``stamp``; returns (its slot, whether it was new)."""
     mask = keys.shape[0] - 1
     h = (c * np.int64(0x9E3779B1)) & mask
-    while stamps[h] == stamp:
-        if keys[h] == c:
-            return h, False
+    while stamps[h] == stamp and keys[h] != c:  # one exit: returns in loops compile slower
         h = (h + 1) & mask
+    new = stamps[h] != stamp
     stamps[h] = stamp
     keys[h] = c
-    return h, True
+    return h, new
 
 
 @njit(inline="always")
