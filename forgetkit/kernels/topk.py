@@ -167,6 +167,13 @@ def record_cache(logits, ids, target, lse, epochs, src, targets, vocab, cache, f
         blk = claim(counter)
 
 
+#: A stored logit this far above the target's (same log-sum-exp) settles a checkpoint
+#: without exps: exp(z - lse) > exp(t - lse) * (1 + `SETTLE_MARGIN`) and >= `SETTLE_FLOOR`
+#: where z - t >= 2**-19 and -620 <= z - lse <= 1, since the differences' and exps'
+#: roundings (some 2**-43 relative there) are far below the gap 2**-19 - log1p(2**-20).
+SURE_GAP = 2.0 ** -19
+
+
 @njit(inline="always")
 def _beats(up, p_y):
     """Whether a bound ``up`` beats the target's probability p_y as settling needs."""
@@ -205,8 +212,10 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                     if np.int64(ids[e, s, j]) == c:
                         at = j
                 if at >= 0:
-                    up = np.exp(np.float64(logits[e, s, at]) - top)
-                    beats = _beats(up, np.exp(np.float64(target[e, s]) - top))
+                    z, t = np.float64(logits[e, s, at]), np.float64(target[e, s])
+                    # a clear win in logits decides it without exps (see `SURE_GAP`)
+                    if not (z - t >= SURE_GAP and -620.0 <= z - top <= 1.0):
+                        beats = _beats(np.exp(z - top), np.exp(t - top))
                 else:
                     _record_probs(logits, ids, target, lse, e, s, y, rec)
                     beats = _beats(rec[k + 1], rec[k])
