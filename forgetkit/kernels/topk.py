@@ -8,14 +8,18 @@ vocabulary, one *unstored slot* standing for every other class (their common upp
 placed at the smallest such id that can reach that bound (ties with it follow the rule of
 the lowest id): above each checkpoint's k-th stored id where its bound is its k-th
 probability, since equal logits are stored by ascending id (the *tie floor*, the lowest
-such id over the checkpoints, or -1: `token_scan`); then padding (id = vocabulary + 1,
+such id over the checkpoints, or -1: `token_floors`); then padding (id = vocabulary + 1,
 value 0) up to the width.
 
 The kernels read the records' fields in place (logits, ids (E, N, k), target, lse (E, N),
 any strides), at the checkpoints ``epochs`` and tokens ``src`` (int64 indices): each
-token's candidate classes are gathered once per layout (a small hash set), and a window's
-mean of bounds is made row by row (`window_bounds`; `window_grid_counts` feeds each row to
-the eps search at once).
+token's candidate classes are gathered once per layout (a small hash set). The fit and the
+selection first leave out the tokens no mixture gets right (`settle_scan`), then keep the
+probabilities of every record of the others (`record_cache`: k + 2 float64 each, the exps
+made once); a window's mean of bounds is made row by row (`window_bounds`), and the fit's
+passes use each row at once (`window_grid_counts`, `window_mix_into`) or, where bounds on
+a few of its values answer, not at all (the eps search's early answers, the selection's
+argmax: `selection_counts`).
 
 See docs/definitions.md ("Certified fusion on top-k runs").
 """
@@ -27,7 +31,6 @@ import math
 import numpy as np
 from numba import njit
 
-from .argmax import first_argmax_mix
 from .eps_search import _label_lead_into, _mix_row, grid_counts, grid_row
 from .jit import kernel
 from .schedule import claim, span
@@ -396,8 +399,8 @@ def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targe
     `_window_row`; padding 0) of tokens src: upper, lower float64 (n, M) (lower (0, 0):
     upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cache:
     their probabilities at the layout's epochs (`record_cache`, (W, n, k + 2); (0, 0, 0):
-    made from the records); cols (layout epochs, n, k) the stored ids' columns, at positions ``pos`` for
-    ``epochs``."""
+    made from the records); cols (layout epochs, n, k) the stored ids' columns, at
+    positions ``pos`` for ``epochs``."""
     k, width = logits.shape[2], cls.shape[1]
     both = lower.shape[0] > 0
     blk = claim(counter)
@@ -657,7 +660,6 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
         tcols = np.empty((n_epochs, k), dtype=np.int64)
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
                                       np.empty(width))
-        every = np.arange(n_epochs)
         for n in range(lo, hi):
             s, y = src[n], targets[n]
             floor = np.int64(vocab)
