@@ -326,17 +326,18 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
 
 
 @njit(inline="always")
-def _token_records(logits, ids, target, lse, cache, epochs, pos, n, s, y, scratch):
+def _token_records(logits, ids, target, lse, cached, epochs, pos, n, s, y, scratch):
     """Where the probabilities (`_record_probs`) of token s's records (target y) are, row
-    pos[i] for epochs[i]: (cache, n) (``cache`` (layout epochs, n, k + 2)) where the layout
-    keeps them, else (scratch, 0), made there (scratch (layout epochs, 1, k + 2)). The
-    kernels index these arrays, rather than views of them, in their loops over tokens
-    (each view costs a reference count)."""
-    if cache.shape[0] > 0:
-        return cache, n
+    pos[i] for epochs[i]: token n of the layout's cache (layout epochs, n, k + 2) where
+    ``cached``, else token 0 of scratch (layout epochs, 1, k + 2), made there. The kernels
+    pick the array (cache or scratch) once per block and index it in their loops: arrays
+    returned or sliced per token cost reference counts, which both threads' atomic
+    updates make slow."""
+    if cached:
+        return n
     for i in range(epochs.shape[0]):
         _record_probs(logits, ids, target, lse, epochs[i], s, y, scratch[pos[i], 0])
-    return scratch, 0
+    return 0
 
 
 @njit(inline="always")
@@ -407,11 +408,13 @@ def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targe
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
             low = lower[n] if both else upper[n]
-            recs, at = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
-                                      targets[n], scratch)
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                  targets[n], scratch)
             _window_row(cols[:, n, :], pos, recs[:, at], label_col[n], end, upper[n], low,
                         both, tmp, tmp_low)
             for c in range(end, width):
@@ -444,11 +447,13 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         scratch, tmp, tmp_low = _window_scratch(cols.shape[0], n_window, k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
         a = np.zeros(width)
         for n in range(lo, hi):
             end, y = _row_end(cls[n], vocab), label_col[n]
-            recs, at = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
-                                      targets[n], scratch)
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                  targets[n], scratch)
             if end >= 2:
                 top_b = b_top[n]
                 a_y, high, at_top = 0.0, 0.0, 0.0
@@ -503,11 +508,13 @@ def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, tar
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
         a = np.zeros(width)
         for n in range(lo, hi):
             end = _row_end(cls[n], vocab)
-            recs, at = _token_records(logits, ids, target, lse, cache, epochs, pos, n, src[n],
-                                      targets[n], scratch)
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                  targets[n], scratch)
             _window_row(cols[:, n, :], pos, recs[:, at], label_col[n], end, a, a, False, tmp,
                         tmp_low)
             for c in range(end, width):
@@ -554,10 +561,12 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         scratch = _window_scratch(n_epochs, 1, k, width)[0]
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
         order, marks = np.empty(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
-            recs, at = _token_records(logits, ids, target, lse, cache, epochs, every, n, src[n],
-                                      targets[n], scratch)
+            at = _token_records(logits, ids, target, lse, cached, epochs, every, n, src[n],
+                                  targets[n], scratch)
             y, end = label_col[n], _row_end(cls[n], vocab)
             _by_total(total[n], y, end, order)
             for r in range(n_epochs):
