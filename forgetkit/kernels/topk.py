@@ -52,10 +52,13 @@ MASS_SLACK = 2.0 ** -21
 
 
 @njit(inline="always")
-def _record_probs(logits, ids, target, lse, e, s, y, rec):
-    """The probabilities of record (e, s) of a token of target y into rec (k + 2,): rec[:k]
-    the stored ones exp(z - lse), rec[k] = p_y, rec[k + 1] = u, the bound of the classes
-    it did not store (see ``_unstored_bound``, whose arithmetic this is)."""
+def _record_probs(logits, ids, target, lse, e, s, y, out, r, t):
+    """The probabilities of record (e, s) of a token of target y into rec = out[r, t]
+    (k + 2,): rec[:k] the stored ones exp(z - lse), rec[k] = p_y, rec[k + 1] = u, the bound
+    of the classes it did not store (see ``_unstored_bound``, whose arithmetic this is).
+    Here and below, kernels pass arrays with indices rather than views made per token or
+    record: each view costs reference counts, which both threads' atomic updates make
+    slow."""
     k = logits.shape[2]
     top = np.float64(lse[e, s])
     total = 0.0
@@ -63,15 +66,15 @@ def _record_probs(logits, ids, target, lse, e, s, y, rec):
     p = 0.0
     for j in range(k):
         p = np.exp(np.float64(logits[e, s, j]) - top)
-        rec[j] = p
+        out[r, t, j] = p
         total += p
         stored_y = stored_y or ids[e, s, j] == y
     p_y = np.exp(np.float64(target[e, s]) - top)
     if not stored_y:
         total += p_y
     slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
-    rec[k] = p_y
-    rec[k + 1] = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
+    out[r, t, k] = p_y
+    out[r, t, k + 1] = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
 
 
 @njit(inline="always")
@@ -104,10 +107,10 @@ def _hash_size(n_epochs, k):
 
 
 @njit(inline="always")
-def _row_end(cls_row, vocab):
-    """Columns of a layout row before its padding (ids > vocab)."""
-    end = cls_row.shape[0]
-    while end > 0 and cls_row[end - 1] > vocab:
+def _row_end(cls, n, vocab):
+    """Columns of layout row n before its padding (ids > vocab)."""
+    end = cls.shape[1]
+    while end > 0 and cls[n, end - 1] > vocab:
         end -= 1
     return end
 
@@ -122,10 +125,12 @@ SETTLE_FLOOR = 2.0 ** -900
 
 
 @njit(inline="always")
-def _tie_floor(ids, e, s, rec):
-    """A record's tie floor (`token_floors`) from its probabilities rec (`_record_probs`)."""
+def _tie_floor(ids, e, s, out, r, t):
+    """A record's tie floor (`token_floors`) from its probabilities out[r, t]
+    (`_record_probs`)."""
     k = ids.shape[2]
-    return np.int64(ids[e, s, k - 1]) if rec[k + 1] == rec[k - 1] else np.int64(-1)
+    return np.int64(ids[e, s, k - 1]) if out[r, t, k + 1] == out[r, t, k - 1] \
+        else np.int64(-1)
 
 
 @kernel
@@ -140,13 +145,13 @@ def token_floors(logits, ids, target, lse, epochs, src, targets, vocab, floor, n
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        rec = np.empty(k + 2)
+        rec = np.empty((1, 1, k + 2))
         for n in range(lo, hi):
             s, y = src[n], targets[n]
             low = np.int64(vocab)
             for i in range(epochs.shape[0]):
-                _record_probs(logits, ids, target, lse, epochs[i], s, y, rec)
-                low = min(low, _tie_floor(ids, epochs[i], s, rec))
+                _record_probs(logits, ids, target, lse, epochs[i], s, y, rec, 0, 0)
+                low = min(low, _tie_floor(ids, epochs[i], s, rec, 0, 0))
             floor[n] = low
         blk = claim(counter)
 
@@ -165,8 +170,8 @@ def record_cache(logits, ids, target, lse, epochs, src, targets, vocab, cache, f
         for i in range(epochs.shape[0]):
             e = epochs[i]
             for n in range(lo, hi):
-                _record_probs(logits, ids, target, lse, e, src[n], targets[n], cache[i, n])
-                floor[n] = min(floor[n], _tie_floor(ids, e, src[n], cache[i, n]))
+                _record_probs(logits, ids, target, lse, e, src[n], targets[n], cache, i, n)
+                floor[n] = min(floor[n], _tie_floor(ids, e, src[n], cache, i, n))
         blk = claim(counter)
 
 
@@ -201,7 +206,7 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        rec = np.empty(k + 2)
+        rec = np.empty((1, 1, k + 2))
         for n in range(lo, hi):
             s, y, c = src[n], targets[n], rival[n]
             beats = c >= 0
@@ -220,8 +225,8 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                     if not (z - t >= SURE_GAP and -620.0 <= z - top <= 1.0):
                         beats = _beats(np.exp(z - top), np.exp(t - top))
                 else:
-                    _record_probs(logits, ids, target, lse, e, s, y, rec)
-                    beats = _beats(rec[k + 1], rec[k])
+                    _record_probs(logits, ids, target, lse, e, s, y, rec, 0, 0)
+                    beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
             if not beats and has_slot and c >= 0:
                 beats = True
                 for i in range(epochs.shape[0]):  # u <= p_k: p_k must beat p_y first
@@ -234,18 +239,18 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                 for i in range(epochs.shape[0]):
                     if not beats:
                         break
-                    _record_probs(logits, ids, target, lse, epochs[i], s, y, rec)
-                    beats = _beats(rec[k + 1], rec[k])
+                    _record_probs(logits, ids, target, lse, epochs[i], s, y, rec, 0, 0)
+                    beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
             settled[n] = beats
         blk = claim(counter)
 
 
 @njit(inline="always")
-def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, row,
-                  tcols):
-    """The layout of one token (records at token s, target y; see the module): row[:w] its
-    classes and unstored slot (above ``floor``), tcols[i, j] the column of the j-th id
-    stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
+def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, cls,
+                  cols, n):
+    """The layout of one token (records at token s, target y; see the module): cls[n, :w]
+    its classes and unstored slot (above ``floor``), cols[i, n, j] the column of the j-th
+    id stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
     Scratch: the set (keys, stamps) marked ``stamp``, where (its size), buf (3, W * k + 1):
     the classes, their slots in the set, each stored id's slot."""
     k = ids.shape[2]
@@ -281,20 +286,20 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
     for i in range(count):
         if slot >= 0 and slot_col < 0 and buf[0, i] > slot:
             slot_col = col
-            row[col] = slot
+            cls[n, col] = slot
             col += 1
         if buf[0, i] == y:
             y_col = col
         where[buf[1, i]] = col
-        row[col] = buf[0, i]
+        cls[n, col] = buf[0, i]
         col += 1
     if slot >= 0 and slot_col < 0:
         slot_col = col
-        row[col] = min(slot, vocab)
+        cls[n, col] = min(slot, vocab)
         col += 1
     for i in range(epochs.shape[0]):
         for j in range(k):
-            tcols[i, j] = where[buf[2, i * k + j]]
+            cols[i, n, j] = where[buf[2, i * k + j]]
     return col, y_col, slot_col
 
 
@@ -321,7 +326,7 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
         for n in range(lo, hi):
             ends[n], label_col[n], unstored_col[n] = _token_layout(
                 ids, epochs, src[n], targets[n], vocab, floor[n], keys, stamps, n + 1, where,
-                buf, cls[n], cols[:, n, :])
+                buf, cls, cols, n)
         blk = claim(counter)
 
 
@@ -336,36 +341,40 @@ def _token_records(logits, ids, target, lse, cached, epochs, pos, n, s, y, scrat
     if cached:
         return n
     for i in range(epochs.shape[0]):
-        _record_probs(logits, ids, target, lse, epochs[i], s, y, scratch[pos[i], 0])
+        _record_probs(logits, ids, target, lse, epochs[i], s, y, scratch, pos[i], 0)
     return 0
 
 
 @njit(inline="always")
-def _window_row(tcols, pos, recs, y_col, end, upper, lower, both, tmp, tmp_low):
-    """The mean over the epochs at rows ``pos`` of one token's record probabilities
-    ``recs`` (`_token_records`) of each one's bounds in the token's layout row up to
-    ``end``: for the classes a checkpoint stored and the target, the exact p (upper =
-    lower); for every other column upper = u, lower = 0. Each epoch's bounds are laid out
-    in a scratch row, then summed in epoch order and divided by their number where it is
-    above 1 (numpy's ``out += tmp``, ``out /= W``).
+def _window_row(cols, n, pos, p0, p1, recs, t, y_col, end, upper, lower, both, tmp,
+                tmp_low):
+    """The mean over the epochs at rows pos[p0:p1] of token t's record probabilities
+    ``recs`` (`_token_records`) of each one's bounds in layout row n up to ``end``: for the
+    classes a checkpoint stored and the target, the exact p (upper = lower); for every
+    other column upper = u, lower = 0. Each epoch's bounds are laid out in a scratch row,
+    then summed in epoch order and divided by their number where it is above 1 (numpy's
+    ``out += tmp``, ``out /= W``).
 
-    tcols[pos[i], j]: the column of the j-th id stored at that epoch (-1: none); scratch:
-    tmp, tmp_low (W, M)."""
-    n_epochs, k = pos.shape[0], recs.shape[1] - 2
+    cols[r, n, j]: the column of the j-th id stored at layout epoch r (-1: none); upper,
+    lower: rows (M,); scratch: tmp, tmp_low (W, M)."""
+    n_epochs, k = p1 - p0, recs.shape[2] - 2
     for i in range(n_epochs):
-        r = pos[i]
-        tmp[i, :end] = recs[r, k + 1]
+        r = pos[p0 + i]
+        u = recs[r, t, k + 1]
+        for c in range(end):
+            tmp[i, c] = u
         if both:
-            tmp_low[i, :end] = 0.0
+            for c in range(end):
+                tmp_low[i, c] = 0.0
         for j in range(k):
-            col = np.int64(tcols[r, j])
+            col = np.int64(cols[r, n, j])
             if col >= 0:
-                tmp[i, col] = recs[r, j]
+                tmp[i, col] = recs[r, t, j]
                 if both:
-                    tmp_low[i, col] = recs[r, j]
-        tmp[i, y_col] = recs[r, k]  # the target's column holds p_y, stored or not
+                    tmp_low[i, col] = recs[r, t, j]
+        tmp[i, y_col] = recs[r, t, k]  # the target's column holds p_y, stored or not
         if both:
-            tmp_low[i, y_col] = recs[r, k]
+            tmp_low[i, y_col] = recs[r, t, k]
     _sum_rows(tmp, n_epochs, end, upper)
     if both:
         _sum_rows(tmp_low, n_epochs, end, lower)
@@ -410,16 +419,21 @@ def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targe
         scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         cached = cache.shape[0] > 0
         recs = cache if cached else scratch
+        row, row_low = np.empty(width), np.empty(width)
         for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
-            low = lower[n] if both else upper[n]
+            end = _row_end(cls, n, vocab)
             at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
-                                  targets[n], scratch)
-            _window_row(cols[:, n, :], pos, recs[:, at], label_col[n], end, upper[n], low,
-                        both, tmp, tmp_low)
+                                targets[n], scratch)
+            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, row,
+                        row_low, both, tmp, tmp_low)
+            for c in range(end):
+                upper[n, c] = row[c]
             for c in range(end, width):
                 upper[n, c] = 0.0
-                if both:
+            if both:
+                for c in range(end):
+                    lower[n, c] = row_low[c]
+                for c in range(end, width):
                     lower[n, c] = 0.0
         blk = claim(counter)
 
@@ -451,9 +465,9 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
         recs = cache if cached else scratch
         a = np.zeros(width)
         for n in range(lo, hi):
-            end, y = _row_end(cls[n], vocab), label_col[n]
+            end, y = _row_end(cls, n, vocab), label_col[n]
             at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
-                                  targets[n], scratch)
+                                targets[n], scratch)
             if end >= 2:
                 top_b = b_top[n]
                 a_y, high, at_top = 0.0, 0.0, 0.0
@@ -485,7 +499,8 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
                     continue
                 if lead_b < -band and at_top - a_y > band:  # the lead is <= a_y - at_top
                     continue
-            _window_row(cols[:, n, :], pos, recs[:, at], y, end, a, a, False, tmp, tmp_low)
+            _window_row(cols, n, pos, 0, n_window, recs, at, y, end, a, a, False, tmp,
+                        tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
@@ -512,11 +527,11 @@ def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, tar
         recs = cache if cached else scratch
         a = np.zeros(width)
         for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
+            end = _row_end(cls, n, vocab)
             at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
-                                  targets[n], scratch)
-            _window_row(cols[:, n, :], pos, recs[:, at], label_col[n], end, a, a, False, tmp,
-                        tmp_low)
+                                targets[n], scratch)
+            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, a, a,
+                        False, tmp, tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
             _mix_row(a, prob[n], eps)
@@ -525,16 +540,16 @@ def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, tar
 
 
 @njit(inline="always")
-def _by_total(total, y_col, end, order):
+def _by_total(total, n, y_col, end, order):
     """order[:y_col] = the columns before y_col, order[y_col:end - 1] those after it (up to
-    ``end``), each by total[c] descending (insertion sorts: a few dozen columns)."""
+    ``end``), each by total[n, c] descending (insertion sorts: a few dozen columns)."""
     for c in range(end):
         if c == y_col:
             continue
         first = 0 if c < y_col else y_col
         m = c if c < y_col else c - 1
-        v = total[c]
-        while m > first and total[order[m - 1]] < v:
+        v = total[n, c]
+        while m > first and total[n, order[m - 1]] < v:
             order[m] = order[m - 1]
             m -= 1
         order[m] = c
@@ -566,9 +581,9 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
         order, marks = np.empty(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
             at = _token_records(logits, ids, target, lse, cached, epochs, every, n, src[n],
-                                  targets[n], scratch)
-            y, end = label_col[n], _row_end(cls[n], vocab)
-            _by_total(total[n], y, end, order)
+                                targets[n], scratch)
+            y, end = label_col[n], _row_end(cls, n, vocab)
+            _by_total(total, n, y, end, order)
             for r in range(n_epochs):
                 stamp = n * n_epochs + r + 1
                 v_y = total[n, y] + recs[r, at, k]
@@ -663,40 +678,40 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         keys, stamps, where, buf = _layout_scratch(n_epochs, k)
-        scratch, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
-        recs = scratch[:, 0]
-        row_cls = np.empty(width, dtype=np.int64)
-        tcols = np.empty((n_epochs, k), dtype=np.int64)
+        recs, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
+        one_cls = np.empty((1, width), dtype=np.int64)  # the token's layout, as row 0
+        row_cls = one_cls[0]
+        tcols = np.empty((n_epochs, 1, k), dtype=np.int64)
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
                                       np.empty(width))
         for n in range(lo, hi):
             s, y = src[n], targets[n]
             floor = np.int64(vocab)
             for i in range(n_epochs):
-                _record_probs(logits, ids, target, lse, epochs[i], s, y, recs[i])
-                floor = min(floor, _tie_floor(ids, epochs[i], s, recs[i]))
+                _record_probs(logits, ids, target, lse, epochs[i], s, y, recs, i, 0)
+                floor = min(floor, _tie_floor(ids, epochs[i], s, recs, i, 0))
             end, y_col, slot_col = _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps,
-                                                 n + 1, where, buf, row_cls, tcols)
+                                                 n + 1, where, buf, one_cls, tcols, 0)
             for step in range(kinds.shape[0]):
-                at = pos[starts[step]:starts[step + 1]]
+                p0, p1 = starts[step], starts[step + 1]
                 if kinds[step] == 0:  # MEAN
-                    _window_row(tcols, at, recs, y_col, end, upper, lower, True, rows,
-                                rows_low)
+                    _window_row(tcols, 0, pos, p0, p1, recs, 0, y_col, end, upper, lower, True,
+                                rows, rows_low)
                 elif kinds[step] == 1:  # WEIGHTED
                     for c in range(end):
                         upper[c] = 0.0
                         lower[c] = 0.0
-                    for i in range(at.shape[0]):
-                        _window_row(tcols, at[i:i + 1], recs, y_col, end, tmp, tmp_low, True,
-                                    rows, rows_low)
-                        w = values[starts[step] + i]
+                    for i in range(p0, p1):
+                        _window_row(tcols, 0, pos, i, i + 1, recs, 0, y_col, end, tmp, tmp_low,
+                                    True, rows, rows_low)
+                        w = values[i]
                         for c in range(end):
                             upper[c] += w * tmp[c]
                             lower[c] += w * tmp_low[c]
                 else:  # MIX
-                    _window_row(tcols, at, recs, y_col, end, tmp, tmp_low, True, rows,
-                                rows_low)
-                    eps = values[starts[step]]
+                    _window_row(tcols, 0, pos, p0, p1, recs, 0, y_col, end, tmp, tmp_low, True,
+                                rows, rows_low)
+                    eps = values[p0]
                     one_minus = 1.0 - eps
                     for c in range(end):
                         upper[c] = eps * tmp[c] + one_minus * upper[c]
