@@ -583,6 +583,18 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
             at = _token_records(logits, ids, target, lse, cached, epochs, every, n, src[n],
                                 targets[n], scratch)
             y, end = label_col[n], _row_end(cls, n, vocab)
+            # a column whose total plus the least u beats the target's total plus its
+            # largest p beats it at every epoch (each value is at least u; sums monotone)
+            low_u, high_y = recs[0, at, k + 1], recs[0, at, k]
+            for r in range(1, n_epochs):
+                low_u = min(low_u, recs[r, at, k + 1])
+                high_y = max(high_y, recs[r, at, k])
+            top = -np.inf
+            for c in range(end):
+                if c != y:
+                    top = max(top, total[n, c])
+            if top + low_u > total[n, y] + high_y:
+                continue
             _by_total(total, n, y, end, order)
             for r in range(n_epochs):
                 stamp = n * n_epochs + r + 1
