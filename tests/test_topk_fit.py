@@ -257,3 +257,25 @@ def test_mixes_equal_the_reference_state(case):
         for a, b in zip((*got.stats, got.cur, got.missed), (*want.stats, want.cur, want.missed),
                         strict=True):
             assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", CASES[:3])
+def test_selection_totals_equal_the_sums_of_bounds(case):
+    """A selection's running total (each pick's row made and added at once) is numpy's sum
+    of the picks' bounds, and the picks are those of the reference's greedy rounds."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    layout = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    total, want = np.zeros(layout.shape), np.zeros(layout.shape)
+    for e in (run.n_epochs - 1, 0, 0, 2):
+        layout.add_into(data, [e], total)
+        want += ref.upper[e]
+        assert np.array_equal(total, want)
+    picks, want_total = [], np.zeros(layout.shape)
+    for _ in range(4):
+        scores = [np.sum(np.argmax(want_total + ref.upper[e], axis=1) == ref.label_col)
+                  for e in range(run.n_epochs)]
+        picks.append(int(np.argmax(scores)))
+        want_total += ref.upper[picks[-1]]
+    assert ft.topk_selection(data, 4) == picks

@@ -100,6 +100,13 @@ class Layout:
             self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
             self.targets, data.vocab_size, self.parts, prob, leads, grid, REL_BAND, self.cache)
 
+    def add_into(self, data, epochs, total):
+        """`kernels.topk_window_add_into` of the window ``epochs``."""
+        epochs = _indices(epochs)
+        kernels.topk_window_add_into(
+            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
+            self.targets, data.vocab_size, self.parts, total, self.cache)
+
     def mix_into(self, data, epochs, prob, eps, leads, correct):
         """`kernels.topk_window_mix_into` of the window ``epochs``."""
         epochs = _indices(epochs)
@@ -363,8 +370,11 @@ def topk_selection(data, k):
         picks.append(int(np.argmax(scores)))
         if i + 1 < k:
             for layout, total in parts:
-                kernels.add_into(total, epoch_values(data, picks[-1], layout,
-                                                     np.empty(layout.shape))[0])
+                if data.exact:
+                    kernels.add_into(total, epoch_values(data, picks[-1], layout,
+                                                         np.empty(layout.shape))[0])
+                else:
+                    layout.add_into(data, [picks[-1]], total)
     return picks
 
 

@@ -556,6 +556,15 @@ def topk_window_mix_into(fields, cols, epochs, pos, src, targets, vocab, layout,
          src, targets, vocab, cls, label_col, prob, eps, *leads, correct)
 
 
+def topk_window_add_into(fields, cols, epochs, pos, src, targets, vocab, layout, total,
+                         cache=NO_CACHE):
+    """total += the window mean of ``epochs`` (`topk_window`'s upper bounds), in one pass,
+    the mean not stored (numpy's ``total += mean``)."""
+    cls, label_col, _ = layout
+    call(_topk.window_add_into, total.size * len(epochs), *fields, cache, cols, epochs, pos,
+         src, targets, vocab, cls, label_col, total)
+
+
 def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total,
                           cache=NO_CACHE):
     """For each of ``epochs`` (the layout's, whose columns ``cols`` holds; ``cache`` as

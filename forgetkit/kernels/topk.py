@@ -539,6 +539,30 @@ def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, tar
         blk = claim(counter)
 
 
+@kernel
+def window_add_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
+                    cls, label_col, total, n_blocks, counter):
+    """total += the window mean of the upper bounds of ``epochs`` (`window_bounds`; cache as
+    there), numpy's arithmetic, each row made in a scratch row (padding adds 0)."""
+    k, width = logits.shape[2], cls.shape[1]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
+        a = np.empty(width)
+        for n in range(lo, hi):
+            end = _row_end(cls, n, vocab)
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                targets[n], scratch)
+            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, a, a,
+                        False, tmp, tmp_low)
+            for c in range(end):
+                total[n, c] += a[c]
+        blk = claim(counter)
+
+
 @njit(inline="always")
 def _by_total(total, n, y_col, end, order):
     """order[:y_col] = the columns before y_col, order[y_col:end - 1] those after it (up to
