@@ -92,12 +92,6 @@ def _hash_slot(keys, stamps, stamp, c):
 
 
 @njit(inline="always")
-def _hash_insert(keys, stamps, stamp, c):
-    """`_hash_slot`, whether c was new."""
-    return _hash_slot(keys, stamps, stamp, c)[1]
-
-
-@njit(inline="always")
 def _hash_size(n_epochs, k):
     """Slots of a set of up to n_epochs * k + 1 classes: a power of two, at most half full."""
     size = 16
@@ -197,7 +191,8 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
     rival[n] < 0: not settled), or the unstored slot (bound u; tried where the epochs' ids
     and the target cannot fill the vocabulary). Each test stops at the first checkpoint
     that fails it, and two exps (the rival's stored probability, or the k-th that bounds
-    u, and the target's) decide most checkpoints, not a record's k + 1.
+    u, and the target's) decide most checkpoints, not a record's k + 1; a rival's stored
+    logit `SURE_GAP` above the target's decides with none.
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
