@@ -279,3 +279,37 @@ def test_selection_totals_equal_the_sums_of_bounds(case):
         picks.append(int(np.argmax(scores)))
         want_total += ref.upper[picks[-1]]
     assert ft.topk_selection(data, 4) == picks
+
+
+def test_record_caches_stay_within_the_process_budget(monkeypatch):
+    """Layouts keep record probabilities while `CACHE_BYTES` has room in the process, give
+    the bytes back when freed, and a fit without any cache gives the same plan."""
+    import gc
+
+    from forgetkit.kinds import topk as kt
+
+    run = topk_run(2, 8, 300, 30, 3, False)
+    data = kind_of(run).certified_bounds(run)
+    gc.collect()
+    one = run.n_epochs * run.n_samples * (data.top_k + 2) * 8
+    monkeypatch.setattr(kt, "CACHE_BYTES", kt._cache_used[0] + one)
+    first = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    second = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    assert first.cache.shape == (run.n_epochs, run.n_samples, data.top_k + 2)
+    assert second.cache.size == 0  # no room: its windows read the records
+    del first
+    gc.collect()
+    third = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    assert third.cache.size > 0
+    for window in ([0, 1], [5]):
+        a, b = np.empty(second.shape), np.empty(third.shape)
+        assert np.array_equal(ft.window_mean(data, window, second, a)[0],
+                              ft.window_mean(data, window, third, b)[0])
+    del second, third
+    gc.collect()
+    monkeypatch.setattr(kt, "CACHE_BYTES", kt._cache_used[0] + 10 * one)
+    cached, picked = fk.KnowledgeFusion().fit(run), fk.EnsembleSelection().fit(run)
+    monkeypatch.setattr(kt, "CACHE_BYTES", 0)
+    bare, bare_picked = fk.KnowledgeFusion().fit(run), fk.EnsembleSelection().fit(run)
+    assert bare.plan_ == cached.plan_ and bare.val_accuracy_ == cached.val_accuracy_
+    assert np.array_equal(bare_picked.weights_, picked.weights_)

@@ -29,7 +29,12 @@ import pandas as pd
 
 from .. import kernels
 from ..errors import ForgetkitError
-from ..kinds.topk import CHUNK_TOKENS, TopKData, token_ids  # noqa: F401 (TopKData: its old home)
+from ..kinds.topk import (  # noqa: F401 (TopKData: its old home)
+    CHUNK_TOKENS,
+    TopKData,
+    cache_array,
+    token_ids,
+)
 from .fitstate import REL_BAND, FitChunk
 
 #: What a top-k run cannot give, for the errors of the methods that need every class.
@@ -53,8 +58,9 @@ class Layout:
 
     With ``cache`` (default: ``settle``), the layout keeps the probabilities of the records
     of its tokens (``cache``, `kernels.topk_record_cache`: (k + 2) float64 per record)
-    while `TopKData.reserve` grants them, so that its windows read no record twice;
-    otherwise ``cache`` is `kernels.NO_CACHE` and each window reads the records."""
+    where `forgetkit.kinds.topk.CACHE_BYTES` has room for them in this process, so that
+    its windows read no record twice; otherwise ``cache`` is `kernels.NO_CACHE` and each
+    window reads the records."""
 
     def __init__(self, data, epochs, rows, *, settle=False, cache=None):
         self.rows, self.vocab = rows, data.vocab_size
@@ -76,9 +82,10 @@ class Layout:
             self.src = np.flatnonzero(~self.settled)
             self.targets = targets[self.src]
             args = (self.fields, self.epochs, self.src, self.targets, data.vocab_size)
-            if (settle if cache is None else cache) and data.reserve(
-                    self.src.size * self.epochs.size * (data.top_k + 2) * 8):
-                self.cache, floor = kernels.topk_record_cache(*args)
+            kept = cache_array((self.epochs.size, self.src.size, data.top_k + 2)) \
+                if (settle if cache is None else cache) else None
+            if kept is not None:
+                self.cache, floor = kept, kernels.topk_record_cache(*args, kept)
             else:
                 floor = kernels.topk_floors(*args)
             self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(

@@ -486,14 +486,14 @@ def topk_floors(fields, epochs, src, targets, vocab):
     return floor
 
 
-def topk_record_cache(fields, epochs, src, targets, vocab):
-    """(cache float64 (W, n, k + 2), floor int64 (n,)): every record's probabilities (k
-    stored, the target's, the unstored bound) and `topk_floors`; ``topk.record_cache``."""
+def topk_record_cache(fields, epochs, src, targets, vocab, cache):
+    """`topk_floors`, every record's probabilities (k stored, the target's, the unstored
+    bound) written to ``cache`` (float64 (W, n, k + 2)); ``topk.record_cache``."""
     n, k = len(src), fields[0].shape[2]
-    cache, floor = np.empty((len(epochs), n, k + 2)), np.empty(n, dtype=np.int64)
+    floor = np.empty(n, dtype=np.int64)
     call(_topk.record_cache, n * len(epochs) * k, *fields, epochs, src, targets, vocab, cache,
          floor)
-    return cache, floor
+    return floor
 
 
 #: What the top-k window kernels take for "no record cache": probabilities made from records.
