@@ -16,7 +16,7 @@ from forgetkit.fusion import knowledge
 from forgetkit.fusion import topk as ft
 from forgetkit.fusion.fitstate import REL_BAND, ChunkedFitState, FitChunk
 from forgetkit.kinds import kind_of
-from forgetkit.kinds.topk import TopKOutputs, topk_records
+from forgetkit.kinds.topk import TopKOutputs, token_ids, topk_records
 from tests.reference_topk import bounds_ref, layout_ref
 
 #: (seed, epochs, tokens, vocabulary, k, ties): ties and small vocabularies (layouts that
@@ -91,32 +91,33 @@ class ReferenceChunk(FitChunk):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_window_means_and_grid_counts_match_the_reference(case):
+@pytest.mark.parametrize("cache", [False, True])
+def test_window_means_and_grid_counts_match_the_reference(case, cache):
     run = topk_run(*case)
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
     n_epochs = run.n_epochs
-    layout = ft.Layout(data, range(n_epochs), slice(None))
+    layout = ft.Layout(data, range(n_epochs), slice(None), cache=cache)
+    assert (layout.cache.size > 0) == cache
     assert layout.shape == ref.upper.shape[1:]
     assert np.array_equal(layout.label_col, ref.label_col)
     grid = np.arange(101) / 100
-    prob = ref.upper[-1].copy()
-    leads, _ = kernels.label_leads(prob, ref.label_col)
     src = np.arange(run.n_samples, dtype=np.int64)
-    for window in ([n_epochs - 1], [0, 1], list(range(n_epochs)), [1, 2, 3]):
-        upper, lower = np.empty(layout.shape), np.empty(layout.shape)
-        ft.window_mean(data, window, layout, upper, lower)
-        assert np.array_equal(upper, ref.window(window))
-        assert np.array_equal(lower, ref.window(window, lower=True))
-        # the fit's pass: the same mean, and the counts of the padded rows
-        mean = np.full(layout.shape, np.nan)
-        epochs = np.asarray(window, dtype=np.int64)
-        counts = kernels.topk_window_grid_counts(
-            layout.fields, layout.cols, epochs, epochs, src, layout.targets, run.n_classes,
-            layout.parts, mean, prob, leads, grid, REL_BAND)
-        assert np.array_equal(mean, upper)
-        assert np.array_equal(counts, kernels.grid_correct_counts(upper, prob, ref.label_col,
-                                                                  leads, grid, REL_BAND))
+    for prob in (ref.upper[-1].copy(), ref.window([0, 2]), ref.window([1]) * 0.5):
+        leads, _ = kernels.label_leads(prob, ref.label_col)
+        for window in ([n_epochs - 1], [0, 1], list(range(n_epochs)), [1, 2, 3], [2]):
+            upper, lower = np.empty(layout.shape), np.empty(layout.shape)
+            ft.window_mean(data, window, layout, upper, lower)
+            assert np.array_equal(upper, ref.window(window))
+            assert np.array_equal(lower, ref.window(window, lower=True))
+            # the fit's pass (early answers from the leads, rows for the others): the
+            # counts of the padded rows
+            epochs = np.asarray(window, dtype=np.int64)
+            counts = kernels.topk_window_grid_counts(
+                layout.fields, layout.cols, epochs, epochs, src, layout.targets,
+                run.n_classes, layout.parts, prob, leads, grid, REL_BAND, layout.cache)
+            assert np.array_equal(counts, kernels.grid_correct_counts(
+                upper, prob, ref.label_col, leads, grid, REL_BAND))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -185,3 +186,130 @@ def test_one_pass_certificates_equal_the_layout_and_bounds_path(case):
         for a, b in zip(got[:3], want, strict=True):
             assert np.array_equal(a, b)
         assert np.array_equal(got[3], upper[np.arange(run.n_samples), layout.label_col])
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("cache", [False, True])
+def test_selection_scores_match_the_reference(case, cache):
+    """Each epoch's count of tokens whose first argmax of total + its bounds is the
+    target, against numpy on the reference's rows: totals made as the selection makes
+    them (sums of picks' bounds, with many ties) and arbitrary ones."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    layout = ft.Layout(data, range(run.n_epochs), slice(None), cache=cache)
+    rng = np.random.default_rng(case[0])
+    real = layout.cls <= run.n_classes  # padding holds 0 in both
+    totals = [np.zeros(layout.shape), ref.upper[-1] + ref.upper[0], 2 * ref.upper[1],
+              np.where(real, rng.integers(0, 3, layout.shape) / 4, 0.0)]
+    for total in totals:
+        got = ft.selection_scores(data, layout, total)
+        want = [np.sum(np.argmax(total + ref.upper[e], axis=1) == ref.label_col)
+                for e in range(run.n_epochs)]
+        assert got.tolist() == want
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_settled_tokens_are_those_the_definition_names(case):
+    """`Layout`'s settled tokens, against the definition on the reference's bounds: the
+    final checkpoint's largest class other than the target, or the unstored slot (where
+    the vocabulary has unstored classes), beats the target at every checkpoint by the
+    margin and is at least the floor."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    layout = ft.Layout(data, range(run.n_epochs), slice(None), settle=True)
+    records = np.asarray(run.outputs.records)
+    rival = ft._rival(token_ids(records[-1]), run.labels)
+    has_slot = run.n_epochs * data.top_k + 1 < run.n_classes
+    want = []
+    for n, row in enumerate(ref.rows):
+        p_y = ref.upper[:, n, ref.label_col[n]]
+        cols = [i for i, (c, kind) in enumerate(row)
+                if (kind == "class" and c == rival[n]) or (kind != "class" and has_slot)]
+
+        def beats(col, n=n, p_y=p_y):
+            up = ref.upper[:, n, col]
+            return bool(np.all((up > p_y * (1 + 2.0 ** -20)) & (up >= 2.0 ** -900)))
+
+        want.append(rival[n] >= 0 and any(beats(col) for col in cols))
+    assert layout.settled.tolist() == want
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_mixes_equal_the_reference_state(case):
+    """The fit's mix (each window's mean made row by row and mixed at once) leaves the
+    fusion, its leads and the forget counts as the reference's numpy mix does."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    correct = np.asarray(run.correctness())
+    got = ft.TopKFitChunk(data, slice(None), correct)
+    want = ReferenceChunk(ref, correct)
+    last = run.n_epochs - 1
+    for window, eps in ((range(0, 2), 0.3), (range(last - 1, last + 1), 0.01),
+                        (range(1, 4), 1.0), (range(2, 3), 0.5)):
+        assert np.array_equal(got.grid_counts(window, np.arange(11) / 10),
+                              want.grid_counts(window, np.arange(11) / 10))
+        got.mix(window, eps)
+        want.mix(window, eps)
+        assert np.array_equal(got.prob, want.prob)
+        for a, b in zip((*got.stats, got.cur, got.missed), (*want.stats, want.cur, want.missed),
+                        strict=True):
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", CASES[:3])
+def test_selection_totals_equal_the_sums_of_bounds(case):
+    """A selection's running total (each pick's row made and added at once) is numpy's sum
+    of the picks' bounds, and the picks are those of the reference's greedy rounds."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    layout = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    total, want = np.zeros(layout.shape), np.zeros(layout.shape)
+    for e in (run.n_epochs - 1, 0, 0, 2):
+        layout.add_into(data, [e], total)
+        want += ref.upper[e]
+        assert np.array_equal(total, want)
+    picks, want_total = [], np.zeros(layout.shape)
+    for _ in range(4):
+        scores = [np.sum(np.argmax(want_total + ref.upper[e], axis=1) == ref.label_col)
+                  for e in range(run.n_epochs)]
+        picks.append(int(np.argmax(scores)))
+        want_total += ref.upper[picks[-1]]
+    assert ft.topk_selection(data, 4) == picks
+
+
+def test_record_caches_stay_within_the_process_budget(monkeypatch):
+    """Layouts keep record probabilities while `CACHE_BYTES` has room in the process, give
+    the bytes back when freed, and a fit without any cache gives the same plan."""
+    import gc
+
+    from forgetkit.kinds import topk as kt
+
+    run = topk_run(2, 8, 300, 30, 3, False)
+    data = kind_of(run).certified_bounds(run)
+    gc.collect()
+    one = run.n_epochs * run.n_samples * (data.top_k + 2) * 8
+    monkeypatch.setattr(kt, "CACHE_BYTES", kt._cache_used[0] + one)
+    first = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    second = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    assert first.cache.shape == (run.n_epochs, run.n_samples, data.top_k + 2)
+    assert second.cache.size == 0  # no room: its windows read the records
+    del first
+    gc.collect()
+    third = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    assert third.cache.size > 0
+    for window in ([0, 1], [5]):
+        a, b = np.empty(second.shape), np.empty(third.shape)
+        assert np.array_equal(ft.window_mean(data, window, second, a)[0],
+                              ft.window_mean(data, window, third, b)[0])
+    del second, third
+    gc.collect()
+    monkeypatch.setattr(kt, "CACHE_BYTES", kt._cache_used[0] + 10 * one)
+    cached, picked = fk.KnowledgeFusion().fit(run), fk.EnsembleSelection().fit(run)
+    monkeypatch.setattr(kt, "CACHE_BYTES", 0)
+    bare, bare_picked = fk.KnowledgeFusion().fit(run), fk.EnsembleSelection().fit(run)
+    assert bare.plan_ == cached.plan_ and bare.val_accuracy_ == cached.val_accuracy_
+    assert np.array_equal(bare_picked.weights_, picked.weights_)

@@ -29,7 +29,12 @@ import pandas as pd
 
 from .. import kernels
 from ..errors import ForgetkitError
-from ..kinds.topk import CHUNK_TOKENS, TopKData, token_ids  # noqa: F401 (TopKData: its old home)
+from ..kinds.topk import (  # noqa: F401 (TopKData: its old home)
+    CHUNK_TOKENS,
+    TopKData,
+    cache_array,
+    token_ids,
+)
 from .fitstate import REL_BAND, FitChunk
 
 #: What a top-k run cannot give, for the errors of the methods that need every class.
@@ -46,16 +51,23 @@ class Layout:
     at the tokens ``src`` (int64 (n,)), whose targets are ``targets``.
 
     With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
-    beats at every checkpoint by a margin (`kernels.topk.token_scan`: the unstored slot, or
-    the final checkpoint's largest class other than the target) are left out: no sum or
+    beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the unstored slot,
+    or the final checkpoint's largest class other than the target) are left out: no sum or
     mixture of their bounds with nonnegative weights ranks the target first. ``settled``
-    (bool, one per token of ``rows``) marks them; ``src`` holds the others."""
+    (bool, one per token of ``rows``) marks them; ``src`` holds the others.
 
-    def __init__(self, data, epochs, rows, *, settle=False):
+    With ``cache`` (default: ``settle``), the layout keeps the probabilities of the records
+    of its tokens (``cache``, `kernels.topk_record_cache`: (k + 2) float64 per record)
+    where `forgetkit.kinds.topk.CACHE_BYTES` has room for them in this process, so that
+    its windows read no record twice; otherwise ``cache`` is `kernels.NO_CACHE` and each
+    window reads the records."""
+
+    def __init__(self, data, epochs, rows, *, settle=False, cache=None):
         self.rows, self.vocab = rows, data.vocab_size
         targets = data.targets[rows]
         n = targets.shape[0]
         self.targets, self.settled = targets, np.zeros(n, dtype=bool)
+        self.cache = kernels.NO_CACHE
         if data.exact:
             self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
                                        (n, data.vocab_size))
@@ -63,15 +75,21 @@ class Layout:
             self.unstored_col = np.full(n, -1, dtype=np.int64)
         else:
             self.fields, self.epochs = data.fields(rows), _indices(epochs)
-            rival = _rival(self.fields[1][-1], targets) if settle else None
-            floor, self.settled = kernels.topk_scan(
-                self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
-                data.vocab_size, rival)
+            if settle:
+                self.settled = kernels.topk_settle(
+                    self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
+                    data.vocab_size, _rival(self.fields[1][-1], targets))
             self.src = np.flatnonzero(~self.settled)
             self.targets = targets[self.src]
+            args = (self.fields, self.epochs, self.src, self.targets, data.vocab_size)
+            kept = cache_array((self.epochs.size, self.src.size, data.top_k + 2)) \
+                if (settle if cache is None else cache) else None
+            if kept is not None:
+                self.cache, floor = kept, kernels.topk_record_cache(*args, kept)
+            else:
+                floor = kernels.topk_floors(*args)
             self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
-                self.fields, self.epochs, self.src, self.targets, data.vocab_size,
-                floor[self.src])
+                *args, floor)
         self.cls = np.ascontiguousarray(self.cls)
 
     def window(self, data, epochs, upper, lower=None):
@@ -80,14 +98,28 @@ class Layout:
         epochs = _indices(epochs)
         pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
         return kernels.topk_window(self.fields, self.cols, epochs, pos, self.src, self.targets,
-                                   data.vocab_size, self.parts, upper, lower)
+                                   data.vocab_size, self.parts, upper, lower, self.cache)
 
-    def grid_counts(self, data, epochs, mean, prob, leads, grid):
+    def grid_counts(self, data, epochs, prob, leads, grid):
         """`kernels.topk_window_grid_counts` of the window ``epochs``."""
         epochs = _indices(epochs)
         return kernels.topk_window_grid_counts(
             self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
-            self.targets, data.vocab_size, self.parts, mean, prob, leads, grid, REL_BAND)
+            self.targets, data.vocab_size, self.parts, prob, leads, grid, REL_BAND, self.cache)
+
+    def add_into(self, data, epochs, total):
+        """`kernels.topk_window_add_into` of the window ``epochs``."""
+        epochs = _indices(epochs)
+        kernels.topk_window_add_into(
+            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
+            self.targets, data.vocab_size, self.parts, total, self.cache)
+
+    def mix_into(self, data, epochs, prob, eps, leads, correct):
+        """`kernels.topk_window_mix_into` of the window ``epochs``."""
+        epochs = _indices(epochs)
+        kernels.topk_window_mix_into(
+            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
+            self.targets, data.vocab_size, self.parts, prob, eps, leads, correct, self.cache)
 
     @property
     def parts(self):
@@ -287,7 +319,8 @@ class TopKFitChunk(FitChunk):
 
     def __init__(self, data, rows, correct, *, settle=False):
         self.data, self.rows = data, rows
-        self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle)
+        self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle,
+                                      cache=True)
         prob = epoch_values(data, data.n_epochs - 1, layout, np.empty(layout.shape))[0]
         correct = correct[:, rows]
         gone = correct[:, layout.settled]  # wrong under every mixture: missed where correct
@@ -304,10 +337,14 @@ class TopKFitChunk(FitChunk):
     def _window_counts(self, window, grid):
         if self.data.exact:
             return None
-        counts = self.layout.grid_counts(self.data, window, self.mean, self.prob, self.stats,
-                                         grid)
-        self.window = window  # the window's mean is in self.mean
-        return counts
+        # the mean is not kept: `_mix_window` makes it again for the windows mixed in
+        return self.layout.grid_counts(self.data, window, self.prob, self.stats, grid)
+
+    def _mix_window(self, window, eps):
+        if self.data.exact:
+            return False
+        self.layout.mix_into(self.data, window, self.prob, eps, self.stats, self.cur)
+        return True
 
 
 def _rival(ids, targets):
@@ -340,8 +377,11 @@ def topk_selection(data, k):
         picks.append(int(np.argmax(scores)))
         if i + 1 < k:
             for layout, total in parts:
-                kernels.add_into(total, epoch_values(data, picks[-1], layout,
-                                                     np.empty(layout.shape))[0])
+                if data.exact:
+                    kernels.add_into(total, epoch_values(data, picks[-1], layout,
+                                                         np.empty(layout.shape))[0])
+                else:
+                    layout.add_into(data, [picks[-1]], total)
     return picks
 
 
@@ -351,7 +391,7 @@ def selection_scores(data, layout, total):
     if not data.exact:
         return kernels.topk_selection_counts(layout.fields, layout.cols, layout.epochs,
                                              layout.src, layout.targets, data.vocab_size,
-                                             layout.parts, total)
+                                             layout.parts, total, layout.cache)
     every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
     return np.array([kernels.sum_correct_count_rows(
         total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)

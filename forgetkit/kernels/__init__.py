@@ -469,69 +469,114 @@ def exp(x):
     return out
 
 
-def topk_scan(fields, epochs, src, targets, vocab, rival=None):
-    """(floor, settled) of tokens ``src`` over the checkpoints ``epochs`` (int64 indices) of
-    a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):
-    `forgetkit.kinds.topk.TopKData.fields`, any strides): each token's tie floor (int64
-    (n,)) and whether it is settled (bool (n,), never correct under any mixture; only where
-    ``rival`` (int64 (n,), the class to try, -1 none) is given). See ``topk.token_scan``."""
-    n = len(src)
-    floor, settled = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
-    rival = np.full(n, -1, dtype=np.int64) if rival is None else rival
-    call(_topk.token_scan, n * len(epochs) * fields[0].shape[2], *fields, epochs, src,
-         targets, vocab, rival, floor, settled)
-    return floor, settled
+def topk_settle(fields, epochs, src, targets, vocab, rival):
+    """Whether each token ``src`` is settled over the checkpoints ``epochs`` (int64 indices)
+    of a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):
+    `forgetkit.kinds.topk.TopKData.fields`, any strides): never correct under any mixture,
+    trying class ``rival`` (int64 (n,), -1 none) and the unstored slot. bool (n,); see
+    ``topk.settle_scan``."""
+    settled = np.empty(len(src), dtype=bool)
+    call(_topk.settle_scan, len(src) * len(epochs) * 2, *fields, epochs, src, targets, vocab,
+         rival, settled)
+    return settled
+
+
+def topk_floors(fields, epochs, src, targets, vocab):
+    """Each token's tie floor (int64 (n,), `topk_settle`'s arguments): ``topk.token_floors``."""
+    floor = np.empty(len(src), dtype=np.int64)
+    call(_topk.token_floors, len(src) * len(epochs) * fields[0].shape[2], *fields, epochs, src,
+         targets, vocab, floor)
+    return floor
+
+
+def topk_record_cache(fields, epochs, src, targets, vocab, cache):
+    """`topk_floors`, every record's probabilities (k stored, the target's, the unstored
+    bound) written to ``cache`` (float64 (W, n, k + 2)); ``topk.record_cache``."""
+    n, k = len(src), fields[0].shape[2]
+    floor = np.empty(n, dtype=np.int64)
+    call(_topk.record_cache, n * len(epochs) * k, *fields, epochs, src, targets, vocab, cache,
+         floor)
+    return floor
+
+
+#: What the top-k window kernels take for "no record cache": probabilities made from records.
+NO_CACHE = np.empty((0, 0, 0))
 
 
 def topk_layout(fields, epochs, src, targets, vocab, floor):
     """The class layout of tokens ``src`` over the checkpoints ``epochs`` (int64 indices)
-    of a top-k run's record ``fields`` (as `topk_scan` takes them; ``targets`` int64 (n,)),
-    the unstored slot above ``floor`` (`topk_scan`): (cls int32 (n, M) (int64 for
+    of a top-k run's record ``fields`` (as `topk_settle` takes them; ``targets`` int64 (n,)),
+    the unstored slot above ``floor`` (`topk_floors`): (cls int32 (n, M) (int64 for
     vocabularies beyond int32), label_col int64 (n,), unstored_col int64 (n,), -1 where
     none, cols (W, n, k) the column of each stored id: uint8, or uint16 / int32 for wider
     layouts); see ``topk``'s module docstring."""
     ids, n = fields[1], len(src)
-    width = np.empty(n, dtype=np.int64)
-    call(_topk.layout_widths, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
-         width)
-    cls = np.empty((n, int(width.max()) if n else 0),
-                   dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
+    wide = len(epochs) * ids.shape[2] + 2  # every stored id, the target and the slot
+    dtype = np.int32 if vocab < 2**31 - 1 else np.int64
+    cls, ends = np.empty((n, wide), dtype=dtype), np.empty(n, dtype=np.int64)
     label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    cols = np.empty((len(epochs), n, ids.shape[2]),
-                    dtype=next(t for t in (np.uint8, np.uint16, np.int32)
-                               if cls.shape[1] <= np.iinfo(t).max))
+    cols = np.empty((len(epochs), n, ids.shape[2]), dtype=_col_type(wide))
     call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
-         floor, cls, label_col, unstored_col, cols)
-    return cls, label_col, unstored_col, cols
+         floor, cls, ends, label_col, unstored_col, cols)
+    width = int(ends.max()) if n else 0
+    cls = np.where(np.arange(width) < ends[:, None], cls[:, :width], dtype(vocab + 1))
+    return cls, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
 
 
-def topk_window(fields, cols, epochs, pos, src, targets, vocab, layout, upper, lower=None):
+def _col_type(width):
+    """The narrowest of uint8, uint16, int32 that holds the columns of rows ``width`` wide."""
+    return next(t for t in (np.uint8, np.uint16, np.int32) if width <= np.iinfo(t).max)
+
+
+def topk_window(fields, cols, epochs, pos, src, targets, vocab, layout, upper, lower=None,
+                cache=NO_CACHE):
     """The mean over the checkpoints ``epochs`` (int64 indices; ``pos`` their positions in
-    the layout's ``cols``) of each one's upper and lower bounds (float64 (n, M)) of tokens
-    ``src`` in ``layout`` (``lower`` None: upper only), summed in order and then divided
-    (numpy's ``out += tmp``, ``out /= len(epochs)``)."""
+    the layout's ``cols`` and ``cache``, `topk_record_cache`) of each one's upper and lower
+    bounds (float64 (n, M)) of tokens ``src`` in ``layout`` (``lower`` None: upper only),
+    summed in order and then divided (numpy's ``out += tmp``, ``out /= len(epochs)``)."""
     cls, label_col, _ = layout
-    call(_topk.window_bounds, upper.size * len(epochs), *fields, cols, epochs, pos, src,
+    call(_topk.window_bounds, upper.size * len(epochs), *fields, cache, cols, epochs, pos, src,
          targets, vocab, cls, label_col, upper, np.empty((0, 0)) if lower is None else lower)
     return upper, lower
 
 
-def topk_window_grid_counts(fields, cols, epochs, pos, src, targets, vocab, layout, mean, prob,
-                            leads, grid, rel_band):
-    """`grid_correct_counts` of the window mean of ``epochs`` (`topk_window`'s upper bounds,
-    written to ``mean``) mixed into ``prob``, in one pass: int64 (G,)."""
+def topk_window_grid_counts(fields, cols, epochs, pos, src, targets, vocab, layout, prob, leads,
+                            grid, rel_band, cache=NO_CACHE):
+    """`grid_correct_counts` of the window mean of ``epochs`` (`topk_window`'s upper bounds)
+    mixed into ``prob``, in one pass, the mean not stored: int64 (G,)."""
     cls, label_col, _ = layout
-    return call(_topk.window_grid_counts, mean.size * len(epochs), *fields, cols, epochs, pos,
-                src, targets, vocab, cls, label_col, mean, prob, *leads, grid, rel_band)
+    return call(_topk.window_grid_counts, prob.size * len(epochs), *fields, cache, cols,
+                epochs, pos, src, targets, vocab, cls, label_col, prob, *leads, grid, rel_band)
 
 
-def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total):
-    """For each of ``epochs`` (the layout's, whose columns ``cols`` holds), the tokens
-    ``src`` whose first argmax of total + that checkpoint's upper bounds is the target's
-    column: int64 (W,) (`sum_correct_count_rows` of each epoch's bounds)."""
+def topk_window_mix_into(fields, cols, epochs, pos, src, targets, vocab, layout, prob, eps,
+                         leads, correct, cache=NO_CACHE):
+    """`mix_into` of the window mean of ``epochs`` (`topk_window`'s upper bounds) into
+    ``prob``, in one pass, the mean not stored: prob, ``leads`` (lead, magnitude, top) and
+    ``correct`` updated in place."""
     cls, label_col, _ = layout
-    return call(_topk.selection_counts, total.size * len(epochs), *fields, cols, epochs, src,
-                targets, vocab, cls, label_col, total)
+    call(_topk.window_mix_into, prob.size * len(epochs), *fields, cache, cols, epochs, pos,
+         src, targets, vocab, cls, label_col, prob, eps, *leads, correct)
+
+
+def topk_window_add_into(fields, cols, epochs, pos, src, targets, vocab, layout, total,
+                         cache=NO_CACHE):
+    """total += the window mean of ``epochs`` (`topk_window`'s upper bounds), in one pass,
+    the mean not stored (numpy's ``total += mean``)."""
+    cls, label_col, _ = layout
+    call(_topk.window_add_into, total.size * len(epochs), *fields, cache, cols, epochs, pos,
+         src, targets, vocab, cls, label_col, total)
+
+
+def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total,
+                          cache=NO_CACHE):
+    """For each of ``epochs`` (the layout's, whose columns ``cols`` holds; ``cache`` as
+    `topk_window` takes it), the tokens ``src`` whose first argmax of total + that
+    checkpoint's upper bounds is the target's column: int64 (W,) (`sum_correct_count_rows`
+    of each epoch's bounds)."""
+    cls, label_col, _ = layout
+    return call(_topk.selection_counts, total.size * len(epochs), *fields, cache, cols, epochs,
+                src, targets, vocab, cls, label_col, total)
 
 
 def topk_certify_recipe(fields, epochs, src, targets, vocab, steps):

@@ -8,14 +8,18 @@ vocabulary, one *unstored slot* standing for every other class (their common upp
 placed at the smallest such id that can reach that bound (ties with it follow the rule of
 the lowest id): above each checkpoint's k-th stored id where its bound is its k-th
 probability, since equal logits are stored by ascending id (the *tie floor*, the lowest
-such id over the checkpoints, or -1: `token_scan`); then padding (id = vocabulary + 1,
+such id over the checkpoints, or -1: `token_floors`); then padding (id = vocabulary + 1,
 value 0) up to the width.
 
 The kernels read the records' fields in place (logits, ids (E, N, k), target, lse (E, N),
 any strides), at the checkpoints ``epochs`` and tokens ``src`` (int64 indices): each
-token's candidate classes are gathered once per layout (a small hash set), and a window's
-mean of bounds is made row by row (`window_bounds`; `window_grid_counts` feeds each row to
-the eps search at once).
+token's candidate classes are gathered once per layout (a small hash set). The fit and the
+selection first leave out the tokens no mixture gets right (`settle_scan`), then keep the
+probabilities of every record of the others (`record_cache`: k + 2 float64 each, the exps
+made once); a window's mean of bounds is made row by row (`window_bounds`), and the fit's
+passes use each row at once (`window_grid_counts`, `window_mix_into`) or, where bounds on
+a few of its values answer, not at all (the eps search's early answers, the selection's
+argmax: `selection_counts`).
 
 See docs/definitions.md ("Certified fusion on top-k runs").
 """
@@ -27,8 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .argmax import first_argmax_mix
-from .eps_search import grid_counts, grid_row
+from .eps_search import _label_lead_into, _mix_row, grid_counts, grid_row
 from .jit import kernel
 from .schedule import claim, span
 
@@ -49,10 +52,13 @@ MASS_SLACK = 2.0 ** -21
 
 
 @njit(inline="always")
-def _record_probs(logits, ids, target, lse, e, s, y, probs):
-    """The probabilities of record (e, s) of a token of target y: probs[:k] = the stored
-    ones exp(z - lse); returns (p_y, u) with u the bound of the classes it did not store
-    (see ``_unstored_bound``, whose arithmetic this is)."""
+def _record_probs(logits, ids, target, lse, e, s, y, out, r, t):
+    """The probabilities of record (e, s) of a token of target y into rec = out[r, t]
+    (k + 2,): rec[:k] the stored ones exp(z - lse), rec[k] = p_y, rec[k + 1] = u, the bound
+    of the classes it did not store (see ``_unstored_bound``, whose arithmetic this is).
+    Here and below, kernels pass arrays with indices rather than views made per token or
+    record: each view costs reference counts, which both threads' atomic updates make
+    slow."""
     k = logits.shape[2]
     top = np.float64(lse[e, s])
     total = 0.0
@@ -60,14 +66,15 @@ def _record_probs(logits, ids, target, lse, e, s, y, probs):
     p = 0.0
     for j in range(k):
         p = np.exp(np.float64(logits[e, s, j]) - top)
-        probs[j] = p
+        out[r, t, j] = p
         total += p
         stored_y = stored_y or ids[e, s, j] == y
     p_y = np.exp(np.float64(target[e, s]) - top)
     if not stored_y:
         total += p_y
     slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
-    return p_y, min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
+    out[r, t, k] = p_y
+    out[r, t, k + 1] = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
 
 
 @njit(inline="always")
@@ -76,19 +83,12 @@ def _hash_slot(keys, stamps, stamp, c):
     ``stamp``; returns (its slot, whether it was new)."""
     mask = keys.shape[0] - 1
     h = (c * np.int64(0x9E3779B1)) & mask
-    while stamps[h] == stamp:
-        if keys[h] == c:
-            return h, False
+    while stamps[h] == stamp and keys[h] != c:  # one exit: returns in loops compile slower
         h = (h + 1) & mask
+    new = stamps[h] != stamp
     stamps[h] = stamp
     keys[h] = c
-    return h, True
-
-
-@njit(inline="always")
-def _hash_insert(keys, stamps, stamp, c):
-    """`_hash_slot`, whether c was new."""
-    return _hash_slot(keys, stamps, stamp, c)[1]
+    return h, new
 
 
 @njit(inline="always")
@@ -101,10 +101,10 @@ def _hash_size(n_epochs, k):
 
 
 @njit(inline="always")
-def _row_end(cls_row, vocab):
-    """Columns of a layout row before its padding (ids > vocab)."""
-    end = cls_row.shape[0]
-    while end > 0 and cls_row[end - 1] > vocab:
+def _row_end(cls, n, vocab):
+    """Columns of layout row n before its padding (ids > vocab)."""
+    end = cls.shape[1]
+    while end > 0 and cls[n, end - 1] > vocab:
         end -= 1
     return end
 
@@ -118,16 +118,81 @@ SETTLE_MARGIN = 2.0 ** -20
 SETTLE_FLOOR = 2.0 ** -900
 
 
+@njit(inline="always")
+def _tie_floor(ids, e, s, out, r, t):
+    """A record's tie floor (`token_floors`) from its probabilities out[r, t]
+    (`_record_probs`)."""
+    k = ids.shape[2]
+    return np.int64(ids[e, s, k - 1]) if out[r, t, k + 1] == out[r, t, k - 1] \
+        else np.int64(-1)
+
+
 @kernel
-def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, floor, settled,
-               n_blocks, counter):
-    """Per token n (records at token src[n] of ``epochs``): floor[n] = min(vocab, each
-    checkpoint's tie floor: its k-th stored id where its unstored bound is its k-th
-    probability, else -1); settled[n] = some column beats the target's probability at
-    every checkpoint by `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`: the
-    unstored slot (bound u; tried where the epochs' ids and the target cannot fill the
-    vocabulary), or class rival[n] (its probability where stored, else u; rival[n] < 0:
-    not settled).
+def token_floors(logits, ids, target, lse, epochs, src, targets, vocab, floor, n_blocks,
+                 counter):
+    """floor[n] = min(vocab, the tie floor of each record of token src[n] at ``epochs``:
+    its k-th stored id where its unstored bound is its k-th probability, else -1).
+
+    logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
+    src: int64 indices."""
+    k = logits.shape[2]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        rec = np.empty((1, 1, k + 2))
+        for n in range(lo, hi):
+            s, y = src[n], targets[n]
+            low = np.int64(vocab)
+            for i in range(epochs.shape[0]):
+                _record_probs(logits, ids, target, lse, epochs[i], s, y, rec, 0, 0)
+                low = min(low, _tie_floor(ids, epochs[i], s, rec, 0, 0))
+            floor[n] = low
+        blk = claim(counter)
+
+
+@kernel
+def record_cache(logits, ids, target, lse, epochs, src, targets, vocab, cache, floor,
+                 n_blocks, counter):
+    """`token_floors` that also keeps every record's probabilities: cache[i, n] = those of
+    record (epochs[i], src[n]) (`_record_probs`: k stored, p_y, u; cache (W, n, k + 2),
+    laid out by epoch as the records are, so that a window streams its epochs' planes)."""
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        for n in range(lo, hi):
+            floor[n] = vocab
+        for i in range(epochs.shape[0]):
+            e = epochs[i]
+            for n in range(lo, hi):
+                _record_probs(logits, ids, target, lse, e, src[n], targets[n], cache, i, n)
+                floor[n] = min(floor[n], _tie_floor(ids, e, src[n], cache, i, n))
+        blk = claim(counter)
+
+
+#: A stored logit this far above the target's (same log-sum-exp) settles a checkpoint
+#: without exps: exp(z - lse) > exp(t - lse) * (1 + `SETTLE_MARGIN`) and >= `SETTLE_FLOOR`
+#: where z - t >= 2**-19 and -620 <= z - lse <= 1, since the differences' and exps'
+#: roundings (some 2**-43 relative there) are far below the gap 2**-19 - log1p(2**-20).
+SURE_GAP = 2.0 ** -19
+
+
+@njit(inline="always")
+def _beats(up, p_y):
+    """Whether a bound ``up`` beats the target's probability p_y as settling needs."""
+    return up > p_y * (1.0 + SETTLE_MARGIN) and up >= SETTLE_FLOOR
+
+
+@kernel
+def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, settled,
+                n_blocks, counter):
+    """settled[n] = some column beats the target's probability at every checkpoint of
+    ``epochs`` by `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`, for the token
+    src[n]: class rival[n] (its probability where stored, else the unstored bound u;
+    rival[n] < 0: not settled), or the unstored slot (bound u; tried where the epochs' ids
+    and the target cannot fill the vocabulary). Each test stops at the first checkpoint
+    that fails it, and two exps (the rival's stored probability, or the k-th that bounds
+    u, and the target's) decide most checkpoints, not a record's k + 1; a rival's stored
+    logit `SURE_GAP` above the target's decides with none.
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
@@ -136,58 +201,51 @@ def token_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, flo
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        probs = np.empty(k)
+        rec = np.empty((1, 1, k + 2))
         for n in range(lo, hi):
             s, y, c = src[n], targets[n], rival[n]
-            low = np.int64(vocab)
-            slot_beats, rival_beats = has_slot and c >= 0, c >= 0
+            beats = c >= 0
             for i in range(epochs.shape[0]):
+                if not beats:
+                    break
                 e = epochs[i]
-                p_y, u = _record_probs(logits, ids, target, lse, e, s, y, probs)
-                t = np.int64(ids[e, s, k - 1]) if u == probs[k - 1] else np.int64(-1)
-                low = min(low, t)
-                if slot_beats or rival_beats:
-                    bar = p_y * (1.0 + SETTLE_MARGIN)
-                    slot_beats = slot_beats and u > bar and u >= SETTLE_FLOOR
-                    up = u
-                    for j in range(k):
-                        if np.int64(ids[e, s, j]) == c:
-                            up = probs[j]
-                    rival_beats = rival_beats and up > bar and up >= SETTLE_FLOOR
-            floor[n] = low
-            settled[n] = slot_beats or rival_beats
-        blk = claim(counter)
-
-
-@kernel
-def layout_widths(ids, epochs, src, targets, vocab, width, n_blocks, counter):
-    """width[n] = the columns of token src[n]'s layout: the distinct classes of ``epochs``
-    and the target, plus the unstored slot when they are fewer than ``vocab``."""
-    k = ids.shape[2]
-    size = _hash_size(epochs.shape[0], k)
-    blk = claim(counter)
-    while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        keys = np.empty(size, dtype=np.int64)
-        stamps = np.zeros(size, dtype=np.int64)
-        for n in range(lo, hi):
-            s = src[n]
-            _hash_insert(keys, stamps, n + 1, targets[n])
-            count = 1
-            for i in range(epochs.shape[0]):
+                top = np.float64(lse[e, s])
+                at = -1
                 for j in range(k):
-                    if _hash_insert(keys, stamps, n + 1, np.int64(ids[epochs[i], s, j])):
-                        count += 1
-            width[n] = count + (1 if count < vocab else 0)
+                    if np.int64(ids[e, s, j]) == c:
+                        at = j
+                if at >= 0:
+                    z, t = np.float64(logits[e, s, at]), np.float64(target[e, s])
+                    # a clear win in logits decides it without exps (see `SURE_GAP`)
+                    if not (z - t >= SURE_GAP and -620.0 <= z - top <= 1.0):
+                        beats = _beats(np.exp(z - top), np.exp(t - top))
+                else:
+                    _record_probs(logits, ids, target, lse, e, s, y, rec, 0, 0)
+                    beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
+            if not beats and has_slot and c >= 0:
+                beats = True
+                for i in range(epochs.shape[0]):  # u <= p_k: p_k must beat p_y first
+                    if not beats:
+                        break
+                    e = epochs[i]
+                    top = np.float64(lse[e, s])
+                    beats = _beats(np.exp(np.float64(logits[e, s, k - 1]) - top),
+                                   np.exp(np.float64(target[e, s]) - top))
+                for i in range(epochs.shape[0]):
+                    if not beats:
+                        break
+                    _record_probs(logits, ids, target, lse, epochs[i], s, y, rec, 0, 0)
+                    beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
+            settled[n] = beats
         blk = claim(counter)
 
 
 @njit(inline="always")
-def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, row,
-                  tcols):
-    """The layout of one token (records at token s, target y; see the module): row[:w] its
-    classes and unstored slot (above ``floor``), tcols[i, j] the column of the j-th id
-    stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
+def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, cls,
+                  cols, n):
+    """The layout of one token (records at token s, target y; see the module): cls[n, :w]
+    its classes and unstored slot (above ``floor``), cols[i, n, j] the column of the j-th
+    id stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
     Scratch: the set (keys, stamps) marked ``stamp``, where (its size), buf (3, W * k + 1):
     the classes, their slots in the set, each stored id's slot."""
     k = ids.shape[2]
@@ -223,89 +281,95 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
     for i in range(count):
         if slot >= 0 and slot_col < 0 and buf[0, i] > slot:
             slot_col = col
-            row[col] = slot
+            cls[n, col] = slot
             col += 1
         if buf[0, i] == y:
             y_col = col
         where[buf[1, i]] = col
-        row[col] = buf[0, i]
+        cls[n, col] = buf[0, i]
         col += 1
     if slot >= 0 and slot_col < 0:
         slot_col = col
-        row[col] = min(slot, vocab)
+        cls[n, col] = min(slot, vocab)
         col += 1
     for i in range(epochs.shape[0]):
         for j in range(k):
-            tcols[i, j] = where[buf[2, i * k + j]]
+            cols[i, n, j] = where[buf[2, i * k + j]]
     return col, y_col, slot_col
 
 
 @njit(inline="always")
 def _layout_scratch(n_epochs, k):
-    """(keys, stamps, where, buf) of `_token_layout`, for one block of rows."""
+    """(keys, stamps, where, buf) of `_token_layout` (its stamps: one per token)."""
     size = _hash_size(n_epochs, k)
     return (np.empty(size, dtype=np.int64), np.zeros(size, dtype=np.int64),
             np.empty(size, dtype=np.int64), np.empty((3, n_epochs * k + 1), dtype=np.int64))
 
 
 @kernel
-def layout_fill(ids, epochs, src, targets, vocab, floor, cls, label_col, unstored_col, cols,
-                n_blocks, counter):
-    """Fill the layout of tokens src (`_token_layout`): cls (n, M) int32 or int64 (padding
-    ``vocab + 1``), label_col[n] = the target's column, unstored_col[n] = the unstored
-    slot's column (-1: none), cols[i, n, j] = the column of the j-th id stored at epochs[i]
-    (cols (W, n, k)). ids (E, N, k), any strides."""
-    width = cls.shape[1]
+def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, unstored_col,
+                cols, n_blocks, counter):
+    """Fill the layout of tokens src (`_token_layout`): cls[n, :ends[n]] (cls (n, W * k + 2)
+    int32 or int64, wide enough for any token; the rest left as it is), label_col[n] = the
+    target's column, unstored_col[n] = the unstored slot's column (-1: none), cols[i, n, j]
+    = the column of the j-th id stored at epochs[i] (cols (W, n, k)). ids (E, N, k), any
+    strides."""
+    keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2])
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2])
         for n in range(lo, hi):
-            w, label_col[n], unstored_col[n] = _token_layout(
+            ends[n], label_col[n], unstored_col[n] = _token_layout(
                 ids, epochs, src[n], targets[n], vocab, floor[n], keys, stamps, n + 1, where,
-                buf, cls[n], cols[:, n, :])
-            for c in range(w, width):
-                cls[n, c] = vocab + 1
+                buf, cls, cols, n)
         blk = claim(counter)
 
 
 @njit(inline="always")
-def _cache_records(logits, ids, target, lse, epochs, pos, s, y, cache):
-    """The probabilities of the records of ``epochs`` at token s (target y) into the rows
-    pos[i] of ``cache`` = (p (Wl, k), p_y (Wl,), u (Wl,)) (`_record_probs`)."""
-    probs, p_y, u = cache
+def _token_records(logits, ids, target, lse, cached, epochs, pos, n, s, y, scratch):
+    """Where the probabilities (`_record_probs`) of token s's records (target y) are, row
+    pos[i] for epochs[i]: token n of the layout's cache (layout epochs, n, k + 2) where
+    ``cached``, else token 0 of scratch (layout epochs, 1, k + 2), made there. The kernels
+    pick the array (cache or scratch) once per block and index it in their loops: arrays
+    returned or sliced per token cost reference counts, which both threads' atomic
+    updates make slow."""
+    if cached:
+        return n
     for i in range(epochs.shape[0]):
-        r = pos[i]
-        p_y[r], u[r] = _record_probs(logits, ids, target, lse, epochs[i], s, y, probs[r])
+        _record_probs(logits, ids, target, lse, epochs[i], s, y, scratch, pos[i], 0)
+    return 0
 
 
 @njit(inline="always")
-def _window_row(tcols, pos, cache, y_col, end, upper, lower, both, tmp, tmp_low):
-    """The mean over the epochs at rows ``pos`` of one token's record cache (see
-    `_cache_records`) of each one's bounds in the token's layout row up to ``end``: for
-    the classes a checkpoint stored and the target, the exact p (upper = lower); for every
+def _window_row(cols, n, pos, p0, p1, recs, t, y_col, end, upper, lower, both, tmp,
+                tmp_low):
+    """The mean over the epochs at rows pos[p0:p1] of token t's record probabilities
+    ``recs`` (`_token_records`) of each one's bounds in layout row n up to ``end``: for the
+    classes a checkpoint stored and the target, the exact p (upper = lower); for every
     other column upper = u, lower = 0. Each epoch's bounds are laid out in a scratch row,
     then summed in epoch order and divided by their number where it is above 1 (numpy's
     ``out += tmp``, ``out /= W``).
 
-    tcols[pos[i], j]: the column of the j-th id stored at that epoch (-1: none); scratch:
-    tmp, tmp_low (W, M)."""
-    probs, p_y, u = cache
-    n_epochs, k = pos.shape[0], probs.shape[1]
+    cols[r, n, j]: the column of the j-th id stored at layout epoch r (-1: none); upper,
+    lower: rows (M,); scratch: tmp, tmp_low (W, M)."""
+    n_epochs, k = p1 - p0, recs.shape[2] - 2
     for i in range(n_epochs):
-        r = pos[i]
-        tmp[i, :end] = u[r]
+        r = pos[p0 + i]
+        u = recs[r, t, k + 1]
+        for c in range(end):
+            tmp[i, c] = u
         if both:
-            tmp_low[i, :end] = 0.0
+            for c in range(end):
+                tmp_low[i, c] = 0.0
         for j in range(k):
-            col = np.int64(tcols[r, j])
+            col = np.int64(cols[r, n, j])
             if col >= 0:
-                tmp[i, col] = probs[r, j]
+                tmp[i, col] = recs[r, t, j]
                 if both:
-                    tmp_low[i, col] = probs[r, j]
-        tmp[i, y_col] = p_y[r]  # the target's column holds p_y, stored or not
+                    tmp_low[i, col] = recs[r, t, j]
+        tmp[i, y_col] = recs[r, t, k]  # the target's column holds p_y, stored or not
         if both:
-            tmp_low[i, y_col] = p_y[r]
+            tmp_low[i, y_col] = recs[r, t, k]
     _sum_rows(tmp, n_epochs, end, upper)
     if both:
         _sum_rows(tmp_low, n_epochs, end, lower)
@@ -327,94 +391,254 @@ def _sum_rows(rows, n_rows, end, out):
 
 @njit(inline="always")
 def _window_scratch(n_layout, n_window, k, width):
-    """(cache, tmp, tmp_low) of `_window_row`, for one block of rows: the record cache of
-    ``n_layout`` epochs, rows for windows of up to ``n_window``."""
-    cache = (np.empty((n_layout, k)), np.empty(n_layout), np.empty(n_layout))
-    return cache, np.empty((n_window, width)), np.empty((n_window, width))
+    """(records, tmp, tmp_low) of `_token_records` and `_window_row`, for one block of rows:
+    the records of ``n_layout`` epochs, rows for windows of up to ``n_window``."""
+    return (np.empty((n_layout, 1, k + 2)), np.empty((n_window, width)),
+            np.empty((n_window, width)))
 
 
 @kernel
-def window_bounds(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
-                  label_col, upper, lower, n_blocks, counter):
+def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
+                  cls, label_col, upper, lower, n_blocks, counter):
     """The mean over ``epochs`` of each checkpoint's bounds in the layout (see
     `_window_row`; padding 0) of tokens src: upper, lower float64 (n, M) (lower (0, 0):
-    upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cols
-    (layout epochs, n, k) the stored ids' columns, at positions ``pos`` for ``epochs``."""
+    upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cache:
+    their probabilities at the layout's epochs (`record_cache`, (W, n, k + 2); (0, 0, 0):
+    made from the records); cols (layout epochs, n, k) the stored ids' columns, at
+    positions ``pos`` for ``epochs``."""
     k, width = logits.shape[2], cls.shape[1]
     both = lower.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
+        row, row_low = np.empty(width), np.empty(width)
         for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
-            low = lower[n] if both else upper[n]
-            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
-            _window_row(cols[:, n, :], pos, cache, label_col[n], end, upper[n], low, both,
-                        tmp, tmp_low)
+            end = _row_end(cls, n, vocab)
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                targets[n], scratch)
+            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, row,
+                        row_low, both, tmp, tmp_low)
+            for c in range(end):
+                upper[n, c] = row[c]
             for c in range(end, width):
                 upper[n, c] = 0.0
-                if both:
+            if both:
+                for c in range(end):
+                    lower[n, c] = row_low[c]
+                for c in range(end, width):
                     lower[n, c] = 0.0
         blk = claim(counter)
 
 
 @kernel(finish=grid_counts)
-def window_grid_counts(logits, ids, target, lse, cols, epochs, pos, src, targets, vocab, cls,
-                       label_col, mean, prob, b_lead, b_magnitude, b_top, grid, rel_band,
+def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, targets,
+                       vocab, cls, label_col, prob, b_lead, b_magnitude, b_top, grid, rel_band,
                        n_blocks, counter):
     """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds of
-    ``epochs`` (`window_bounds`, written to ``mean``) mixed into prob, each row read up to
-    its padding (which holds 0 in both: it never changes which column is the first argmax,
-    so the counts are the padded rows'). Returns int64 (G,)."""
-    k, width = logits.shape[2], cls.shape[1]
-    diff = np.zeros(grid.shape[0] + 1, dtype=np.int64)
+    ``epochs`` (`window_bounds`; cache as there) mixed into prob, each row read up to its
+    padding (which holds 0 in both: it never changes which column is the first argmax, so
+    the counts are the padded rows'). Returns int64 (G,).
+
+    `grid_row` first answers the tokens whose row's lead of the target (and band) settle
+    every eps at once; these are answered here without the row, from bounds: at each
+    epoch no column other than the target's exceeds the largest stored probability not
+    the target's (u is at most the k-th stored), and sums and quotients of floats are
+    monotone in each term, so the mean of those maxima (summed in the same order) bounds
+    the row's largest other value, hence its lead from below and its band from above;
+    the target's value and that of b's top class are the row's, bit for bit."""
+    k, width, n_window = logits.shape[2], cls.shape[1], epochs.shape[0]
+    n_grid = grid.shape[0]
+    diff = np.zeros(n_grid + 1, dtype=np.int64)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], n_window, k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
+        a = np.zeros(width)
         for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
-            a = mean[n]
-            _cache_records(logits, ids, target, lse, epochs, pos, src[n], targets[n], cache)
-            _window_row(cols[:, n, :], pos, cache, label_col[n], end, a, a, False, tmp,
+            end, y = _row_end(cls, n, vocab), label_col[n]
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                targets[n], scratch)
+            if end >= 2:
+                top_b = b_top[n]
+                a_y, high, at_top = 0.0, 0.0, 0.0
+                for i in range(n_window):
+                    r = pos[i]
+                    u = recs[r, at, k + 1]
+                    best = recs[r, at, 1] if k > 1 else u
+                    if np.int64(cols[r, n, 0]) != y:
+                        best = recs[r, at, 0]
+                    value_top = u
+                    for j in range(k):
+                        if np.int64(cols[r, n, j]) == top_b:
+                            value_top = recs[r, at, j]
+                    if i == 0:
+                        a_y, high, at_top = recs[r, at, k], best, value_top
+                    else:
+                        a_y += recs[r, at, k]
+                        high += best
+                        at_top += value_top
+                if n_window > 1:
+                    a_y /= n_window
+                    high /= n_window
+                    at_top /= n_window
+                lead_b = b_lead[n]
+                band = rel_band * max(max(a_y, high), b_magnitude[n])  # values >= 0
+                if a_y - high > band and lead_b > band:  # the lead is >= a_y - high
+                    diff[0] += 1
+                    diff[n_grid] -= 1
+                    continue
+                if lead_b < -band and at_top - a_y > band:  # the lead is <= a_y - at_top
+                    continue
+            _window_row(cols, n, pos, 0, n_window, recs, at, y, end, a, a, False, tmp,
                         tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
-            grid_row(a[:m], prob[n, :m], label_col[n], b_lead[n], b_magnitude[n], b_top[n],
-                      grid, rel_band, diff)
+            grid_row(a[:m], prob[n, :m], y, b_lead[n], b_magnitude[n], b_top[n], grid,
+                     rel_band, diff)
         blk = claim(counter)
     return diff
 
 
 @kernel
-def selection_counts(logits, ids, target, lse, cols, epochs, src, targets, vocab, cls,
+def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
+                    cls, label_col, prob, eps, lead, magnitude, top, correct, n_blocks,
+                    counter):
+    """``eps_search.mix_into`` of a = the window mean of the upper bounds of ``epochs``
+    (`window_bounds`; cache as there) into prob (n, M), each row of a made in a scratch
+    row and mixed at once: prob, lead, magnitude, top and correct as mix_into leaves
+    them."""
+    k, width = logits.shape[2], cls.shape[1]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
+        a = np.zeros(width)
+        for n in range(lo, hi):
+            end = _row_end(cls, n, vocab)
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                targets[n], scratch)
+            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, a, a,
+                        False, tmp, tmp_low)
+            for c in range(end, width):
+                a[c] = 0.0
+            _mix_row(a, prob[n], eps)
+            _label_lead_into(prob[n], label_col[n], n, lead, magnitude, top, correct)
+        blk = claim(counter)
+
+
+@kernel
+def window_add_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
+                    cls, label_col, total, n_blocks, counter):
+    """total += the window mean of the upper bounds of ``epochs`` (`window_bounds`; cache as
+    there), numpy's arithmetic, each row made in a scratch row (padding adds 0)."""
+    k, width = logits.shape[2], cls.shape[1]
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, src.shape[0], n_blocks)
+        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
+        a = np.empty(width)
+        for n in range(lo, hi):
+            end = _row_end(cls, n, vocab)
+            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
+                                targets[n], scratch)
+            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, a, a,
+                        False, tmp, tmp_low)
+            for c in range(end):
+                total[n, c] += a[c]
+        blk = claim(counter)
+
+
+@njit(inline="always")
+def _by_total(total, n, y_col, end, order):
+    """order[:y_col] = the columns before y_col, order[y_col:end - 1] those after it (up to
+    ``end``), each by total[n, c] descending (insertion sorts: a few dozen columns)."""
+    for c in range(end):
+        if c == y_col:
+            continue
+        first = 0 if c < y_col else y_col
+        m = c if c < y_col else c - 1
+        v = total[n, c]
+        while m > first and total[n, order[m - 1]] < v:
+            order[m] = order[m - 1]
+            m -= 1
+        order[m] = c
+
+
+@kernel
+def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets, vocab, cls,
                      label_col, total, n_blocks, counter):
     """For each epochs[i], the tokens whose argmax of total[n] + that checkpoint's upper
-    bounds (`window_bounds` of one epoch) is their target's column (the first argmax,
-    numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its padding
-    (which holds 0 in both: never the first argmax). cols: the layout's, whose epochs are
-    ``epochs``. Returns int64 (W,)."""
+    bounds (`window_bounds` of one epoch; cache as there) is their target's column (the
+    first argmax, numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its
+    padding (which holds 0 in both: never the first argmax). cols: the layout's, whose
+    epochs are ``epochs``. Returns int64 (W,).
+
+    The rows are not made: the target must beat every column before it and match every
+    one after. The stored columns are checked one by one (and marked); every other column
+    adds the same u, and sums are monotone, so of those only the largest total before the
+    target and the largest after it can beat it: the first unmarked columns of each side
+    of the token's columns by total (`_by_total`)."""
     n_epochs, k, width = epochs.shape[0], logits.shape[2], cls.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
     every = np.arange(n_epochs)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        cache, tmp, tmp_low = _window_scratch(n_epochs, 1, k, width)
-        row = np.empty(width)
+        scratch = _window_scratch(n_epochs, 1, k, width)[0]
+        cached = cache.shape[0] > 0
+        recs = cache if cached else scratch
+        order, marks = np.empty(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
-            end = _row_end(cls[n], vocab)
-            m = end if end >= 1 else width
-            _cache_records(logits, ids, target, lse, epochs, every, src[n], targets[n], cache)
-            for i in range(n_epochs):
-                _window_row(cols[:, n, :], every[i:i + 1], cache, label_col[n], end, row, row,
-                            False, tmp, tmp_low)
-                for c in range(end, width):
-                    row[c] = 0.0
-                if first_argmax_mix(total[n, :m], row[:m], 1.0, 1.0) == label_col[n]:
-                    counts[i] += 1
+            at = _token_records(logits, ids, target, lse, cached, epochs, every, n, src[n],
+                                targets[n], scratch)
+            y, end = label_col[n], _row_end(cls, n, vocab)
+            # a column whose total plus the least u beats the target's total plus its
+            # largest p beats it at every epoch (each value is at least u; sums monotone)
+            low_u, high_y = recs[0, at, k + 1], recs[0, at, k]
+            for r in range(1, n_epochs):
+                low_u = min(low_u, recs[r, at, k + 1])
+                high_y = max(high_y, recs[r, at, k])
+            top = -np.inf
+            for c in range(end):
+                if c != y:
+                    top = max(top, total[n, c])
+            if top + low_u > total[n, y] + high_y:
+                continue
+            _by_total(total, n, y, end, order)
+            for r in range(n_epochs):
+                stamp = n * n_epochs + r + 1
+                v_y = total[n, y] + recs[r, at, k]
+                first = True
+                for j in range(k):
+                    c = np.int64(cols[r, n, j])
+                    marks[c] = stamp
+                    if c != y:
+                        v = total[n, c] + recs[r, at, j]
+                        if v > v_y or (v == v_y and c < y):
+                            first = False
+                            break
+                u = recs[r, at, k + 1]
+                if first:
+                    for q in range(y):  # before the target: must be beaten
+                        if marks[order[q]] != stamp:
+                            first = total[n, order[q]] + u < v_y
+                            break
+                if first:
+                    for q in range(y, end - 1):  # after it: must be matched
+                        if marks[order[q]] != stamp:
+                            first = total[n, order[q]] + u <= v_y
+                            break
+                counts[r] += first
         blk = claim(counter)
     return counts
 
@@ -485,41 +709,40 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         keys, stamps, where, buf = _layout_scratch(n_epochs, k)
-        cache, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
-        row_cls = np.empty(width, dtype=np.int64)
-        tcols = np.empty((n_epochs, k), dtype=np.int64)
+        recs, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
+        one_cls = np.empty((1, width), dtype=np.int64)  # the token's layout, as row 0
+        row_cls = one_cls[0]
+        tcols = np.empty((n_epochs, 1, k), dtype=np.int64)
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
                                       np.empty(width))
-        every = np.arange(n_epochs)
         for n in range(lo, hi):
             s, y = src[n], targets[n]
-            _cache_records(logits, ids, target, lse, epochs, every, s, y, cache)
             floor = np.int64(vocab)
             for i in range(n_epochs):
-                t = np.int64(ids[epochs[i], s, k - 1])
-                floor = min(floor, t if cache[2][i] == cache[0][i, k - 1] else np.int64(-1))
+                _record_probs(logits, ids, target, lse, epochs[i], s, y, recs, i, 0)
+                floor = min(floor, _tie_floor(ids, epochs[i], s, recs, i, 0))
             end, y_col, slot_col = _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps,
-                                                 n + 1, where, buf, row_cls, tcols)
+                                                 n + 1, where, buf, one_cls, tcols, 0)
             for step in range(kinds.shape[0]):
-                at = pos[starts[step]:starts[step + 1]]
+                p0, p1 = starts[step], starts[step + 1]
                 if kinds[step] == 0:  # MEAN
-                    _window_row(tcols, at, cache, y_col, end, upper, lower, True, rows,
-                                rows_low)
+                    _window_row(tcols, 0, pos, p0, p1, recs, 0, y_col, end, upper, lower, True,
+                                rows, rows_low)
                 elif kinds[step] == 1:  # WEIGHTED
                     for c in range(end):
                         upper[c] = 0.0
                         lower[c] = 0.0
-                    for i in range(at.shape[0]):
-                        _window_row(tcols, at[i:i + 1], cache, y_col, end, tmp, tmp_low, True,
-                                    rows, rows_low)
-                        w = values[starts[step] + i]
+                    for i in range(p0, p1):
+                        _window_row(tcols, 0, pos, i, i + 1, recs, 0, y_col, end, tmp, tmp_low,
+                                    True, rows, rows_low)
+                        w = values[i]
                         for c in range(end):
                             upper[c] += w * tmp[c]
                             lower[c] += w * tmp_low[c]
                 else:  # MIX
-                    _window_row(tcols, at, cache, y_col, end, tmp, tmp_low, True, rows,
-                                rows_low)
-                    eps = values[starts[step]]
+                    _window_row(tcols, 0, pos, p0, p1, recs, 0, y_col, end, tmp, tmp_low, True,
+                                rows, rows_low)
+                    eps = values[p0]
                     one_minus = 1.0 - eps
                     for c in range(end):
                         upper[c] = eps * tmp[c] + one_minus * upper[c]

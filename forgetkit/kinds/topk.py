@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -507,6 +509,32 @@ def _token_column(name, values, n, dtype):
 #: Tokens per chunk of the passes that stream a top-k run's bounds (certificates,
 #: predictions): each holds a few float64 arrays of (chunk, layout width).
 CHUNK_TOKENS = 1 << 14
+#: Bytes of record probabilities that the layouts alive in a process may keep at once
+#: (`cache_array`): k + 2 float64 per kept record, read by every window of a fit and every
+#: round of a selection instead of the records' k + 1 exps. Per process, so that the fit
+#: states of many chunks (on dask workers too) hold at most this much each process.
+CACHE_BYTES = 1 << 29
+_cache_lock = threading.Lock()
+_cache_used = [0]
+
+
+def cache_array(shape):
+    """A new float64 array of ``shape`` for record probabilities where `CACHE_BYTES` has
+    room for it in this process, else None; its bytes return to the budget when it is
+    freed."""
+    nbytes = 8 * int(np.prod(shape))
+    with _cache_lock:
+        if _cache_used[0] + nbytes > CACHE_BYTES:
+            return None
+        _cache_used[0] += nbytes
+    out = np.empty(shape)
+    weakref.finalize(out, _release_cache, nbytes)
+    return out
+
+
+def _release_cache(nbytes):
+    with _cache_lock:
+        _cache_used[0] -= nbytes
 
 
 class TopKData:
