@@ -72,12 +72,16 @@ def label_leads(p, labels, lead, magnitude, top, correct, n_blocks, counter):
     while blk < n_blocks:
         lo, hi = span(blk, p.shape[0], n_blocks)
         for n in range(lo, hi):
-            _label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
+            label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
         blk = claim(counter)
 
 
 @njit(inline="always")
-def _label_lead_into(row, y, n, lead, magnitude, top, correct):
+def label_lead_into(row, y, n, lead, magnitude, top, correct):
+    """Row n's entries of ``label_leads`` for its fused row (C,) and label y: the label's
+    lead over the largest other value, its magnitude, the first other class holding the
+    largest value where the label does not lead (else -1), and whether the argmax (ties to
+    the lowest index) is y."""
     lead[n], other, magnitude[n] = _lead(row, y)
     top[n] = -1
     correct[n] = lead[n] > 0.0
@@ -242,8 +246,8 @@ def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, mag
         for j in range(lo, hi):
             n = order[j]
             n_bad += window_mean_row(values, epochs, src[n], table, scratch, a)
-            _mix_row(a, b[n], eps)
-            _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+            mix_row(a, b[n], eps)
+            label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
         blk = claim(counter)
     return n_bad
 
@@ -303,7 +307,7 @@ def _win_interval(a, b, labels, n_classes, n, lo, hi, lo_open, hi_open, valid):
 
 
 @njit(inline="always")
-def _mix_row(a, b, eps):
+def mix_row(a, b, eps):
     """b <- eps*a + (1-eps)*b for rows (C,), numpy's arithmetic: the fit (``mix_into``) and
     the apply (``mix``) must give the same bits."""
     one_minus = 1.0 - eps
@@ -318,7 +322,7 @@ def mix(a, b, eps, n_blocks, counter):
     while blk < n_blocks:
         lo, hi = span(blk, a.shape[0], n_blocks)
         for n in range(lo, hi):
-            _mix_row(a[n], b[n], eps)
+            mix_row(a[n], b[n], eps)
         blk = claim(counter)
 
 
@@ -330,6 +334,6 @@ def mix_into(a, b, eps, labels, lead, magnitude, top, correct, n_blocks, counter
     while blk < n_blocks:
         lo, hi = span(blk, a.shape[0], n_blocks)
         for n in range(lo, hi):
-            _mix_row(a[n], b[n], eps)
-            _label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+            mix_row(a[n], b[n], eps)
+            label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
         blk = claim(counter)

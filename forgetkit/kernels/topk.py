@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .eps_search import _label_lead_into, _mix_row, grid_counts, grid_row
+from .eps_search import grid_counts, grid_row, label_lead_into, mix_row
 from .jit import kernel
 from .schedule import claim, span
 
@@ -529,8 +529,8 @@ def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, tar
                         False, tmp, tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
-            _mix_row(a, prob[n], eps)
-            _label_lead_into(prob[n], label_col[n], n, lead, magnitude, top, correct)
+            mix_row(a, prob[n], eps)
+            label_lead_into(prob[n], label_col[n], n, lead, magnitude, top, correct)
         blk = claim(counter)
 
 
