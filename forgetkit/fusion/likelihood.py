@@ -21,7 +21,7 @@ from .schema import check_weights_present
 #: the likelihood and its gradient (``kernels.em_pass``); smaller ones two BLAS
 #: matrix-vector products.
 PARALLEL_EM_SAMPLES = 16384
-#: Rows of q per block of the Hessian's products (bounds its temporary to 8 x k x this).
+#: Rows of q per block of the Hessian's products (bounds its temporary to 4 x k x this).
 HESSIAN_ROWS = 1 << 16
 
 
@@ -36,14 +36,16 @@ def _value_and_gradient(q, x):
     return mean_log, sums / q.shape[0]
 
 
-def _hessian(q, x):
+def _hessian(q, q32, x):
     """The negated Hessian of mean(log(q @ x)): (q / s).T @ (q / s) / N with s = q @ x,
-    (k, k), summed over blocks of `HESSIAN_ROWS` rows."""
+    (k, k), summed over blocks of `HESSIAN_ROWS` rows; the products in float32 (``q32``:
+    q as float32), which halves their time: the Hessian only steers the Newton steps, whose
+    gradient and line search stay in float64, so the optimum reached is the same."""
     n, k = q.shape
     h = np.zeros((k, k))
     for start in range(0, n, HESSIAN_ROWS):
-        rows = q[start:start + HESSIAN_ROWS]
-        a = rows * (1.0 / (rows @ x))[:, None]
+        rows = slice(start, start + HESSIAN_ROWS)
+        a = q32[rows] * (1.0 / (q[rows] @ x)).astype(np.float32)[:, None]
         h += a.T @ a  # numpy's product of a matrix with its own transpose: BLAS syrk
     return h / n
 
@@ -158,12 +160,13 @@ class LikelihoodFusion(Fuser):
         if q.shape[0] >= PARALLEL_EM_SAMPLES:
             q = np.ascontiguousarray(q)  # once, for every pass
         k = q.shape[1]
+        q32 = q.astype(np.float32)
         x = np.full(k, 1.0 / k) if start is None else start
         mean_log, grad = _value_and_gradient(q, x)
         f = x.sum() - mean_log
         for n_iter in range(1, self.max_iter + 1):
             g = 1.0 - grad
-            h = _hessian(q, x)
+            h = _hessian(q, q32, x)
             h[np.diag_indices(k)] += 1e-12 * np.trace(h) / k
             step = _nonnegative_qp(h, g - h @ x) - x
             slope = g @ step
