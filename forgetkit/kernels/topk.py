@@ -725,28 +725,32 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
                                                  n + 1, where, buf, one_cls, tcols, 0)
             for step in range(kinds.shape[0]):
                 p0, p1 = starts[step], starts[step + 1]
-                if kinds[step] == 0:  # MEAN
-                    _window_row(tcols, 0, pos, p0, p1, recs, 0, y_col, end, upper, lower, True,
-                                rows, rows_low)
-                elif kinds[step] == 1:  # WEIGHTED
+                weighted = kinds[step] == 1
+                if weighted:
                     for c in range(end):
                         upper[c] = 0.0
                         lower[c] = 0.0
-                    for i in range(p0, p1):
-                        _window_row(tcols, 0, pos, i, i + 1, recs, 0, y_col, end, tmp, tmp_low,
-                                    True, rows, rows_low)
+                # one call site of the (inlined) window row: a MEAN or MIX step's window
+                # p0..p1 once, a WEIGHTED step's epochs one by one
+                for i in range(p0, p1 if weighted else p0 + 1):
+                    w0, w1 = (i, i + 1) if weighted else (p0, p1)
+                    _window_row(tcols, 0, pos, w0, w1, recs, 0, y_col, end, tmp, tmp_low, True,
+                                rows, rows_low)
+                    if kinds[step] == 0:  # MEAN
+                        for c in range(end):
+                            upper[c] = tmp[c]
+                            lower[c] = tmp_low[c]
+                    elif weighted:
                         w = values[i]
                         for c in range(end):
                             upper[c] += w * tmp[c]
                             lower[c] += w * tmp_low[c]
-                else:  # MIX
-                    _window_row(tcols, 0, pos, p0, p1, recs, 0, y_col, end, tmp, tmp_low, True,
-                                rows, rows_low)
-                    eps = values[p0]
-                    one_minus = 1.0 - eps
-                    for c in range(end):
-                        upper[c] = eps * tmp[c] + one_minus * upper[c]
-                        lower[c] = eps * tmp_low[c] + one_minus * lower[c]
+                    else:  # MIX
+                        eps = values[p0]
+                        one_minus = 1.0 - eps
+                        for c in range(end):
+                            upper[c] = eps * tmp[c] + one_minus * upper[c]
+                            lower[c] = eps * tmp_low[c] + one_minus * lower[c]
             pred[n], certified[n], state[n] = _certify_row(upper, lower, row_cls, end, vocab,
                                                            slot_col, y_col)
             label_prob[n] = upper[y_col]
