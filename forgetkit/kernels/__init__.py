@@ -555,8 +555,8 @@ def topk_window_mix_into(fields, cols, epochs, pos, src, targets, vocab, layout,
     ``prob``, in one pass, the mean not stored: prob, ``leads`` (lead, magnitude, top) and
     ``correct`` updated in place."""
     cls, label_col, _ = layout
-    call(_topk.window_mix_into, prob.size * len(epochs), *fields, cache, cols, epochs, pos,
-         src, targets, vocab, cls, label_col, prob, eps, *leads, correct)
+    call(_topk.window_into, prob.size * len(epochs), *fields, cache, cols, epochs, pos, src,
+         targets, vocab, cls, label_col, prob, True, eps, *leads, correct)
 
 
 def topk_window_add_into(fields, cols, epochs, pos, src, targets, vocab, layout, total,
@@ -564,8 +564,9 @@ def topk_window_add_into(fields, cols, epochs, pos, src, targets, vocab, layout,
     """total += the window mean of ``epochs`` (`topk_window`'s upper bounds), in one pass,
     the mean not stored (numpy's ``total += mean``)."""
     cls, label_col, _ = layout
-    call(_topk.window_add_into, total.size * len(epochs), *fields, cache, cols, epochs, pos,
-         src, targets, vocab, cls, label_col, total)
+    no_leads = (np.empty(0), np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=bool))
+    call(_topk.window_into, total.size * len(epochs), *fields, cache, cols, epochs, pos, src,
+         targets, vocab, cls, label_col, total, False, 0.0, *no_leads)
 
 
 def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total,

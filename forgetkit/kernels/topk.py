@@ -17,7 +17,7 @@ token's candidate classes are gathered once per layout (a small hash set). The f
 selection first leave out the tokens no mixture gets right (`settle_scan`), then keep the
 probabilities of every record of the others (`record_cache`: k + 2 float64 each, the exps
 made once); a window's mean of bounds is made row by row (`window_bounds`), and the fit's
-passes use each row at once (`window_grid_counts`, `window_mix_into`) or, where bounds on
+passes use each row at once (`window_grid_counts`, `window_into`) or, where bounds on
 a few of its values answer, not at all (the eps search's early answers, the selection's
 argmax: `selection_counts`).
 
@@ -506,13 +506,13 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
 
 
 @kernel
-def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
-                    cls, label_col, prob, eps, lead, magnitude, top, correct, n_blocks,
-                    counter):
-    """``eps_search.mix_into`` of a = the window mean of the upper bounds of ``epochs``
-    (`window_bounds`; cache as there) into prob (n, M), each row of a made in a scratch
-    row and mixed at once: prob, lead, magnitude, top and correct as mix_into leaves
-    them."""
+def window_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab, cls,
+                label_col, rows, mix, eps, lead, magnitude, top, correct, n_blocks, counter):
+    """Each token's window mean a of the upper bounds of ``epochs`` (`window_bounds`; cache
+    as there), made in a scratch row, into its row of ``rows`` (n, M) at once: with ``mix``,
+    ``eps_search.mix_into``'s step (rows[n] <- eps * a + (1 - eps) * rows[n]; lead,
+    magnitude, top and correct as mix_into leaves them); else rows[n] += a (numpy's
+    ``total += mean``; padding adds 0; the lead arrays unused)."""
     k, width = logits.shape[2], cls.shape[1]
     blk = claim(counter)
     while blk < n_blocks:
@@ -527,34 +527,14 @@ def window_mix_into(logits, ids, target, lse, cache, cols, epochs, pos, src, tar
                                 targets[n], scratch)
             _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, a, a,
                         False, tmp, tmp_low)
-            for c in range(end, width):
-                a[c] = 0.0
-            mix_row(a, prob[n], eps)
-            label_lead_into(prob[n], label_col[n], n, lead, magnitude, top, correct)
-        blk = claim(counter)
-
-
-@kernel
-def window_add_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
-                    cls, label_col, total, n_blocks, counter):
-    """total += the window mean of the upper bounds of ``epochs`` (`window_bounds`; cache as
-    there), numpy's arithmetic, each row made in a scratch row (padding adds 0)."""
-    k, width = logits.shape[2], cls.shape[1]
-    blk = claim(counter)
-    while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
-        cached = cache.shape[0] > 0
-        recs = cache if cached else scratch
-        a = np.empty(width)
-        for n in range(lo, hi):
-            end = _row_end(cls, n, vocab)
-            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
-                                targets[n], scratch)
-            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, a, a,
-                        False, tmp, tmp_low)
-            for c in range(end):
-                total[n, c] += a[c]
+            if mix:
+                for c in range(end, width):
+                    a[c] = 0.0
+                mix_row(a, rows[n], eps)
+                label_lead_into(rows[n], label_col[n], n, lead, magnitude, top, correct)
+            else:
+                for c in range(end):
+                    rows[n, c] += a[c]
         blk = claim(counter)
 
 
