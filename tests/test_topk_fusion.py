@@ -4,6 +4,8 @@ bit, and larger k never widening the interval."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +15,7 @@ import forgetkit as fk
 from forgetkit import kernels
 from forgetkit.errors import ForgetkitError
 from forgetkit.fusion import topk as ft
+from forgetkit.kinds import kind_of
 from forgetkit.kinds.topk import TopKOutputs, record_fields, token_ids, topk_records
 from tests.reference_topk import (
     bounds_ref,
@@ -21,6 +24,9 @@ from tests.reference_topk import (
     libm_exp,
     unstored_bound_ref,
 )
+
+SAMPLE_LM = Path(__file__).resolve().parents[1] / "data_samples" / \
+    "lm_fortunes_gpt2_heldout_top8.npy"
 
 
 def make_logits(seed=0, n_epochs=8, n_tokens=300, vocab=20, ties=False):
@@ -180,6 +186,71 @@ def test_certificates_hold_for_every_completion(k):
         if len(recipe) == 1 and recipe[0][1] == [5]:  # one checkpoint: exactly its argmax
             assert ((state == 1) == (np.argmax(logits[5], axis=1) == targets)).all()
             assert (state != -1).all()
+
+
+# ------------------------------------------------------- the certificate's quick answers
+def certify_by_rows(data, recipe):
+    """`ft.certify` without its quick answers: every token's layout, the recipe's bounds
+    over it (`ft.recipe_bounds`) and `kernels.topk_certify` of them."""
+    layout = ft.Layout(data, ft.recipe_epochs(recipe), slice(None))
+    upper, lower = ft.recipe_bounds(data, recipe, layout)
+    pred, certified, state = kernels.topk_certify(upper, lower, layout.parts, data.vocab_size)
+    return pred, certified, state, upper[np.arange(len(pred)), layout.label_col]
+
+
+QUICK_RECIPES = [
+    lambda E: [(kernels.MEAN, [E - 1], None)],
+    lambda E: [(kernels.MEAN, list(range(E)), None)],
+    lambda E: [(kernels.WEIGHTED, list(range(E)), _weights(E))],
+    lambda E: [(kernels.WEIGHTED, list(range(E)), np.r_[np.zeros(E - 1), 1.0])],
+    lambda E: [(kernels.WEIGHTED, list(range(E)), np.r_[1e-300 * np.ones(E - 1), 1.0])],
+    lambda E: [(kernels.MEAN, [E - 1], None), (kernels.MIX, [0], 0.5),
+               (kernels.MIX, list(range(E)), 0.25)],
+    lambda E: [(kernels.MEAN, [E - 1], None), (kernels.MIX, [0], 1.0),
+               (kernels.MIX, [E - 1], 0.0)],
+    lambda E: [(kernels.MEAN, [0], None), (kernels.MIX, [E - 1], 1e-300)],
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n_epochs=st.integers(1, 5), vocab=st.integers(2, 12),
+       recipe=st.sampled_from(QUICK_RECIPES), spread=st.sampled_from([1, 3, 40, 800]),
+       k_at=st.floats(0, 1))
+def test_quick_certificates_equal_the_full_ones(seed, n_epochs, vocab, recipe, spread, k_at):
+    """Tokens answered from the target's and two other bounds (most of them) get the bits of
+    the full layout and bounds: every output, and with ``states_only`` the state and the
+    target's probability (the prediction, where made, too). Integer logits tie often; a
+    spread of 800 makes probabilities that underflow."""
+    rng = np.random.default_rng(seed)
+    logits = rng.integers(-spread, spread + 1, (n_epochs, 40, vocab)).astype(np.float32)
+    targets = rng.integers(0, vocab, 40)
+    logits[:, :10, :] = 0.0  # every class tied
+    logits[:, 10:20][np.arange(n_epochs)[:, None], np.arange(10), targets[10:20]] += 2 * spread
+    k = 1 + int(k_at * (vocab - 2)) if vocab > 2 else 1
+    data, steps = data_of(logits, targets, k), recipe(n_epochs)
+    want = certify_by_rows(data, steps)
+    got = ft.certify(data, steps)
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a, b)
+    pred, certified, state, label_prob = ft.certify(data, steps, states_only=True)
+    assert np.array_equal(state, want[2]) and np.array_equal(label_prob, want[3])
+    made = pred != -1
+    assert np.array_equal(pred[made], want[0][made])
+    assert np.array_equal(certified[made], want[1][made])
+    assert (state[~made] == 0).all()
+
+
+def test_quick_answers_decide_most_tokens_of_the_sample():
+    """On the GPT-2 sample, Knowledge Fusion's certificate answers most tokens quickly (pred
+    -1 marks the certified-wrong ones answered from a rival alone), the same as in full."""
+    run = fk.load(SAMPLE_LM)
+    kf = fk.KnowledgeFusion().fit(run)
+    data, recipe = kind_of(run).certified_bounds(run), kf.recipe(run)
+    state = ft.certify(data, recipe)[2]
+    pred, _, quick_state, _ = ft.certify(data, recipe, states_only=True)
+    assert np.array_equal(quick_state, state)
+    assert (pred == -1).mean() > 0.5
+    assert kf.certified_accuracy(run) == (np.mean(state == 1), np.mean(state != 0))
 
 
 # -------------------------------------------------------- larger k, tighter interval

@@ -151,8 +151,9 @@ def _fit_chunk(records, targets, vocab_size):
     return ChunkFit(TopKData(records, targets, vocab_size))
 
 
-def _certify(records, targets, vocab_size, recipe):
-    return topk.certify(TopKData(records, targets, vocab_size), recipe)
+def _certify(records, targets, vocab_size, recipe, states_only):
+    return topk.certify(TopKData(records, targets, vocab_size), recipe,
+                        states_only=states_only)
 
 
 def _label_probs(records, targets, vocab_size):
@@ -225,13 +226,14 @@ class DaskTopK:
                 parts.update(_add, picks[-1], i)
         return picks
 
-    def certify(self, recipe):
+    def certify(self, recipe, *, states_only=False):
         """`forgetkit.fusion.topk.certify` of the run, computed on the workers: (prediction
         int64 (N,), certified bool (N,), state int8 (N,), label_prob float64 (N,))."""
-        parts = dask.compute(*self._tasks(_certify, recipe))
+        parts = dask.compute(*self._tasks(_certify, recipe, states_only))
         if not parts:
             return topk.certify(TopKData(np.empty((self.n_epochs, 0), self.records.dtype),
-                                         self.targets, self.vocab_size), recipe)
+                                         self.targets, self.vocab_size), recipe,
+                                states_only=states_only)
         return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
 
     def label_probs(self):

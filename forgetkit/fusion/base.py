@@ -220,14 +220,16 @@ class Fuser:
         """(low, high): the fused accuracy on ``run`` lies in [certified correct, certified
         correct + uncertain] / n_samples (equal ends on a run that is not top-k)."""
         self._check_fitted()
-        state = self._certificate(self._as_input(run))[2]
+        state = self._certificate(self._as_input(run), states_only=True)[2]
         return float(np.mean(state == 1)), float(np.mean(state != 0))
 
-    def _certificate(self, run):
-        """(prediction, certified, state, label_prob) arrays of `certified`."""
+    def _certificate(self, run, *, states_only=False):
+        """(prediction, certified, state, label_prob) arrays of `certified` (with
+        ``states_only``: predictions only where ``state`` needed them, `topk.certify`)."""
         kind = kind_of(run)
         if kind.bounded:
-            return topk.certify(kind.certified_bounds(run), self.recipe(run))
+            return topk.certify(kind.certified_bounds(run), self.recipe(run),
+                                states_only=states_only)
         prob = self.predict_proba(run)
         pred, _, label_prob = kernels.row_top(prob, run.labels)
         hit = pred == run.labels

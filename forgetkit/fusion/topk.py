@@ -211,14 +211,16 @@ def on_workers(data):
     return not isinstance(data, TopKData)
 
 
-def certify(data, recipe, *, chunk=CHUNK_TOKENS):
+def certify(data, recipe, *, chunk=CHUNK_TOKENS, states_only=False):
     """The certificate of the mixture ``recipe`` on every token of ``data``: (prediction
     int64 (N,), certified bool (N,), state int8 (N,) (1 certified correct, 0 certified
     wrong, -1 uncertain), label_prob float64 (N,): the exact q(y)). Streams tokens in
     chunks; with k < vocabulary each token's layout, bounds and mixture are made in one
-    pass over its records (`kernels.topk_certify_recipe`)."""
+    pass over its records (`kernels.topk_certify_recipe`), most tokens from the target's
+    and two other bounds. With ``states_only`` (what `Fuser.certified_accuracy` needs)
+    tokens certified wrong may have no prediction (-1, not certified)."""
     if on_workers(data):
-        return data.certify(recipe)
+        return data.certify(recipe, states_only=states_only)
     n = data.n_tokens
     pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
     state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
@@ -230,7 +232,7 @@ def certify(data, recipe, *, chunk=CHUNK_TOKENS):
             pred[rows], certified[rows], state[rows], label_prob[rows] = \
                 kernels.topk_certify_recipe(data.fields(rows), _indices(epochs),
                                             np.arange(len(targets), dtype=np.int64), targets,
-                                            data.vocab_size, steps)
+                                            data.vocab_size, steps, states_only=states_only)
             continue
         layout = Layout(data, epochs, rows)
         upper, lower = recipe_bounds(data, recipe, layout)

@@ -580,17 +580,50 @@ def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, tot
                 src, targets, vocab, cls, label_col, total)
 
 
-def topk_certify_recipe(fields, epochs, src, targets, vocab, steps):
+def topk_certify_recipe(fields, epochs, src, targets, vocab, steps, *, states_only=False):
     """`topk_certify` of a recipe's mixture (``steps`` = (kinds, starts, positions into
     ``epochs``, values), see ``topk.certify_recipe``) of tokens ``src``, each token's layout
     over ``epochs`` (ascending) and bounds made in one pass over its records:
-    (prediction int64, certified bool, state int8, label_prob float64), each (n,)."""
+    (prediction int64, certified bool, state int8, label_prob float64), each (n,). With
+    ``states_only`` the tokens answered certified wrong from their rival's bounds have no
+    prediction (-1, not certified): what ``state`` alone needs."""
     n = len(src)
     pred, certified = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
     state, label_prob = np.empty(n, dtype=np.int8), np.empty(n)
+    weights = recipe_weights(steps, len(epochs))
+    quick = 0 if weights is None else (2 if states_only else 1)
+    lead = 0 if weights is None else int(np.argmax(weights))
     call(_topk.certify_recipe, n * len(epochs) * fields[0].shape[2], *fields, epochs, src,
-         targets, vocab, *steps, pred, certified, state, label_prob)
+         targets, vocab, *steps, quick, lead, pred, certified, state, label_prob)
     return pred, certified, state, label_prob
+
+
+def recipe_weights(steps, n_epochs):
+    """The weight of each of ``n_epochs`` epochs in a recipe's mixture (``steps`` as
+    `topk_certify_recipe` takes them), float64 (n_epochs,); None where a step could weigh
+    some epoch below 0 (a weight below 0, eps outside [0, 1], a first step that mixes into
+    nothing), where the monotone bounds of ``topk.certify_recipe``'s quick answers fail."""
+    kinds, starts, pos, values = steps
+    if len(kinds) == 0 or kinds[0] == MIX or not np.all(np.isfinite(values)):
+        return None
+    out = np.zeros(n_epochs)
+    for step, kind in enumerate(kinds):
+        at, value = pos[starts[step]:starts[step + 1]], values[starts[step]:starts[step + 1]]
+        if kind == WEIGHTED:
+            if np.any(value < 0):
+                return None
+            out = np.zeros(n_epochs)
+            np.add.at(out, at, value)
+            continue
+        mean = np.zeros(n_epochs)
+        np.add.at(mean, at, 1.0 / len(at))
+        if kind == MEAN:
+            out = mean
+        elif 0.0 <= value[0] <= 1.0:
+            out = value[0] * mean + (1.0 - value[0]) * out
+        else:
+            return None
+    return out
 
 
 def topk_bounds(fields, targets, vocab, layout, upper, lower=None):

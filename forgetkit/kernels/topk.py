@@ -672,9 +672,54 @@ def certify_rows(upper, lower, cls, label_col, unstored_col, vocab, pred, certif
         blk = claim(counter)
 
 
+#: The slack of `_other_bound`'s bound over a stored probability whose logit is not above
+#: its own (exp is within one unit in the last place; 2**-1000 covers subnormal results).
+OTHER_SLACK = 1.0 + 2.0 ** -40
+OTHER_FLOOR = 2.0 ** -1000
+
+
+@njit(inline="always")
+def _other_bound(logits, ids, lse, e, s, y):
+    """A bound, at least the upper bound of every class other than y in record (e, s)
+    (`_record_probs`: each stored p_c, and the unstored u, which is at most the k-th stored
+    probability), from one exp: that of the largest stored logit not the target's (or the
+    k-th's, if larger)."""
+    k = logits.shape[2]
+    z = np.float64(logits[e, s, k - 1])
+    for j in range(k):
+        if ids[e, s, j] != y:
+            z = max(z, np.float64(logits[e, s, j]))
+    return np.exp(z - np.float64(lse[e, s])) * OTHER_SLACK + OTHER_FLOOR
+
+
+@njit(cache=True, nogil=True)  # called three times per token: compiled once, not inlined
+def _recipe_value(vals, kinds, starts, pos, values):
+    """A recipe's mixture (see `certify_recipe`) of one column whose value at epochs[r] is
+    vals[r], in `certify_recipe`'s arithmetic operation for operation (the same bits)."""
+    out = 0.0
+    for step in range(kinds.shape[0]):
+        p0, p1 = starts[step], starts[step + 1]
+        if kinds[step] == 1:  # WEIGHTED
+            out = 0.0
+            for i in range(p0, p1):
+                out += values[i] * vals[pos[i]]
+            continue
+        mean = vals[pos[p0]]
+        for i in range(p0 + 1, p1):
+            mean += vals[pos[i]]
+        if p1 - p0 > 1:
+            mean /= p1 - p0
+        if kinds[step] == 0:  # MEAN
+            out = mean
+        else:  # MIX
+            eps = values[p0]
+            out = eps * mean + (1.0 - eps) * out
+    return out
+
+
 @kernel
 def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds, starts, pos,
-                   values, pred, certified, state, label_prob, n_blocks, counter):
+                   values, quick, lead, pred, certified, state, label_prob, n_blocks, counter):
     """The certificate of a recipe's mixture (`certify_rows`) of tokens src, each token's
     layout (over ``epochs``, ascending), bounds and mixture made in scratch rows from its
     records' probabilities, each computed once. The recipe: step s of kind kinds[s]
@@ -682,7 +727,17 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
     starts[s + 1]] of ``epochs``, with values[starts[s]:...] (WEIGHTED: the weights; MIX:
     eps, at the step's first position), in the fusers' arithmetic: a mean is summed in
     order and then divided, a weighted sum starts from 0 and adds w * bounds, a mix is
-    eps * mean + (1 - eps) * b. label_prob[n]: the target's exact fused probability."""
+    eps * mean + (1 - eps) * b. label_prob[n]: the target's exact fused probability.
+
+    With ``quick`` >= 1 (the recipe's weights and eps in [0, 1], its first step not a
+    MIX) most tokens are answered from two or three exps per record rather than k + 1 and
+    no layout: the target's mixture q, and the mixture of a bound on every other class
+    (`_other_bound`); the operations of a mixture are monotone in each value, so where q
+    beats that mixture it beats every other column's upper bound (certified correct,
+    predicting the target). With ``quick`` 2 (only ``state`` and ``label_prob`` wanted) a
+    token is also answered certified wrong where the lower mixture of its rival (the class
+    other than the target with the largest stored logit at position ``lead``) beats q as
+    `certify_rows` asks; pred and certified are then not computed (-1, False)."""
     n_epochs, k = epochs.shape[0], logits.shape[2]
     width = n_epochs * k + 2
     blk = claim(counter)
@@ -695,8 +750,34 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
         tcols = np.empty((n_epochs, 1, k), dtype=np.int64)
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
                                       np.empty(width))
+        vals = np.empty(n_epochs)
         for n in range(lo, hi):
             s, y = src[n], targets[n]
+            if quick > 0:
+                for i in range(n_epochs):
+                    e = epochs[i]
+                    vals[i] = np.exp(np.float64(target[e, s]) - np.float64(lse[e, s]))
+                q = _recipe_value(vals, kinds, starts, pos, values)
+                for i in range(n_epochs):
+                    vals[i] = _other_bound(logits, ids, lse, epochs[i], s, y)
+                if q > _recipe_value(vals, kinds, starts, pos, values):
+                    pred[n], certified[n], state[n], label_prob[n] = y, True, 1, q
+                    continue
+                if quick > 1:
+                    e = epochs[lead]
+                    c = np.int64(ids[e, s, 0]) if ids[e, s, 0] != y \
+                        else np.int64(ids[e, s, min(1, k - 1)])
+                    for i in range(n_epochs):
+                        e = epochs[i]
+                        vals[i] = 0.0
+                        for j in range(k):
+                            if ids[e, s, j] == c:
+                                vals[i] = np.exp(np.float64(logits[e, s, j])
+                                                 - np.float64(lse[e, s]))
+                    low = _recipe_value(vals, kinds, starts, pos, values)
+                    if c != y and (low >= q if c < y else low > q):
+                        pred[n], certified[n], state[n], label_prob[n] = -1, False, 0, q
+                        continue
             floor = np.int64(vocab)
             for i in range(n_epochs):
                 _record_probs(logits, ids, target, lse, epochs[i], s, y, recs, i, 0)
