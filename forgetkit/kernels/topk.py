@@ -79,8 +79,13 @@ def _record_probs(logits, ids, target, lse, e, s, y, out, r, t):
 
 @njit(inline="always")
 def _hash_slot(keys, stamps, stamp, c):
-    """Insert class c into the open-addressing set (keys, stamps) of the entries marked
-    ``stamp``; returns (its slot, whether it was new)."""
+    """Insert class c into the set (keys, stamps) of the entries marked ``stamp``; returns
+    (its slot, whether it was new). With keys of size 0 the set is a table of one stamp per
+    class (`_layout_scratch`) and c's slot is c; else keys and stamps are open-addressed."""
+    if keys.shape[0] == 0:
+        new = stamps[c] != stamp
+        stamps[c] = stamp
+        return c, new
     mask = keys.shape[0] - 1
     h = (c * np.int64(0x9E3779B1)) & mask
     while stamps[h] == stamp and keys[h] != c:  # one exit: returns in loops compile slower
@@ -298,12 +303,21 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
     return col, y_col, slot_col
 
 
+#: Vocabularies up to this size make a token's set of classes a table of one stamp per
+#: class (8 bytes each and a column each, per thread), no hashing: 1 MiB at most.
+DIRECT_CLASSES = 1 << 16
+
+
 @njit(inline="always")
-def _layout_scratch(n_epochs, k):
+def _layout_scratch(n_epochs, k, vocab):
     """(keys, stamps, where, buf) of `_token_layout` (its stamps: one per token)."""
-    size = _hash_size(n_epochs, k)
-    return (np.empty(size, dtype=np.int64), np.zeros(size, dtype=np.int64),
-            np.empty(size, dtype=np.int64), np.empty((3, n_epochs * k + 1), dtype=np.int64))
+    if vocab <= DIRECT_CLASSES:
+        size, keys = vocab + 1, np.empty(0, dtype=np.int64)
+    else:
+        size = _hash_size(n_epochs, k)
+        keys = np.empty(size, dtype=np.int64)
+    return (keys, np.zeros(size, dtype=np.int64), np.empty(size, dtype=np.int64),
+            np.empty((3, n_epochs * k + 1), dtype=np.int64))
 
 
 @kernel
@@ -314,7 +328,7 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
     target's column, unstored_col[n] = the unstored slot's column (-1: none), cols[i, n, j]
     = the column of the j-th id stored at epochs[i] (cols (W, n, k)). ids (E, N, k), any
     strides."""
-    keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2])
+    keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2], vocab)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
@@ -583,16 +597,28 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
                                 targets[n], scratch)
             y, end = label_col[n], _row_end(cls, n, vocab)
             # a column whose total plus the least u beats the target's total plus its
-            # largest p beats it at every epoch (each value is at least u; sums monotone)
-            low_u, high_y = recs[0, at, k + 1], recs[0, at, k]
-            for r in range(1, n_epochs):
+            # largest p beats it at every epoch (each value is at least u; sums monotone);
+            # the target's total plus its least p beats every column at every epoch where it
+            # beats the largest other total plus the largest value not the target's (the
+            # largest stored one not the target's: u is at most the k-th stored)
+            low_u, high_y = np.inf, -np.inf
+            low_y, high_other = np.inf, -np.inf
+            for r in range(n_epochs):
                 low_u = min(low_u, recs[r, at, k + 1])
                 high_y = max(high_y, recs[r, at, k])
+                low_y = min(low_y, recs[r, at, k])
+                other = recs[r, at, 0] if np.int64(cols[r, n, 0]) != y else \
+                    (recs[r, at, 1] if k > 1 else recs[r, at, k + 1])
+                high_other = max(high_other, other)
             top = -np.inf
             for c in range(end):
                 if c != y:
                     top = max(top, total[n, c])
             if top + low_u > total[n, y] + high_y:
+                continue
+            if total[n, y] + low_y > top + high_other:
+                for r in range(n_epochs):
+                    counts[r] += 1
                 continue
             _by_total(total, n, y, end, order)
             for r in range(n_epochs):
@@ -743,7 +769,7 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        keys, stamps, where, buf = _layout_scratch(n_epochs, k)
+        keys, stamps, where, buf = _layout_scratch(n_epochs, k, vocab)
         recs, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
         one_cls = np.empty((1, width), dtype=np.int64)  # the token's layout, as row 0
         row_cls = one_cls[0]
