@@ -74,6 +74,39 @@ def test_small_calls_run_on_the_callers_thread_and_large_ones_on_every_thread():
             pass
 
 
+def test_a_call_takes_threads_by_its_kernels_measured_cost(monkeypatch):
+    """Once timed, a kernel's calls take a thread per `jit.THREAD_SECONDS` of its measured
+    work, not per `jit.THREAD_WORK` values: a call of few but costly values (a softmax and
+    a grid of eps per row) gets every thread, one of many cheap values stays on one."""
+    import numba
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 16)
+    costly, cheap = jit.THREAD_SECONDS / 1000, jit.THREAD_SECONDS / 1e6
+    assert jit.threads(200_000) == 3  # not timed: one per THREAD_WORK values
+    assert jit.threads(200_000, costly) == 16
+    assert jit.threads(8_000, costly) == 8
+    assert jit.threads(999, costly) == 1
+    assert jit.threads(200_000, cheap) == 1
+    with jit.forced("serial"):
+        assert jit.threads(200_000, costly) == 1
+
+    seen = []
+    run = jit.run
+    monkeypatch.setattr(jit, "run", lambda k, n, args: seen.append(n) or run(k, n, args))
+    k = kernels.topk.settle_scan  # any kernel: its cost is measured by `call`
+    k.cost = None
+    data = np.zeros((2, 50, 4), dtype=np.float32)
+    ids = np.tile(np.arange(4, dtype=np.uint16), (2, 50, 1))
+    src, targets = np.arange(50, dtype=np.int64), np.zeros(50, dtype=np.int64)
+    args = (data, ids, data[..., 0], data[..., 0], np.arange(2, dtype=np.int64), src, targets,
+            10, np.full(50, 1, dtype=np.int64), np.empty(50, dtype=bool))
+    jit.call(k, 400, *args)
+    assert k.cost is not None and k.cost > 0
+    k.cost = costly
+    jit.call(k, 8_000, *args)
+    assert seen[-1] == 8
+
+
 @pytest.mark.parametrize("n_threads", [2, 3, 8])
 def test_a_call_on_threads_runs_every_block_once_and_adds_the_threads_sums(n_threads):
     """`jit.run` on more threads than numba's (the pool grows) or fewer: each block of

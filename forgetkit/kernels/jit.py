@@ -17,9 +17,13 @@ row blocks it claims (``schedule``), and the threads come from here:
   the loop). Per-row results are written in place, and the one float sum (the EM pass)
   is kept per block and added in block order by its wrapper. So a call gives the same bits
   for any number of threads and blocks (tested);
-- a call takes one thread per ``THREAD_WORK`` values it reads, up to
-  ``numba.get_num_threads()``: calls reading fewer than ``PARALLEL_WORK`` values, and
-  `forced` "serial", run on the caller's thread alone.
+- a call takes a thread per ``THREAD_SECONDS`` of work, up to ``numba.get_num_threads()``:
+  its values times the kernel's cost per value, measured (CPU seconds) on its last call in
+  this process; before any, one thread per ``THREAD_WORK`` values, so that calls reading
+  fewer than ``PARALLEL_WORK`` values run on the caller's thread alone. Per value, a
+  softmax over 10 classes with a grid of eps per row costs some 20 times a pass over the
+  values, so a count of values alone left such calls on a few of 16 cores. `forced`
+  "serial" runs every call on the caller's thread.
 
 One compile serves every thread count, and a first run's compile is the warm run's build:
 no kernel waits for a parallel build that a mid-sized run would never compile.
@@ -55,9 +59,12 @@ import numpy as np
 from numba import njit
 from numba.core import event
 
-#: Values a call reads per thread it wakes, at least: calls reading fewer than twice this
-#: run on the caller's thread alone (a pass over 2**16 values takes some 50 microseconds,
-#: several times what waking a thread costs).
+#: Seconds of work (one thread's) per thread a call wakes, at least: several times what
+#: waking a pool thread and handing it the call costs (some 20 microseconds on 16 cores).
+THREAD_SECONDS = 50e-6
+#: Values a call reads per thread it wakes, at least, for a kernel not yet timed: a pass
+#: over 2**16 values takes some `THREAD_SECONDS`; calls reading fewer than twice this run
+#: on the caller's thread alone.
 THREAD_WORK = 1 << 16
 #: Calls reading fewer values than this run on the caller's thread alone.
 PARALLEL_WORK = 2 * THREAD_WORK
@@ -96,6 +103,8 @@ class Kernel:
         self.__module__ = fn.__module__
         self.build = njit(nogil=True, cache=True)(fn)
         self._arity = fn.__code__.co_argcount
+        #: CPU seconds per value read of its last call through `call` (None: none yet)
+        self.cost = None
 
     def full_args(self, args, threads):
         """``args`` with the trailing ``n_blocks`` (where the caller leaves it out) and a new
@@ -274,13 +283,15 @@ def forced(build):
         _FORCED = before
 
 
-def threads(work):
-    """The number of threads of a call reading ``work`` values (None: any size; see the
-    module's docstring)."""
+def threads(work, cost=None):
+    """The number of threads of a call reading ``work`` values (None: any size) of a kernel
+    whose work costs ``cost`` CPU seconds per value (None: not known); see the module's
+    docstring."""
     if _FORCED in ("serial", "numpy"):
         return 1
     if _FORCED is None and work is not None:
-        return max(1, min(numba.get_num_threads(), work // THREAD_WORK))
+        per_thread = THREAD_WORK if cost is None else THREAD_SECONDS / max(cost, 1e-15)
+        return int(max(1, min(numba.get_num_threads(), work // per_thread)))
     return numba.get_num_threads()
 
 
@@ -302,8 +313,14 @@ def use_twin(k, work, args):
 
 
 def call(k, work, *args):
-    """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads."""
-    return run(k, threads(work), args)
+    """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads;
+    its CPU seconds per value become ``k.cost`` for the next call. The process's CPU time
+    is the threads' work: pool threads wait on locks, not spinning."""
+    cpu = time.process_time()
+    out = run(k, threads(work, k.cost), args)
+    if work > 0:
+        k.cost = (time.process_time() - cpu) / work
+    return out
 
 
 # ------------------------------------------------------------------ compiled after the run
