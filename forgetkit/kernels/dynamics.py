@@ -15,6 +15,7 @@ from .floats import F16_EXP_MASK, to_f64
 from .jit import kernel
 from .schedule import claim, span
 from .softmax import exp_row
+from .views import borrow
 
 #: Probabilities below this are taken as this before a log (the smallest normal float64).
 TINY = 2.2250738585072014e-308
@@ -85,7 +86,7 @@ def label_margins(values, labels, table, softmax, p, margin, correct, total, tot
                 zy = to_f64(row[y])
                 correct[e, r] = zy > best or (zy == best and y < other)
                 if softmax:
-                    _, shift, inv = exp_row(row, tmp, table)
+                    _, shift, inv = exp_row(borrow(row), borrow(tmp), borrow(table))
                     p[e, r] = tmp[y] * inv
                     margin[e, r] = zy - best
                     if accumulate:

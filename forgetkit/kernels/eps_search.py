@@ -14,6 +14,7 @@ from .floats import LOW63, float_of_key64, key64
 from .jit import kernel
 from .schedule import claim, span
 from .softmax import combine_scratch, window_mean_row
+from .views import borrow, row
 
 
 # Grid searches start at x * (G - 1), the index on KnowledgeFusion's uniform grids, and walk
@@ -72,25 +73,28 @@ def label_leads(p, labels, lead, magnitude, top, correct, n_blocks, counter):
     while blk < n_blocks:
         lo, hi = span(blk, p.shape[0], n_blocks)
         for n in range(lo, hi):
-            label_lead_into(p[n], labels[n], n, lead, magnitude, top, correct)
+            label_lead_into(row(p, n), labels[n], n, lead, magnitude, top, correct)
         blk = claim(counter)
 
 
 @njit(inline="always")
-def label_lead_into(row, y, n, lead, magnitude, top, correct):
+def label_lead_into(values, y, n, lead, magnitude, top, correct):
     """Row n's entries of ``label_leads`` for its fused row (C,) and label y: the label's
     lead over the largest other value, its magnitude, the first other class holding the
     largest value where the label does not lead (else -1), and whether the argmax (ties to
     the lowest index) is y."""
-    lead[n], other, magnitude[n] = _lead(row, y)
-    top[n] = -1
-    correct[n] = lead[n] > 0.0
-    if lead[n] <= 0.0:  # y ties or trails: the first other class holding the max
-        for c in range(row.shape[0]):
-            if c != y and row[c] == other:
-                top[n] = c
+    # made in locals, stored last: a store into an array the row may alias would make
+    # the compiler read the row again
+    lead_n, other, magnitude_n = _lead(values, y)
+    top_n = -1
+    correct_n = lead_n > 0.0
+    if lead_n <= 0.0:  # y ties or trails: the first other class holding the max
+        for c in range(values.shape[0]):
+            if c != y and values[c] == other:
+                top_n = c
                 break
-        correct[n] = lead[n] == 0.0 and top[n] > y
+        correct_n = lead_n == 0.0 and top_n > y
+    lead[n], magnitude[n], top[n], correct[n] = lead_n, magnitude_n, top_n, correct_n
 
 
 @njit(cache=True)
@@ -163,8 +167,8 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
     while blk < n_blocks:
         lo, hi = span(blk, a.shape[0], n_blocks)
         for n in range(lo, hi):
-            grid_row(a[n], b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid,
-                      rel_band, diff)
+            grid_row(row(a, n), row(b, n), labels[n], b_lead[n], b_magnitude[n], b_top[n],
+                     borrow(grid), rel_band, borrow(diff))
         blk = claim(counter)
     return diff
 
@@ -225,8 +229,8 @@ def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_m
             if row_bad:
                 n_bad += row_bad
                 continue
-            grid_row(a, b[n], labels[n], b_lead[n], b_magnitude[n], b_top[n], grid, rel_band,
-                      diff)
+            grid_row(borrow(a), row(b, n), labels[n], b_lead[n], b_magnitude[n], b_top[n],
+                     borrow(grid), rel_band, borrow(diff))
         blk = claim(counter)
     return diff, n_bad
 
@@ -246,8 +250,9 @@ def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, mag
         for j in range(lo, hi):
             n = order[j]
             n_bad += window_mean_row(values, epochs, src[n], table, scratch, a)
-            mix_row(a, b[n], eps)
-            label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+            b_n = row(b, n)
+            mix_row(a, b_n, eps)
+            label_lead_into(b_n, labels[n], n, lead, magnitude, top, correct)
         blk = claim(counter)
     return n_bad
 
@@ -322,7 +327,7 @@ def mix(a, b, eps, n_blocks, counter):
     while blk < n_blocks:
         lo, hi = span(blk, a.shape[0], n_blocks)
         for n in range(lo, hi):
-            mix_row(a[n], b[n], eps)
+            mix_row(row(a, n), row(b, n), eps)
         blk = claim(counter)
 
 
@@ -334,6 +339,7 @@ def mix_into(a, b, eps, labels, lead, magnitude, top, correct, n_blocks, counter
     while blk < n_blocks:
         lo, hi = span(blk, a.shape[0], n_blocks)
         for n in range(lo, hi):
-            mix_row(a[n], b[n], eps)
-            label_lead_into(b[n], labels[n], n, lead, magnitude, top, correct)
+            b_n = row(b, n)
+            mix_row(row(a, n), b_n, eps)
+            label_lead_into(b_n, labels[n], n, lead, magnitude, top, correct)
         blk = claim(counter)

@@ -248,17 +248,47 @@ _IN_CACHE = {}
 
 def _compiled(dispatcher, args):
     """Whether ``dispatcher`` holds, or its on-disk cache has, a build for these arguments."""
+    key = _args_key(dispatcher, args)
+    if key is not None and key in _FOUND:
+        return True
     try:
         sig = tuple(dispatcher.typeof_pyval(a) for a in args)
         if sig in dispatcher.overloads:
-            return True
-        if (dispatcher, sig) not in _IN_CACHE:
-            cache = dispatcher._cache
-            key = cache._index_key(sig, dispatcher.targetctx.codegen())
-            _IN_CACHE[dispatcher, sig] = key in cache._cache_file._load_index()
-        return _IN_CACHE[dispatcher, sig]
+            found = True
+        else:
+            if (dispatcher, sig) not in _IN_CACHE:
+                cache = dispatcher._cache
+                index_key = cache._index_key(sig, dispatcher.targetctx.codegen())
+                _IN_CACHE[dispatcher, sig] = index_key in cache._cache_file._load_index()
+            found = _IN_CACHE[dispatcher, sig]
     except Exception:  # private numba API, or no compiler (NUMBA_DISABLE_JIT): decide so
         return False
+    if found and key is not None:
+        _FOUND.add(key)
+    return found
+
+
+#: `_args_key`s of the calls found compiled: numba's typing of each argument (some 100
+#: microseconds a call) is then skipped. Only what was found is kept: a call whose twin
+#: ran is looked up again, and takes the kernel once a larger call has compiled it.
+_FOUND = set()
+
+
+def _args_key(dispatcher, args):
+    """(dispatcher, what decides numba's type of each argument: an array's dtype,
+    dimensions, contiguity, writeability and alignment, a scalar's type), or None where
+    some argument is neither."""
+    key = [dispatcher]
+    for a in args:
+        if isinstance(a, np.ndarray):
+            f = a.flags
+            key.append((a.dtype, a.ndim, f.c_contiguous, f.f_contiguous, f.writeable,
+                        f.aligned))
+        elif isinstance(a, (bool, int, float, np.generic)):
+            key.append(type(a))
+        else:
+            return None
+    return tuple(key)
 
 
 #: "serial", "parallel" or "numpy": every call runs so, "numpy" the kernels' numpy twins

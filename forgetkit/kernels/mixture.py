@@ -8,6 +8,7 @@ from numba import njit
 
 from .jit import kernel
 from .schedule import claim, store
+from .views import borrow, row
 
 #: Rows per block of the EM pass: sums are taken per block, then over the blocks in order,
 #: so the result does not depend on the number of threads.
@@ -35,7 +36,7 @@ def em_pass(q, w, parts, logs, n_blocks, counter):
         g[:] = 0.0
         total = 0.0
         for r in range(b * EM_BLOCK, min(n, (b + 1) * EM_BLOCK)):
-            s = _dot(q[r], w)
+            s = _dot(row(q, r), borrow(w))
             total += np.log(s)
             inv = 1.0 / s
             for j in range(k):

@@ -20,6 +20,7 @@ from numba import njit
 from .jit import kernel
 from .schedule import claim, span, store
 from .softmax import exp_row
+from .views import borrow, row2
 
 MEAN, WEIGHTED, MIX = 0, 1, 2
 
@@ -64,7 +65,8 @@ def score_recipes(values, src, order, labels, table, needed, method_ptr, step_ki
             ok = True
             for u in range(needed.shape[0]):  # each needed epoch's softmax, once
                 p = buf[u]
-                status, _, inv = exp_row(values[needed[u], src[i]], p, table)
+                status, _, inv = exp_row(row2(values, needed[u], src[i]), borrow(p),
+                                         borrow(table))
                 if status < 0:
                     bad[u] += 1
                     ok = False

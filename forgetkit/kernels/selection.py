@@ -8,10 +8,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from . import views
 from .floats import to_f64
 from .jit import kernel
 from .schedule import claim, span, store
 from .softmax import exp_row, exp_shifted, is_table_row
+from .views import borrow
 
 
 @njit(inline="always")
@@ -174,7 +176,8 @@ def add_softmax_live_rows(values, picks, src, total, labels, bound, slack, order
                 if inv[e, r] > 0.0 and is_table_row(values[e, row], shift[e, r]):
                     top = _add_table_probs(t, values[e, row], table, inv[e, r])
                     continue
-                status, _, scale = exp_row(values[e, row], tmp, table)
+                status, _, scale = exp_row(views.row2(values, e, row), borrow(tmp),
+                                           borrow(table))
                 if status < 0:
                     n_bad += 1
                     break
@@ -245,7 +248,7 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
                 best = -1
                 known = inv[e, r] > 0.0
                 if not known or n == 0 or 2 * n > n_classes:  # the whole row
-                    status, m, scale = exp_row(x, tmp, table)
+                    status, m, scale = exp_row(borrow(x), borrow(tmp), borrow(table))
                     if status < 0:
                         bad[e] += 1
                         continue
@@ -266,7 +269,7 @@ def selection_correct_counts(values, src, total, rows, labels, table, shift, inv
                     else:
                         for j in range(n):
                             picked[j] = to_f64(x[cand[first + j]])
-                        exp_shifted(picked[:n], shift[e, r], tmp[:n])
+                        exp_shifted(borrow(picked)[:n], shift[e, r], borrow(tmp)[:n])
                     for j in range(n):
                         picked[j] = t[cand[first + j]]
                     best = cand[first + _first_argmax_nonnegative(picked[:n], tmp[:n],
@@ -408,7 +411,7 @@ def selection_gathered_counts(gathered, cls, offset, size, total, rows, labels, 
                     for j in range(n):
                         tmp[j] = table[np.uint16(x[j])]
                 else:
-                    exp_shifted(x[:n], shift[e, r], tmp[:n])
+                    exp_shifted(borrow(x)[:n], shift[e, r], borrow(tmp)[:n])
                 best = cand[a + _first_argmax_nonnegative(picked[:n], tmp[:n], inv[e, r])]
                 if best == labels[r]:
                     counts[e] += 1

@@ -17,6 +17,7 @@ from numba.extending import overload
 from .floats import F16_EXP_MASK, f16_bits_of_key, f16_key, f16_to_f64, is_f16, to_f64
 from .jit import kernel
 from .schedule import claim, span
+from .views import borrow, row, row2
 
 # exp(x) for -708 <= x <= 0 in straight-line arithmetic that vectorises (numba has no
 # vectorised exp on this platform): x = k*ln2 + r with |r| <= ln2/2 (Cody-Waite), a degree-13
@@ -137,7 +138,7 @@ def _exp_table_impl(row, table, out):
         def impl(row, table, out):
             for c in range(row.shape[0]):
                 out[c] = table[np.uint16(row[c])]
-            return lane_sum(out)
+            return lane_sum(borrow(out))
 
         return impl
     return lambda row, table, out: np.nan
@@ -172,19 +173,19 @@ def exp_row(row, out, table):
         return -1, hi, np.nan
     status = 1
     if lo - hi >= EXP_MIN:
-        exp_shifted(row, hi, out)
+        exp_shifted(borrow(row), hi, borrow(out))
     else:  # some exp underflows to a subnormal or zero
         status = 0
         for c in range(row.shape[0]):
             out[c] = math.exp(to_f64(row[c]) - hi)
-    return status, hi, 1.0 / lane_sum(out)
+    return status, hi, 1.0 / lane_sum(borrow(out))
 
 
 @njit(inline="always")
 def _softmax_row(row, out, table):
     """out = softmax of one row of stored values (C,) in float64; returns ``exp_row``'s
     (status, m, inv)."""
-    status, m, inv = exp_row(row, out, table)
+    status, m, inv = exp_row(borrow(row), borrow(out), borrow(table))
     for c in range(out.shape[0]):
         out[c] *= inv
     return status, m, inv
@@ -200,22 +201,22 @@ def softmax_rows(values, table, out, n_blocks, counter):
     while blk < n_blocks:
         lo, hi = span(blk, values.shape[0], n_blocks)
         for r in range(lo, hi):
-            if _softmax_row(values[r], out[r], table)[0] < 0:
+            if _softmax_row(row(values, r), row(out, r), table)[0] < 0:
                 n_bad += 1
         blk = claim(counter)
     return n_bad
 
 
 @njit(inline="always")
-def _exp_rows(values, epochs, row, table, tmp, inv):
-    """tmp[j] = exp of the row values[epochs[j], row] and inv[j] its 1/sum, as ``exp_row``
-    gives them, for up to 3 epochs. float16 rows read the table for all epochs in one loop,
-    which keeps more loads in flight. Returns the number of rows holding inf or nan."""
-    m = epochs.shape[0]
+def _exp_rows(values, epochs, g, m, at, table, tmp, inv):
+    """tmp[j] = exp of the row values[epochs[g + j], at] and inv[j] its 1/sum, as
+    ``exp_row`` gives them, for j < m <= 3. float16 rows read the table for all epochs in
+    one loop, which keeps more loads in flight. Returns the number of rows holding inf or
+    nan."""
     n_bad = 0
     if is_f16(values):
-        x0, x1, x2 = (values[epochs[0], row], values[epochs[min(1, m - 1)], row],
-                      values[epochs[m - 1], row])
+        x0, x1, x2 = (row2(values, epochs[g], at), row2(values, epochs[g + min(1, m - 1)], at),
+                      row2(values, epochs[g + m - 1], at))
         for c in range(x0.shape[0]):
             tmp[0, c] = table[np.uint16(x0[c])]
             if m > 1:
@@ -223,11 +224,12 @@ def _exp_rows(values, epochs, row, table, tmp, inv):
             if m > 2:
                 tmp[2, c] = table[np.uint16(x2[c])]
     for j in range(m):
-        total = lane_sum(tmp[j]) if is_f16(values) else np.nan
+        total = lane_sum(row(tmp, j)) if is_f16(values) else np.nan
         if total == total:  # every value was in the table
             inv[j] = 1.0 / total
         else:
-            status, _, inv[j] = exp_row(values[epochs[j], row], tmp[j], table)
+            status, _, inv[j] = exp_row(row2(values, epochs[g + j], at), row(tmp, j),
+                                        borrow(table))
             n_bad += status < 0
     return n_bad
 
@@ -250,14 +252,15 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
     an exact factor). Returns the number of (epoch, row) pairs holding inf or nan.
     """
     n_rows, n_classes = out.shape
-    tmp, inv, w = combine_scratch(n_classes)
+    tmp, inv, w, _ = combine_scratch(n_classes)
     n_bad = 0
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, n_rows, n_blocks)
         for j in range(lo, hi):
             r = order[j]
-            n_bad += combine_row(values, epochs, weights, src[r], table, tmp, inv, w, out[r],
+            n_bad += combine_row(borrow(values), borrow(epochs), borrow(weights), src[r],
+                                 borrow(table), borrow(tmp), borrow(inv), borrow(w), row(out, r),
                                  accumulate)
         blk = claim(counter)
     return n_bad
@@ -265,39 +268,42 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
 
 @njit(inline="always")
 def combine_scratch(n_classes):
-    """One thread's scratch of `combine_row`: tmp (3, C), inv (3,), w (3,)."""
-    return np.empty((3, n_classes)), np.empty(3), np.ones(3)
+    """One thread's scratch of `combine_row`: tmp (3, C), inv (3,), w (3,), and the empty
+    weights of a mean (0,)."""
+    return np.empty((3, n_classes)), np.empty(3), np.ones(3), np.empty(0)
 
 
 @njit(inline="always")
-def window_mean_row(values, epochs, row, table, scratch, out):
-    """out (C,) = the mean softmax of values[epochs, row] as `combine_softmax` makes it;
+def window_mean_row(values, epochs, at, table, scratch, out):
+    """out (C,) = the mean softmax of values[epochs, at] as `combine_softmax` makes it;
     scratch from `combine_scratch`. Returns the number of epochs whose row holds inf or
     nan."""
-    tmp, inv, w = scratch
+    tmp, inv, w, mean = scratch
     # a computed False: a literal one would compile combine_row a second time, typed
     # Literal[bool], beside the build combine_softmax compiles
     accumulate = epochs.shape[0] < 0
-    return combine_row(values, epochs, inv[:0], row, table, tmp, inv, w, out, accumulate)
+    return combine_row(borrow(values), borrow(epochs), borrow(mean), at, borrow(table), borrow(tmp),
+                       borrow(inv), borrow(w), borrow(out), accumulate)
 
 
 @njit(cache=True)
-def combine_row(values, epochs, weights, row, table, tmp, inv, w, total, accumulate):
-    """One row of ``combine_softmax``: total (C,) = the softmaxes of values[e, row] for e in
+def combine_row(values, epochs, weights, at, table, tmp, inv, w, total, accumulate):
+    """One row of ``combine_softmax``: total (C,) = the softmaxes of values[e, at] for e in
     epochs combined (mean if ``weights`` is empty, else weighted, added to total when
     ``accumulate``); tmp (3, C), inv (3,), w (3,) are scratch. Returns the number of epochs
     whose row holds inf or nan."""
     k = epochs.shape[0]
     mean = weights.shape[0] == 0
     n_bad = 0
-    w[:] = 1.0
+    for j in range(3):
+        w[j] = 1.0
     for g in range(0, k, 3):
         m = min(3, k - g)
-        n_bad += _exp_rows(values, epochs[g: g + m], row, table, tmp, inv)
+        n_bad += _exp_rows(values, epochs, g, m, at, table, tmp, inv)
         if not mean:
             for j in range(m):
                 w[j] = weights[g + j]
-        p0, p1, p2 = tmp[0], tmp[1], tmp[2]
+        p0, p1, p2 = row(tmp, 0), row(tmp, 1), row(tmp, 2)
         i0, i1, i2 = inv[0], inv[1], inv[2]
         w0, w1, w2 = w[0], w[1], w[2]
         first = g == 0 and not accumulate
@@ -370,7 +376,7 @@ def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, clas
         lo, hi = span(blk, src.shape[0], n_blocks)
         for i in range(lo, hi):
             for e in range(n_epochs):
-                status, m, scale = exp_row(values[e, src[i]], tmp, table)
+                status, m, scale = exp_row(row2(values, e, src[i]), borrow(tmp), borrow(table))
                 if status < 0:
                     bad[e] += 1
                     pred[e, i] = -1

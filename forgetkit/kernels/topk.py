@@ -34,6 +34,7 @@ from numba import njit
 from .eps_search import grid_counts, grid_row, label_lead_into, mix_row
 from .jit import kernel
 from .schedule import claim, span
+from .views import borrow, row
 
 
 @njit(cache=True, nogil=True)
@@ -513,8 +514,8 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
-            grid_row(a[:m], prob[n, :m], y, b_lead[n], b_magnitude[n], b_top[n], grid,
-                     rel_band, diff)
+            grid_row(borrow(a)[:m], row(prob, n)[:m], y, b_lead[n], b_magnitude[n], b_top[n],
+                     borrow(grid), rel_band, borrow(diff))
         blk = claim(counter)
     return diff
 
@@ -544,8 +545,9 @@ def window_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets
             if mix:
                 for c in range(end, width):
                     a[c] = 0.0
-                mix_row(a, rows[n], eps)
-                label_lead_into(rows[n], label_col[n], n, lead, magnitude, top, correct)
+                row_n = row(rows, n)
+                mix_row(a, row_n, eps)
+                label_lead_into(row_n, label_col[n], n, lead, magnitude, top, correct)
             else:
                 for c in range(end):
                     rows[n, c] += a[c]
@@ -777,16 +779,18 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
                                       np.empty(width))
         vals = np.empty(n_epochs)
+        # borrowed: `_recipe_value` is called, not inlined (see views.borrow)
+        recipe = (borrow(vals), borrow(kinds), borrow(starts), borrow(pos), borrow(values))
         for n in range(lo, hi):
             s, y = src[n], targets[n]
             if quick > 0:
                 for i in range(n_epochs):
                     e = epochs[i]
                     vals[i] = np.exp(np.float64(target[e, s]) - np.float64(lse[e, s]))
-                q = _recipe_value(vals, kinds, starts, pos, values)
+                q = _recipe_value(*recipe)
                 for i in range(n_epochs):
                     vals[i] = _other_bound(logits, ids, lse, epochs[i], s, y)
-                if q > _recipe_value(vals, kinds, starts, pos, values):
+                if q > _recipe_value(*recipe):
                     pred[n], certified[n], state[n], label_prob[n] = y, True, 1, q
                     continue
                 if quick > 1:
@@ -800,7 +804,7 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
                             if ids[e, s, j] == c:
                                 vals[i] = np.exp(np.float64(logits[e, s, j])
                                                  - np.float64(lse[e, s]))
-                    low = _recipe_value(vals, kinds, starts, pos, values)
+                    low = _recipe_value(*recipe)
                     if c != y and (low >= q if c < y else low > q):
                         pred[n], certified[n], state[n], label_prob[n] = -1, False, 0, q
                         continue

@@ -30,6 +30,7 @@ from numba import njit
 
 from .floats import LOW63
 from .softmax import lane_sum
+from .views import row
 
 #: Most float64 entries the eps search's twin evaluates at once (grid points x undecided
 #: rows x classes); beyond ``GRID_WORK`` in all it leaves the call to the kernel.
@@ -42,7 +43,7 @@ def row_sums(x, out):
     """out[r] = ``softmax.lane_sum(x[r])`` for x (R, C) float64: the row sums of the float16
     softmax, in the kernels' order."""
     for r in range(x.shape[0]):
-        out[r] = lane_sum(x[r])
+        out[r] = lane_sum(row(x, r))
 
 
 def _table_exp(bits, table):
