@@ -788,26 +788,34 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
                     e = epochs[i]
                     vals[i] = np.exp(np.float64(target[e, s]) - np.float64(lse[e, s]))
                 q = _recipe_value(*recipe)
-                for i in range(n_epochs):
-                    vals[i] = _other_bound(logits, ids, lse, epochs[i], s, y)
-                if q > _recipe_value(*recipe):
-                    pred[n], certified[n], state[n], label_prob[n] = y, True, 1, q
+                # the likelier answer first: correct where the target leads at ``lead``
+                leads, answered = ids[epochs[lead], s, 0] == y, False
+                for test in range(2):
+                    if (test == 0) == leads:  # certified correct?
+                        for i in range(n_epochs):
+                            vals[i] = _other_bound(logits, ids, lse, epochs[i], s, y)
+                        if q > _recipe_value(*recipe):
+                            pred[n], certified[n], state[n], label_prob[n] = y, True, 1, q
+                            answered = True
+                            break
+                    elif quick > 1:  # certified wrong, by the rival?
+                        e = epochs[lead]
+                        c = np.int64(ids[e, s, 0]) if not leads \
+                            else np.int64(ids[e, s, min(1, k - 1)])
+                        for i in range(n_epochs):
+                            e = epochs[i]
+                            vals[i] = 0.0
+                            for j in range(k):
+                                if ids[e, s, j] == c:
+                                    vals[i] = np.exp(np.float64(logits[e, s, j])
+                                                     - np.float64(lse[e, s]))
+                        low = _recipe_value(*recipe)
+                        if c != y and (low >= q if c < y else low > q):
+                            pred[n], certified[n], state[n], label_prob[n] = -1, False, 0, q
+                            answered = True
+                            break
+                if answered:
                     continue
-                if quick > 1:
-                    e = epochs[lead]
-                    c = np.int64(ids[e, s, 0]) if ids[e, s, 0] != y \
-                        else np.int64(ids[e, s, min(1, k - 1)])
-                    for i in range(n_epochs):
-                        e = epochs[i]
-                        vals[i] = 0.0
-                        for j in range(k):
-                            if ids[e, s, j] == c:
-                                vals[i] = np.exp(np.float64(logits[e, s, j])
-                                                 - np.float64(lse[e, s]))
-                    low = _recipe_value(*recipe)
-                    if c != y and (low >= q if c < y else low > q):
-                        pred[n], certified[n], state[n], label_prob[n] = -1, False, 0, q
-                        continue
             floor = np.int64(vocab)
             for i in range(n_epochs):
                 _record_probs(logits, ids, target, lse, epochs[i], s, y, recs, i, 0)
