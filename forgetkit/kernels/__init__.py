@@ -17,6 +17,8 @@
 - ``floats``: float16-bit and float64-key helpers shared by the others;
 - ``schedule``: the block counter from which the threads of a call claim their blocks of
   rows;
+- ``views``: rows of arrays, and arrays passed to helpers that are not inlined, as views
+  that hold no reference (no atomic count per row, which the threads would share);
 - ``jit``: each kernel's one build (serial, ``nogil``), the threads a call runs it on (the
   caller's and a shared pool's), and the compile notice;
 - ``twins``: exact numpy twins of the kernels of the Knowledge Fusion fit and `compare`,
@@ -25,9 +27,10 @@
 
 The functions below are the one layer the rest of the package calls: they pass float16 data
 as its raw int16 bits (numba has no float16 arithmetic), hand the float16 exp table to the
-softmax kernels, choose the number of thread blocks and, from the work of the call, the
-number of threads (``jit.threads``) or the kernel's numpy twin (``jit.use_twin``). The
-kernels themselves take plain contiguous arrays and do not validate their inputs.
+softmax kernels, choose the number of thread blocks and, from the work of the call and the
+kernel's measured cost, the number of threads (``jit.threads``) or the kernel's numpy twin
+(``jit.use_twin``). The kernels themselves take plain contiguous arrays and do not
+validate their inputs.
 """
 
 from __future__ import annotations
