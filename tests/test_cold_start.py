@@ -75,20 +75,21 @@ def test_small_calls_run_on_the_callers_thread_and_large_ones_on_every_thread():
 
 
 def test_a_call_takes_threads_by_its_kernels_measured_cost(monkeypatch):
-    """Once timed, a kernel's calls take a thread per `jit.THREAD_SECONDS` of its measured
-    work, not per `jit.THREAD_WORK` values: a call of few but costly values (a softmax and
-    a grid of eps per row) gets every thread, one of many cheap values stays on one."""
+    """Once timed, a kernel's call of W seconds of work takes sqrt(W / `jit.THREAD_HANDOFF`)
+    threads (the fewest seconds of W / t + handoff * t), not one per `jit.THREAD_WORK`
+    values: a call of few but costly values (a softmax and a grid of eps per row) gets
+    many threads, one of many cheap values stays on one."""
     import numba
 
     monkeypatch.setattr(numba, "get_num_threads", lambda: 16)
-    costly, cheap = jit.THREAD_SECONDS / 1000, jit.THREAD_SECONDS / 1e6
+    h = jit.THREAD_HANDOFF
     assert jit.threads(200_000) == 3  # not timed: one per THREAD_WORK values
-    assert jit.threads(200_000, costly) == 16
-    assert jit.threads(8_000, costly) == 8
-    assert jit.threads(999, costly) == 1
-    assert jit.threads(200_000, cheap) == 1
+    assert jit.threads(1000, 400 * h / 1000) == 16  # 400 handoffs of work: sqrt(400) = 20
+    assert jit.threads(1000, 49 * h / 1000) == 7
+    assert jit.threads(1000, 3 * h / 1000) == 1
+    assert jit.threads(10 ** 9, h / 10 ** 12) == 1
     with jit.forced("serial"):
-        assert jit.threads(200_000, costly) == 1
+        assert jit.threads(1000, 400 * h / 1000) == 1
 
     seen = []
     run = jit.run
@@ -102,7 +103,7 @@ def test_a_call_takes_threads_by_its_kernels_measured_cost(monkeypatch):
             10, np.full(50, 1, dtype=np.int64), np.empty(50, dtype=bool))
     jit.call(k, 400, *args)
     assert k.cost is not None and k.cost > 0
-    k.cost = costly
+    k.cost = 64 * h / 8_000
     jit.call(k, 8_000, *args)
     assert seen[-1] == 8
 

@@ -17,13 +17,15 @@ row blocks it claims (``schedule``), and the threads come from here:
   the loop). Per-row results are written in place, and the one float sum (the EM pass)
   is kept per block and added in block order by its wrapper. So a call gives the same bits
   for any number of threads and blocks (tested);
-- a call takes a thread per ``THREAD_SECONDS`` of work, up to ``numba.get_num_threads()``:
-  its values times the kernel's cost per value, measured (CPU seconds) on its last call in
-  this process; before any, one thread per ``THREAD_WORK`` values, so that calls reading
-  fewer than ``PARALLEL_WORK`` values run on the caller's thread alone. Per value, a
-  softmax over 10 classes with a grid of eps per row costs some 20 times a pass over the
-  values, so a count of values alone left such calls on a few of 16 cores. `forced`
-  "serial" runs every call on the caller's thread.
+- a call of W seconds of one thread's work (its values times the kernel's cost per value,
+  measured in CPU seconds on its last call in this process) takes sqrt(W / h) threads, up
+  to ``numba.get_num_threads()``, h = ``THREAD_HANDOFF`` the cost of handing a call to one
+  more pool thread: the fewest seconds of W / t + h * t. Before a kernel's first call, one
+  thread per ``THREAD_WORK`` values, so that calls reading fewer than ``PARALLEL_WORK``
+  values run on the caller's thread alone. Per value, a softmax over 10 classes with a
+  grid of eps per row costs some 20 times a pass over the values, so a count of values
+  alone left such calls on a few of 16 cores. `forced` "serial" runs every call on the
+  caller's thread.
 
 One compile serves every thread count, and a first run's compile is the warm run's build:
 no kernel waits for a parallel build that a mid-sized run would never compile.
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import math
 import os
 import pickle
 import subprocess
@@ -59,12 +62,13 @@ import numpy as np
 from numba import njit
 from numba.core import event
 
-#: Seconds of work (one thread's) per thread a call wakes, at least: several times what
-#: waking a pool thread and handing it the call costs (some 20 microseconds on 16 cores).
-THREAD_SECONDS = 50e-6
-#: Values a call reads per thread it wakes, at least, for a kernel not yet timed: a pass
-#: over 2**16 values takes some `THREAD_SECONDS`; calls reading fewer than twice this run
-#: on the caller's thread alone.
+#: Seconds that handing a call to one more pool thread adds to it: each thread takes the
+#: GIL to enter the kernel and to leave it (on 16 cores of a lent host, 15 threads added
+#: some 0.7 ms to a KF fit's grid call: ``python -m bench.bench_fit_calls``).
+THREAD_HANDOFF = 40e-6
+#: Values a call reads per thread it wakes, for a kernel not yet timed (a pass over 2**16
+#: values takes some 50 microseconds); calls reading fewer than twice this run on the
+#: caller's thread alone.
 THREAD_WORK = 1 << 16
 #: Calls reading fewer values than this run on the caller's thread alone.
 PARALLEL_WORK = 2 * THREAD_WORK
@@ -320,8 +324,8 @@ def threads(work, cost=None):
     if _FORCED in ("serial", "numpy"):
         return 1
     if _FORCED is None and work is not None:
-        per_thread = THREAD_WORK if cost is None else THREAD_SECONDS / max(cost, 1e-15)
-        return int(max(1, min(numba.get_num_threads(), work // per_thread)))
+        n = work // THREAD_WORK if cost is None else math.sqrt(work * cost / THREAD_HANDOFF)
+        return int(max(1, min(numba.get_num_threads(), n)))
     return numba.get_num_threads()
 
 
