@@ -429,20 +429,20 @@ def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targe
         scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
         cached = cache.shape[0] > 0
         recs = cache if cached else scratch
-        row, row_low = np.empty(width), np.empty(width)
+        mean_up, mean_low = np.empty(width), np.empty(width)
         for n in range(lo, hi):
             end = _row_end(cls, n, vocab)
             at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
                                 targets[n], scratch)
-            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, row,
-                        row_low, both, tmp, tmp_low)
+            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end,
+                        mean_up, mean_low, both, tmp, tmp_low)
             for c in range(end):
-                upper[n, c] = row[c]
+                upper[n, c] = mean_up[c]
             for c in range(end, width):
                 upper[n, c] = 0.0
             if both:
                 for c in range(end):
-                    lower[n, c] = row_low[c]
+                    lower[n, c] = mean_low[c]
                 for c in range(end, width):
                     lower[n, c] = 0.0
         blk = claim(counter)
