@@ -43,7 +43,8 @@ def _view(context, builder, sig, args, n_index):
 def _view_type(array, n_index):
     """The type of ``array``'s sub-array at ``n_index`` leading indices."""
     layout = "C" if array.layout == "C" else "A"
-    return types.Array(array.dtype, array.ndim - n_index, layout, readonly=not array.mutable)
+    return types.Array(array.dtype, array.ndim - n_index, layout, readonly=not array.mutable,
+                       aligned=array.aligned)
 
 
 @intrinsic
