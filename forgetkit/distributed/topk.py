@@ -228,7 +228,8 @@ class DaskTopK:
 
     def certify(self, recipe, *, states_only=False):
         """`forgetkit.fusion.topk.certify` of the run, computed on the workers: (prediction
-        int64 (N,), certified bool (N,), state int8 (N,), label_prob float64 (N,))."""
+        int64 (N,), certified bool (N,), state int8 (N,), label_prob float64 (N,)); with
+        ``states_only``, predictions only where the states needed them (as there)."""
         parts = dask.compute(*self._tasks(_certify, recipe, states_only))
         if not parts:
             return topk.certify(TopKData(np.empty((self.n_epochs, 0), self.records.dtype),
