@@ -14,10 +14,11 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from . import views
 from .floats import F16_EXP_MASK, f16_bits_of_key, f16_key, f16_to_f64, is_f16, to_f64
 from .jit import kernel
 from .schedule import claim, span
-from .views import borrow, row, row2
+from .views import borrow
 
 # exp(x) for -708 <= x <= 0 in straight-line arithmetic that vectorises (numba has no
 # vectorised exp on this platform): x = k*ln2 + r with |r| <= ln2/2 (Cody-Waite), a degree-13
@@ -201,7 +202,7 @@ def softmax_rows(values, table, out, n_blocks, counter):
     while blk < n_blocks:
         lo, hi = span(blk, values.shape[0], n_blocks)
         for r in range(lo, hi):
-            if _softmax_row(row(values, r), row(out, r), table)[0] < 0:
+            if _softmax_row(views.row(values, r), views.row(out, r), table)[0] < 0:
                 n_bad += 1
         blk = claim(counter)
     return n_bad
@@ -215,8 +216,9 @@ def _exp_rows(values, epochs, g, m, at, table, tmp, inv):
     nan."""
     n_bad = 0
     if is_f16(values):
-        x0, x1, x2 = (row2(values, epochs[g], at), row2(values, epochs[g + min(1, m - 1)], at),
-                      row2(values, epochs[g + m - 1], at))
+        x0 = views.row2(values, epochs[g], at)
+        x1 = views.row2(values, epochs[g + min(1, m - 1)], at)
+        x2 = views.row2(values, epochs[g + m - 1], at)
         for c in range(x0.shape[0]):
             tmp[0, c] = table[np.uint16(x0[c])]
             if m > 1:
@@ -224,11 +226,11 @@ def _exp_rows(values, epochs, g, m, at, table, tmp, inv):
             if m > 2:
                 tmp[2, c] = table[np.uint16(x2[c])]
     for j in range(m):
-        total = lane_sum(row(tmp, j)) if is_f16(values) else np.nan
+        total = lane_sum(views.row(tmp, j)) if is_f16(values) else np.nan
         if total == total:  # every value was in the table
             inv[j] = 1.0 / total
         else:
-            status, _, inv[j] = exp_row(row2(values, epochs[g + j], at), row(tmp, j),
+            status, _, inv[j] = exp_row(views.row2(values, epochs[g + j], at), views.row(tmp, j),
                                         borrow(table))
             n_bad += status < 0
     return n_bad
@@ -260,8 +262,8 @@ def combine_softmax(values, epochs, weights, src, order, table, out, accumulate,
         for j in range(lo, hi):
             r = order[j]
             n_bad += combine_row(borrow(values), borrow(epochs), borrow(weights), src[r],
-                                 borrow(table), borrow(tmp), borrow(inv), borrow(w), row(out, r),
-                                 accumulate)
+                                 borrow(table), borrow(tmp), borrow(inv), borrow(w),
+                                 views.row(out, r), accumulate)
         blk = claim(counter)
     return n_bad
 
@@ -282,8 +284,8 @@ def window_mean_row(values, epochs, at, table, scratch, out):
     # a computed False: a literal one would compile combine_row a second time, typed
     # Literal[bool], beside the build combine_softmax compiles
     accumulate = epochs.shape[0] < 0
-    return combine_row(borrow(values), borrow(epochs), borrow(mean), at, borrow(table), borrow(tmp),
-                       borrow(inv), borrow(w), borrow(out), accumulate)
+    return combine_row(borrow(values), borrow(epochs), borrow(mean), at, borrow(table),
+                       borrow(tmp), borrow(inv), borrow(w), borrow(out), accumulate)
 
 
 @njit(cache=True)
@@ -303,7 +305,7 @@ def combine_row(values, epochs, weights, at, table, tmp, inv, w, total, accumula
         if not mean:
             for j in range(m):
                 w[j] = weights[g + j]
-        p0, p1, p2 = row(tmp, 0), row(tmp, 1), row(tmp, 2)
+        p0, p1, p2 = views.row(tmp, 0), views.row(tmp, 1), views.row(tmp, 2)
         i0, i1, i2 = inv[0], inv[1], inv[2]
         w0, w1, w2 = w[0], w[1], w[2]
         first = g == 0 and not accumulate
@@ -376,7 +378,8 @@ def softmax_stats(values, src, labels, table, shift, inv, pred, label_prob, clas
         lo, hi = span(blk, src.shape[0], n_blocks)
         for i in range(lo, hi):
             for e in range(n_epochs):
-                status, m, scale = exp_row(row2(values, e, src[i]), borrow(tmp), borrow(table))
+                status, m, scale = exp_row(views.row2(values, e, src[i]), borrow(tmp),
+                                           borrow(table))
                 if status < 0:
                     bad[e] += 1
                     pred[e, i] = -1
