@@ -294,3 +294,22 @@ def test_compare_does_not_depend_on_threads_or_blocks(tmp_path, monkeypatch):
         numba.set_num_threads(threads)
     for table in tables[1:]:
         pd.testing.assert_frame_equal(table, tables[0])
+
+
+def test_a_call_on_the_pool_keeps_none_of_its_arrays_after_it():
+    """The pool threads drop a call's arguments and results when it ends: a worker's fit
+    frees each window's records after the window (not at the next kernel call)."""
+    import gc
+    import weakref
+
+    from forgetkit.kernels import argmax as _argmax
+    from forgetkit.kernels.jit import run
+
+    values = np.random.default_rng(0).random((4000, 10))
+    out = np.empty(4000, dtype=np.int32)
+    run(_argmax.argmax_float, 3, (values, out))
+    np.testing.assert_array_equal(out, values.argmax(axis=1))
+    refs = [weakref.ref(values), weakref.ref(out)]
+    del values, out
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []

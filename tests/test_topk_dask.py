@@ -139,3 +139,58 @@ def test_the_fit_survives_a_worker_killed_mid_fit(client, top, tmp_path, monkeyp
     got = fk.KnowledgeFusion(window=0).fit(on_dask(top, "npy", tmp_path))
     assert got.to_json() == ref.to_json()
     assert killed
+
+
+def _set_cache_bytes(value):
+    import forgetkit.kinds.topk as kinds_topk
+
+    old, kinds_topk.CACHE_BYTES = kinds_topk.CACHE_BYTES, value
+    return old
+
+
+@pytest.mark.parametrize("source", ["npy", "array"])
+def test_workers_without_room_for_a_record_cache_read_each_window(client, top, tmp_path,
+                                                                   source):
+    """With no room for a record cache on the workers, each window reads its epochs of the
+    chunk there; the fits equal the in-memory ones."""
+    run = on_dask(top, source, tmp_path)
+    old = client.run(_set_cache_bytes, 0)
+    try:
+        for ref, got in zip(fusers(), fusers(), strict=True):
+            assert got.fit(run).to_json() == ref.fit(top).to_json(), type(ref).__name__
+    finally:
+        client.run(_set_cache_bytes, next(iter(old.values())))
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 29])
+def test_a_chunks_fit_state_keeps_none_of_the_records_it_read(top, monkeypatch, cache_bytes):
+    """A worker's fit and selection states hold layouts and bounds, not the chunk's records:
+    what the layouts and each step read is freed after them (the 10M-token fit's memory)."""
+    import gc
+    import weakref
+
+    from forgetkit.distributed.topk import ChunkFit, ChunkRecords, ChunkSelection
+    from forgetkit.kinds.topk import TopKData
+
+    monkeypatch.setattr("forgetkit.kinds.topk.CACHE_BYTES", cache_bytes)
+    reads = []  # a weak reference to every array read from the chunk
+
+    def noted(read):
+        def wrapper(*args):
+            array = read(*args)
+            reads.append(weakref.ref(array))
+            return array
+        return wrapper
+
+    monkeypatch.setattr(ChunkRecords, "hold", noted(ChunkRecords.hold))
+    monkeypatch.setattr(ChunkRecords, "_epoch", noted(ChunkRecords._epoch))
+    records = da.from_array(np.asarray(top.outputs.records), chunks=(-1, 700))[:, 700:1400]
+    data = TopKData(ChunkRecords(records), top.labels[700:1400], top.n_classes)
+    state = ChunkFit(data)
+    assert len(state.grid_counts((0, 1, 2), np.linspace(0, 1, 5))) == 5
+    state.mix((3, 4), 0.5)
+    selection = ChunkSelection(data).add(2, 0)
+    assert selection.scores().shape == (top.n_epochs,)
+    gc.collect()
+    assert len(reads) >= 3 + (cache_bytes == 0) * 2  # the layouts' holds, and the windows'
+    assert [ref for ref in reads if ref() is not None] == []

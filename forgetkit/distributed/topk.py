@@ -58,9 +58,14 @@ class ChunkRecords:
             return self.block[e, rows]
         if isinstance(e, slice):  # every epoch at these tokens (`TopKData.fields`)
             return np.asarray(self.x[e, rows].compute(scheduler="sync"))
+        if np.ndim(e):  # these epochs at these tokens (a window's `TopKData.fields`)
+            return np.stack([self._epoch(int(i))[rows] for i in e])
+        return self._epoch(int(e))[rows]
+
+    def _epoch(self, e):
         if e not in self.epochs:
             self.epochs[e] = self.x[e].compute(scheduler="sync")
-        return self.epochs[e][rows]
+        return self.epochs[e]
 
     def hold(self):
         """Read every epoch at once (one compute of the chunk) and keep them: (E, n)."""

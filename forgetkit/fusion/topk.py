@@ -47,8 +47,8 @@ class Layout:
     """The classes of tokens ``rows`` (a slice) that a mixture of checkpoints ``epochs`` can
     hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
     epochs, the target, the unstored slot, padding), ``label_col`` and ``unstored_col``
-    (n,); ``fields`` the records' fields there (`TopKData.fields`), read by the kernels
-    at the tokens ``src`` (int64 (n,)), whose targets are ``targets``.
+    (n,); the kernels read the records (`TopKData.fields`, see `read`) at the tokens
+    ``src`` (int64 (n,)), whose targets are ``targets``.
 
     With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
     beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the unstored slot,
@@ -60,7 +60,9 @@ class Layout:
     of its tokens (``cache``, `kernels.topk_record_cache`: (k + 2) float64 per record)
     where `forgetkit.kinds.topk.CACHE_BYTES` has room for them in this process, so that
     its windows read no record twice; otherwise ``cache`` is `kernels.NO_CACHE` and each
-    window reads the records."""
+    window reads the records. The layout keeps views of the records only where they are an
+    array here (`TopKData.holds_records`): on a worker it keeps no record, so that what it
+    read can be freed."""
 
     def __init__(self, data, epochs, rows, *, settle=False, cache=None):
         self.rows, self.vocab = rows, data.vocab_size
@@ -74,14 +76,14 @@ class Layout:
             self.label_col = targets.copy()
             self.unstored_col = np.full(n, -1, dtype=np.int64)
         else:
-            self.fields, self.epochs = data.fields(rows), _indices(epochs)
+            fields, self.epochs = data.fields(rows), _indices(epochs)
             if settle:
                 self.settled = kernels.topk_settle(
-                    self.fields, self.epochs, np.arange(n, dtype=np.int64), targets,
-                    data.vocab_size, _rival(self.fields[1][-1], targets))
+                    fields, self.epochs, np.arange(n, dtype=np.int64), targets,
+                    data.vocab_size, _rival(fields[1][-1], targets))
             self.src = np.flatnonzero(~self.settled)
             self.targets = targets[self.src]
-            args = (self.fields, self.epochs, self.src, self.targets, data.vocab_size)
+            args = (fields, self.epochs, self.src, self.targets, data.vocab_size)
             kept = cache_array((self.epochs.size, self.src.size, data.top_k + 2)) \
                 if (settle if cache is None else cache) else None
             if kept is not None:
@@ -90,36 +92,49 @@ class Layout:
                 floor = kernels.topk_floors(*args)
             self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
                 *args, floor)
+            if kept is not None:
+                self.fields = data.stand_in_fields()
+            else:
+                self.fields = fields if data.holds_records else None
         self.cls = np.ascontiguousarray(self.cls)
+
+    def read(self, data, epochs):
+        """What the kernels read for the checkpoints ``epochs`` (int64 (W,), ascending, of
+        the layout's): (the record fields, the epochs' indices in them, their positions in
+        the layout). Records not kept (`holds_records`) are read here, those epochs only."""
+        pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
+        if self.fields is not None:
+            return self.fields, epochs, pos
+        if epochs.size == data.n_epochs:
+            return data.fields(self.rows), epochs, pos
+        return data.fields(self.rows, epochs), np.arange(epochs.size, dtype=np.int64), pos
 
     def window(self, data, epochs, upper, lower=None):
         """The mean of the bounds of ``epochs`` (epochs of the layout) into ``upper`` (and
         ``lower``): `kernels.topk_window`."""
-        epochs = _indices(epochs)
-        pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
-        return kernels.topk_window(self.fields, self.cols, epochs, pos, self.src, self.targets,
+        fields, epochs, pos = self.read(data, _indices(epochs))
+        return kernels.topk_window(fields, self.cols, epochs, pos, self.src, self.targets,
                                    data.vocab_size, self.parts, upper, lower, self.cache)
 
     def grid_counts(self, data, epochs, prob, leads, grid):
         """`kernels.topk_window_grid_counts` of the window ``epochs``."""
-        epochs = _indices(epochs)
+        fields, epochs, pos = self.read(data, _indices(epochs))
         return kernels.topk_window_grid_counts(
-            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
-            self.targets, data.vocab_size, self.parts, prob, leads, grid, REL_BAND, self.cache)
+            fields, self.cols, epochs, pos, self.src, self.targets, data.vocab_size,
+            self.parts, prob, leads, grid, REL_BAND, self.cache)
 
     def add_into(self, data, epochs, total):
         """`kernels.topk_window_add_into` of the window ``epochs``."""
-        epochs = _indices(epochs)
-        kernels.topk_window_add_into(
-            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
-            self.targets, data.vocab_size, self.parts, total, self.cache)
+        fields, epochs, pos = self.read(data, _indices(epochs))
+        kernels.topk_window_add_into(fields, self.cols, epochs, pos, self.src, self.targets,
+                                     data.vocab_size, self.parts, total, self.cache)
 
     def mix_into(self, data, epochs, prob, eps, leads, correct):
         """`kernels.topk_window_mix_into` of the window ``epochs``."""
-        epochs = _indices(epochs)
-        kernels.topk_window_mix_into(
-            self.fields, self.cols, epochs, np.searchsorted(self.epochs, epochs), self.src,
-            self.targets, data.vocab_size, self.parts, prob, eps, leads, correct, self.cache)
+        fields, epochs, pos = self.read(data, _indices(epochs))
+        kernels.topk_window_mix_into(fields, self.cols, epochs, pos, self.src, self.targets,
+                                     data.vocab_size, self.parts, prob, eps, leads, correct,
+                                     self.cache)
 
     @property
     def parts(self):
@@ -391,9 +406,10 @@ def selection_scores(data, layout, total):
     """For each epoch, the tokens of ``layout`` whose argmax of total + its bounds is the
     target: int64 (E,)."""
     if not data.exact:
-        return kernels.topk_selection_counts(layout.fields, layout.cols, layout.epochs,
-                                             layout.src, layout.targets, data.vocab_size,
-                                             layout.parts, total, layout.cache)
+        fields, epochs, _ = layout.read(data, layout.epochs)
+        return kernels.topk_selection_counts(fields, layout.cols, epochs, layout.src,
+                                             layout.targets, data.vocab_size, layout.parts,
+                                             total, layout.cache)
     every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
     return np.array([kernels.sum_correct_count_rows(
         total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)

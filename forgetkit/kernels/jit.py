@@ -158,11 +158,12 @@ class _Worker:
         while True:
             self.go.acquire()
             fn, args = self.task
+            self.task = None
             try:
                 self.result, self.error = fn(*args), None
             except BaseException as error:  # re-raised on the caller's thread
                 self.result, self.error = None, error
-            self.task = None
+            del fn, args  # else this frame keeps the call's arrays until the next call
             self.done.release()
 
 
@@ -237,8 +238,10 @@ def run(k, n_threads, args):
                     w.done.acquire()
             for w in workers:
                 if w.error is not None:
-                    raise w.error
+                    error, w.error = w.error, None
+                    raise error
                 results.append(w.result)
+                w.result = None
         finally:
             pool.busy.release()
         total = _add(results)

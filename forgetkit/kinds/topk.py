@@ -537,6 +537,10 @@ def _release_cache(nbytes):
         _cache_used[0] -= nbytes
 
 
+def _kernel_fields(block):
+    return block["logits"], token_ids(block), block["target"], block["lse"]
+
+
 class TopKData:
     """The records of a top-k run that certified fusion reads (`TopKKind.certified_bounds`).
 
@@ -573,12 +577,24 @@ class TopKData:
         """Records (n,) of epoch index ``e`` at tokens ``rows`` (a slice)."""
         return np.asarray(self.records[int(e), rows])
 
-    def fields(self, rows):
-        """The fields the top-k kernels read, of every epoch at tokens ``rows`` (a slice):
-        (logits (E, n, k) float32, ids (E, n, k), target (E, n) float32, lse (E, n)
-        float32), views of the records (24-bit ids decoded to int32)."""
-        block = np.asarray(self.records[:, rows])
-        return block["logits"], token_ids(block), block["target"], block["lse"]
+    @property
+    def holds_records(self):
+        """Whether the records are an array here (in memory or a memmap), whose views cost
+        nothing to keep; else they are read on demand (`forgetkit.distributed.topk`)."""
+        return isinstance(self.records, np.ndarray)
+
+    def fields(self, rows, epochs=None):
+        """The fields the top-k kernels read, of every epoch (or of the epoch indices
+        ``epochs``, int64 (W,)) at tokens ``rows`` (a slice): (logits (E, n, k) float32, ids
+        (E, n, k), target (E, n) float32, lse (E, n) float32); of every epoch, views of the
+        records (24-bit ids decoded to int32)."""
+        block = np.asarray(self.records[slice(None) if epochs is None else epochs, rows])
+        return _kernel_fields(block)
+
+    def stand_in_fields(self):
+        """Fields of two zero records, of the types `fields` gives: what the kernels take
+        where a layout's cache holds its records' probabilities (they then read only k)."""
+        return _kernel_fields(np.zeros((1, 2), dtype=self.records.dtype))
 
     def chunks(self, size=CHUNK_TOKENS):
         """Slices of tokens, ``size`` at a time."""
