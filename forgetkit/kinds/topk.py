@@ -592,9 +592,12 @@ class TopKData:
         return _kernel_fields(block)
 
     def stand_in_fields(self):
-        """Fields of two zero records, of the types `fields` gives: what the kernels take
-        where a layout's cache holds its records' probabilities (they then read only k)."""
-        return _kernel_fields(np.zeros((1, 2), dtype=self.records.dtype))
+        """Fields of two zero records, of the types `fields` gives (read-only where the
+        records are): what the kernels take where a layout's cache holds its records'
+        probabilities (they then read only k), compiled once for both."""
+        block = np.zeros((1, 2), dtype=self.records.dtype)
+        block.flags.writeable = not self.holds_records or self.records.flags.writeable
+        return _kernel_fields(block)
 
     def chunks(self, size=CHUNK_TOKENS):
         """Slices of tokens, ``size`` at a time."""
