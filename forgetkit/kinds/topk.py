@@ -538,7 +538,14 @@ def _release_cache(nbytes):
 
 
 def _kernel_fields(block):
-    return block["logits"], token_ids(block), block["target"], block["lse"]
+    """The four fields of records ``block`` as the kernels take them: read-only views, so
+    that records held in memory, memory-mapped or read on a worker share each kernel's one
+    compiled specialization (numba types read-only arrays apart)."""
+    fields = tuple(f.view() for f in (block["logits"], token_ids(block), block["target"],
+                                      block["lse"]))
+    for f in fields:
+        f.flags.writeable = False
+    return fields
 
 
 class TopKData:
@@ -592,12 +599,9 @@ class TopKData:
         return _kernel_fields(block)
 
     def stand_in_fields(self):
-        """Fields of two zero records, of the types `fields` gives (read-only where the
-        records are): what the kernels take where a layout's cache holds its records'
-        probabilities (they then read only k), compiled once for both."""
-        block = np.zeros((1, 2), dtype=self.records.dtype)
-        block.flags.writeable = not self.holds_records or self.records.flags.writeable
-        return _kernel_fields(block)
+        """Fields of two zero records, of the types `fields` gives: what the kernels take
+        where a layout's cache holds its records' probabilities (they then read only k)."""
+        return _kernel_fields(np.zeros((1, 2), dtype=self.records.dtype))
 
     def chunks(self, size=CHUNK_TOKENS):
         """Slices of tokens, ``size`` at a time."""
