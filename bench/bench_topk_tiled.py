@@ -1,13 +1,15 @@
 """Certified fusion on a real token run, as ratios to its forgetting pass.
 
     python -m bench.bench_topk_tiled [--tile 40] [--repeat 3] [--tasks fit,certified,...]
+        [--run RUN]
 
 The GPT-2 sample run (data_samples/lm_fortunes_gpt2_heldout_top8.npy: 26 checkpoints x
 3,048 tokens, k = 8, vocabulary 8,192) tiled ``--tile`` times along its tokens (each copy's
 sequence ids shifted): real per-token candidate sets, which are wider than the synthetic
-records of `bench.bench_topk_fusion`. In one process, kernels compiled first on the sample
-itself: CPU seconds (best of ``--repeat``) of the forgetting pass (`fk.forget_fraction`),
-`KnowledgeFusion().fit`, `certified_accuracy` of the fitted plan, `EnsembleSelection().fit`,
+records of `bench.bench_topk_fusion`; ``--run`` another top-k run (``--tile 1``: as it is).
+In one process, kernels compiled first on the run itself: CPU seconds (best of
+``--repeat``) of the forgetting pass (`fk.forget_fraction`), `KnowledgeFusion().fit`,
+`certified_accuracy` of the fitted plan, `EnsembleSelection().fit`,
 `LikelihoodFusion().fit` and `fk.label_issues` (which refuses a token run: its message is
 printed), each also as a ratio to the forgetting pass.
 """
@@ -60,6 +62,7 @@ def cpu_seconds(fn, new_run, repeat):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tile", type=int, default=40)
+    p.add_argument("--run", default=str(SAMPLE), help="a top-k run (default: the sample)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--tasks", default=",".join(TASKS),
                    help=f"comma-separated, of {', '.join(TASKS)} (default: all)")
@@ -67,7 +70,7 @@ def main(argv=None):
     tasks = args.tasks.split(",")
     import forgetkit as fk
 
-    sample = fk.load(SAMPLE)
+    sample = fk.load(args.run)
     fk.forget_fraction(sample)
     fk.KnowledgeFusion().fit(sample).certified_accuracy(sample)  # compiles the kernels
     fk.EnsembleSelection().fit(sample)
