@@ -102,7 +102,6 @@ def test_window_means_and_grid_counts_match_the_reference(case, cache):
     assert layout.shape == ref.upper.shape[1:]
     assert np.array_equal(layout.label_col, ref.label_col)
     grid = np.arange(101) / 100
-    src = np.arange(run.n_samples, dtype=np.int64)
     for prob in (ref.upper[-1].copy(), ref.window([0, 2]), ref.window([1]) * 0.5):
         leads, _ = kernels.label_leads(prob, ref.label_col)
         for window in ([n_epochs - 1], [0, 1], list(range(n_epochs)), [1, 2, 3], [2]):
@@ -114,8 +113,8 @@ def test_window_means_and_grid_counts_match_the_reference(case, cache):
             # counts of the padded rows
             epochs = np.asarray(window, dtype=np.int64)
             counts = kernels.topk_window_grid_counts(
-                layout.fields, layout.cols, epochs, epochs, src, layout.targets,
-                run.n_classes, layout.parts, prob, leads, grid, REL_BAND, layout.cache)
+                *layout.read(data, epochs), run.n_classes, layout.parts, prob, leads, grid,
+                REL_BAND)
             assert np.array_equal(counts, kernels.grid_correct_counts(
                 upper, prob, ref.label_col, leads, grid, REL_BAND))
 

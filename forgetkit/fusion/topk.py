@@ -43,12 +43,16 @@ TOPK_HOLDS = ("a top-k run holds, per checkpoint and token, the k largest logits
               "classes are bounded, not known")
 
 
+#: A layout's record cache where it keeps none (each window makes its own).
+NO_CACHE = np.empty((0, 0, 0))
+
+
 class Layout:
     """The classes of tokens ``rows`` (a slice) that a mixture of checkpoints ``epochs`` can
     hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
     epochs, the target, the unstored slot, padding), ``label_col`` and ``unstored_col``
-    (n,); the kernels read the records (`TopKData.fields`, see `read`) at the tokens
-    ``src`` (int64 (n,)), whose targets are ``targets``.
+    (n,); ``cols`` (E, n, k) the column of each stored id; the tokens ``src`` (int64 (n,),
+    of ``rows``), whose targets are ``targets``.
 
     With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
     beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the unstored slot,
@@ -59,17 +63,17 @@ class Layout:
     With ``cache`` (default: ``settle``), the layout keeps the probabilities of the records
     of its tokens (``cache``, `kernels.topk_record_cache`: (k + 2) float64 per record)
     where `forgetkit.kinds.topk.CACHE_BYTES` has room for them in this process, so that
-    its windows read no record twice; otherwise ``cache`` is `kernels.NO_CACHE` and each
-    window reads the records. The layout keeps views of the records only where they are an
-    array here (`TopKData.holds_records`): on a worker it keeps no record, so that what it
-    read can be freed."""
+    its windows read no record twice; otherwise ``cache`` is `NO_CACHE` and each
+    window makes its records' probabilities (`read`). The layout keeps views of the records
+    only for that, and only where they are an array here (`TopKData.holds_records`): on a
+    worker it keeps no record, so that what it read can be freed."""
 
     def __init__(self, data, epochs, rows, *, settle=False, cache=None):
         self.rows, self.vocab = rows, data.vocab_size
         targets = data.targets[rows]
         n = targets.shape[0]
         self.targets, self.settled = targets, np.zeros(n, dtype=bool)
-        self.cache = kernels.NO_CACHE
+        self.cache = NO_CACHE
         if data.exact:
             self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
                                        (n, data.vocab_size))
@@ -92,49 +96,49 @@ class Layout:
                 floor = kernels.topk_floors(*args)
             self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
                 *args, floor)
-            if kept is not None:
-                self.fields = data.stand_in_fields()
-            else:
-                self.fields = fields if data.holds_records else None
+            self.fields = fields if kept is None and data.holds_records else None
         self.cls = np.ascontiguousarray(self.cls)
 
     def read(self, data, epochs):
-        """What the kernels read for the checkpoints ``epochs`` (int64 (W,), ascending, of
-        the layout's): (the record fields, the epochs' indices in them, their positions in
-        the layout). Records not kept (`holds_records`) are read here, those epochs only."""
+        """What the window kernels read for the checkpoints ``epochs`` (int64 (W,),
+        ascending, of the layout's): (the records' probabilities (`kernels.topk_record_cache`),
+        ``cols``, the epochs' rows in ``cols``, their rows in those probabilities). Where the
+        layout keeps no cache, the window's are made here, from its views of the records or
+        from those epochs read here."""
         pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
+        if self.cache.size:
+            return self.cache, self.cols, pos, pos
         if self.fields is not None:
-            return self.fields, epochs, pos
-        if epochs.size == data.n_epochs:
-            return data.fields(self.rows), epochs, pos
-        return data.fields(self.rows, epochs), np.arange(epochs.size, dtype=np.int64), pos
+            fields, at = self.fields, epochs
+        elif epochs.size == data.n_epochs:
+            fields, at = data.fields(self.rows), epochs
+        else:
+            fields, at = data.fields(self.rows, epochs), np.arange(epochs.size, dtype=np.int64)
+        probs = np.empty((epochs.size, self.src.size, data.top_k + 2))
+        kernels.topk_record_cache(fields, at, self.src, self.targets, data.vocab_size, probs)
+        return probs, self.cols, pos, np.arange(epochs.size, dtype=np.int64)
 
     def window(self, data, epochs, upper, lower=None):
         """The mean of the bounds of ``epochs`` (epochs of the layout) into ``upper`` (and
         ``lower``): `kernels.topk_window`."""
-        fields, epochs, pos = self.read(data, _indices(epochs))
-        return kernels.topk_window(fields, self.cols, epochs, pos, self.src, self.targets,
-                                   data.vocab_size, self.parts, upper, lower, self.cache)
+        return kernels.topk_window(*self.read(data, _indices(epochs)), data.vocab_size,
+                                   self.parts, upper, lower)
 
     def grid_counts(self, data, epochs, prob, leads, grid):
         """`kernels.topk_window_grid_counts` of the window ``epochs``."""
-        fields, epochs, pos = self.read(data, _indices(epochs))
-        return kernels.topk_window_grid_counts(
-            fields, self.cols, epochs, pos, self.src, self.targets, data.vocab_size,
-            self.parts, prob, leads, grid, REL_BAND, self.cache)
+        return kernels.topk_window_grid_counts(*self.read(data, _indices(epochs)),
+                                               data.vocab_size, self.parts, prob, leads, grid,
+                                               REL_BAND)
 
     def add_into(self, data, epochs, total):
         """`kernels.topk_window_add_into` of the window ``epochs``."""
-        fields, epochs, pos = self.read(data, _indices(epochs))
-        kernels.topk_window_add_into(fields, self.cols, epochs, pos, self.src, self.targets,
-                                     data.vocab_size, self.parts, total, self.cache)
+        kernels.topk_window_add_into(*self.read(data, _indices(epochs)), data.vocab_size,
+                                     self.parts, total)
 
     def mix_into(self, data, epochs, prob, eps, leads, correct):
         """`kernels.topk_window_mix_into` of the window ``epochs``."""
-        fields, epochs, pos = self.read(data, _indices(epochs))
-        kernels.topk_window_mix_into(fields, self.cols, epochs, pos, self.src, self.targets,
-                                     data.vocab_size, self.parts, prob, eps, leads, correct,
-                                     self.cache)
+        kernels.topk_window_mix_into(*self.read(data, _indices(epochs)), data.vocab_size,
+                                     self.parts, prob, eps, leads, correct)
 
     @property
     def parts(self):
@@ -406,10 +410,8 @@ def selection_scores(data, layout, total):
     """For each epoch, the tokens of ``layout`` whose argmax of total + its bounds is the
     target: int64 (E,)."""
     if not data.exact:
-        fields, epochs, _ = layout.read(data, layout.epochs)
-        return kernels.topk_selection_counts(fields, layout.cols, epochs, layout.src,
-                                             layout.targets, data.vocab_size, layout.parts,
-                                             total, layout.cache)
+        probs, cols, _, _ = layout.read(data, layout.epochs)
+        return kernels.topk_selection_counts(probs, cols, data.vocab_size, layout.parts, total)
     every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
     return np.array([kernels.sum_correct_count_rows(
         total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)

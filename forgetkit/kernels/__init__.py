@@ -502,10 +502,6 @@ def topk_record_cache(fields, epochs, src, targets, vocab, cache):
     return floor
 
 
-#: What the top-k window kernels take for "no record cache": probabilities made from records.
-NO_CACHE = np.empty((0, 0, 0))
-
-
 def topk_layout(fields, epochs, src, targets, vocab, floor):
     """The class layout of tokens ``src`` over the checkpoints ``epochs`` (int64 indices)
     of a top-k run's record ``fields`` (as `topk_settle` takes them; ``targets`` int64 (n,)),
@@ -531,56 +527,54 @@ def _col_type(width):
     return next(t for t in (np.uint8, np.uint16, np.int32) if width <= np.iinfo(t).max)
 
 
-def topk_window(fields, cols, epochs, pos, src, targets, vocab, layout, upper, lower=None,
-                cache=NO_CACHE):
-    """The mean over the checkpoints ``epochs`` (int64 indices; ``pos`` their positions in
-    the layout's ``cols`` and ``cache``, `topk_record_cache`) of each one's upper and lower
-    bounds (float64 (n, M)) of tokens ``src`` in ``layout`` (``lower`` None: upper only),
-    summed in order and then divided (numpy's ``out += tmp``, ``out /= len(epochs)``)."""
+def topk_window(cache, cols, pos, rpos, vocab, layout, upper, lower=None):
+    """The mean over a window of checkpoints of each one's upper and lower bounds (float64
+    (n, M)) in ``layout`` (``lower`` None: upper only), summed in order and then divided
+    (numpy's ``out += tmp``, ``out /= len(window)``). The window's records: the rows
+    ``rpos`` of ``cache`` (`topk_record_cache`: (W, n, k + 2)), their stored ids' columns the
+    rows ``pos`` of ``cols`` (`topk_layout`)."""
     cls, label_col, _ = layout
-    call(_topk.window_bounds, upper.size * len(epochs), *fields, cache, cols, epochs, pos, src,
-         targets, vocab, cls, label_col, upper, np.empty((0, 0)) if lower is None else lower)
+    call(_topk.window_bounds, upper.size * len(pos), cache, cols, pos, rpos, vocab, cls,
+         label_col, upper, np.empty((0, 0)) if lower is None else lower)
     return upper, lower
 
 
-def topk_window_grid_counts(fields, cols, epochs, pos, src, targets, vocab, layout, prob, leads,
-                            grid, rel_band, cache=NO_CACHE):
-    """`grid_correct_counts` of the window mean of ``epochs`` (`topk_window`'s upper bounds)
-    mixed into ``prob``, in one pass, the mean not stored: int64 (G,)."""
+def topk_window_grid_counts(cache, cols, pos, rpos, vocab, layout, prob, leads, grid,
+                            rel_band):
+    """`grid_correct_counts` of the window mean (`topk_window`'s upper bounds, whose
+    arguments come first) mixed into ``prob``, in one pass, the mean not stored: int64
+    (G,)."""
     cls, label_col, _ = layout
-    return call(_topk.window_grid_counts, prob.size * len(epochs), *fields, cache, cols,
-                epochs, pos, src, targets, vocab, cls, label_col, prob, *leads, grid, rel_band)
+    return call(_topk.window_grid_counts, prob.size * len(pos), cache, cols, pos, rpos, vocab,
+                cls, label_col, prob, *leads, grid, rel_band)
 
 
-def topk_window_mix_into(fields, cols, epochs, pos, src, targets, vocab, layout, prob, eps,
-                         leads, correct, cache=NO_CACHE):
-    """`mix_into` of the window mean of ``epochs`` (`topk_window`'s upper bounds) into
-    ``prob``, in one pass, the mean not stored: prob, ``leads`` (lead, magnitude, top) and
-    ``correct`` updated in place."""
+def topk_window_mix_into(cache, cols, pos, rpos, vocab, layout, prob, eps, leads, correct):
+    """`mix_into` of the window mean (`topk_window`'s upper bounds, whose arguments come
+    first) into ``prob``, in one pass, the mean not stored: prob, ``leads`` (lead,
+    magnitude, top) and ``correct`` updated in place."""
     cls, label_col, _ = layout
-    call(_topk.window_into, prob.size * len(epochs), *fields, cache, cols, epochs, pos, src,
-         targets, vocab, cls, label_col, prob, True, eps, *leads, correct)
+    call(_topk.window_into, prob.size * len(pos), cache, cols, pos, rpos, vocab, cls,
+         label_col, prob, True, eps, *leads, correct)
 
 
-def topk_window_add_into(fields, cols, epochs, pos, src, targets, vocab, layout, total,
-                         cache=NO_CACHE):
-    """total += the window mean of ``epochs`` (`topk_window`'s upper bounds), in one pass,
-    the mean not stored (numpy's ``total += mean``)."""
+def topk_window_add_into(cache, cols, pos, rpos, vocab, layout, total):
+    """total += the window mean (`topk_window`'s upper bounds, whose arguments come first),
+    in one pass, the mean not stored (numpy's ``total += mean``)."""
     cls, label_col, _ = layout
     no_leads = (np.empty(0), np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=bool))
-    call(_topk.window_into, total.size * len(epochs), *fields, cache, cols, epochs, pos, src,
-         targets, vocab, cls, label_col, total, False, 0.0, *no_leads)
+    call(_topk.window_into, total.size * len(pos), cache, cols, pos, rpos, vocab, cls,
+         label_col, total, False, 0.0, *no_leads)
 
 
-def topk_selection_counts(fields, cols, epochs, src, targets, vocab, layout, total,
-                          cache=NO_CACHE):
-    """For each of ``epochs`` (the layout's, whose columns ``cols`` holds; ``cache`` as
-    `topk_window` takes it), the tokens ``src`` whose first argmax of total + that
-    checkpoint's upper bounds is the target's column: int64 (W,) (`sum_correct_count_rows`
+def topk_selection_counts(cache, cols, vocab, layout, total):
+    """For each epoch of a layout (the records' probabilities ``cache`` (E, n, k + 2) and
+    columns ``cols`` (E, n, k) of every one), the tokens whose first argmax of total + that
+    checkpoint's upper bounds is the target's column: int64 (E,) (`sum_correct_count_rows`
     of each epoch's bounds)."""
     cls, label_col, _ = layout
-    return call(_topk.selection_counts, total.size * len(epochs), *fields, cache, cols, epochs,
-                src, targets, vocab, cls, label_col, total)
+    return call(_topk.selection_counts, total.size * cols.shape[0], cache, cols, vocab, cls,
+                label_col, total)
 
 
 def topk_certify_recipe(fields, epochs, src, targets, vocab, steps, *, states_only=False):
@@ -642,8 +636,9 @@ def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     at = np.minimum(np.searchsorted(flat, key), flat.size - 1)
     cols = np.where(flat[at] == key, at - np.arange(n)[:, None] * width, -1)
     one, src = np.zeros(1, dtype=np.int64), np.arange(n, dtype=np.int64)
-    return topk_window(tuple(f[None] for f in fields), cols[None], one, one, src, targets,
-                       vocab, layout, upper, lower)
+    cache = np.empty((1, n, fields[0].shape[1] + 2))
+    topk_record_cache(tuple(f[None] for f in fields), one, src, targets, vocab, cache)
+    return topk_window(cache, cols[None], one, one, vocab, layout, upper, lower)
 
 
 def topk_certify(upper, lower, layout, vocab):

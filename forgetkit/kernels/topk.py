@@ -11,15 +11,16 @@ probability, since equal logits are stored by ascending id (the *tie floor*, the
 such id over the checkpoints, or -1: `token_floors`); then padding (id = vocabulary + 1,
 value 0) up to the width.
 
-The kernels read the records' fields in place (logits, ids (E, N, k), target, lse (E, N),
-any strides), at the checkpoints ``epochs`` and tokens ``src`` (int64 indices): each
-token's candidate classes are gathered once per layout (a small hash set). The fit and the
-selection first leave out the tokens no mixture gets right (`settle_scan`), then keep the
-probabilities of every record of the others (`record_cache`: k + 2 float64 each, the exps
-made once); a window's mean of bounds is made row by row (`window_bounds`), and the fit's
-passes use each row at once (`window_grid_counts`, `window_into`) or, where bounds on
-a few of its values answer, not at all (the eps search's early answers, the selection's
-argmax: `selection_counts`).
+The scans, the layout and the record cache read the records' fields in place (logits, ids
+(E, N, k), target, lse (E, N), any strides), at the checkpoints ``epochs`` and tokens
+``src`` (int64 indices): each token's candidate classes are gathered once per layout (a
+small hash set). The fit and the selection first leave out the tokens no mixture gets right
+(`settle_scan`), then keep the probabilities of every record of the others (`record_cache`:
+k + 2 float64 each, the exps made once; where a process has no room for them, each window
+makes its own). The window kernels read only those probabilities: a window's mean of bounds
+is made row by row (`window_bounds`), and the fit's passes use each row at once
+(`window_grid_counts`, `window_into`) or, where bounds on a few of its values answer, not at
+all (the eps search's early answers, the selection's argmax: `selection_counts`).
 
 See docs/definitions.md ("Certified fusion on top-k runs").
 """
@@ -341,36 +342,21 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
 
 
 @njit(inline="always")
-def _token_records(logits, ids, target, lse, cached, epochs, pos, n, s, y, scratch):
-    """Where the probabilities (`_record_probs`) of token s's records (target y) are, row
-    pos[i] for epochs[i]: token n of the layout's cache (layout epochs, n, k + 2) where
-    ``cached``, else token 0 of scratch (layout epochs, 1, k + 2), made there. The kernels
-    pick the array (cache or scratch) once per block and index it in their loops: arrays
-    returned or sliced per token cost reference counts, which both threads' atomic
-    updates make slow."""
-    if cached:
-        return n
-    for i in range(epochs.shape[0]):
-        _record_probs(logits, ids, target, lse, epochs[i], s, y, scratch, pos[i], 0)
-    return 0
-
-
-@njit(inline="always")
-def _window_row(cols, n, pos, p0, p1, recs, t, y_col, end, upper, lower, both, tmp,
+def _window_row(cols, n, pos, rpos, p0, p1, recs, t, y_col, end, upper, lower, both, tmp,
                 tmp_low):
-    """The mean over the epochs at rows pos[p0:p1] of token t's record probabilities
-    ``recs`` (`_token_records`) of each one's bounds in layout row n up to ``end``: for the
-    classes a checkpoint stored and the target, the exact p (upper = lower); for every
-    other column upper = u, lower = 0. Each epoch's bounds are laid out in a scratch row,
-    then summed in epoch order and divided by their number where it is above 1 (numpy's
-    ``out += tmp``, ``out /= W``).
+    """The mean over the epochs at rows pos[p0:p1] of ``cols`` (rpos[p0:p1] of ``recs``) of
+    token t's record probabilities ``recs`` (`record_cache`: (W, n, k + 2)) of each one's
+    bounds in layout row n up to ``end``: for the classes a checkpoint stored and the
+    target, the exact p (upper = lower); for every other column upper = u, lower = 0. Each
+    epoch's bounds are laid out in a scratch row, then summed in epoch order and divided by
+    their number where it is above 1 (numpy's ``out += tmp``, ``out /= W``).
 
     cols[r, n, j]: the column of the j-th id stored at layout epoch r (-1: none); upper,
     lower: rows (M,); scratch: tmp, tmp_low (W, M)."""
     n_epochs, k = p1 - p0, recs.shape[2] - 2
     for i in range(n_epochs):
-        r = pos[p0 + i]
-        u = recs[r, t, k + 1]
+        r, q = pos[p0 + i], rpos[p0 + i]
+        u = recs[q, t, k + 1]
         for c in range(end):
             tmp[i, c] = u
         if both:
@@ -379,12 +365,12 @@ def _window_row(cols, n, pos, p0, p1, recs, t, y_col, end, upper, lower, both, t
         for j in range(k):
             col = np.int64(cols[r, n, j])
             if col >= 0:
-                tmp[i, col] = recs[r, t, j]
+                tmp[i, col] = recs[q, t, j]
                 if both:
-                    tmp_low[i, col] = recs[r, t, j]
-        tmp[i, y_col] = recs[r, t, k]  # the target's column holds p_y, stored or not
+                    tmp_low[i, col] = recs[q, t, j]
+        tmp[i, y_col] = recs[q, t, k]  # the target's column holds p_y, stored or not
         if both:
-            tmp_low[i, y_col] = recs[r, t, k]
+            tmp_low[i, y_col] = recs[q, t, k]
     _sum_rows(tmp, n_epochs, end, upper)
     if both:
         _sum_rows(tmp_low, n_epochs, end, lower)
@@ -405,36 +391,30 @@ def _sum_rows(rows, n_rows, end, out):
 
 
 @njit(inline="always")
-def _window_scratch(n_layout, n_window, k, width):
-    """(records, tmp, tmp_low) of `_token_records` and `_window_row`, for one block of rows:
-    the records of ``n_layout`` epochs, rows for windows of up to ``n_window``."""
-    return (np.empty((n_layout, 1, k + 2)), np.empty((n_window, width)),
-            np.empty((n_window, width)))
+def _window_scratch(n_window, width):
+    """(tmp, tmp_low) of `_window_row`, for one block of rows: rows for windows of up to
+    ``n_window`` epochs."""
+    return np.empty((n_window, width)), np.empty((n_window, width))
 
 
 @kernel
-def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab,
-                  cls, label_col, upper, lower, n_blocks, counter):
-    """The mean over ``epochs`` of each checkpoint's bounds in the layout (see
-    `_window_row`; padding 0) of tokens src: upper, lower float64 (n, M) (lower (0, 0):
-    upper only). logits, ids (E, N, k), target, lse (E, N): the records' fields; cache:
-    their probabilities at the layout's epochs (`record_cache`, (W, n, k + 2); (0, 0, 0):
-    made from the records); cols (layout epochs, n, k) the stored ids' columns, at
-    positions ``pos`` for ``epochs``."""
-    k, width = logits.shape[2], cls.shape[1]
+def window_bounds(cache, cols, pos, rpos, vocab, cls, label_col, upper, lower, n_blocks,
+                  counter):
+    """The mean over a window of checkpoints of each one's bounds in the layout (see
+    `_window_row`; padding 0): upper, lower float64 (n, M) (lower (0, 0): upper only).
+    cache: the probabilities of the layout's records (`record_cache`, (W, n, k + 2)), the
+    window's at rows ``rpos``; cols (layout epochs, n, k) the stored ids' columns, the
+    window's at rows ``pos``."""
+    width = cls.shape[1]
     both = lower.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
-        cached = cache.shape[0] > 0
-        recs = cache if cached else scratch
+        lo, hi = span(blk, cls.shape[0], n_blocks)
+        tmp, tmp_low = _window_scratch(pos.shape[0], width)
         mean_up, mean_low = np.empty(width), np.empty(width)
         for n in range(lo, hi):
             end = _row_end(cls, n, vocab)
-            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
-                                targets[n], scratch)
-            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end,
+            _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end,
                         mean_up, mean_low, both, tmp, tmp_low)
             for c in range(end):
                 upper[n, c] = mean_up[c]
@@ -449,11 +429,10 @@ def window_bounds(logits, ids, target, lse, cache, cols, epochs, pos, src, targe
 
 
 @kernel(finish=grid_counts)
-def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, targets,
-                       vocab, cls, label_col, prob, b_lead, b_magnitude, b_top, grid, rel_band,
-                       n_blocks, counter):
-    """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds of
-    ``epochs`` (`window_bounds`; cache as there) mixed into prob, each row read up to its
+def window_grid_counts(cache, cols, pos, rpos, vocab, cls, label_col, prob, b_lead,
+                       b_magnitude, b_top, grid, rel_band, n_blocks, counter):
+    """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds
+    (`window_bounds`, whose arguments come first) mixed into prob, each row read up to its
     padding (which holds 0 in both: it never changes which column is the first argmax, so
     the counts are the padded rows'). Returns int64 (G,).
 
@@ -464,37 +443,33 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
     monotone in each term, so the mean of those maxima (summed in the same order) bounds
     the row's largest other value, hence its lead from below and its band from above;
     the target's value and that of b's top class are the row's, bit for bit."""
-    k, width, n_window = logits.shape[2], cls.shape[1], epochs.shape[0]
+    k, width, n_window = cache.shape[2] - 2, cls.shape[1], pos.shape[0]
     n_grid = grid.shape[0]
     diff = np.zeros(n_grid + 1, dtype=np.int64)
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], n_window, k, width)
-        cached = cache.shape[0] > 0
-        recs = cache if cached else scratch
+        lo, hi = span(blk, cls.shape[0], n_blocks)
+        tmp, tmp_low = _window_scratch(n_window, width)
         a = np.zeros(width)
         for n in range(lo, hi):
             end, y = _row_end(cls, n, vocab), label_col[n]
-            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
-                                targets[n], scratch)
             if end >= 2:
                 top_b = b_top[n]
                 a_y, high, at_top = 0.0, 0.0, 0.0
                 for i in range(n_window):
-                    r = pos[i]
-                    u = recs[r, at, k + 1]
-                    best = recs[r, at, 1] if k > 1 else u
+                    r, q = pos[i], rpos[i]
+                    u = cache[q, n, k + 1]
+                    best = cache[q, n, 1] if k > 1 else u
                     if np.int64(cols[r, n, 0]) != y:
-                        best = recs[r, at, 0]
+                        best = cache[q, n, 0]
                     value_top = u
                     for j in range(k):
                         if np.int64(cols[r, n, j]) == top_b:
-                            value_top = recs[r, at, j]
+                            value_top = cache[q, n, j]
                     if i == 0:
-                        a_y, high, at_top = recs[r, at, k], best, value_top
+                        a_y, high, at_top = cache[q, n, k], best, value_top
                     else:
-                        a_y += recs[r, at, k]
+                        a_y += cache[q, n, k]
                         high += best
                         at_top += value_top
                 if n_window > 1:
@@ -509,7 +484,7 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
                     continue
                 if lead_b < -band and at_top - a_y > band:  # the lead is <= a_y - at_top
                     continue
-            _window_row(cols, n, pos, 0, n_window, recs, at, y, end, a, a, False, tmp,
+            _window_row(cols, n, pos, rpos, 0, n_window, cache, n, y, end, a, a, False, tmp,
                         tmp_low)
             for c in range(end, width):
                 a[c] = 0.0
@@ -521,27 +496,23 @@ def window_grid_counts(logits, ids, target, lse, cache, cols, epochs, pos, src, 
 
 
 @kernel
-def window_into(logits, ids, target, lse, cache, cols, epochs, pos, src, targets, vocab, cls,
-                label_col, rows, mix, eps, lead, magnitude, top, correct, n_blocks, counter):
-    """Each token's window mean a of the upper bounds of ``epochs`` (`window_bounds`; cache
-    as there), made in a scratch row, into its row of ``rows`` (n, M) at once: with ``mix``,
+def window_into(cache, cols, pos, rpos, vocab, cls, label_col, rows, mix, eps, lead, magnitude,
+                top, correct, n_blocks, counter):
+    """Each token's window mean a of the upper bounds (`window_bounds`, whose arguments come
+    first), made in a scratch row, into its row of ``rows`` (n, M) at once: with ``mix``,
     ``eps_search.mix_into``'s step (rows[n] <- eps * a + (1 - eps) * rows[n]; lead,
     magnitude, top and correct as mix_into leaves them); else rows[n] += a (numpy's
     ``total += mean``; padding adds 0; the lead arrays unused)."""
-    k, width = logits.shape[2], cls.shape[1]
+    width = cls.shape[1]
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        scratch, tmp, tmp_low = _window_scratch(cols.shape[0], epochs.shape[0], k, width)
-        cached = cache.shape[0] > 0
-        recs = cache if cached else scratch
+        lo, hi = span(blk, cls.shape[0], n_blocks)
+        tmp, tmp_low = _window_scratch(pos.shape[0], width)
         a = np.zeros(width)
         for n in range(lo, hi):
             end = _row_end(cls, n, vocab)
-            at = _token_records(logits, ids, target, lse, cached, epochs, pos, n, src[n],
-                                targets[n], scratch)
-            _window_row(cols, n, pos, 0, pos.shape[0], recs, at, label_col[n], end, a, a,
-                        False, tmp, tmp_low)
+            _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end, a,
+                        a, False, tmp, tmp_low)
             if mix:
                 for c in range(end, width):
                     a[c] = 0.0
@@ -571,32 +542,25 @@ def _by_total(total, n, y_col, end, order):
 
 
 @kernel
-def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets, vocab, cls,
-                     label_col, total, n_blocks, counter):
-    """For each epochs[i], the tokens whose argmax of total[n] + that checkpoint's upper
-    bounds (`window_bounds` of one epoch; cache as there) is their target's column (the
-    first argmax, numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its
-    padding (which holds 0 in both: never the first argmax). cols: the layout's, whose
-    epochs are ``epochs``. Returns int64 (W,).
+def selection_counts(cache, cols, vocab, cls, label_col, total, n_blocks, counter):
+    """For each epoch i of the layout, the tokens whose argmax of total[n] + that
+    checkpoint's upper bounds (`window_bounds` of one epoch: cache (E, n, k + 2) and cols
+    (E, n, k) of every epoch of the layout) is their target's column (the first argmax,
+    numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its padding (which
+    holds 0 in both: never the first argmax). Returns int64 (E,).
 
     The rows are not made: the target must beat every column before it and match every
     one after. The stored columns are checked one by one (and marked); every other column
     adds the same u, and sums are monotone, so of those only the largest total before the
     target and the largest after it can beat it: the first unmarked columns of each side
     of the token's columns by total (`_by_total`)."""
-    n_epochs, k, width = epochs.shape[0], logits.shape[2], cls.shape[1]
+    n_epochs, k, width = cols.shape[0], cache.shape[2] - 2, cls.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
-    every = np.arange(n_epochs)
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, src.shape[0], n_blocks)
-        scratch = _window_scratch(n_epochs, 1, k, width)[0]
-        cached = cache.shape[0] > 0
-        recs = cache if cached else scratch
+        lo, hi = span(blk, cls.shape[0], n_blocks)
         order, marks = np.empty(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
-            at = _token_records(logits, ids, target, lse, cached, epochs, every, n, src[n],
-                                targets[n], scratch)
             y, end = label_col[n], _row_end(cls, n, vocab)
             # a column whose total plus the least u beats the target's total plus its
             # largest p beats it at every epoch (each value is at least u; sums monotone);
@@ -606,11 +570,11 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
             low_u, high_y = np.inf, -np.inf
             low_y, high_other = np.inf, -np.inf
             for r in range(n_epochs):
-                low_u = min(low_u, recs[r, at, k + 1])
-                high_y = max(high_y, recs[r, at, k])
-                low_y = min(low_y, recs[r, at, k])
-                other = recs[r, at, 0] if np.int64(cols[r, n, 0]) != y else \
-                    (recs[r, at, 1] if k > 1 else recs[r, at, k + 1])
+                low_u = min(low_u, cache[r, n, k + 1])
+                high_y = max(high_y, cache[r, n, k])
+                low_y = min(low_y, cache[r, n, k])
+                other = cache[r, n, 0] if np.int64(cols[r, n, 0]) != y else \
+                    (cache[r, n, 1] if k > 1 else cache[r, n, k + 1])
                 high_other = max(high_other, other)
             top = -np.inf
             for c in range(end):
@@ -625,17 +589,17 @@ def selection_counts(logits, ids, target, lse, cache, cols, epochs, src, targets
             _by_total(total, n, y, end, order)
             for r in range(n_epochs):
                 stamp = n * n_epochs + r + 1
-                v_y = total[n, y] + recs[r, at, k]
+                v_y = total[n, y] + cache[r, n, k]
                 first = True
                 for j in range(k):
                     c = np.int64(cols[r, n, j])
                     marks[c] = stamp
                     if c != y:
-                        v = total[n, c] + recs[r, at, j]
+                        v = total[n, c] + cache[r, n, j]
                         if v > v_y or (v == v_y and c < y):
                             first = False
                             break
-                u = recs[r, at, k + 1]
+                u = cache[r, n, k + 1]
                 if first:
                     for q in range(y):  # before the target: must be beaten
                         if marks[order[q]] != stamp:
@@ -772,7 +736,8 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         keys, stamps, where, buf = _layout_scratch(n_epochs, k, vocab)
-        recs, rows, rows_low = _window_scratch(n_epochs, n_epochs, k, width)
+        recs = np.empty((n_epochs, 1, k + 2))
+        rows, rows_low = _window_scratch(n_epochs, width)
         one_cls = np.empty((1, width), dtype=np.int64)  # the token's layout, as row 0
         row_cls = one_cls[0]
         tcols = np.empty((n_epochs, 1, k), dtype=np.int64)
@@ -833,8 +798,8 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
                 # p0..p1 once, a WEIGHTED step's epochs one by one
                 for i in range(p0, p1 if weighted else p0 + 1):
                     w0, w1 = (i, i + 1) if weighted else (p0, p1)
-                    _window_row(tcols, 0, pos, w0, w1, recs, 0, y_col, end, tmp, tmp_low, True,
-                                rows, rows_low)
+                    _window_row(tcols, 0, pos, pos, w0, w1, recs, 0, y_col, end, tmp, tmp_low,
+                                True, rows, rows_low)
                     if kinds[step] == 0:  # MEAN
                         for c in range(end):
                             upper[c] = tmp[c]

@@ -598,11 +598,6 @@ class TopKData:
         block = np.asarray(self.records[slice(None) if epochs is None else epochs, rows])
         return _kernel_fields(block)
 
-    def stand_in_fields(self):
-        """Fields of two zero records, of the types `fields` gives: what the kernels take
-        where a layout's cache holds its records' probabilities (they then read only k)."""
-        return _kernel_fields(np.zeros((1, 2), dtype=self.records.dtype))
-
     def chunks(self, size=CHUNK_TOKENS):
         """Slices of tokens, ``size`` at a time."""
         n = self.n_tokens
