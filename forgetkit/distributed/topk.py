@@ -22,7 +22,6 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .. import kernels
 from ..errors import ForgetkitError
 from ..execution import LocalParts
 from ..fusion import topk
@@ -133,8 +132,7 @@ class ChunkSelection:
         ``n_picked`` picks already (a task run twice)."""
         if self.n_picked == n_picked:
             for layout, total in self.parts:
-                kernels.add_into(total, topk.epoch_values(self.data, e, layout,
-                                                          np.empty(layout.shape))[0])
+                topk.add_pick(self.data, layout, e, total)
             self.data.records.forget()
             self.n_picked += 1
         return self

@@ -398,12 +398,17 @@ def topk_selection(data, k):
         picks.append(int(np.argmax(scores)))
         if i + 1 < k:
             for layout, total in parts:
-                if data.exact:
-                    kernels.add_into(total, epoch_values(data, picks[-1], layout,
-                                                         np.empty(layout.shape))[0])
-                else:
-                    layout.add_into(data, [picks[-1]], total)
+                add_pick(data, layout, picks[-1], total)
     return picks
+
+
+def add_pick(data, layout, e, total):
+    """total += checkpoint ``e``'s upper bounds in ``layout`` (a selection round's pick),
+    float64 (n, M) in place: with k < vocabulary in one pass, the bounds not stored."""
+    if data.exact:
+        kernels.add_into(total, epoch_values(data, e, layout, np.empty(layout.shape))[0])
+    else:
+        layout.add_into(data, [e], total)
 
 
 def selection_scores(data, layout, total):
