@@ -119,6 +119,26 @@ def test_window_means_and_grid_counts_match_the_reference(case, cache):
                 upper, prob, ref.label_col, leads, grid, REL_BAND))
 
 
+@pytest.mark.parametrize("case", [(6, 3, 40, 70_000, 4, True), (7, 3, 40, 1 << 16, 4, True)])
+def test_layouts_of_wide_vocabularies_match_the_reference(case):
+    """Vocabularies beyond `kernels.topk.DIRECT_CLASSES` lay tokens out with a hash set,
+    those up to it with a bit set (here, all of its words): both give the reference's
+    layouts, unstored slots above tied k-th logits included."""
+    run = topk_run(*case)
+    ref = Reference(run)
+    data = kind_of(run).certified_bounds(run)
+    layout = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    assert layout.shape == ref.upper.shape[1:]
+    assert np.array_equal(layout.label_col, ref.label_col)
+    assert np.array_equal(layout.cls, [[c for c, _ in row] + [run.n_classes + 1] * (
+        layout.shape[1] - len(row)) for row in ref.rows])
+    for window in ([0], [0, 1, 2], [2]):
+        upper, lower = np.empty(layout.shape), np.empty(layout.shape)
+        ft.window_mean(data, window, layout, upper, lower)
+        assert np.array_equal(upper, ref.window(window))
+        assert np.array_equal(lower, ref.window(window, lower=True))
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_settled_tokens_are_wrong_under_every_mixture(case):
     run = topk_run(*case)

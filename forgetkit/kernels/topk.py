@@ -14,8 +14,8 @@ value 0) up to the width.
 The scans, the layout and the record cache read the records' fields in place (logits, ids
 (E, N, k), target, lse (E, N), any strides), at the checkpoints ``epochs`` and tokens
 ``src`` (int64 indices): each token's candidate classes are gathered once per layout (a
-small hash set). The fit and the selection first leave out the tokens no mixture gets right
-(`settle_scan`), then keep the probabilities of every record of the others (`record_cache`:
+bit set over the vocabulary, read back in order; beyond 2**16 classes a small hash set).
+The fit and the selection first leave out the tokens no mixture gets right (`settle_scan`), then keep the probabilities of every record of the others (`record_cache`:
 k + 2 float64 each, the exps made once; where a process has no room for them, each window
 makes its own). The window kernels read only those probabilities: a window's mean of bounds
 is made row by row (`window_bounds`), and the fit's passes use each row at once
@@ -81,13 +81,8 @@ def _record_probs(logits, ids, target, lse, e, s, y, out, r, t):
 
 @njit(inline="always")
 def _hash_slot(keys, stamps, stamp, c):
-    """Insert class c into the set (keys, stamps) of the entries marked ``stamp``; returns
-    (its slot, whether it was new). With keys of size 0 the set is a table of one stamp per
-    class (`_layout_scratch`) and c's slot is c; else keys and stamps are open-addressed."""
-    if keys.shape[0] == 0:
-        new = stamps[c] != stamp
-        stamps[c] = stamp
-        return c, new
+    """Insert class c into the open-addressed set (keys, stamps) of the entries marked
+    ``stamp``; returns (its slot, whether it was new)."""
     mask = keys.shape[0] - 1
     h = (c * np.int64(0x9E3779B1)) & mask
     while stamps[h] == stamp and keys[h] != c:  # one exit: returns in loops compile slower
@@ -248,13 +243,78 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
 
 
 @njit(inline="always")
+def _bit_index(low):
+    """The index of the one bit set in the int64 ``low`` (a power of two, or -2**63): the
+    exponent of its float64 value, which holds it exactly."""
+    return ((np.float64(low).view(np.int64) >> 52) & 0x7FF) - 1023
+
+
+@njit(inline="always")
+def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
+    """`_token_layout` for vocabularies up to `DIRECT_CLASSES`: the token's classes are
+    marked in the bit set ``bits`` (int64 (vocab // 64 + 1,), zero, and left zero), read
+    back in ascending order word by word (no sort), each one's column kept in ``where``
+    (int32 (vocab + 1,)) for the stored ids. Both fit in a core's first-level cache, which
+    a table of one int64 stamp per class does not."""
+    k = ids.shape[2]
+    first, last = y >> 6, y >> 6
+    bits[y >> 6] |= np.int64(1) << (y & 63)
+    count = 1
+    for i in range(epochs.shape[0]):
+        e = epochs[i]
+        for j in range(k):
+            c = np.int64(ids[e, s, j])
+            w, bit = c >> 6, np.int64(1) << (c & 63)
+            if bits[w] & bit == 0:
+                bits[w] |= bit
+                count += 1
+                first, last = min(first, w), max(last, w)
+    slot = np.int64(-1)
+    if count < vocab:  # the smallest class above floor not in the set (at most vocab)
+        slot = max(floor + 1, 0)
+        while (bits[slot >> 6] >> (slot & 63)) & 1:
+            slot += 1
+    slot_col, y_col = np.int64(-1), np.int64(-1)
+    col = 0
+    for w in range(first, last + 1):
+        x = bits[w]
+        bits[w] = 0
+        while x != 0:
+            low = x & -x
+            x ^= low
+            c = w * 64 + _bit_index(low)
+            if slot >= 0 and slot_col < 0 and c > slot:
+                slot_col = col
+                cls[n, col] = slot
+                col += 1
+            if c == y:
+                y_col = col
+            where[c] = col
+            cls[n, col] = c
+            col += 1
+    if slot >= 0 and slot_col < 0:
+        slot_col = col
+        cls[n, col] = min(slot, vocab)
+        col += 1
+    for i in range(epochs.shape[0]):
+        e = epochs[i]
+        for j in range(k):
+            cols[i, n, j] = where[np.int64(ids[e, s, j])]
+    return col, y_col, slot_col
+
+
+@njit(inline="always")
 def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, cls,
                   cols, n):
     """The layout of one token (records at token s, target y; see the module): cls[n, :w]
     its classes and unstored slot (above ``floor``), cols[i, n, j] the column of the j-th
     id stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
-    Scratch: the set (keys, stamps) marked ``stamp``, where (its size), buf (3, W * k + 1):
-    the classes, their slots in the set, each stored id's slot."""
+    Scratch (`_layout_scratch`): for vocabularies up to `DIRECT_CLASSES` a bit set of the
+    classes (keys) and each class's column (where): `_bitset_layout`; else the hash set
+    (keys, stamps) marked ``stamp``, where (its size), buf (3, W * k + 1): the classes,
+    their slots in the set, each stored id's slot."""
+    if stamps.shape[0] == 0:
+        return _bitset_layout(ids, epochs, s, y, vocab, floor, keys, where, cls, cols, n)
     k = ids.shape[2]
     h, _ = _hash_slot(keys, stamps, stamp, y)
     buf[0, 0], buf[1, 0] = y, h
@@ -305,21 +365,23 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
     return col, y_col, slot_col
 
 
-#: Vocabularies up to this size make a token's set of classes a table of one stamp per
-#: class (8 bytes each and a column each, per thread), no hashing: 1 MiB at most.
+#: Vocabularies up to this size make a token's set of classes a bit set and a column per
+#: class (`_bitset_layout`; 36 KiB per thread for 8,192 classes, 288 KiB at most), no
+#: hashing and no sort.
 DIRECT_CLASSES = 1 << 16
 
 
 @njit(inline="always")
 def _layout_scratch(n_epochs, k, vocab):
-    """(keys, stamps, where, buf) of `_token_layout` (its stamps: one per token)."""
+    """(keys, stamps, where, buf) of `_token_layout`: for vocabularies up to
+    `DIRECT_CLASSES` a bit set of the classes and their columns (stamps and buf empty),
+    else a hash set (its stamps: one per token)."""
     if vocab <= DIRECT_CLASSES:
-        size, keys = vocab + 1, np.empty(0, dtype=np.int64)
-    else:
-        size = _hash_size(n_epochs, k)
-        keys = np.empty(size, dtype=np.int64)
-    return (keys, np.zeros(size, dtype=np.int64), np.empty(size, dtype=np.int64),
-            np.empty((3, n_epochs * k + 1), dtype=np.int64))
+        return (np.zeros(vocab // 64 + 1, dtype=np.int64), np.empty(0, dtype=np.int64),
+                np.empty(vocab + 1, dtype=np.int32), np.empty((3, 0), dtype=np.int64))
+    size = _hash_size(n_epochs, k)
+    return (np.empty(size, dtype=np.int64), np.zeros(size, dtype=np.int64),
+            np.empty(size, dtype=np.int32), np.empty((3, n_epochs * k + 1), dtype=np.int64))
 
 
 @kernel
