@@ -15,10 +15,11 @@ The scans, the layout and the record cache read the records' fields in place (lo
 (E, N, k), target, lse (E, N), any strides), at the checkpoints ``epochs`` and tokens
 ``src`` (int64 indices): each token's candidate classes are gathered once per layout (a
 bit set over the vocabulary, read back in order; beyond 2**16 classes a small hash set).
-The fit and the selection first leave out the tokens no mixture gets right (`settle_scan`), then keep the probabilities of every record of the others (`record_cache`:
-k + 2 float64 each, the exps made once; where a process has no room for them, each window
-makes its own). The window kernels read only those probabilities: a window's mean of bounds
-is made row by row (`window_bounds`), and the fit's passes use each row at once
+The fit and the selection first leave out the tokens no mixture gets right (`settle_scan`),
+then keep the probabilities of every record of the others (`record_cache`: k + 2 float64
+each, the exps made once; where a process has no room for them, each window makes its
+own). The window kernels read only those probabilities: a window's mean of bounds is made
+row by row (`window_bounds`), and the fit's passes use each row at once
 (`window_grid_counts`, `window_into`) or, where bounds on a few of its values answer, not at
 all (the eps search's early answers, the selection's argmax: `selection_counts`).
 
