@@ -185,6 +185,20 @@ def _beats(up, p_y):
     return up > p_y * (1.0 + SETTLE_MARGIN) and up >= SETTLE_FLOOR
 
 
+@njit(inline="always")
+def _logit_beats(z, t, top):
+    """`_beats` of exp(z - top) over exp(t - top) (a stored logit z and the target's t of
+    one record, log-sum-exp top), without exps where the logits decide it: never where
+    z <= t (exp is monotone, and a bound of at least `SETTLE_FLOOR` is normal, so within
+    an ulp of its order), always where z - t >= `SURE_GAP` in the range that constant
+    names."""
+    if z <= t:
+        return False
+    if z - t >= SURE_GAP and -620.0 <= z - top <= 1.0:
+        return True
+    return _beats(np.exp(z - top), np.exp(t - top))
+
+
 @kernel
 def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, settled,
                 n_blocks, counter):
@@ -193,9 +207,10 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
     src[n]: class rival[n] (its probability where stored, else the unstored bound u;
     rival[n] < 0: not settled), or the unstored slot (bound u; tried where the epochs' ids
     and the target cannot fill the vocabulary). Each test stops at the first checkpoint
-    that fails it, and two exps (the rival's stored probability, or the k-th that bounds
-    u, and the target's) decide most checkpoints, not a record's k + 1; a rival's stored
-    logit `SURE_GAP` above the target's decides with none.
+    that fails it. The logits decide most checkpoints with no exp (`_logit_beats`: the
+    rival's stored logit, or the k-th, which bounds u, against the target's), two exps
+    most others; a record's k + 1 only where the bound is u and the k-th logit is above
+    the target's.
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
@@ -217,11 +232,11 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                 for j in range(k):
                     if np.int64(ids[e, s, j]) == c:
                         at = j
+                t = np.float64(target[e, s])
                 if at >= 0:
-                    z, t = np.float64(logits[e, s, at]), np.float64(target[e, s])
-                    # a clear win in logits decides it without exps (see `SURE_GAP`)
-                    if not (z - t >= SURE_GAP and -620.0 <= z - top <= 1.0):
-                        beats = _beats(np.exp(z - top), np.exp(t - top))
+                    beats = _logit_beats(np.float64(logits[e, s, at]), t, top)
+                elif np.float64(logits[e, s, k - 1]) <= t:
+                    beats = False  # u <= p_k <= p_y
                 else:
                     _record_probs(logits, ids, target, lse, e, s, y, rec, 0, 0)
                     beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
@@ -231,9 +246,8 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                     if not beats:
                         break
                     e = epochs[i]
-                    top = np.float64(lse[e, s])
-                    beats = _beats(np.exp(np.float64(logits[e, s, k - 1]) - top),
-                                   np.exp(np.float64(target[e, s]) - top))
+                    beats = _logit_beats(np.float64(logits[e, s, k - 1]),
+                                         np.float64(target[e, s]), np.float64(lse[e, s]))
                 for i in range(epochs.shape[0]):
                     if not beats:
                         break
