@@ -200,9 +200,14 @@ def grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
         if w0 < w1:
             diff[w0] += 1
             diff[w1] -= 1
-    for g in range(p0, p1):
-        if w0 <= g < w1:
-            continue
+        else:
+            w0, w1 = p1, p1
+    # the others possible, [p0, w0) and [w1, p1), with the brute-force arithmetic
+    for g in range(p0, w0):
+        if first_argmax_mix(a, b, grid[g], 1.0 - grid[g]) == y:
+            diff[g] += 1
+            diff[g + 1] -= 1
+    for g in range(w1, p1):
         if first_argmax_mix(a, b, grid[g], 1.0 - grid[g]) == y:
             diff[g] += 1
             diff[g + 1] -= 1
