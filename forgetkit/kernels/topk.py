@@ -105,11 +105,16 @@ def _hash_size(n_epochs, k):
 
 @njit(inline="always")
 def _row_end(cls, n, vocab):
-    """Columns of layout row n before its padding (ids > vocab)."""
-    end = cls.shape[1]
-    while end > 0 and cls[n, end - 1] > vocab:
-        end -= 1
-    return end
+    """Columns of layout row n before its padding (ids > vocab): a binary search, the row
+    ascending."""
+    lo, hi = 0, cls.shape[1]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if cls[n, mid] > vocab:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 #: Relative margin by which a class's bound must beat the target's probability at every
