@@ -1,0 +1,110 @@
+"""Two trees' certified fusion on one top-k run in one process, interleaved.
+
+    python -m bench.ab_topk --base TREE [--run RUN] [--tile 40] [--repeat 7]
+        [--tasks forget,fit,selection]
+
+Separate processes of this machine (and of a lent host) differ by 10-20% in speed, more
+than a kernel change often moves a task. Here the ``forgetkit`` package of another source
+tree ``TREE`` (e.g. ``git archive <commit> forgetkit | tar -x -C TREE``) is copied to a
+temporary folder as the package ``fk_base`` and imported beside this tree's ``forgetkit``;
+each task (the forgetting pass, `KnowledgeFusion().fit`, `EnsembleSelection().fit`) runs on
+a new run of the records of ``--run`` tiled ``--tile`` times (the GPT-2 sample by default),
+base then this tree, ``--repeat`` rounds: best CPU seconds of each, its ratio to the same
+tree's forgetting pass, and this tree's over the base's. Both compile on the untiled run
+first. The plans of the last round are compared (they must be equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / \
+    "lm_fortunes_gpt2_heldout_top8.npy"
+TASKS = ("forget", "fit", "selection")
+
+
+def _import_base(tree):
+    """``tree``'s forgetkit package, imported as ``fk_base`` from a temporary copy."""
+    home = Path(tempfile.mkdtemp(prefix="ab_topk_"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    shutil.copytree(Path(tree) / "forgetkit", home / "fk_base",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, str(home))
+    return importlib.import_module("fk_base")
+
+
+def _runs(pkg, first, copies):
+    """A callable giving a new Run of ``pkg`` (nothing cached) of ``first``'s records
+    repeated ``copies`` times along the tokens, each copy's sequence ids shifted."""
+    from forgetkit.kinds import kind_of
+
+    records = np.tile(np.asarray(kind_of(first).read_records(first)), (1, copies))
+    shift = int(first.sequence_ids.max()) + 1
+    sequences = np.concatenate([first.sequence_ids + shift * i for i in range(copies)])
+    positions, labels = np.tile(first.positions, copies), np.tile(first.labels, copies)
+    outputs = importlib.import_module(pkg.__name__ + ".kinds.topk").TopKOutputs
+    return lambda: pkg.Run(outputs(records, first.n_classes, sequences, positions), labels,
+                           kind="topk", epochs=first.epochs)
+
+
+def _task(pkg, name, run):
+    if name == "forget":
+        return pkg.forget_fraction(run)
+    if name == "fit":
+        return pkg.KnowledgeFusion().fit(run).plan_
+    return pkg.EnsembleSelection().fit(run)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="a source tree holding forgetkit/")
+    p.add_argument("--run", default=str(SAMPLE))
+    p.add_argument("--tile", type=int, default=40)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--tasks", default=",".join(TASKS))
+    args = p.parse_args(argv)
+    tasks = args.tasks.split(",")
+    import forgetkit as fk
+
+    base = _import_base(args.base)
+    trees = {"base": base, "this": fk}
+    new_run = {}
+    for name, pkg in trees.items():
+        small = pkg.load(args.run)
+        for task in tasks:  # compiles
+            _task(pkg, task, small)
+        new_run[name] = _runs(pkg, fk.load(args.run), args.tile)
+    best = {(name, task): float("inf") for name in trees for task in tasks}
+    plans = {}
+    for _ in range(args.repeat):
+        for name, pkg in trees.items():
+            for task in tasks:
+                run = new_run[name]()
+                start = time.process_time()
+                out = _task(pkg, task, run)
+                best[name, task] = min(best[name, task], time.process_time() - start)
+                if task == "fit":
+                    plans[name] = out
+    print(f"{fk.load(args.run).n_samples * args.tile} tokens; base {base.__file__}, this "
+          f"{fk.__file__}; best CPU s of {args.repeat}")
+    for name in trees:
+        unit = best[name, "forget"] if "forget" in tasks else 1.0
+        print(f"{name:5s}", "  ".join(f"{t} {best[name, t]:.3f} s ({best[name, t] / unit:.1f}x)"
+                                      for t in tasks))
+    print("this / base", "  ".join(f"{t} {best['this', t] / best['base', t]:.2f}"
+                                   for t in tasks))
+    if "fit" in tasks:
+        print("same plan:", plans["base"] == plans["this"])
+
+
+if __name__ == "__main__":
+    main()
