@@ -386,7 +386,7 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
 
 
 #: Vocabularies up to this size make a token's set of classes a bit set and a column per
-#: class (`_bitset_layout`; 36 KiB per thread for 8,192 classes, 288 KiB at most), no
+#: class (`_bitset_layout`; 33 KiB per thread for 8,192 classes, 264 KiB at most), no
 #: hashing and no sort.
 DIRECT_CLASSES = 1 << 16
 
