@@ -25,10 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from .bench_topk_tiled import SAMPLE, tiler
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / \
-    "lm_fortunes_gpt2_heldout_top8.npy"
 TASKS = ("forget", "fit", "selection")
 
 
@@ -40,20 +38,6 @@ def _import_base(tree):
                     ignore=shutil.ignore_patterns("__pycache__"))
     sys.path.insert(0, str(home))
     return importlib.import_module("fk_base")
-
-
-def _runs(pkg, first, copies):
-    """A callable giving a new Run of ``pkg`` (nothing cached) of ``first``'s records
-    repeated ``copies`` times along the tokens, each copy's sequence ids shifted."""
-    from forgetkit.kinds import kind_of
-
-    records = np.tile(np.asarray(kind_of(first).read_records(first)), (1, copies))
-    shift = int(first.sequence_ids.max()) + 1
-    sequences = np.concatenate([first.sequence_ids + shift * i for i in range(copies)])
-    positions, labels = np.tile(first.positions, copies), np.tile(first.labels, copies)
-    outputs = importlib.import_module(pkg.__name__ + ".kinds.topk").TopKOutputs
-    return lambda: pkg.Run(outputs(records, first.n_classes, sequences, positions), labels,
-                           kind="topk", epochs=first.epochs)
 
 
 def _task(pkg, name, run):
@@ -82,7 +66,7 @@ def main(argv=None):
         small = pkg.load(args.run)
         for task in tasks:  # compiles
             _task(pkg, task, small)
-        new_run[name] = _runs(pkg, fk.load(args.run), args.tile)
+        new_run[name] = tiler(fk.load(args.run), args.tile, pkg)
     best = {(name, task): float("inf") for name in trees for task in tasks}
     plans = {}
     for _ in range(args.repeat):

@@ -33,19 +33,23 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / \
 TASKS = ("fit", "certified", "selection", "likelihood", "label_issues")
 
 
-def tiler(run, copies):
+def tiler(run, copies, package=None):
     """A callable giving a new Run (nothing cached) of ``run``'s tokens repeated ``copies``
-    times, each copy's sequence ids shifted."""
+    times, each copy's sequence ids shifted; a Run of ``package`` (another tree's forgetkit
+    imported under another name, as `bench.ab_topk` does; default: forgetkit)."""
+    import importlib
+
     import forgetkit as fk
     from forgetkit.kinds import kind_of
-    from forgetkit.kinds.topk import TopKOutputs
 
+    package = fk if package is None else package
+    outputs = importlib.import_module(package.__name__ + ".kinds.topk").TopKOutputs
     records = np.tile(np.asarray(kind_of(run).read_records(run)), (1, copies))
     shift = int(run.sequence_ids.max()) + 1
     sequences = np.concatenate([run.sequence_ids + shift * i for i in range(copies)])
     positions, labels = np.tile(run.positions, copies), np.tile(run.labels, copies)
-    return lambda: fk.Run(TopKOutputs(records, run.n_classes, sequences, positions), labels,
-                          kind="topk", epochs=run.epochs)
+    return lambda: package.Run(outputs(records, run.n_classes, sequences, positions), labels,
+                               kind="topk", epochs=run.epochs)
 
 
 def cpu_seconds(fn, new_run, repeat):
