@@ -607,22 +607,6 @@ def window_into(cache, cols, pos, rpos, vocab, cls, label_col, rows, mix, eps, l
         blk = claim(counter)
 
 
-@njit(inline="always")
-def _by_total(total, n, y_col, end, order):
-    """order[:y_col] = the columns before y_col, order[y_col:end - 1] those after it (up to
-    ``end``), each by total[n, c] descending (insertion sorts: a few dozen columns)."""
-    for c in range(end):
-        if c == y_col:
-            continue
-        first = 0 if c < y_col else y_col
-        m = c if c < y_col else c - 1
-        v = total[n, c]
-        while m > first and total[n, order[m - 1]] < v:
-            order[m] = order[m - 1]
-            m -= 1
-        order[m] = c
-
-
 @kernel
 def selection_counts(cache, cols, vocab, cls, label_col, total, n_blocks, counter):
     """For each epoch i of the layout, the tokens whose argmax of total[n] + that
@@ -633,15 +617,15 @@ def selection_counts(cache, cols, vocab, cls, label_col, total, n_blocks, counte
 
     The rows are not made: the target must beat every column before it and match every
     one after. The stored columns are checked one by one (and marked); every other column
-    adds the same u, and sums are monotone, so of those only the largest total before the
-    target and the largest after it can beat it: the first unmarked columns of each side
-    of the token's columns by total (`_by_total`)."""
+    adds u, at most any stored probability, and sums are monotone, so a column of a side
+    beats the target only where the column of the largest total on that side (the first
+    of equals) does: where that one is stored it was checked, else it adds u too."""
     n_epochs, k, width = cols.shape[0], cache.shape[2] - 2, cls.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, cls.shape[0], n_blocks)
-        order, marks = np.empty(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
+        marks = np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
             y, end = label_col[n], _row_end(cls, n, vocab)
             # a column whose total plus the least u beats the target's total plus its
@@ -658,17 +642,24 @@ def selection_counts(cache, cols, vocab, cls, label_col, total, n_blocks, counte
                 other = cache[r, n, 0] if np.int64(cols[r, n, 0]) != y else \
                     (cache[r, n, 1] if k > 1 else cache[r, n, k + 1])
                 high_other = max(high_other, other)
-            top = -np.inf
+            before, after = -1, -1  # each side's column of the largest total
             for c in range(end):
-                if c != y:
-                    top = max(top, total[n, c])
+                if c < y:
+                    if before < 0 or total[n, c] > total[n, before]:
+                        before = c
+                elif c > y and (after < 0 or total[n, c] > total[n, after]):
+                    after = c
+            top = -np.inf
+            if before >= 0:
+                top = total[n, before]
+            if after >= 0:
+                top = max(top, total[n, after])
             if top + low_u > total[n, y] + high_y:
                 continue
             if total[n, y] + low_y > top + high_other:
                 for r in range(n_epochs):
                     counts[r] += 1
                 continue
-            _by_total(total, n, y, end, order)
             for r in range(n_epochs):
                 stamp = n * n_epochs + r + 1
                 v_y = total[n, y] + cache[r, n, k]
@@ -682,16 +673,10 @@ def selection_counts(cache, cols, vocab, cls, label_col, total, n_blocks, counte
                             first = False
                             break
                 u = cache[r, n, k + 1]
-                if first:
-                    for q in range(y):  # before the target: must be beaten
-                        if marks[order[q]] != stamp:
-                            first = total[n, order[q]] + u < v_y
-                            break
-                if first:
-                    for q in range(y, end - 1):  # after it: must be matched
-                        if marks[order[q]] != stamp:
-                            first = total[n, order[q]] + u <= v_y
-                            break
+                if first and before >= 0 and marks[before] != stamp:
+                    first = total[n, before] + u < v_y  # before the target: beaten
+                if first and after >= 0 and marks[after] != stamp:
+                    first = total[n, after] + u <= v_y  # after it: matched
                 counts[r] += first
         blk = claim(counter)
     return counts
