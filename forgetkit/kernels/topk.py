@@ -290,9 +290,9 @@ def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
                 count += 1
                 first, last = min(first, w), max(last, w)
     slot = np.int64(-1)
-    if count < vocab:  # the smallest class above floor not in the set (at most vocab)
+    if count < vocab:  # the smallest class above floor not in the set
         slot = max(floor + 1, 0)
-        while (bits[slot >> 6] >> (slot & 63)) & 1:
+        while slot < vocab and (bits[slot >> 6] >> (slot & 63)) & 1:
             slot += 1
     slot_col, y_col = np.int64(-1), np.int64(-1)
     col = 0
