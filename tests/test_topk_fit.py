@@ -6,6 +6,8 @@ numpy)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -228,13 +230,42 @@ def test_selection_scores_match_the_reference(case, cache):
         assert got.tolist() == want
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_settled_tokens_are_those_the_definition_names(case):
+def mass_boundary_run(seed, n_tokens=400, vocab=50, k=3):
+    """A top-k run whose tokens' rival (the final checkpoint's largest class) is stored
+    there only, and whose target lies below the k stored classes at every checkpoint:
+    before the final one the unstored mass is near its probability (within a few percent
+    either way, equal for some tokens), so the rival's bound u there is decided by that
+    mass; at the final one nothing else is left unstored, so the unstored slot cannot
+    settle a token the rival does not."""
+    rng = np.random.default_rng(seed)
+    n_epochs = 3
+    targets = rng.integers(0, vocab, n_tokens)
+    z = np.full((n_epochs, n_tokens, vocab), -30.0)
+    for n, y in enumerate(targets):
+        others = rng.permutation([c for c in range(vocab) if c != y])
+        stored, rival, rest = others[:k], others[k], others[k + 1:]
+        z[:, n, stored] = [2.0 + 0.1 * j for j in range(k)]
+        z[:, n, y] = 1.5
+        # the rest's mass: its probability times len(rest) near the target's
+        level = 1.5 - np.log(len(rest)) + rng.choice([-0.05, -0.01, 0.0, 0.01, 0.05])
+        z[:-1, n, rest] = level
+        z[-1, n, rival] = 3.0  # stored, largest, at the final checkpoint only
+        z[-1, n, stored[0]] = -30.0  # which leaves no unstored mass there
+    z = z.astype(np.float32)
+    records = np.stack([topk_records(x, targets, k) for x in z])
+    return fk.Run(TopKOutputs(records, vocab, np.arange(n_tokens) // 10,
+                              np.arange(n_tokens) % 10 + 1), targets, kind="topk")
+
+
+@pytest.mark.parametrize("make", [partial(topk_run, *case) for case in CASES]
+                         + [partial(mass_boundary_run, 7), partial(mass_boundary_run, 8, k=1)])
+def test_settled_tokens_are_those_the_definition_names(make):
     """`Layout`'s settled tokens, against the definition on the reference's bounds: the
     final checkpoint's largest class other than the target, or the unstored slot (where
     the vocabulary has unstored classes), beats the target at every checkpoint by the
-    margin and is at least the floor."""
-    run = topk_run(*case)
+    margin and is at least the floor. The mass-boundary runs decide most checkpoints by
+    their unstored mass (`kernels.topk._unstored_beats`)."""
+    run = make()
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
     layout = ft.Layout(data, range(run.n_epochs), slice(None), settle=True)
