@@ -263,6 +263,33 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
 
 
 @njit(inline="always")
+def _place_class(cls, n, col, c, y, slot, slot_col, y_col):
+    """Lay class c, the next in ascending order, into row n of ``cls`` from column ``col``,
+    the unstored slot first where c is the first class above it. Returns (c's column, the
+    next column, the slot's column, the target's column), the last two -1 until placed."""
+    if slot >= 0 and slot_col < 0 and c > slot:
+        slot_col = col
+        cls[n, col] = slot
+        col += 1
+    if c == y:
+        y_col = col
+    cls[n, col] = c
+    return col, col + 1, slot_col, y_col
+
+
+@njit(inline="always")
+def _place_slot_last(cls, n, col, slot, slot_col, vocab):
+    """After the last class of row n: the unstored slot at column ``col`` where no class
+    came above it (its id at most the vocabulary). Returns (the row's width, the slot's
+    column)."""
+    if slot >= 0 and slot_col < 0:
+        slot_col = col
+        cls[n, col] = min(slot, vocab)
+        col += 1
+    return col, slot_col
+
+
+@njit(inline="always")
 def _bit_index(low):
     """The index of the one bit set in the int64 ``low`` (a power of two, or -2**63): the
     exponent of its float64 value, which holds it exactly."""
@@ -303,19 +330,9 @@ def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
             low = x & -x
             x ^= low
             c = w * 64 + _bit_index(low)
-            if slot >= 0 and slot_col < 0 and c > slot:
-                slot_col = col
-                cls[n, col] = slot
-                col += 1
-            if c == y:
-                y_col = col
-            where[c] = col
-            cls[n, col] = c
-            col += 1
-    if slot >= 0 and slot_col < 0:
-        slot_col = col
-        cls[n, col] = min(slot, vocab)
-        col += 1
+            where[c], col, slot_col, y_col = _place_class(cls, n, col, c, y, slot, slot_col,
+                                                          y_col)
+    col, slot_col = _place_slot_last(cls, n, col, slot, slot_col, vocab)
     for i in range(epochs.shape[0]):
         e = epochs[i]
         for j in range(k):
@@ -366,19 +383,9 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
     slot_col, y_col = np.int64(-1), np.int64(-1)
     col = 0
     for i in range(count):
-        if slot >= 0 and slot_col < 0 and buf[0, i] > slot:
-            slot_col = col
-            cls[n, col] = slot
-            col += 1
-        if buf[0, i] == y:
-            y_col = col
-        where[buf[1, i]] = col
-        cls[n, col] = buf[0, i]
-        col += 1
-    if slot >= 0 and slot_col < 0:
-        slot_col = col
-        cls[n, col] = min(slot, vocab)
-        col += 1
+        where[buf[1, i]], col, slot_col, y_col = _place_class(cls, n, col, buf[0, i], y, slot,
+                                                              slot_col, y_col)
+    col, slot_col = _place_slot_last(cls, n, col, slot, slot_col, vocab)
     for i in range(epochs.shape[0]):
         for j in range(k):
             cols[i, n, j] = where[buf[2, i * k + j]]
