@@ -77,7 +77,11 @@ class FullKind(Kind):
         bar = Progress(n_epochs, "forgetting pass", enabled=progress)
         checked = not self.softmax and run.checked_per_read  # rows must sum to 1 too
         stored = None if checked else subset_rows(run)
-        for start, stop in epoch_chunks(n_epochs, n_samples * n_classes * run.outputs.itemsize):
+        # values read in place take no memory per chunk: one call, unless a bar shows chunks
+        in_place = not checked and run.backend.stored_rows() is not None
+        chunks = ([(0, n_epochs)] if in_place and not progress
+                  else epoch_chunks(n_epochs, n_samples * n_classes * run.outputs.itemsize))
+        for start, stop in chunks:
             if stored is not None:
                 kernels.argmax_rows_at(stored[0][start:stop], stored[1], out[start:stop],
                                        order=run.backend.stored_order())
