@@ -22,6 +22,7 @@ from forgetkit.fusion import (
     snapshot,
     uniform,
 )
+from forgetkit.fusion.fitstate import FullFitChunk
 from forgetkit.kernels import eps_search as keps
 
 from .conftest import make_run
@@ -150,6 +151,39 @@ def test_kf_equals_reference_on_the_real_run(real_run, window, rule):
     assert kf.plan_ == plan and kf.val_accuracy_ == accs
     np.testing.assert_array_equal(kf.predict_proba(test), apply_plan_ref(test.probs(), plan,
                                                                            window))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_deferred_mix_is_the_mix_made_at_once(seed):
+    """The fit mixes a window after its grid counts by reading each sample's correctness
+    from the counts' spans (the brute-force arithmetic for samples near a tie), and updates
+    the fusion in the next counts' pass: the same correctness, forget counts and fusion,
+    bit for bit, as the mix made at once."""
+    run = make_run(n_epochs=9, n_samples=400, n_classes=4, seed=seed, ties=True)
+    values = np.array(run.outputs)
+    values[:, :40] = 0.0  # every class tied at every epoch: the arithmetic decides each eps
+    run = fk.Run(values, run.labels)
+    grid = np.arange(11) / 10
+    deferred, at_once = FullFitChunk(run), FullFitChunk(run)
+    assert deferred.logits is not None  # logits read in place: the deferring path
+    for window, next_window in ((range(2, 5), range(0, 2)), (range(5, 8), range(1, 3))):
+        counts = deferred.grid_counts(window, grid)
+        g = int(np.argmax(counts[1:])) + 1  # eps > 0
+        p0, w0, w1, p1 = deferred.spans
+        near_a_tie = (p0 <= g) & (g < p1) & ~((w0 <= g) & (g < w1))
+        deferred.mix(window, grid[g])
+        at_once.mix(window, grid[g])
+        assert deferred.pending == grid[g] and at_once.pending is None
+        assert near_a_tie[:40].all()
+        np.testing.assert_array_equal(deferred.cur, at_once.cur)
+        np.testing.assert_array_equal(deferred.missed, at_once.missed)
+        assert int(deferred.cur.sum()) == counts[g]
+        np.testing.assert_array_equal(deferred.grid_counts(next_window, grid),
+                                      at_once.grid_counts(next_window, grid))
+        assert deferred.pending is None
+        np.testing.assert_array_equal(deferred.prob, at_once.prob)
+        for mine, theirs in zip(deferred.stats, at_once.stats, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
 
 
 def test_budget_and_early_stop_match_reference(real_small):

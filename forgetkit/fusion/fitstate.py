@@ -80,9 +80,13 @@ class FitChunk:
         return None
 
     def _mix_window(self, window, eps):
-        """`mix`'s update of prob and cur read from the window's values in place; False
-        where it cannot (the mean is then made and mixed)."""
+        """`mix`'s update of prob and cur read from the window's values in place (or
+        deferred, `_settle`); False where it does not (the mean is then made and mixed)."""
         return False
+
+    def _settle(self):
+        """Make ``prob`` and its label leads the current fusion, where an implementation
+        has deferred a mix (``cur`` and the counts are always current)."""
 
     def grid_counts(self, window, grid):
         """Samples that eps * mean(window) + (1 - eps) * prob classifies correctly, for each
@@ -90,18 +94,21 @@ class FitChunk:
         counts = None if self.window == window else self._window_counts(window, grid)
         if counts is not None:
             return counts
+        self._settle()
         return kernels.grid_correct_counts(self.window_mean(window), self.prob, self.labels,
                                            self.stats, grid, REL_BAND)
 
     def continuous_eps(self, window, rule, base):
         """`best_continuous_eps` of mixing mean(window) into prob."""
+        self._settle()
         return best_continuous_eps(self.window_mean(window), self.prob, self.labels, rule=rule,
                                    base=base)
 
     def mix(self, window, eps):
         """prob <- eps * mean(window) + (1 - eps) * prob; the forget counts follow."""
         was_correct = self.cur.copy()
-        if self.window == window or not self._mix_window(window, eps):
+        if not self._mix_window(window, eps):
+            self._settle()
             kernels.mix_into(self.window_mean(window), self.prob, eps, self.labels, self.stats,
                              self.cur)
         flipped = np.flatnonzero(was_correct != self.cur)
@@ -112,13 +119,22 @@ class FitChunk:
 
 class FullFitChunk(FitChunk):
     """`FitChunk` of a run (or a chunk of samples of one) holding every class's
-    probabilities; window means of logits stored in place are made row by row and never
-    stored."""
+    probabilities; window means of logits stored in place are made row by row, in the pass
+    that counts the window's grid.
+
+    With logits in place, a mix after grid counts of its window is deferred: each row's
+    correctness at the chosen eps is read from the spans the counts' pass left (`grid_row`:
+    certain, impossible, or decided by the brute-force arithmetic, repeated by `mix_into`
+    for the few rows between), so the forget counts follow at once, and ``prob`` is updated
+    in the next counts' pass (``pending``): one pass over the rows per step."""
 
     def __init__(self, run):
         self.run = run
         self.logits = run.logits_in_place()
         super().__init__(run.correctness(), run.probs(run.n_epochs - 1), run.labels)
+        self.spans = np.empty((4, len(self.labels)), dtype=np.int32)
+        self.spans_of = None  # (window, grid) of the counts that wrote spans
+        self.pending = None  # eps of the window in ``mean``, mixed into cur, not yet into prob
 
     def window_mean(self, window):
         if self.window != window:
@@ -130,18 +146,53 @@ class FullFitChunk(FitChunk):
         if self.logits is None:
             return None
         values, rows, order = self.logits
-        counts, bad = kernels.window_grid_counts(values, window, rows, self.prob, self.labels,
-                                                 self.stats, grid, REL_BAND, order=order)
-        return None if bad else counts
+        eps, self.pending, self.spans_of, self.window = self.pending, None, None, None
+        counts, bad, changed = kernels.window_grid_counts(
+            values, window, rows, self.prob, self.labels, self.stats, grid, REL_BAND,
+            self.mean, order=order, mix_eps=eps, correct=self.cur, spans=self.spans)
+        if changed:  # cur was set from the spans of the mix's own grid (see `_defer`)
+            raise RuntimeError(f"Knowledge Fusion's fit: {changed} samples' correctness after "
+                               "a mix differs from its eps search's; please report this")
+        if bad:
+            return None  # the mean is not whole: `window_mean` raises the error
+        self.window, self.spans_of = window, (window, grid)
+        return counts
 
     def _mix_window(self, window, eps):
-        if self.logits is None:
+        """`_defer` the mix where the spans can say, else mix the mean (False)."""
+        return self._defer(window, eps)
+
+    def _defer(self, window, eps):
+        """Set ``cur`` to each row's correctness after mixing ``window`` in by ``eps``, from
+        the spans of that window's grid counts, and leave the mix ``pending``; False where
+        the spans cannot say (no counts of this window, or eps not on their grid)."""
+        if self.spans_of is None or self.spans_of[0] != window:
             return False
-        values, rows, order = self.logits
-        if kernels.mix_window_into(values, window, rows, self.prob, eps, self.labels,
-                                   self.stats, self.cur, order=order):
-            self.window_mean(window)  # raises the error naming the epoch
+        at = np.flatnonzero(self.spans_of[1] == eps)
+        if at.size == 0:
+            return False
+        g = at[0]
+        p0, w0, w1, p1 = self.spans
+        certain = (w0 <= g) & (g < w1)
+        between = np.flatnonzero((p0 <= g) & (g < p1) & ~certain)
+        if between.size:  # the brute-force arithmetic decides: mix copies of those rows
+            correct = np.empty(between.size, dtype=bool)
+            kernels.mix_into(self.mean[between], self.prob[between], eps, self.labels[between],
+                             tuple(s[between] for s in self.stats), correct)
+            certain[between] = correct
+        self.cur[:] = certain
+        self.pending, self.spans_of = eps, None
         return True
+
+    def _settle(self):
+        if self.pending is not None:  # ``mean`` holds its window (see `_window_counts`)
+            was = self.cur.copy()
+            kernels.mix_into(self.mean, self.prob, self.pending, self.labels, self.stats,
+                             self.cur)
+            self.pending = None
+            if not np.array_equal(was, self.cur):
+                raise RuntimeError("Knowledge Fusion's fit: a sample's correctness after a "
+                                   "mix differs from its eps search's; please report this")
 
 
 def _counts(state):

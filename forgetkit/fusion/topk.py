@@ -362,7 +362,7 @@ class TopKFitChunk(FitChunk):
         return self.layout.grid_counts(self.data, window, self.prob, self.stats, grid)
 
     def _mix_window(self, window, eps):
-        if self.data.exact:
+        if self.data.exact or self.window == window:  # the mean is made, or kept
             return False
         self.layout.mix_into(self.data, window, self.prob, eps, self.stats, self.cur)
         return True

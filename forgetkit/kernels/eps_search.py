@@ -139,8 +139,8 @@ def grid_counts(diff, *args):
 
 
 def _window_counts(total, *args):
-    """(`grid_counts` of the summed difference array, the number of bad pairs)."""
-    return grid_counts(total[0]), total[1]
+    """(`grid_counts` of the summed difference array, the other sums as they are)."""
+    return grid_counts(total[0]), *total[1:]
 
 
 @kernel(finish=grid_counts)
@@ -176,23 +176,25 @@ def grid_correct_counts(a, b, labels, b_lead, b_magnitude, b_top, grid, rel_band
 @njit(cache=True)  # compiled once for both grid kernels (see softmax.exp_row)
 def grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
     """One sample of ``grid_correct_counts``: adds to the difference array diff (G+1,) the
-    grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first."""
+    grid points where eps*a + (1-eps)*b (rows (C,)) ranks y first. Returns (p0, w0, w1,
+    p1): y wins at every grid point of [w0, w1), may win (the brute-force arithmetic
+    decided) at those of [p0, w0) and [w1, p1), and wins at no other."""
     n_grid = grid.shape[0]
     lead_a, _, magnitude = _lead(a, y)
     band = rel_band * max(magnitude, magnitude_b)
     if lead_a > band and lead_b > band:  # y wins at both ends, so at every eps
         diff[0] += 1
         diff[n_grid] -= 1
-        return
+        return 0, 0, n_grid, n_grid
     if lead_b < -band and lead_a < -band and a[top_b] - a[y] > band:
-        return  # b's top class beats y at both ends, so at every eps
+        return 0, 0, 0, 0  # b's top class beats y at both ends, so at every eps
     lw, hw, lp, hp, empty = _win_bounds(a, b, y, band)
     if empty:
-        return
+        return 0, 0, 0, 0
     p0 = _first_at_least(grid, lp)
     p1 = _first_above(grid, hp)  # possible grid points: [p0, p1)
     if p0 >= p1:
-        return
+        return 0, 0, 0, 0
     w0, w1 = p1, p1  # certain grid points: [w0, w1)
     if lw < hw:
         w0 = max(_first_above(grid, lw), p0)
@@ -211,55 +213,48 @@ def grid_row(a, b, y, lead_b, magnitude_b, top_b, grid, rel_band, diff):
         if first_argmax_mix(a, b, grid[g], 1.0 - grid[g]) == y:
             diff[g] += 1
             diff[g + 1] -= 1
+    return p0, w0, w1, p1
 
 
 @kernel(finish=_window_counts)
 def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_magnitude,
-                       b_top, grid, rel_band, n_blocks, counter):
+                       b_top, correct, mean, mix_in, eps, grid, rel_band, spans, n_blocks,
+                       counter):
     """``grid_correct_counts`` of a = the mean softmax of the stored outputs values[epochs]
-    (E, M, C) at rows src (N,) (each row as ``combine_softmax`` computes it), without
-    storing a: each row's mean is made in a scratch row and used at once. Rows are read in
-    ``order``. Returns (counts int64 (G,), the number of (epoch, row) pairs holding inf or
-    nan)."""
-    n_classes = b.shape[1]
-    scratch, a = combine_scratch(n_classes), np.empty(n_classes)
+    (E, M, C) at rows src (N,) (each row as ``combine_softmax`` computes it), made row by
+    row into ``mean`` (N, C) float64 and used at once. Rows are read in ``order``.
+
+    First, where ``mix_in``, each row mixes the mean that ``mean`` held (the previous
+    window's) into b by ``eps`` (`mix_into`'s update of b, its label leads and ``correct``):
+    a mix the fit chose after the previous counts, made in this pass rather than in one of
+    its own. spans (4, N) int32 receives each row's `grid_row` spans (p0, w0, w1, p1), from
+    which the caller knows each row's correctness at the eps it will choose. Returns
+    (counts int64 (G,), the number of (epoch, row) pairs holding inf or nan, the number of
+    rows whose ``correct`` the mix changed)."""
+    scratch = combine_scratch(b.shape[1])
     diff = np.zeros(grid.shape[0] + 1, dtype=np.int64)
     n_bad = 0
+    n_changed = 0
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, b.shape[0], n_blocks)
         for j in range(lo, hi):
             n = order[j]
+            a, b_n = row(mean, n), row(b, n)
+            if mix_in:
+                was = correct[n]
+                mix_row(a, b_n, eps)
+                label_lead_into(b_n, labels[n], n, b_lead, b_magnitude, b_top, correct)
+                n_changed += correct[n] != was
             row_bad = window_mean_row(values, epochs, src[n], table, scratch, a)
             if row_bad:
                 n_bad += row_bad
                 continue
-            grid_row(borrow(a), row(b, n), labels[n], b_lead[n], b_magnitude[n], b_top[n],
-                     borrow(grid), rel_band, borrow(diff))
+            p0, w0, w1, p1 = grid_row(a, b_n, labels[n], b_lead[n], b_magnitude[n], b_top[n],
+                                      borrow(grid), rel_band, borrow(diff))
+            spans[0, n], spans[1, n], spans[2, n], spans[3, n] = p0, w0, w1, p1
         blk = claim(counter)
-    return diff, n_bad
-
-
-@kernel
-def mix_window_into(values, epochs, src, order, table, b, eps, labels, lead, magnitude, top,
-                    correct, n_blocks, counter):
-    """``mix_into`` of a = the mean softmax of values[epochs] at rows src (as
-    ``window_grid_counts`` computes it), without storing a. Returns the number of (epoch,
-    row) pairs holding inf or nan."""
-    n_classes = b.shape[1]
-    scratch, a = combine_scratch(n_classes), np.empty(n_classes)
-    n_bad = 0
-    blk = claim(counter)
-    while blk < n_blocks:
-        lo, hi = span(blk, b.shape[0], n_blocks)
-        for j in range(lo, hi):
-            n = order[j]
-            n_bad += window_mean_row(values, epochs, src[n], table, scratch, a)
-            b_n = row(b, n)
-            mix_row(a, b_n, eps)
-            label_lead_into(b_n, labels[n], n, lead, magnitude, top, correct)
-        blk = claim(counter)
-    return n_bad
+    return diff, n_bad, n_changed
 
 
 @kernel
