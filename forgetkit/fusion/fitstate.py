@@ -39,8 +39,8 @@ class FitChunk:
     """Knowledge Fusion's fit state on a chunk of samples: the current fusion ``prob``
     (float64 (n, M), updated in place; M the classes, or a top-k layout's columns), its
     label leads and correctness, and the forget counts against it. Implementations give
-    `window_mean` (and may read a window's values without storing its mean, `_mix_window`,
-    `_window_counts`).
+    `window_mean`, and may read a window's values in place (`_window_counts`,
+    `_mix_window`) and defer a mix's update of ``prob`` (`_settle` makes it).
 
     Parameters
     ----------
