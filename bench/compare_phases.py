@@ -25,7 +25,7 @@ from .common import suite_run, warm_compare
 
 KERNELS = ("add_softmax_live_rows", "entry_needs", "move_entries", "fill_entries",
            "selection_gathered_counts", "score_recipes", "window_grid_counts",
-           "mix_window_into", "softmax_stats", "take_samples", "em_pass")
+           "mix_into", "softmax_stats", "take_samples", "em_pass")
 
 
 def timed_phases():

@@ -186,6 +186,31 @@ def test_a_deferred_mix_is_the_mix_made_at_once(seed):
             np.testing.assert_array_equal(mine, theirs)
 
 
+def test_a_chunk_whose_spans_do_not_describe_the_mix_mixes_at_once():
+    """Spans describe the fusion their counts saw: after a mix off their grid, or another
+    window's mean, the next mix is made at once, the same as on a chunk that never counted."""
+    run = make_run(n_epochs=9, n_samples=400, n_classes=4, seed=3, ties=True)
+    grid = np.arange(11) / 10
+    w1, w2, w3 = range(1, 4), range(4, 7), range(6, 9)
+    for calls in ([("grid", w1), ("mix", w1, 0.55), ("mix", w1, 0.5)],
+                  [("grid", w1), ("continuous", w2), ("mix", w1, 0.5)],
+                  [("grid", w1), ("mix", w1, 0.5), ("continuous", w2), ("mix", w2, 0.3),
+                   ("grid", w3), ("mix", w3, 0.2)]):
+        chunk, at_once = FullFitChunk(run), FullFitChunk(run)
+        for call in calls:
+            if call[0] == "grid":
+                chunk.grid_counts(call[1], grid)
+            elif call[0] == "continuous":
+                chunk.continuous_eps(call[1], "best", None)
+            else:
+                chunk.mix(call[1], call[2])
+                at_once.mix(call[1], call[2])
+                np.testing.assert_array_equal(chunk.cur, at_once.cur)
+                np.testing.assert_array_equal(chunk.missed, at_once.missed)
+        chunk.continuous_eps(w3, "best", None)  # makes a deferred mix
+        np.testing.assert_array_equal(chunk.prob, at_once.prob)
+
+
 def test_budget_and_early_stop_match_reference(real_small):
     for kw in ({"max_windows": 1}, {"max_windows": 3}, {"stop_when_no_gain": True}):
         kf = KnowledgeFusion(**kw).fit(real_small)

@@ -14,7 +14,8 @@ counts in step, whatever gives its values:
 `ChunkedFitState` sums the chunks' counts on the executor that holds them
 (`forgetkit.execution`: here, or the workers of a dask cluster): map (each chunk's counts)
 -> reduce (sums here) -> broadcast (the window and eps), after which each chunk mixes the
-window into its fusion in place. Counts are integers and each chunk runs the same kernels
+window into its fusion in place (or, `FullFitChunk`, updates its correctness and defers the
+mix to its next counts' pass). Counts are integers and each chunk runs the same kernels
 on its rows, so the plan is the same on every executor; only counts leave the chunks.
 """
 
@@ -72,7 +73,8 @@ class FitChunk:
 
     def window_mean(self, window):
         """The mean of the epochs ``window`` (a range) into ``self.mean``, kept until
-        another window is asked for."""
+        another window is asked for (a deferred mix, which reads ``self.mean``, is made
+        first)."""
         raise NotImplementedError
 
     def _window_counts(self, window, grid):
@@ -138,8 +140,9 @@ class FullFitChunk(FitChunk):
 
     def window_mean(self, window):
         if self.window != window:
+            self._settle()
             self.run.mean_probs(window, out=self.mean)
-            self.window = window
+            self.window, self.spans_of = window, None
         return self.mean
 
     def _window_counts(self, window, grid):
@@ -148,19 +151,24 @@ class FullFitChunk(FitChunk):
         values, rows, order = self.logits
         eps, self.pending, self.spans_of, self.window = self.pending, None, None, None
         counts, bad, changed = kernels.window_grid_counts(
-            values, window, rows, self.prob, self.labels, self.stats, grid, REL_BAND,
-            self.mean, order=order, mix_eps=eps, correct=self.cur, spans=self.spans)
+            values, window, rows, self.prob, self.labels, self.stats, self.cur, grid, REL_BAND,
+            self.mean, self.spans, order=order, mix_eps=eps)
         if changed:  # cur was set from the spans of the mix's own grid (see `_defer`)
-            raise RuntimeError(f"Knowledge Fusion's fit: {changed} samples' correctness after "
-                               "a mix differs from its eps search's; please report this")
+            raise RuntimeError(f"Knowledge Fusion's fit: the correctness of {changed} "
+                               "sample(s) after a mix differs from its eps search's; please "
+                               "report this")
         if bad:
             return None  # the mean is not whole: `window_mean` raises the error
         self.window, self.spans_of = window, (window, grid)
         return counts
 
     def _mix_window(self, window, eps):
-        """`_defer` the mix where the spans can say, else mix the mean (False)."""
-        return self._defer(window, eps)
+        """`_defer` the mix where the spans can say; else (False) the mix is made at once,
+        and the spans no longer describe the fusion."""
+        if self._defer(window, eps):
+            return True
+        self.spans_of = None
+        return False
 
     def _defer(self, window, eps):
         """Set ``cur`` to each row's correctness after mixing ``window`` in by ``eps``, from

@@ -243,22 +243,18 @@ def grid_correct_counts(a, b, labels, leads, grid, rel_band):
                 (a, b, labels, *leads, grid, rel_band, n_blocks()), _twins.grid_correct_counts)
 
 
-def window_grid_counts(values, epochs, src, b, labels, leads, grid, rel_band, mean,
-                       order=None, *, mix_eps=None, correct=None, spans=None):
+def window_grid_counts(values, epochs, src, b, labels, leads, correct, grid, rel_band, mean,
+                       spans, order=None, *, mix_eps=None):
     """``grid_correct_counts`` with a = the mean softmax of stored outputs values (E, M, C)
     at ``epochs`` and rows src (N,), made row by row into ``mean`` (N, C) float64; rows
     read in ``order`` (default `read_order`). Where ``mix_eps`` is given, b first has the
     mean that ``mean`` held mixed in by it in the same pass, as `mix_into` does, its
-    ``leads`` and ``correct`` (bool (N,)) updated. ``spans`` (int32 (4, N), optional)
+    ``leads`` and ``correct`` (bool (N,), b's correctness) updated. ``spans`` (int32 (4, N))
     receives each row's grid spans (see ``eps_search.window_grid_counts``). Returns (counts
     int64 (G,), number of (epoch, row) pairs holding inf or nan, number of rows whose
     correctness the mix changed)."""
     src = np.asarray(src, dtype=np.int64)
     epochs = np.asarray(epochs, dtype=np.int64)
-    if correct is None:
-        correct = np.zeros(len(src), dtype=bool)
-    if spans is None:
-        spans = np.empty((4, len(src)), dtype=np.int32)
     counts, bad, changed = call(
         _eps.window_grid_counts, b.size * epochs.size, source(values), epochs, src,
         read_order(src) if order is None else order, f16_exp_table(), b, labels, *leads,
