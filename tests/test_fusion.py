@@ -186,6 +186,23 @@ def test_a_deferred_mix_is_the_mix_made_at_once(seed):
             np.testing.assert_array_equal(mine, theirs)
 
 
+@pytest.mark.parametrize("made_by", ["counts", "settle"])
+def test_a_deferred_mix_that_disagrees_with_its_spans_raises(made_by):
+    """The correctness a deferred mix set is checked when the mix is made, in the next
+    counts' pass or wherever the fusion is read otherwise: a disagreement raises."""
+    run = make_run(n_epochs=9, n_samples=400, n_classes=4, seed=1)
+    grid = np.arange(11) / 10
+    chunk = FullFitChunk(run)
+    chunk.grid_counts(range(2, 5), grid)
+    chunk.mix(range(2, 5), grid[5])
+    chunk.cur[0] = not chunk.cur[0]  # what the mix will not reproduce
+    with pytest.raises(RuntimeError, match="correctness of 1 sample"):
+        if made_by == "counts":
+            chunk.grid_counts(range(0, 2), grid)
+        else:
+            chunk.continuous_eps(range(0, 2), "best", None)
+
+
 def test_a_chunk_whose_spans_do_not_describe_the_mix_mixes_at_once():
     """Spans describe the fusion their counts saw: after a mix off their grid, or another
     window's mean, the next mix is made at once, the same as on a chunk that never counted."""

@@ -153,10 +153,7 @@ class FullFitChunk(FitChunk):
         counts, bad, changed = kernels.window_grid_counts(
             values, window, rows, self.prob, self.labels, self.stats, self.cur, grid, REL_BAND,
             self.mean, self.spans, order=order, mix_eps=eps)
-        if changed:  # cur was set from the spans of the mix's own grid (see `_defer`)
-            raise RuntimeError(f"Knowledge Fusion's fit: the correctness of {changed} "
-                               "sample(s) after a mix differs from its eps search's; please "
-                               "report this")
+        _check_deferred(changed)
         if bad:
             return None  # the mean is not whole: `window_mean` raises the error
         self.window, self.spans_of = window, (window, grid)
@@ -198,9 +195,15 @@ class FullFitChunk(FitChunk):
             kernels.mix_into(self.mean, self.prob, self.pending, self.labels, self.stats,
                              self.cur)
             self.pending = None
-            if not np.array_equal(was, self.cur):
-                raise RuntimeError("Knowledge Fusion's fit: a sample's correctness after a "
-                                   "mix differs from its eps search's; please report this")
+            _check_deferred(np.count_nonzero(was != self.cur))
+
+
+def _check_deferred(changed):
+    """Raise where a deferred mix changed ``changed`` samples' correctness: `_defer` set it
+    from the spans of the mix's own grid, which the mix must reproduce."""
+    if changed:
+        raise RuntimeError(f"Knowledge Fusion's fit: the correctness of {changed} sample(s) "
+                           "after a mix differs from its eps search's; please report this")
 
 
 def _counts(state):
