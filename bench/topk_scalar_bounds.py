@@ -35,6 +35,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     import forgetkit as fk
     from forgetkit import kernels
+    from forgetkit.fusion import topk
     from forgetkit.kinds import kind_of
 
     run = fk.load(argv[0] if argv else SAMPLE)
@@ -45,9 +46,7 @@ def main(argv=None):
     logits, ids = np.asarray(fields[0], dtype=np.float64), np.asarray(fields[1])
     target, lse = np.asarray(fields[2], dtype=np.float64), np.asarray(fields[3], dtype=np.float64)
     y = run.labels.astype(np.int64)
-    first = ids[-1, :, 0].astype(np.int64)  # the final checkpoint's largest other class
-    second = ids[-1, :, 1].astype(np.int64) if ids.shape[2] > 1 else np.full(n, -1)
-    rival = np.where(first != y, first, second)
+    rival = topk._rival(ids[-1], y)  # the final checkpoint's largest other class, as the fit
     settled = kernels.topk_settle(fields, np.arange(n_epochs, dtype=np.int64),
                                   np.arange(n, dtype=np.int64), y, data.vocab_size, rival)
     keep = ~settled
@@ -59,7 +58,7 @@ def main(argv=None):
     promoted = ~((b_y > b_other * (1 + MARGIN)) | (b_low >= b_y * (1 + MARGIN)))
     shares = []
     for a, eps in kf.plan_:
-        window = list(range(max(a - 1, 0), min(a + 1, n_epochs - 1) + 1))
+        window = list(kf._window(a, n_epochs))
         a_y, a_other, a_low = _mean(p_y, window), _mean(other, window), _mean(low, window)
         wins = (b_y > b_other * (1 + MARGIN)) & (a_y > a_other * (1 + MARGIN))
         loses = (b_low >= b_y * (1 + MARGIN)) & (a_low >= a_y * (1 + MARGIN))

@@ -264,7 +264,7 @@ def test_settled_tokens_are_those_the_definition_names(make):
     final checkpoint's largest class other than the target, or the unstored slot (where
     the vocabulary has unstored classes), beats the target at every checkpoint by the
     margin and is at least the floor. The mass-boundary runs decide most checkpoints by
-    their unstored mass (`kernels.topk._unstored_beats`)."""
+    their unstored mass (the rival's bound u, `kernels.topk._record_probs`)."""
     run = make()
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
