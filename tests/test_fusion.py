@@ -186,6 +186,50 @@ def test_a_deferred_mix_is_the_mix_made_at_once(seed):
             np.testing.assert_array_equal(mine, theirs)
 
 
+def test_the_window_counts_region_gives_the_bits_of_one_thread(monkeypatch):
+    """Where it is compiled, a fit's window counts run as their kernel's region (numba's
+    threads in one parallel region, `jit.Kernel.on_threads`): the same counts, spans,
+    correctness and fusion at each step as on one thread, and the same plan."""
+    from forgetkit.kernels import jit
+
+    monkeypatch.setattr(jit, "REGION_THREADS", 1)  # compiled, and run, on any machine
+    used = []
+    ready = jit.region_ready
+    monkeypatch.setattr(jit, "region_ready",
+                        lambda k, full: used.append(ready(k, full)) or used[-1])
+    run = make_run(n_epochs=9, n_samples=400, n_classes=4, seed=3, ties=True)
+    values = np.array(run.outputs, dtype=np.float32)
+    values[:, :40] = 0.0  # tied rows: the arithmetic decides, in whichever thread
+    run = fk.Run(values, run.labels)
+    grid = np.arange(11) / 10
+    with jit.forced("parallel"):
+        region = FullFitChunk(run)
+    serial = FullFitChunk(run)
+    for window in (range(2, 5), range(0, 2), range(5, 8), range(1, 3)):
+        with jit.forced("parallel"):
+            counts = region.grid_counts(window, grid)
+        with jit.forced("serial"):
+            np.testing.assert_array_equal(counts, serial.grid_counts(window, grid))
+        np.testing.assert_array_equal(region.spans, serial.spans)
+        g = int(np.argmax(counts[1:])) + 1
+        region.mix(window, grid[g])
+        serial.mix(window, grid[g])
+        np.testing.assert_array_equal(region.cur, serial.cur)
+    region.window_mean(range(0, 9)), serial.window_mean(range(0, 9))  # settles the mixes
+    np.testing.assert_array_equal(region.prob, serial.prob)
+    with jit.forced("parallel"):
+        plan = fk.KnowledgeFusion().fit(run)
+    with jit.forced("serial"):
+        assert plan.plan_ == fk.KnowledgeFusion().fit(run).plan_
+    assert True in used and numba_threads() > 1
+
+
+def numba_threads():
+    import numba
+
+    return numba.get_num_threads()
+
+
 @pytest.mark.parametrize("made_by", ["counts", "settle"])
 def test_a_deferred_mix_that_disagrees_with_its_spans_raises(made_by):
     """The correctness a deferred mix set is checked when the mix is made, in the next

@@ -7,7 +7,7 @@ See docs/definitions.md ("The exact epsilon search") for why the band re-check i
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .argmax import first_argmax_mix
 from .floats import LOW63, float_of_key64, key64
@@ -255,6 +255,45 @@ def window_grid_counts(values, epochs, src, order, table, b, labels, b_lead, b_m
             spans[0, n], spans[1, n], spans[2, n], spans[3, n] = p0, w0, w1, p1
         blk = claim(counter)
     return diff, n_bad, n_changed
+
+
+_window_grid_counts = window_grid_counts.build  # the serial build, for its region
+
+
+@window_grid_counts.on_threads
+def window_grid_counts_region(values, epochs, src, order, table, b, labels, b_lead,
+                              b_magnitude, b_top, correct, mean, mix_in, eps, grid, rel_band,
+                              spans, n_blocks, counter, n_threads):
+    """``window_grid_counts`` on ``n_threads`` of numba's threads, one parallel region:
+    each runs the serial build, claiming blocks from ``counter``. Returns the threads'
+    summed (counts, n_bad, n_changed)."""
+    diffs, n_bad, n_changed = _region_sums(n_threads, grid.shape[0] + 1)
+    for t in prange(n_threads):
+        diff, bad, changed = _window_grid_counts(
+            values, epochs, src, order, table, b, labels, b_lead, b_magnitude, b_top,
+            correct, mean, mix_in, eps, grid, rel_band, spans, n_blocks, counter)
+        for g in range(diff.shape[0]):
+            diffs[t, g] = diff[g]
+        n_bad[t], n_changed[t] = bad, changed
+    return _add_rows(diffs), n_bad.sum(), n_changed.sum()
+
+
+@njit(cache=True)
+def _region_sums(n_threads, length):
+    """Per-thread sums of a region: (int64 (T, length), int64 (T,), int64 (T,)), zeros.
+    Serial functions: in the region's own body, numba would make each a parallel loop."""
+    return (np.zeros((n_threads, length), dtype=np.int64),
+            np.zeros(n_threads, dtype=np.int64), np.zeros(n_threads, dtype=np.int64))
+
+
+@njit(cache=True)
+def _add_rows(rows):
+    """rows (T, L) int64 summed over T."""
+    total = np.zeros(rows.shape[1], dtype=np.int64)
+    for t in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            total[j] += rows[t, j]
+    return total
 
 
 @kernel

@@ -30,6 +30,18 @@ row blocks it claims (``schedule``), and the threads come from here:
 One compile serves every thread count, and a first run's compile is the warm run's build:
 no kernel waits for a parallel build that a mid-sized run would never compile.
 
+The pool's hand-off is serial: each pool thread takes the GIL to enter its kernel and to
+leave it, a wake-up from thread to thread (some 17 us a thread on 16 cores), so a call
+of a few milliseconds on 16 threads pays a tenth of its time to start. A kernel whose many
+small calls pay it (the KF fit's window counts) also has a region (`Kernel.on_threads`):
+a small ``parallel=True`` function whose loop over the threads calls the serial build on
+each, so that numba's threading layer starts the threads natively, with no GIL. A region
+runs where it is compiled (in this process or numba's cache). Its compile costs about what
+the serial build's does (numba links the build into it and generates its code again), so
+regions are compiled and run only where numba has ``REGION_THREADS`` threads or more: by
+``forgetkit warmup`` there, and after a run whose calls took the pool for want of one
+(`compile_later`, with the kernels whose twins ran). Until then the pool runs the calls.
+
 The kernels of the Knowledge Fusion fit and of `compare` also have exact numpy twins
 (``twins``): a call reading fewer than ``TWIN_WORK`` values whose build is not compiled
 runs the twin instead (`use_twin`), so that a first run on a sample-sized run compiles
@@ -66,6 +78,13 @@ from numba.core import event
 #: GIL to enter the kernel and to leave it (on 16 cores of a lent host, 15 threads added
 #: some 0.7 ms to a KF fit's grid call: ``python -m bench.bench_fit_calls``).
 THREAD_HANDOFF = 40e-6
+#: The same for a call run as its kernel's region (`Kernel.on_threads`): numba's threads
+#: start natively, side by side (``python -m bench.bench_pool``).
+REGION_HANDOFF = 1e-6
+#: Regions are compiled (by the warmup, or after a run) and run where numba has this many
+#: threads: below, the pool's hand-off is a few percent of a call, and a region's compile
+#: (seconds: the serial build is compiled again into it) would not pay.
+REGION_THREADS = 8
 #: Values a call reads per thread it wakes, for a kernel not yet timed (a pass over 2**16
 #: values takes some 50 microseconds); calls reading fewer than twice this run on the
 #: caller's thread alone.
@@ -109,6 +128,18 @@ class Kernel:
         self._arity = fn.__code__.co_argcount
         #: CPU seconds per value read of its last call through `call` (None: none yet)
         self.cost = None
+        #: the kernel on numba's threads in one parallel region (`on_threads`), or None
+        self.region = None
+        #: whether its last call on several threads ran as its region (`run`)
+        self.ran_region = False
+
+    def on_threads(self, fn):
+        """Decorator: ``fn`` (the kernel's arguments, counter included, then ``n_threads``)
+        as this kernel's region, compiled ``parallel=True``: a ``prange`` over the threads
+        whose body calls ``build`` once on each and keeps its result, returning what `run`
+        would have summed (before ``finish``)."""
+        self.region = njit(parallel=True, nogil=True, cache=True)(fn)
+        return self.region
 
     def full_args(self, args, threads):
         """``args`` with the trailing ``n_blocks`` (where the caller leaves it out) and a new
@@ -194,9 +225,16 @@ def _pool():
 
 def _after_fork():
     """In a forked child: a new pool on first use (the parent's threads do not exist there,
-    and a lock another thread held at the fork stays held)."""
-    global _POOL, _POOL_LOCK
+    and a lock another thread held at the fork stays held); no regions where the parent ran
+    one (numba's OpenMP threading layer terminates a child that starts a parallel region
+    after its parent did)."""
+    global _POOL, _POOL_LOCK, _REGIONS_FORKED
     _POOL, _POOL_LOCK = None, threading.Lock()
+    _REGIONS_FORKED = _REGIONS_FORKED or _REGIONS_RAN
+
+
+#: Whether this process has run a region, and whether it was forked from one that had
+_REGIONS_RAN = _REGIONS_FORKED = False
 
 
 if hasattr(os, "register_at_fork"):
@@ -218,34 +256,73 @@ def _add(results):
 
 def run(k, n_threads, args):
     """Kernel ``k`` on ``args`` (its arguments less the counter) on ``n_threads`` threads:
-    the caller's and ``n_threads - 1`` of the pool's; returns ``k.finish`` of the summed
-    results. While another thread's call holds the pool, the call runs on its caller's
-    thread alone (the cores are busy)."""
+    as its region where `region_ready` and numba has the threads, else on the caller's and
+    ``n_threads - 1`` of the pool's; returns ``k.finish`` of the summed results. While
+    another thread's call holds the pool, the call runs on its caller's thread alone (the
+    cores are busy; numba's default threading layer also takes one region at a time)."""
+    global _REGIONS_RAN
     full = k.full_args(args, n_threads)
     pool = _pool() if n_threads > 1 else None
     if pool is None or not pool.busy.acquire(blocking=False):
         total = k.build(*full)
     else:
         try:
-            workers = pool.take(n_threads - 1)
-            for w in workers:
-                w.task = (k.build, full)
-                w.go.release()
-            try:
-                results = [k.build(*full)]
-            finally:  # the workers finish (or find no block left) before the pool is free
-                for w in workers:
-                    w.done.acquire()
-            for w in workers:
-                if w.error is not None:
-                    error, w.error = w.error, None
-                    raise error
-                results.append(w.result)
-                w.result = None
+            k.ran_region = n_threads <= numba.get_num_threads() and region_ready(k, full)
+            if k.ran_region:
+                _REGIONS_RAN = True
+                total = k.region(*full, n_threads)
+            else:
+                total = _on_pool(pool, k, n_threads, full)
         finally:
             pool.busy.release()
-        total = _add(results)
     return total if k.finish is None else k.finish(total, *args)
+
+
+def region_ready(k, full):
+    """Whether calls of ``k`` on ``full`` (its arguments, counter included) on several
+    threads run as its region: ``k`` has one, numba has ``REGION_THREADS`` threads or
+    more, the process was not forked from one that ran a region (`_after_fork`), and the
+    region is compiled (or forced "parallel", as the warmup runs: that compiles it). A
+    region not compiled is noted for the compile after the run (`_want`)."""
+    if k.region is None or numba.get_num_threads() < REGION_THREADS or _REGIONS_FORKED:
+        return False
+    if _FORCED == "parallel":
+        return True
+    key = _args_key(k.region, full)
+    ready = _REGION_READY.get(key)
+    if ready is None:
+        ready = _compiled(k.region, (*full, 2))
+        if key is not None:
+            _REGION_READY[key] = ready
+        if not ready and _FORCED is None:
+            _want(k, full)
+    return ready
+
+
+#: `_args_key` of a call -> whether its kernel's region was found compiled: looked up once
+#: a process (a region not compiled is compiled after the run, for the next one)
+_REGION_READY = {}
+
+
+def _on_pool(pool, k, n_threads, full):
+    """The summed results of ``k.build`` on ``full``, run on the caller's thread and
+    ``n_threads - 1`` of ``pool``'s (held by the caller)."""
+    workers = pool.take(n_threads - 1)
+    for w in workers:
+        w.task = (k.build, full)
+        w.go.release()
+    try:
+        results = [k.build(*full)]
+    finally:  # the workers finish (or find no block left) before the pool is free
+        for w in workers:
+            w.done.acquire()
+    for w in workers:
+        if w.error is not None:
+            error, w.error = w.error, None
+            raise error
+        results.append(w.result)
+        w.result = None
+    return _add(results)
 
 
 # ------------------------------------------------------------------ which path a call takes
@@ -320,14 +397,14 @@ def forced(build):
         _FORCED = before
 
 
-def threads(work, cost=None):
+def threads(work, cost=None, handoff=THREAD_HANDOFF):
     """The number of threads of a call reading ``work`` values (None: any size) of a kernel
-    whose work costs ``cost`` CPU seconds per value (None: not known); see the module's
-    docstring."""
+    whose work costs ``cost`` CPU seconds per value (None: not known), each thread costing
+    ``handoff`` seconds to start; see the module's docstring."""
     if _FORCED in ("serial", "numpy"):
         return 1
     if _FORCED is None and work is not None:
-        n = work // THREAD_WORK if cost is None else math.sqrt(work * cost / THREAD_HANDOFF)
+        n = work // THREAD_WORK if cost is None else math.sqrt(work * cost / handoff)
         return int(max(1, min(numba.get_num_threads(), n)))
     return numba.get_num_threads()
 
@@ -350,11 +427,13 @@ def use_twin(k, work, args):
 
 
 def call(k, work, *args):
-    """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads;
-    its CPU seconds per value become ``k.cost`` for the next call. The process's CPU time
-    is the threads' work: pool threads wait on locks, not spinning."""
+    """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads
+    (each costing what its last call's did to start: a region's thread or a pool's); its
+    CPU seconds per value become ``k.cost`` for the next call. The process's CPU time is
+    the threads' work: pool threads wait on locks, not spinning."""
     cpu = time.process_time()
-    out = run(k, threads(work, k.cost), args)
+    out = run(k, threads(work, k.cost, REGION_HANDOFF if k.ran_region else THREAD_HANDOFF),
+              args)
     if work > 0:
         k.cost = (time.process_time() - cpu) / work
     return out
@@ -368,12 +447,14 @@ def typeof(value):
 
 #: Environment variable: "0" compiles nothing in the background (`compile_later`).
 BACKGROUND = "FORGETKIT_BACKGROUND_COMPILE"
-#: (module, kernel name, argument types) of the calls whose twin ran in this process
+#: (module, kernel name, argument types) of the calls whose twin (or pool, where the kernel
+#: has a region) ran in this process
 _WANTED = set()
 
 
 def _want(k, full_args):
-    """Note that kernel ``k`` ran its twin on these arguments: `compile_later` compiles it."""
+    """Note that kernel ``k`` ran its twin (or the pool, not its region) on these arguments:
+    `compile_later` compiles it and its region."""
     try:
         sig = tuple(typeof(a) for a in full_args)
     except Exception:  # no compiler (NUMBA_DISABLE_JIT)
@@ -384,7 +465,8 @@ def _want(k, full_args):
 
 
 def compile_later():
-    """At exit, where twins ran for kernels not compiled: start a detached process, at the
+    """At exit, where twins ran for kernels not compiled (or the pool for a region not
+    compiled): start a detached process, at the
     lowest priority, that compiles those kernels for those argument types into numba's
     cache (``python -m forgetkit.kernels --later FILE``). Not under pytest, nor with
     FORGETKIT_BACKGROUND_COMPILE=0, nor off POSIX. Returns the process, or None."""
@@ -408,7 +490,8 @@ def compile_wanted(path):
     """The background process of `compile_later`: compile (or load from the cache) each
     (module, kernel, argument types) of the pickle at ``path``, then remove it. One such
     process compiles at a time (a lock file in the temporary folder); the others wait and
-    then load what it saved."""
+    then load what it saved. A kernel's region is compiled too where numba has several
+    threads."""
     import fcntl  # POSIX: the background compile is started on POSIX only
 
     os.nice(19)
@@ -418,7 +501,10 @@ def compile_wanted(path):
     with open(os.path.join(tempfile.gettempdir(), "forgetkit-compile.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for module, name, sig in wanted:
-            getattr(importlib.import_module(module), name).build.compile(sig)
+            k = getattr(importlib.import_module(module), name)
+            k.build.compile(sig)
+            if k.region is not None and numba.get_num_threads() >= REGION_THREADS:
+                k.region.compile((*sig, numba.types.int64))
 
 
 # ------------------------------------------------------------------ compile notice
