@@ -342,6 +342,57 @@ def test_twins_note_their_kernels_for_a_compile_after_the_run(tmp_path, monkeypa
     assert found.stdout.strip() == "True"
 
 
+def test_a_call_that_took_the_pool_for_want_of_a_region_notes_it_for_the_compile_after(
+        tmp_path, monkeypatch):
+    """Where numba has `jit.REGION_THREADS` threads, a call of a kernel with a region that
+    is not compiled runs on the pool and notes the kernel once; the compile after the run
+    (``--later``) compiles its region too, which the next process then runs."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    k, region_threads = kernels._argmax.argmax_float, jit.REGION_THREADS
+    monkeypatch.setattr(jit, "_WANTED", set())
+    monkeypatch.setattr(jit, "_REGION_READY", {})
+    monkeypatch.setattr(jit, "REGION_THREADS", 2)
+    monkeypatch.setattr(jit.numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(jit, "_compiled", lambda dispatcher, args: dispatcher is k.build)
+    values, out = np.random.default_rng(2).random((300_000, 3)), np.empty(300_000, np.int32)
+    for _ in range(2):
+        kernels.argmax_rows(values, out)  # on 2 threads: work above jit.PARALLEL_WORK
+        assert not k.ran_region
+    np.testing.assert_array_equal(out, values.argmax(axis=1))
+    sig = tuple(jit.typeof(x) for x in k.full_args((kernels.source(values), out), 2))
+    assert jit._WANTED == {("forgetkit.kernels.argmax", "argmax_float", sig)}
+    path = tmp_path / "wanted.pkl"
+    path.write_bytes(pickle.dumps(sorted(jit._WANTED, key=str)))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT),
+           "NUMBA_NUM_THREADS": str(region_threads)}  # the processes below: regions wanted
+    subprocess.run([sys.executable, "-m", "forgetkit.kernels", "--later", str(path)], env=env,
+                   check=True, timeout=300)
+    ran = subprocess.run([sys.executable, "-c", _RUN_ARGMAX_REGION], env=env,
+                         capture_output=True, text=True, check=True)
+    assert ran.stdout.split() == ["True", "0", "True"]  # the region, loaded: nothing compiled
+
+
+_RUN_ARGMAX_REGION = """
+import numpy as np
+from numba.core import event
+
+from forgetkit import kernels
+from forgetkit.kernels import jit
+
+values, out = np.random.default_rng(2).random((300_000, 3)), np.empty(300_000, np.int32)
+k = kernels._argmax.argmax_float
+with event.install_recorder("numba:compile") as compiled:
+    jit.run(k, 2, (kernels.source(values), out))
+print(k.ran_region, len(compiled.buffer), (out == values.argmax(axis=1)).all())
+"""
+
+
 def test_a_forked_child_starts_its_own_pool():
     """A child forked after calls on the pool (multiprocessing's fork start method) runs
     kernels on threads of its own: the parent's do not exist there."""
@@ -353,3 +404,27 @@ def test_a_forked_child_starts_its_own_pool():
     assert jit.run(k, 3, (a, a, y, 0.5, 16)) == 2000  # the parent's pool is started
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(jit.run, (k, 3, (a, a, y, 0.5, 16))) == 2000
+
+
+def _argmax_in_child(values):
+    """In a forked child: the argmax on 2 threads, and whether it ran as a region."""
+    out = np.empty(values.shape[0], np.int32)
+    jit.run(kernels._argmax.argmax_float, 2, (kernels.source(values), out))
+    return out, kernels._argmax.argmax_float.ran_region
+
+
+def test_a_child_forked_after_a_region_runs_its_calls_on_the_pool(monkeypatch):
+    """numba's OpenMP threading layer cannot run a parallel region in a child forked after
+    its parent ran one (it terminates the child): such a child runs its calls on the pool."""
+    import multiprocessing
+
+    monkeypatch.setattr(jit, "REGION_THREADS", 1)
+    values = np.random.default_rng(6).random((5000, 3))
+    out = np.empty(5000, np.int32)
+    with jit.forced("parallel"):
+        jit.run(kernels._argmax.argmax_float, 2, (kernels.source(values), out))
+    assert kernels._argmax.argmax_float.ran_region
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got, ran_region = pool.apply(_argmax_in_child, (values,))
+    np.testing.assert_array_equal(got, values.argmax(axis=1))
+    assert not ran_region

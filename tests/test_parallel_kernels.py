@@ -49,6 +49,22 @@ def test_argmax_rows_at_equals_numpy(n_classes, dtype):
     np.testing.assert_array_equal(out, argmax_reference(values, src))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_argmax_rows_as_a_region_equals_numpy(dtype, build, monkeypatch):
+    """The forgetting pass's argmax runs as its kernel's region (numba's threads in one
+    parallel region) where numba has `jit.REGION_THREADS` threads: the same results."""
+    from forgetkit.kernels import jit
+
+    monkeypatch.setattr(jit, "REGION_THREADS", 1)
+    values = f16_with_specials((6, 301, 13), 5).astype(dtype)
+    out = np.full(6 * 301, -7, dtype=np.int32)
+    k = kernels._argmax.argmax_f16 if dtype == np.float16 else kernels._argmax.argmax_float
+    k.ran_region = False
+    kernels.argmax_rows(values.reshape(-1, 13), out)
+    np.testing.assert_array_equal(out.reshape(6, 301), argmax_reference(values, np.arange(301)))
+    assert k.ran_region == (build == "parallel" and jit.numba.get_num_threads() > 1)
+
+
 def test_a_memmap_subset_reads_rows_in_place_with_the_same_results(tmp_path):
     run = make_run(n_epochs=7, n_samples=500, n_classes=6, dtype=np.float16, ties=True)
     fk.save(run, tmp_path / "r.npy")

@@ -5,7 +5,7 @@ index (numpy's rule)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .floats import F16_EXP_MASK, f16_key
 from .jit import kernel
@@ -101,6 +101,25 @@ def argmax_float(values, out, n_blocks, counter):
                     best_v = v
             out[r] = best
         blk = claim(counter)
+
+
+# The forgetting pass's argmax, one call over every epoch's rows: as regions (numba's
+# threads in one parallel region, `jit.Kernel.on_threads`) where they are compiled.
+_argmax_f16, _argmax_float = argmax_f16.build, argmax_float.build
+
+
+@argmax_f16.on_threads
+def argmax_f16_region(bits, out, n_blocks, counter, n_threads):
+    """``argmax_f16`` on ``n_threads`` of numba's threads."""
+    for _ in prange(n_threads):
+        _argmax_f16(bits, out, n_blocks, counter)
+
+
+@argmax_float.on_threads
+def argmax_float_region(values, out, n_blocks, counter, n_threads):
+    """``argmax_float`` on ``n_threads`` of numba's threads."""
+    for _ in prange(n_threads):
+        _argmax_float(values, out, n_blocks, counter)
 
 
 @njit(inline="always")
