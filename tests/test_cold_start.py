@@ -407,24 +407,31 @@ def test_a_forked_child_starts_its_own_pool():
 
 
 def _argmax_in_child(values):
-    """In a forked child: the argmax on 2 threads, and whether it ran as a region."""
+    """In a forked child: the argmax on 2 threads, forced "parallel" (a region wherever one
+    may run), and whether it ran as a region."""
     out = np.empty(values.shape[0], np.int32)
-    jit.run(kernels._argmax.argmax_float, 2, (kernels.source(values), out))
+    with jit.forced("parallel"):
+        jit.run(kernels._argmax.argmax_float, 2, (kernels.source(values), out))
     return out, kernels._argmax.argmax_float.ran_region
 
 
-def test_a_child_forked_after_a_region_runs_its_calls_on_the_pool(monkeypatch):
-    """numba's OpenMP threading layer cannot run a parallel region in a child forked after
-    its parent ran one (it terminates the child): such a child runs its calls on the pool."""
+@pytest.mark.parametrize("parent_ran_a_region", [False, True])
+def test_a_forked_child_runs_its_calls_on_the_pool(parent_ran_a_region, monkeypatch):
+    """numba's OpenMP threading layer terminates a child that starts a parallel region once
+    its parent has started the layer's threads (any call does): a forked child runs no
+    region, its calls run on the pool."""
     import multiprocessing
 
     monkeypatch.setattr(jit, "REGION_THREADS", 1)
+    k = kernels._argmax.argmax_float
     values = np.random.default_rng(6).random((5000, 3))
     out = np.empty(5000, np.int32)
+    k.ran_region = False
+    jit.numba.get_num_threads()  # starts the threading layer's threads
     with jit.forced("parallel"):
-        jit.run(kernels._argmax.argmax_float, 2, (kernels.source(values), out))
-    assert kernels._argmax.argmax_float.ran_region
+        jit.run(k, 2 if parent_ran_a_region else 1, (kernels.source(values), out))
+    assert k.ran_region == (parent_ran_a_region and jit.numba.get_num_threads() > 1)
     with multiprocessing.get_context("fork").Pool(1) as pool:
-        got, ran_region = pool.apply(_argmax_in_child, (values,))
+        got, ran_region = pool.apply_async(_argmax_in_child, (values,)).get(timeout=60)
     np.testing.assert_array_equal(got, values.argmax(axis=1))
     assert not ran_region

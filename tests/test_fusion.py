@@ -221,7 +221,43 @@ def test_the_window_counts_region_gives_the_bits_of_one_thread(monkeypatch):
         plan = fk.KnowledgeFusion().fit(run)
     with jit.forced("serial"):
         assert plan.plan_ == fk.KnowledgeFusion().fit(run).plan_
-    assert True in used and numba_threads() > 1
+    assert (True in used) == (numba_threads() > 1)
+
+
+def test_the_window_counts_region_sums_what_the_threads_count(monkeypatch):
+    """The window counts as their region add up every thread's counts, rows holding inf or
+    nan, and rows whose correctness a mix changed, as one thread does."""
+    from forgetkit import kernels
+    from forgetkit.kernels import jit
+    from forgetkit.run import softmax
+
+    monkeypatch.setattr(jit, "REGION_THREADS", 1)
+    run = make_run(n_epochs=9, n_samples=2000, n_classes=5, seed=4, ties=True)
+    values = np.array(run.outputs, dtype=np.float32)
+    values[3, ::37, 1] = np.inf  # 55 rows not whole in a window holding epoch 3
+    labels, rows, grid = run.labels, np.arange(2000), np.arange(11) / 10
+    results = {}
+    for build in ("serial", "parallel"):
+        prob = softmax(values[-1].astype(np.float64))
+        leads, correct = kernels.label_leads(prob, labels)
+        mean, spans = np.zeros_like(prob), np.zeros((4, 2000), dtype=np.int32)
+        with jit.forced(build):
+            first = kernels.window_grid_counts(values, range(5, 8), rows, prob, labels, leads,
+                                               correct, grid, 1e-12, mean, spans)
+            # the mean of 5-7 mixed in by 0.7 (not chosen from the spans: rows change)
+            second = kernels.window_grid_counts(values, range(2, 5), rows, prob, labels,
+                                                leads, correct, grid, 1e-12, mean, spans,
+                                                mix_eps=0.7)
+        results[build] = first, second, prob, correct, spans
+    assert keps.window_grid_counts.ran_region == (numba_threads() > 1)
+    serial, region = results["serial"], results["parallel"]
+    (counts, bad, changed), (counts2, bad2, changed2) = serial[:2]
+    assert bad == 0 and bad2 == 55 and changed == 0 and changed2 > 0
+    for mine, theirs in zip(region[:2], serial[:2], strict=True):
+        np.testing.assert_array_equal(mine[0], theirs[0])
+        assert mine[1:] == theirs[1:]
+    for mine, theirs in zip(region[2:], serial[2:], strict=True):
+        np.testing.assert_array_equal(mine, theirs)
 
 
 def numba_threads():

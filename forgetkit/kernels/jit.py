@@ -9,8 +9,9 @@ compiled both. So every kernel (``@kernel``) has one build, serial and ``nogil``
 row blocks it claims (``schedule``), and the threads come from here:
 
 - a call runs that build on the caller's thread and on ``threads - 1`` threads of one
-  shared pool (`run`), each thread claiming blocks from the call's shared counter until
-  none is left; a thread that starts late finds none and returns at once;
+  shared pool (`run`), or as the kernel's region (below), each thread claiming blocks
+  from the call's shared counter until none is left; a thread that starts late finds none
+  and returns at once;
 - a kernel returns the integer sums of the blocks its thread ran (None, an int, an int
   array, or a tuple of them); `run` adds them up over the threads (integer sums: the same
   bits in any order) and passes the total to the kernel's ``finish`` (numpy steps after
@@ -19,13 +20,13 @@ row blocks it claims (``schedule``), and the threads come from here:
   for any number of threads and blocks (tested);
 - a call of W seconds of one thread's work (its values times the kernel's cost per value,
   measured in CPU seconds on its last call in this process) takes sqrt(W / h) threads, up
-  to ``numba.get_num_threads()``, h = ``THREAD_HANDOFF`` the cost of handing a call to one
-  more pool thread: the fewest seconds of W / t + h * t. Before a kernel's first call, one
-  thread per ``THREAD_WORK`` values, so that calls reading fewer than ``PARALLEL_WORK``
-  values run on the caller's thread alone. Per value, a softmax over 10 classes with a
-  grid of eps per row costs some 20 times a pass over the values, so a count of values
-  alone left such calls on a few of 16 cores. `forced` "serial" runs every call on the
-  caller's thread.
+  to ``numba.get_num_threads()``, h the cost of handing a call to one more thread
+  (``THREAD_HANDOFF`` on the pool, ``REGION_HANDOFF`` as a region): the fewest seconds of
+  W / t + h * t. Before a kernel's first call, one thread per ``THREAD_WORK`` values, so
+  that calls reading fewer than ``PARALLEL_WORK`` values run on the caller's thread alone.
+  Per value, a softmax over 10 classes with a grid of eps per row costs some 20 times a
+  pass over the values, so a count of values alone left such calls on a few of 16 cores.
+  `forced` "serial" runs every call on the caller's thread.
 
 One compile serves every thread count, and a first run's compile is the warm run's build:
 no kernel waits for a parallel build that a mid-sized run would never compile.
@@ -33,14 +34,19 @@ no kernel waits for a parallel build that a mid-sized run would never compile.
 The pool's hand-off is serial: each pool thread takes the GIL to enter its kernel and to
 leave it, a wake-up from thread to thread (some 17 us a thread on 16 cores), so a call
 of a few milliseconds on 16 threads pays a tenth of its time to start. A kernel whose many
-small calls pay it (the KF fit's window counts) also has a region (`Kernel.on_threads`):
-a small ``parallel=True`` function whose loop over the threads calls the serial build on
-each, so that numba's threading layer starts the threads natively, with no GIL. A region
+small calls pay it (the KF fit's window counts, the forgetting pass's argmax) also has a
+region (`Kernel.on_threads`): a small ``parallel=True`` function whose loop over the
+threads calls the serial build on each, so that numba's threading layer starts the
+threads natively, with no GIL. A region
 runs where it is compiled (in this process or numba's cache). Its compile costs about what
 the serial build's does (numba links the build into it and generates its code again), so
 regions are compiled and run only where numba has ``REGION_THREADS`` threads or more: by
 ``forgetkit warmup`` there, and after a run whose calls took the pool for want of one
 (`compile_later`, with the kernels whose twins ran). Until then the pool runs the calls.
+numba's threading layer is OpenMP where the system has it: after a region its threads
+spin a moment before they sleep (the process's CPU seconds count it), and a child forked
+from a process that started them must not start a region (the layer terminates it), so
+no forked child runs regions (`_after_fork`).
 
 The kernels of the Knowledge Fusion fit and of `compare` also have exact numpy twins
 (``twins``): a call reading fewer than ``TWIN_WORK`` values whose build is not compiled
@@ -225,16 +231,17 @@ def _pool():
 
 def _after_fork():
     """In a forked child: a new pool on first use (the parent's threads do not exist there,
-    and a lock another thread held at the fork stays held); no regions where the parent ran
-    one (numba's OpenMP threading layer terminates a child that starts a parallel region
-    after its parent did)."""
-    global _POOL, _POOL_LOCK, _REGIONS_FORKED
-    _POOL, _POOL_LOCK = None, threading.Lock()
-    _REGIONS_FORKED = _REGIONS_FORKED or _REGIONS_RAN
+    and a lock another thread held at the fork stays held), and no regions: numba's OpenMP
+    threading layer terminates a child that starts a parallel region once its parent has
+    started the layer's threads (which any ``numba.get_num_threads()`` does)."""
+    global _POOL, _POOL_LOCK, _FORKED
+    _POOL, _POOL_LOCK, _FORKED = None, threading.Lock(), True
+    for k in KERNELS:
+        k.ran_region = False
 
 
-#: Whether this process has run a region, and whether it was forked from one that had
-_REGIONS_RAN = _REGIONS_FORKED = False
+#: Whether this process is a forked child (it runs no regions)
+_FORKED = False
 
 
 if hasattr(os, "register_at_fork"):
@@ -259,8 +266,7 @@ def run(k, n_threads, args):
     as its region where `region_ready` and numba has the threads, else on the caller's and
     ``n_threads - 1`` of the pool's; returns ``k.finish`` of the summed results. While
     another thread's call holds the pool, the call runs on its caller's thread alone (the
-    cores are busy; numba's default threading layer also takes one region at a time)."""
-    global _REGIONS_RAN
+    cores are busy, and numba's workqueue threading layer takes one region at a time)."""
     full = k.full_args(args, n_threads)
     pool = _pool() if n_threads > 1 else None
     if pool is None or not pool.busy.acquire(blocking=False):
@@ -269,7 +275,6 @@ def run(k, n_threads, args):
         try:
             k.ran_region = n_threads <= numba.get_num_threads() and region_ready(k, full)
             if k.ran_region:
-                _REGIONS_RAN = True
                 total = k.region(*full, n_threads)
             else:
                 total = _on_pool(pool, k, n_threads, full)
@@ -281,26 +286,27 @@ def run(k, n_threads, args):
 def region_ready(k, full):
     """Whether calls of ``k`` on ``full`` (its arguments, counter included) on several
     threads run as its region: ``k`` has one, numba has ``REGION_THREADS`` threads or
-    more, the process was not forked from one that ran a region (`_after_fork`), and the
-    region is compiled (or forced "parallel", as the warmup runs: that compiles it). A
-    region not compiled is noted for the compile after the run (`_want`)."""
-    if k.region is None or numba.get_num_threads() < REGION_THREADS or _REGIONS_FORKED:
+    more, the process is not a forked child (`_after_fork`), and the region is compiled
+    (or forced "parallel", as the warmup runs: that compiles it). A region not compiled is
+    noted for the compile after the run (`_want`)."""
+    if k.region is None or numba.get_num_threads() < REGION_THREADS or _FORKED:
         return False
     if _FORCED == "parallel":
         return True
     key = _args_key(k.region, full)
-    ready = _REGION_READY.get(key)
-    if ready is None:
+    ready, builds = _REGION_READY.get(key, (None, None))
+    if ready is None or not ready and builds != len(k.region.overloads):
         ready = _compiled(k.region, (*full, 2))
         if key is not None:
-            _REGION_READY[key] = ready
+            _REGION_READY[key] = ready, len(k.region.overloads)
         if not ready and _FORCED is None:
             _want(k, full)
     return ready
 
 
-#: `_args_key` of a call -> whether its kernel's region was found compiled: looked up once
-#: a process (a region not compiled is compiled after the run, for the next one)
+#: `_args_key` of a call -> (whether its kernel's region was found compiled, the region's
+#: builds in this process then): looked up again only if a build was added since (a region
+#: not compiled is compiled after the run, for the next process)
 _REGION_READY = {}
 
 
@@ -428,12 +434,12 @@ def use_twin(k, work, args):
 
 def call(k, work, *args):
     """Kernel ``k`` on ``args`` for a call reading ``work`` values, on `threads` threads
-    (each costing what its last call's did to start: a region's thread or a pool's); its
-    CPU seconds per value become ``k.cost`` for the next call. The process's CPU time is
-    the threads' work: pool threads wait on locks, not spinning."""
+    (each costing a region's thread to start where the call runs as one, else a pool's);
+    its CPU seconds per value become ``k.cost`` for the next call. The process's CPU time
+    is about the threads' work: pool threads wait on locks, a region's spin a moment."""
     cpu = time.process_time()
-    out = run(k, threads(work, k.cost, REGION_HANDOFF if k.ran_region else THREAD_HANDOFF),
-              args)
+    region = k.ran_region or region_ready(k, k.full_args(args, 1))  # known: no lookup
+    out = run(k, threads(work, k.cost, REGION_HANDOFF if region else THREAD_HANDOFF), args)
     if work > 0:
         k.cost = (time.process_time() - cpu) / work
     return out
@@ -490,8 +496,8 @@ def compile_wanted(path):
     """The background process of `compile_later`: compile (or load from the cache) each
     (module, kernel, argument types) of the pickle at ``path``, then remove it. One such
     process compiles at a time (a lock file in the temporary folder); the others wait and
-    then load what it saved. A kernel's region is compiled too where numba has several
-    threads."""
+    then load what it saved. A kernel's region is compiled too where numba has
+    ``REGION_THREADS`` threads or more."""
     import fcntl  # POSIX: the background compile is started on POSIX only
 
     os.nice(19)
