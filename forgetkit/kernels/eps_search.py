@@ -12,7 +12,7 @@ from numba import njit, prange
 from .argmax import first_argmax_mix
 from .floats import LOW63, float_of_key64, key64
 from .jit import kernel
-from .schedule import claim, span
+from .schedule import claim, span, store
 from .softmax import combine_scratch, window_mean_row
 from .views import borrow, row
 
@@ -267,23 +267,23 @@ def window_grid_counts_region(values, epochs, src, order, table, b, labels, b_le
     """``window_grid_counts`` on ``n_threads`` of numba's threads, one parallel region:
     each runs the serial build, claiming blocks from ``counter``. Returns the threads'
     summed (counts, n_bad, n_changed)."""
-    diffs, n_bad, n_changed = _region_sums(n_threads, grid.shape[0] + 1)
+    sums = _thread_sums(n_threads, grid.shape[0] + 3)  # row t: thread t's diff, bad, changed
     for t in prange(n_threads):
         diff, bad, changed = _window_grid_counts(
             values, epochs, src, order, table, b, labels, b_lead, b_magnitude, b_top,
             correct, mean, mix_in, eps, grid, rel_band, spans, n_blocks, counter)
-        for g in range(diff.shape[0]):
-            diffs[t, g] = diff[g]
-        n_bad[t], n_changed[t] = bad, changed
-    return _add_rows(diffs), n_bad.sum(), n_changed.sum()
+        store(sums[t, :-2], diff)
+        sums[t, -2], sums[t, -1] = bad, changed
+    total = _add_rows(sums)
+    return total[:-2], total[-2], total[-1]
 
 
+# Serial helpers of a region: in its own body numba would make an allocation or a sum a
+# parallel loop of its own.
 @njit(cache=True)
-def _region_sums(n_threads, length):
-    """Per-thread sums of a region: (int64 (T, length), int64 (T,), int64 (T,)), zeros.
-    Serial functions: in the region's own body, numba would make each a parallel loop."""
-    return (np.zeros((n_threads, length), dtype=np.int64),
-            np.zeros(n_threads, dtype=np.int64), np.zeros(n_threads, dtype=np.int64))
+def _thread_sums(n_threads, length):
+    """Zeros int64 (n_threads, length): each thread's sums in a row of its own."""
+    return np.zeros((n_threads, length), dtype=np.int64)
 
 
 @njit(cache=True)

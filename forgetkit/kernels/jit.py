@@ -37,12 +37,12 @@ of a few milliseconds on 16 threads pays a tenth of its time to start. A kernel 
 small calls pay it (the KF fit's window counts, the forgetting pass's argmax) also has a
 region (`Kernel.on_threads`): a small ``parallel=True`` function whose loop over the
 threads calls the serial build on each, so that numba's threading layer starts the
-threads natively, with no GIL. A region
-runs where it is compiled (in this process or numba's cache). Its compile costs about what
-the serial build's does (numba links the build into it and generates its code again), so
-regions are compiled and run only where numba has ``REGION_THREADS`` threads or more: by
-``forgetkit warmup`` there, and after a run whose calls took the pool for want of one
-(`compile_later`, with the kernels whose twins ran). Until then the pool runs the calls.
+threads natively, with no GIL. A region runs where it is compiled (in this process or
+numba's cache). Its compile costs about what the serial build's does (numba links the
+build into it and generates its code again), so regions are compiled and run only where
+numba has ``REGION_THREADS`` threads or more: by ``forgetkit warmup`` there, and after a
+run whose calls took the pool for want of one (`compile_later`, with the kernels whose
+twins ran). Until then the pool runs the calls.
 numba's threading layer is OpenMP where the system has it: after a region its threads
 spin a moment before they sleep (the process's CPU seconds count it), and a child forked
 from a process that started them must not start a region (the layer terminates it), so
@@ -273,7 +273,7 @@ def run(k, n_threads, args):
         total = k.build(*full)
     else:
         try:
-            k.ran_region = n_threads <= numba.get_num_threads() and region_ready(k, full)
+            k.ran_region = region_ready(k, full) and n_threads <= numba.get_num_threads()
             if k.ran_region:
                 total = k.region(*full, n_threads)
             else:
@@ -438,7 +438,8 @@ def call(k, work, *args):
     its CPU seconds per value become ``k.cost`` for the next call. The process's CPU time
     is about the threads' work: pool threads wait on locks, a region's spin a moment."""
     cpu = time.process_time()
-    region = k.ran_region or region_ready(k, k.full_args(args, 1))  # known: no lookup
+    region = k.region is not None and (k.ran_region  # known: no lookup
+                                       or region_ready(k, k.full_args(args, 1)))
     out = run(k, threads(work, k.cost, REGION_HANDOFF if region else THREAD_HANDOFF), args)
     if work > 0:
         k.cost = (time.process_time() - cpu) / work
@@ -472,10 +473,10 @@ def _want(k, full_args):
 
 def compile_later():
     """At exit, where twins ran for kernels not compiled (or the pool for a region not
-    compiled): start a detached process, at the
-    lowest priority, that compiles those kernels for those argument types into numba's
-    cache (``python -m forgetkit.kernels --later FILE``). Not under pytest, nor with
-    FORGETKIT_BACKGROUND_COMPILE=0, nor off POSIX. Returns the process, or None."""
+    compiled): start a detached process, at the lowest priority, that compiles those
+    kernels for those argument types into numba's cache (``python -m forgetkit.kernels
+    --later FILE``). Not under pytest, nor with FORGETKIT_BACKGROUND_COMPILE=0, nor off
+    POSIX. Returns the process, or None."""
     if (not _WANTED or os.environ.get(BACKGROUND) == "0" or "pytest" in sys.modules
             or os.name != "posix"):
         return None
