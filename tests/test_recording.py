@@ -279,6 +279,8 @@ DDP_WORKER = textwrap.dedent("""
         rec.close()
     with open(f"{tmp}/{scenario}-{rank}.json", "w") as f:
         json.dump(results, f)
+    # torch requires it: without it gloo's threads may abort the process at exit
+    dist.destroy_process_group()
 """)
 
 
