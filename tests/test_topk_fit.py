@@ -141,6 +141,24 @@ def test_layouts_of_wide_vocabularies_match_the_reference(case):
         assert np.array_equal(lower, ref.window(window, lower=True))
 
 
+@pytest.mark.parametrize("case", [CASES[1], (6, 3, 40, 70_000, 4, True)])
+def test_layouts_wider_than_the_first_rows_are_made_again(case, monkeypatch):
+    """Tokens with more classes than `kernels.LAYOUT_COLUMNS` are laid out again in rows
+    wide enough for any token: the same layout, columns and unstored slots as rows wide
+    enough from the start (bit set and hash set alike)."""
+    run = topk_run(*case)
+    data = kind_of(run).certified_bounds(run)
+    full = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    widths = (full.cls <= run.n_classes).sum(1)
+    narrow = min(int(np.median(widths)), int(widths.max()) - 1)
+    assert widths.min() <= narrow < widths.max()  # some tokens fit, some do not
+    monkeypatch.setattr(kernels, "LAYOUT_COLUMNS", narrow)
+    again = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
+    for name in ("cls", "label_col", "unstored_col", "cols", "src", "cache"):
+        assert np.array_equal(getattr(again, name), getattr(full, name)), name
+    assert again.cols.dtype == full.cols.dtype
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_settled_tokens_are_wrong_under_every_mixture(case):
     run = topk_run(*case)

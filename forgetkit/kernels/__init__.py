@@ -505,17 +505,41 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
     vocabularies beyond int32), label_col int64 (n,), unstored_col int64 (n,), -1 where
     none, cols (W, n, k) the column of each stored id: uint8, or uint16 / int32 for wider
     layouts); see ``topk``'s module docstring."""
-    ids, n = fields[1], len(src)
-    wide = len(epochs) * ids.shape[2] + 2  # every stored id, the target and the slot
-    dtype = np.int32 if vocab < 2**31 - 1 else np.int64
-    cls, ends = np.empty((n, wide), dtype=dtype), np.empty(n, dtype=np.int64)
-    label_col, unstored_col = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    cols = np.empty((len(epochs), n, ids.shape[2]), dtype=_col_type(wide))
+    k = fields[1].shape[2]
+    wide = len(epochs) * k + 2  # every stored id, the target and the slot
+    cls, ends, label_col, unstored_col, cols = _layout_fill(
+        fields[1], epochs, src, targets, vocab, floor, min(wide, LAYOUT_COLUMNS))
+    over = np.flatnonzero(ends < 0)
+    if over.size:  # the tokens wider than LAYOUT_COLUMNS, again at full width
+        wider = _layout_fill(fields[1], epochs, src[over], targets[over], vocab, floor[over],
+                             wide)
+        width = int(wider[1].max())
+        cls = np.concatenate([cls, np.empty((len(src), width - cls.shape[1]), cls.dtype)], 1)
+        cols = cols.astype(_col_type(width))
+        cls[over] = wider[0][:, :width]
+        ends[over], label_col[over], unstored_col[over] = wider[1:4]
+        cols[:, over] = wider[4]
+    width = int(ends.max()) if len(src) else 0
+    cls = np.where(np.arange(width) < ends[:, None], cls[:, :width], cls.dtype.type(vocab + 1))
+    return cls, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
+
+
+#: Columns of the layout rows first made (`topk_layout`): a token with more classes (rare:
+#: 97 at most on a GPT-2 run's 51 checkpoints of 8) is made again in rows of every
+#: checkpoint's k ids. Narrow rows touch fewer new pages and fit uint8 columns.
+LAYOUT_COLUMNS = 128
+
+
+def _layout_fill(ids, epochs, src, targets, vocab, floor, width):
+    """``topk.layout_fill`` into new arrays whose rows hold ``width`` columns: (cls, ends,
+    label_col, unstored_col, cols); ends[n] < 0 for the tokens wider than that."""
+    n = len(src)
+    cls = np.empty((n, width), dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
+    ends, label_col, unstored_col = (np.empty(n, dtype=np.int64) for _ in range(3))
+    cols = np.empty((len(epochs), n, ids.shape[2]), dtype=_col_type(width))
     call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
          floor, cls, ends, label_col, unstored_col, cols)
-    width = int(ends.max()) if n else 0
-    cls = np.where(np.arange(width) < ends[:, None], cls[:, :width], dtype(vocab + 1))
-    return cls, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
+    return cls, ends, label_col, unstored_col, cols
 
 
 def _col_type(width):

@@ -316,6 +316,10 @@ def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
                 bits[w] |= bit
                 count += 1
                 first, last = min(first, w), max(last, w)
+    if count + (count < vocab) > cls.shape[1]:  # too wide for cls: left for a wider one
+        for w in range(first, last + 1):
+            bits[w] = 0
+        return -(count + (count < vocab)), np.int64(-1), np.int64(-1)
     slot = np.int64(-1)
     if count < vocab:  # the smallest class above floor not in the set
         slot = max(floor + 1, 0)
@@ -345,7 +349,8 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
                   cols, n):
     """The layout of one token (records at token s, target y; see the module): cls[n, :w]
     its classes and unstored slot (above ``floor``), cols[i, n, j] the column of the j-th
-    id stored at epochs[i]; returns (w, the target's column, the slot's column or -1).
+    id stored at epochs[i]; returns (w, the target's column, the slot's column or -1), or
+    (-w, -1, -1) with nothing written where w is more than cls's columns.
     Scratch (`_layout_scratch`): for vocabularies up to `DIRECT_CLASSES` a bit set of the
     classes (keys) and each class's column (where): `_bitset_layout`; else the hash set
     (keys, stamps) marked ``stamp``, where (its size), buf (3, W * k + 1): the classes,
@@ -365,6 +370,8 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
             if new:
                 buf[0, count], buf[1, count] = c, h
                 count += 1
+    if count + (count < vocab) > cls.shape[1]:  # too wide for cls: left for a wider one
+        return -(count + (count < vocab)), np.int64(-1), np.int64(-1)
     for i in range(1, count):  # insertion sort: a few dozen classes
         c, h = buf[0, i], buf[1, i]
         m = i
@@ -414,11 +421,11 @@ def _layout_scratch(n_epochs, k, vocab):
 @kernel
 def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, unstored_col,
                 cols, n_blocks, counter):
-    """Fill the layout of tokens src (`_token_layout`): cls[n, :ends[n]] (cls (n, W * k + 2)
-    int32 or int64, wide enough for any token; the rest left as it is), label_col[n] = the
-    target's column, unstored_col[n] = the unstored slot's column (-1: none), cols[i, n, j]
-    = the column of the j-th id stored at epochs[i] (cols (W, n, k)). ids (E, N, k), any
-    strides."""
+    """Fill the layout of tokens src (`_token_layout`): cls[n, :ends[n]] (cls (n, M) int32
+    or int64; the rest left as it is), label_col[n] = the target's column, unstored_col[n]
+    = the unstored slot's column (-1: none), cols[i, n, j] = the column of the j-th id
+    stored at epochs[i] (cols (W, n, k)). A token whose layout is wider than M gets
+    ends[n] = -(its width) and nothing else. ids (E, N, k), any strides."""
     keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2], vocab)
     blk = claim(counter)
     while blk < n_blocks:
