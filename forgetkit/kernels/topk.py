@@ -297,6 +297,13 @@ def _bit_index(low):
 
 
 @njit(inline="always")
+def _layout_width(count, vocab):
+    """Columns of the layout of a token of ``count`` classes: them, and the unstored slot
+    where they are fewer than the vocabulary."""
+    return count + 1 if count < vocab else count
+
+
+@njit(inline="always")
 def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
     """`_token_layout` for vocabularies up to `DIRECT_CLASSES`: the token's classes are
     marked in the bit set ``bits`` (int64 (vocab // 64 + 1,), zero, and left zero), read
@@ -316,10 +323,11 @@ def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
                 bits[w] |= bit
                 count += 1
                 first, last = min(first, w), max(last, w)
-    if count + (count < vocab) > cls.shape[1]:  # too wide for cls: left for a wider one
+    width = _layout_width(count, vocab)
+    if width > cls.shape[1]:  # too wide for cls: left for a wider one
         for w in range(first, last + 1):
             bits[w] = 0
-        return -(count + (count < vocab)), np.int64(-1), np.int64(-1)
+        return -width, np.int64(-1), np.int64(-1)
     slot = np.int64(-1)
     if count < vocab:  # the smallest class above floor not in the set
         slot = max(floor + 1, 0)
@@ -370,8 +378,9 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
             if new:
                 buf[0, count], buf[1, count] = c, h
                 count += 1
-    if count + (count < vocab) > cls.shape[1]:  # too wide for cls: left for a wider one
-        return -(count + (count < vocab)), np.int64(-1), np.int64(-1)
+    width = _layout_width(count, vocab)
+    if width > cls.shape[1]:  # too wide for cls: left for a wider one
+        return -width, np.int64(-1), np.int64(-1)
     for i in range(1, count):  # insertion sort: a few dozen classes
         c, h = buf[0, i], buf[1, i]
         m = i
