@@ -115,8 +115,7 @@ def test_window_means_and_grid_counts_match_the_reference(case, cache):
             # counts of the padded rows
             epochs = np.asarray(window, dtype=np.int64)
             counts = kernels.topk_window_grid_counts(
-                *layout.read(data, epochs), run.n_classes, layout.parts, prob, leads, grid,
-                REL_BAND)
+                *layout.read(data, epochs), layout.extent, prob, leads, grid, REL_BAND)
             assert np.array_equal(counts, kernels.grid_correct_counts(
                 upper, prob, ref.label_col, leads, grid, REL_BAND))
 

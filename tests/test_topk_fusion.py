@@ -54,10 +54,12 @@ def test_layout_and_bounds_match_the_reference():
     logits, targets = make_logits(1, n_epochs=4, n_tokens=60, vocab=12, ties=True)
     rec = records_of(logits, targets, 3)
     data = ft.TopKData(rec, targets, 12)
-    cls, label_col, unstored_col = ft.Layout(data, range(4), slice(None)).parts
+    layout = ft.Layout(data, range(4), slice(None))
+    cls, label_col, unstored_col = layout.parts
     rows = layout_ref(rec, targets, 12)
     for n, row in enumerate(rows):
         width = len(row)
+        assert layout.ends[n] == width
         assert cls[n, :width].tolist() == [c for c, _ in row]
         assert (cls[n, width:] == 13).all()  # padding
         assert cls[n, label_col[n]] == targets[n]

@@ -50,9 +50,10 @@ NO_CACHE = np.empty((0, 0, 0))
 class Layout:
     """The classes of tokens ``rows`` (a slice) that a mixture of checkpoints ``epochs`` can
     hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
-    epochs, the target, the unstored slot, padding), ``label_col`` and ``unstored_col``
-    (n,); ``cols`` (E, n, k) the column of each stored id; the tokens ``src`` (int64 (n,),
-    of ``rows``), whose targets are ``targets``.
+    epochs, the target, the unstored slot, padding), ``ends`` (n,) the columns before each
+    row's padding, ``label_col`` and ``unstored_col`` (n,); ``cols`` (E, n, k) the column of
+    each stored id; the tokens ``src`` (int64 (n,), of ``rows``), whose targets are
+    ``targets``.
 
     With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
     beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the unstored slot,
@@ -79,6 +80,7 @@ class Layout:
                                        (n, data.vocab_size))
             self.label_col = targets.copy()
             self.unstored_col = np.full(n, -1, dtype=np.int64)
+            self.ends = np.full(n, data.vocab_size, dtype=np.int64)
         else:
             fields, self.epochs = data.fields(rows), _indices(epochs)
             if settle:
@@ -94,8 +96,8 @@ class Layout:
                 self.cache, floor = kept, kernels.topk_record_cache(*args, kept)
             else:
                 floor = kernels.topk_floors(*args)
-            self.cls, self.label_col, self.unstored_col, self.cols = kernels.topk_layout(
-                *args, floor)
+            self.cls, self.ends, self.label_col, self.unstored_col, self.cols = \
+                kernels.topk_layout(*args, floor)
             self.fields = fields if kept is None and data.holds_records else None
         self.cls = np.ascontiguousarray(self.cls)
 
@@ -121,28 +123,32 @@ class Layout:
     def window(self, data, epochs, upper, lower=None):
         """The mean of the bounds of ``epochs`` (epochs of the layout) into ``upper`` (and
         ``lower``): `kernels.topk_window`."""
-        return kernels.topk_window(*self.read(data, _indices(epochs)), data.vocab_size,
-                                   self.parts, upper, lower)
+        return kernels.topk_window(*self.read(data, _indices(epochs)), self.extent, upper,
+                                   lower)
 
     def grid_counts(self, data, epochs, prob, leads, grid):
         """`kernels.topk_window_grid_counts` of the window ``epochs``."""
         return kernels.topk_window_grid_counts(*self.read(data, _indices(epochs)),
-                                               data.vocab_size, self.parts, prob, leads, grid,
-                                               REL_BAND)
+                                               self.extent, prob, leads, grid, REL_BAND)
 
     def add_into(self, data, epochs, total):
         """`kernels.topk_window_add_into` of the window ``epochs``."""
-        kernels.topk_window_add_into(*self.read(data, _indices(epochs)), data.vocab_size,
-                                     self.parts, total)
+        kernels.topk_window_add_into(*self.read(data, _indices(epochs)), self.extent, total)
 
     def mix_into(self, data, epochs, prob, eps, leads, correct):
         """`kernels.topk_window_mix_into` of the window ``epochs``."""
-        kernels.topk_window_mix_into(*self.read(data, _indices(epochs)), data.vocab_size,
-                                     self.parts, prob, eps, leads, correct)
+        kernels.topk_window_mix_into(*self.read(data, _indices(epochs)), self.extent, prob,
+                                     eps, leads, correct)
 
     @property
     def parts(self):
+        """(cls, label_col, unstored_col): what the certificate kernels read."""
         return self.cls, self.label_col, self.unstored_col
+
+    @property
+    def extent(self):
+        """(ends, label_col): what the window kernels read of the layout."""
+        return self.ends, self.label_col
 
     @property
     def shape(self):
@@ -416,7 +422,7 @@ def selection_scores(data, layout, total):
     target: int64 (E,)."""
     if not data.exact:
         probs, cols, _, _ = layout.read(data, layout.epochs)
-        return kernels.topk_selection_counts(probs, cols, data.vocab_size, layout.parts, total)
+        return kernels.topk_selection_counts(probs, cols, layout.extent, total)
     every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
     return np.array([kernels.sum_correct_count_rows(
         total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)

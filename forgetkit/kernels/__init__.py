@@ -502,9 +502,10 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
     """The class layout of tokens ``src`` over the checkpoints ``epochs`` (int64 indices)
     of a top-k run's record ``fields`` (as `topk_settle` takes them; ``targets`` int64 (n,)),
     the unstored slot above ``floor`` (`topk_floors`): (cls int32 (n, M) (int64 for
-    vocabularies beyond int32), label_col int64 (n,), unstored_col int64 (n,), -1 where
-    none, cols (W, n, k) the column of each stored id: uint8, or uint16 / int32 for wider
-    layouts); see ``topk``'s module docstring."""
+    vocabularies beyond int32), ends int64 (n,) each row's columns before its padding,
+    label_col int64 (n,), unstored_col int64 (n,), -1 where none, cols (W, n, k) the column
+    of each stored id: uint8, or uint16 / int32 for wider layouts); see ``topk``'s module
+    docstring."""
     k = fields[1].shape[2]
     wide = len(epochs) * k + 2  # every stored id, the target and the slot
     cls, ends, label_col, unstored_col, cols = _layout_fill(
@@ -521,7 +522,7 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
         cols[:, over] = wider[4]
     width = int(ends.max()) if len(src) else 0
     cls = np.where(np.arange(width) < ends[:, None], cls[:, :width], cls.dtype.type(vocab + 1))
-    return cls, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
+    return cls, ends, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
 
 
 #: Columns of the layout rows first made (`topk_layout`): a token with more classes (rare:
@@ -547,54 +548,49 @@ def _col_type(width):
     return next(t for t in (np.uint8, np.uint16, np.int32) if width <= np.iinfo(t).max)
 
 
-def topk_window(cache, cols, pos, rpos, vocab, layout, upper, lower=None):
+def topk_window(cache, cols, pos, rpos, extent, upper, lower=None):
     """The mean over a window of checkpoints of each one's upper and lower bounds (float64
-    (n, M)) in ``layout`` (``lower`` None: upper only), summed in order and then divided
+    (n, M)) in a layout (``lower`` None: upper only), summed in order and then divided
     (numpy's ``out += tmp``, ``out /= len(window)``). The window's records: the rows
     ``rpos`` of ``cache`` (`topk_record_cache`: (W, n, k + 2)), their stored ids' columns the
-    rows ``pos`` of ``cols`` (`topk_layout`)."""
-    cls, label_col, _ = layout
-    call(_topk.window_bounds, upper.size * len(pos), cache, cols, pos, rpos, vocab, cls,
-         label_col, upper, np.empty((0, 0)) if lower is None else lower)
+    rows ``pos`` of ``cols``; ``extent`` = (ends, label_col): each layout row's columns
+    before its padding and its target's column (`topk_layout`)."""
+    call(_topk.window_bounds, upper.size * len(pos), cache, cols, pos, rpos, *extent, upper,
+         np.empty((0, 0)) if lower is None else lower)
     return upper, lower
 
 
-def topk_window_grid_counts(cache, cols, pos, rpos, vocab, layout, prob, leads, grid,
-                            rel_band):
+def topk_window_grid_counts(cache, cols, pos, rpos, extent, prob, leads, grid, rel_band):
     """`grid_correct_counts` of the window mean (`topk_window`'s upper bounds, whose
     arguments come first) mixed into ``prob``, in one pass, the mean not stored: int64
     (G,)."""
-    cls, label_col, _ = layout
-    return call(_topk.window_grid_counts, prob.size * len(pos), cache, cols, pos, rpos, vocab,
-                cls, label_col, prob, *leads, grid, rel_band)
+    return call(_topk.window_grid_counts, prob.size * len(pos), cache, cols, pos, rpos,
+                *extent, prob, *leads, grid, rel_band)
 
 
-def topk_window_mix_into(cache, cols, pos, rpos, vocab, layout, prob, eps, leads, correct):
+def topk_window_mix_into(cache, cols, pos, rpos, extent, prob, eps, leads, correct):
     """`mix_into` of the window mean (`topk_window`'s upper bounds, whose arguments come
     first) into ``prob``, in one pass, the mean not stored: prob, ``leads`` (lead,
     magnitude, top) and ``correct`` updated in place."""
-    cls, label_col, _ = layout
-    call(_topk.window_into, prob.size * len(pos), cache, cols, pos, rpos, vocab, cls,
-         label_col, prob, True, eps, *leads, correct)
+    call(_topk.window_into, prob.size * len(pos), cache, cols, pos, rpos, *extent, prob, True,
+         eps, *leads, correct)
 
 
-def topk_window_add_into(cache, cols, pos, rpos, vocab, layout, total):
+def topk_window_add_into(cache, cols, pos, rpos, extent, total):
     """total += the window mean (`topk_window`'s upper bounds, whose arguments come first),
     in one pass, the mean not stored (numpy's ``total += mean``)."""
-    cls, label_col, _ = layout
     no_leads = (np.empty(0), np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=bool))
-    call(_topk.window_into, total.size * len(pos), cache, cols, pos, rpos, vocab, cls,
-         label_col, total, False, 0.0, *no_leads)
+    call(_topk.window_into, total.size * len(pos), cache, cols, pos, rpos, *extent, total,
+         False, 0.0, *no_leads)
 
 
-def topk_selection_counts(cache, cols, vocab, layout, total):
+def topk_selection_counts(cache, cols, extent, total):
     """For each epoch of a layout (the records' probabilities ``cache`` (E, n, k + 2) and
-    columns ``cols`` (E, n, k) of every one), the tokens whose first argmax of total + that
-    checkpoint's upper bounds is the target's column: int64 (E,) (`sum_correct_count_rows`
-    of each epoch's bounds)."""
-    cls, label_col, _ = layout
-    return call(_topk.selection_counts, total.size * cols.shape[0], cache, cols, vocab, cls,
-                label_col, total)
+    columns ``cols`` (E, n, k) of every one; ``extent`` as `topk_window` takes it), the
+    tokens whose first argmax of total + that checkpoint's upper bounds is the target's
+    column: int64 (E,) (`sum_correct_count_rows` of each epoch's bounds)."""
+    return call(_topk.selection_counts, total.size * cols.shape[0], cache, cols, *extent,
+                total)
 
 
 def topk_certify_recipe(fields, epochs, src, targets, vocab, steps, *, states_only=False):
@@ -646,8 +642,9 @@ def recipe_weights(steps, n_epochs):
 def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     """One checkpoint's upper and lower bounds (float64 (N, M)) in ``layout`` from its
     records' ``fields`` (logits (N, k), ids (N, k), target (N,), lse (N,):
-    `forgetkit.kinds.topk.record_fields`); ``lower`` None: upper only."""
-    cls = layout[0]
+    `forgetkit.kinds.topk.record_fields`); ``layout``: (cls, label_col, unstored_col) as
+    `topk_layout` gives them; ``lower`` None: upper only."""
+    cls, label_col = layout[:2]
     n, width = cls.shape
     # each stored id's column: rows laid end to end ascend (padding vocab + 1 < vocab + 2)
     shift = np.arange(n, dtype=np.int64)[:, None] * (vocab + 2)
@@ -658,7 +655,8 @@ def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     one, src = np.zeros(1, dtype=np.int64), np.arange(n, dtype=np.int64)
     cache = np.empty((1, n, fields[0].shape[1] + 2))
     topk_record_cache(tuple(f[None] for f in fields), one, src, targets, vocab, cache)
-    return topk_window(cache, cols[None], one, one, vocab, layout, upper, lower)
+    ends = np.count_nonzero(cls <= vocab, axis=1)  # the padding's ids are above vocab
+    return topk_window(cache, cols[None], one, one, (ends, label_col), upper, lower)
 
 
 def topk_certify(upper, lower, layout, vocab):

@@ -103,20 +103,6 @@ def _hash_size(n_epochs, k):
     return size
 
 
-@njit(inline="always")
-def _row_end(cls, n, vocab):
-    """Columns of layout row n before its padding (ids > vocab): a binary search, the row
-    ascending."""
-    lo, hi = 0, cls.shape[1]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if cls[n, mid] > vocab:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
 #: Relative margin by which a class's bound must beat the target's probability at every
 #: checkpoint for a token to be *settled* (wrong under every mixture the fit can make):
 #: the rounding of a mixture's sums and mixing steps is some 2**-45 at most.
@@ -503,22 +489,22 @@ def _window_scratch(n_window, width):
 
 
 @kernel
-def window_bounds(cache, cols, pos, rpos, vocab, cls, label_col, upper, lower, n_blocks,
-                  counter):
+def window_bounds(cache, cols, pos, rpos, ends, label_col, upper, lower, n_blocks, counter):
     """The mean over a window of checkpoints of each one's bounds in the layout (see
     `_window_row`; padding 0): upper, lower float64 (n, M) (lower (0, 0): upper only).
     cache: the probabilities of the layout's records (`record_cache`, (W, n, k + 2)), the
     window's at rows ``rpos``; cols (layout epochs, n, k) the stored ids' columns, the
-    window's at rows ``pos``."""
-    width = cls.shape[1]
+    window's at rows ``pos``; ends (n,) each row's columns before its padding, label_col
+    (n,) its target's column."""
+    width = upper.shape[1]
     both = lower.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, cls.shape[0], n_blocks)
+        lo, hi = span(blk, ends.shape[0], n_blocks)
         tmp, tmp_low = _window_scratch(pos.shape[0], width)
         mean_up, mean_low = np.empty(width), np.empty(width)
         for n in range(lo, hi):
-            end = _row_end(cls, n, vocab)
+            end = ends[n]
             _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end,
                         mean_up, mean_low, both, tmp, tmp_low)
             for c in range(end):
@@ -534,8 +520,8 @@ def window_bounds(cache, cols, pos, rpos, vocab, cls, label_col, upper, lower, n
 
 
 @kernel(finish=grid_counts)
-def window_grid_counts(cache, cols, pos, rpos, vocab, cls, label_col, prob, b_lead,
-                       b_magnitude, b_top, grid, rel_band, n_blocks, counter):
+def window_grid_counts(cache, cols, pos, rpos, ends, label_col, prob, b_lead, b_magnitude,
+                       b_top, grid, rel_band, n_blocks, counter):
     """``eps_search.grid_correct_counts`` of a = the window mean of the upper bounds
     (`window_bounds`, whose arguments come first) mixed into prob, each row read up to its
     padding (which holds 0 in both: it never changes which column is the first argmax, so
@@ -548,16 +534,16 @@ def window_grid_counts(cache, cols, pos, rpos, vocab, cls, label_col, prob, b_le
     monotone in each term, so the mean of those maxima (summed in the same order) bounds
     the row's largest other value, hence its lead from below and its band from above;
     the target's value and that of b's top class are the row's, bit for bit."""
-    k, width, n_window = cache.shape[2] - 2, cls.shape[1], pos.shape[0]
+    k, width, n_window = cache.shape[2] - 2, prob.shape[1], pos.shape[0]
     n_grid = grid.shape[0]
     diff = np.zeros(n_grid + 1, dtype=np.int64)
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, cls.shape[0], n_blocks)
+        lo, hi = span(blk, ends.shape[0], n_blocks)
         tmp, tmp_low = _window_scratch(n_window, width)
         a = np.zeros(width)
         for n in range(lo, hi):
-            end, y = _row_end(cls, n, vocab), label_col[n]
+            end, y = ends[n], label_col[n]
             if end >= 2:
                 top_b = b_top[n]
                 a_y, high, at_top = 0.0, 0.0, 0.0
@@ -601,21 +587,21 @@ def window_grid_counts(cache, cols, pos, rpos, vocab, cls, label_col, prob, b_le
 
 
 @kernel
-def window_into(cache, cols, pos, rpos, vocab, cls, label_col, rows, mix, eps, lead, magnitude,
-                top, correct, n_blocks, counter):
+def window_into(cache, cols, pos, rpos, ends, label_col, rows, mix, eps, lead, magnitude, top,
+                correct, n_blocks, counter):
     """Each token's window mean a of the upper bounds (`window_bounds`, whose arguments come
     first), made in a scratch row, into its row of ``rows`` (n, M) at once: with ``mix``,
     ``eps_search.mix_into``'s step (rows[n] <- eps * a + (1 - eps) * rows[n]; lead,
     magnitude, top and correct as mix_into leaves them); else rows[n] += a (numpy's
     ``total += mean``; padding adds 0; the lead arrays unused)."""
-    width = cls.shape[1]
+    width = rows.shape[1]
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, cls.shape[0], n_blocks)
+        lo, hi = span(blk, ends.shape[0], n_blocks)
         tmp, tmp_low = _window_scratch(pos.shape[0], width)
         a = np.zeros(width)
         for n in range(lo, hi):
-            end = _row_end(cls, n, vocab)
+            end = ends[n]
             _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end, a,
                         a, False, tmp, tmp_low)
             if mix:
@@ -631,7 +617,7 @@ def window_into(cache, cols, pos, rpos, vocab, cls, label_col, rows, mix, eps, l
 
 
 @kernel
-def selection_counts(cache, cols, vocab, cls, label_col, total, n_blocks, counter):
+def selection_counts(cache, cols, ends, label_col, total, n_blocks, counter):
     """For each epoch i of the layout, the tokens whose argmax of total[n] + that
     checkpoint's upper bounds (`window_bounds` of one epoch: cache (E, n, k + 2) and cols
     (E, n, k) of every epoch of the layout) is their target's column (the first argmax,
@@ -643,14 +629,14 @@ def selection_counts(cache, cols, vocab, cls, label_col, total, n_blocks, counte
     adds u, at most any stored probability, and sums are monotone, so a column of a side
     beats the target only where the column of the largest total on that side (the first
     of equals) does: where that one is stored it was checked, else it adds u too."""
-    n_epochs, k, width = cols.shape[0], cache.shape[2] - 2, cls.shape[1]
+    n_epochs, k, width = cols.shape[0], cache.shape[2] - 2, total.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
     blk = claim(counter)
     while blk < n_blocks:
-        lo, hi = span(blk, cls.shape[0], n_blocks)
+        lo, hi = span(blk, ends.shape[0], n_blocks)
         marks = np.zeros(width, dtype=np.int64)
         for n in range(lo, hi):
-            y, end = label_col[n], _row_end(cls, n, vocab)
+            y, end = label_col[n], ends[n]
             # a column whose total plus the least u beats the target's total plus its
             # largest p beats it at every epoch (each value is at least u; sums monotone);
             # the target's total plus its least p beats every column at every epoch where it
