@@ -51,7 +51,7 @@ class Layout:
     """The classes of tokens ``rows`` (a slice) that a mixture of checkpoints ``epochs`` can
     hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
     epochs, the target, the unstored slot, padding), ``ends`` (n,) the columns before each
-    row's padding, ``label_col`` and ``unstored_col`` (n,); ``cols`` (E, n, k) the column of
+    row's padding, ``label_col`` and ``unstored_col`` (n,); ``cols`` (n, E, k) the column of
     each stored id; the tokens ``src`` (int64 (n,), of ``rows``), whose targets are
     ``targets``.
 

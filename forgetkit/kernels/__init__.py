@@ -503,7 +503,7 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
     of a top-k run's record ``fields`` (as `topk_settle` takes them; ``targets`` int64 (n,)),
     the unstored slot above ``floor`` (`topk_floors`): (cls int32 (n, M) (int64 for
     vocabularies beyond int32), ends int64 (n,) each row's columns before its padding,
-    label_col int64 (n,), unstored_col int64 (n,), -1 where none, cols (W, n, k) the column
+    label_col int64 (n,), unstored_col int64 (n,), -1 where none, cols (n, W, k) the column
     of each stored id: uint8, or uint16 / int32 for wider layouts); see ``topk``'s module
     docstring."""
     k = fields[1].shape[2]
@@ -519,7 +519,7 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
         cols = cols.astype(_col_type(width))
         cls[over] = wider[0][:, :width]
         ends[over], label_col[over], unstored_col[over] = wider[1:4]
-        cols[:, over] = wider[4]
+        cols[over] = wider[4]
     width = int(ends.max()) if len(src) else 0
     cls = np.where(np.arange(width) < ends[:, None], cls[:, :width], cls.dtype.type(vocab + 1))
     return cls, ends, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
@@ -537,7 +537,7 @@ def _layout_fill(ids, epochs, src, targets, vocab, floor, width):
     n = len(src)
     cls = np.empty((n, width), dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
     ends, label_col, unstored_col = (np.empty(n, dtype=np.int64) for _ in range(3))
-    cols = np.empty((len(epochs), n, ids.shape[2]), dtype=_col_type(width))
+    cols = np.empty((n, len(epochs), ids.shape[2]), dtype=_col_type(width))
     call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
          floor, cls, ends, label_col, unstored_col, cols)
     return cls, ends, label_col, unstored_col, cols
@@ -552,8 +552,8 @@ def topk_window(cache, cols, pos, rpos, extent, upper, lower=None):
     """The mean over a window of checkpoints of each one's upper and lower bounds (float64
     (n, M)) in a layout (``lower`` None: upper only), summed in order and then divided
     (numpy's ``out += tmp``, ``out /= len(window)``). The window's records: the rows
-    ``rpos`` of ``cache`` (`topk_record_cache`: (W, n, k + 2)), their stored ids' columns the
-    rows ``pos`` of ``cols``; ``extent`` = (ends, label_col): each layout row's columns
+    ``rpos`` of ``cache`` (`topk_record_cache`: (W, n, k + 2)), their stored ids' columns
+    ``cols[:, pos]`` (`topk_layout`: (n, W, k)); ``extent`` = (ends, label_col): each layout row's columns
     before its padding and its target's column (`topk_layout`)."""
     call(_topk.window_bounds, upper.size * len(pos), cache, cols, pos, rpos, *extent, upper,
          np.empty((0, 0)) if lower is None else lower)
@@ -586,10 +586,10 @@ def topk_window_add_into(cache, cols, pos, rpos, extent, total):
 
 def topk_selection_counts(cache, cols, extent, total):
     """For each epoch of a layout (the records' probabilities ``cache`` (E, n, k + 2) and
-    columns ``cols`` (E, n, k) of every one; ``extent`` as `topk_window` takes it), the
+    columns ``cols`` (n, E, k) of every one; ``extent`` as `topk_window` takes it), the
     tokens whose first argmax of total + that checkpoint's upper bounds is the target's
     column: int64 (E,) (`sum_correct_count_rows` of each epoch's bounds)."""
-    return call(_topk.selection_counts, total.size * cols.shape[0], cache, cols, *extent,
+    return call(_topk.selection_counts, total.size * cols.shape[1], cache, cols, *extent,
                 total)
 
 
@@ -656,7 +656,7 @@ def topk_bounds(fields, targets, vocab, layout, upper, lower=None):
     cache = np.empty((1, n, fields[0].shape[1] + 2))
     topk_record_cache(tuple(f[None] for f in fields), one, src, targets, vocab, cache)
     ends = np.count_nonzero(cls <= vocab, axis=1)  # the padding's ids are above vocab
-    return topk_window(cache, cols[None], one, one, (ends, label_col), upper, lower)
+    return topk_window(cache, cols[:, None], one, one, (ends, label_col), upper, lower)
 
 
 def topk_certify(upper, lower, layout, vocab):

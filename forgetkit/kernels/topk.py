@@ -334,7 +334,7 @@ def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
     for i in range(epochs.shape[0]):
         e = epochs[i]
         for j in range(k):
-            cols[i, n, j] = where[np.int64(ids[e, s, j])]
+            cols[n, i, j] = where[np.int64(ids[e, s, j])]
     return col, y_col, slot_col
 
 
@@ -342,7 +342,7 @@ def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
 def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, buf, cls,
                   cols, n):
     """The layout of one token (records at token s, target y; see the module): cls[n, :w]
-    its classes and unstored slot (above ``floor``), cols[i, n, j] the column of the j-th
+    its classes and unstored slot (above ``floor``), cols[n, i, j] the column of the j-th
     id stored at epochs[i]; returns (w, the target's column, the slot's column or -1), or
     (-w, -1, -1) with nothing written where w is more than cls's columns.
     Scratch (`_layout_scratch`): for vocabularies up to `DIRECT_CLASSES` a bit set of the
@@ -390,7 +390,7 @@ def _token_layout(ids, epochs, s, y, vocab, floor, keys, stamps, stamp, where, b
     col, slot_col = _place_slot_last(cls, n, col, slot, slot_col, vocab)
     for i in range(epochs.shape[0]):
         for j in range(k):
-            cols[i, n, j] = where[buf[2, i * k + j]]
+            cols[n, i, j] = where[buf[2, i * k + j]]
     return col, y_col, slot_col
 
 
@@ -418,8 +418,9 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
                 cols, n_blocks, counter):
     """Fill the layout of tokens src (`_token_layout`): cls[n, :ends[n]] (cls (n, M) int32
     or int64; the rest left as it is), label_col[n] = the target's column, unstored_col[n]
-    = the unstored slot's column (-1: none), cols[i, n, j] = the column of the j-th id
-    stored at epochs[i] (cols (W, n, k)). A token whose layout is wider than M gets
+    = the unstored slot's column (-1: none), cols[n, i, j] = the column of the j-th id
+    stored at epochs[i] (cols (n, W, k): a token's columns together, as the selection and
+    a window read them). A token whose layout is wider than M gets
     ends[n] = -(its width) and nothing else. ids (E, N, k), any strides."""
     keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2], vocab)
     blk = claim(counter)
@@ -442,7 +443,7 @@ def _window_row(cols, n, pos, rpos, p0, p1, recs, t, y_col, end, upper, lower, b
     epoch's bounds are laid out in a scratch row, then summed in epoch order and divided by
     their number where it is above 1 (numpy's ``out += tmp``, ``out /= W``).
 
-    cols[r, n, j]: the column of the j-th id stored at layout epoch r (-1: none); upper,
+    cols[n, r, j]: the column of the j-th id stored at layout epoch r (-1: none); upper,
     lower: rows (M,); scratch: tmp, tmp_low (W, M)."""
     n_epochs, k = p1 - p0, recs.shape[2] - 2
     for i in range(n_epochs):
@@ -454,7 +455,7 @@ def _window_row(cols, n, pos, rpos, p0, p1, recs, t, y_col, end, upper, lower, b
             for c in range(end):
                 tmp_low[i, c] = 0.0
         for j in range(k):
-            col = np.int64(cols[r, n, j])
+            col = np.int64(cols[n, r, j])
             if col >= 0:
                 tmp[i, col] = recs[q, t, j]
                 if both:
@@ -493,8 +494,8 @@ def window_bounds(cache, cols, pos, rpos, ends, label_col, upper, lower, n_block
     """The mean over a window of checkpoints of each one's bounds in the layout (see
     `_window_row`; padding 0): upper, lower float64 (n, M) (lower (0, 0): upper only).
     cache: the probabilities of the layout's records (`record_cache`, (W, n, k + 2)), the
-    window's at rows ``rpos``; cols (layout epochs, n, k) the stored ids' columns, the
-    window's at rows ``pos``; ends (n,) each row's columns before its padding, label_col
+    window's at rows ``rpos``; cols (n, layout epochs, k) the stored ids' columns, the
+    window's at ``pos``; ends (n,) each row's columns before its padding, label_col
     (n,) its target's column."""
     width = upper.shape[1]
     both = lower.shape[0] > 0
@@ -551,11 +552,11 @@ def window_grid_counts(cache, cols, pos, rpos, ends, label_col, prob, b_lead, b_
                     r, q = pos[i], rpos[i]
                     u = cache[q, n, k + 1]
                     best = cache[q, n, 1] if k > 1 else u
-                    if np.int64(cols[r, n, 0]) != y:
+                    if np.int64(cols[n, r, 0]) != y:
                         best = cache[q, n, 0]
                     value_top = u
                     for j in range(k):
-                        if np.int64(cols[r, n, j]) == top_b:
+                        if np.int64(cols[n, r, j]) == top_b:
                             value_top = cache[q, n, j]
                     if i == 0:
                         a_y, high, at_top = cache[q, n, k], best, value_top
@@ -620,7 +621,7 @@ def window_into(cache, cols, pos, rpos, ends, label_col, rows, mix, eps, lead, m
 def selection_counts(cache, cols, ends, label_col, total, n_blocks, counter):
     """For each epoch i of the layout, the tokens whose argmax of total[n] + that
     checkpoint's upper bounds (`window_bounds` of one epoch: cache (E, n, k + 2) and cols
-    (E, n, k) of every epoch of the layout) is their target's column (the first argmax,
+    (n, E, k) of every epoch of the layout) is their target's column (the first argmax,
     numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its padding (which
     holds 0 in both: never the first argmax). Returns int64 (E,).
 
@@ -629,7 +630,7 @@ def selection_counts(cache, cols, ends, label_col, total, n_blocks, counter):
     adds u, at most any stored probability, and sums are monotone, so a column of a side
     beats the target only where the column of the largest total on that side (the first
     of equals) does: where that one is stored it was checked, else it adds u too."""
-    n_epochs, k, width = cols.shape[0], cache.shape[2] - 2, total.shape[1]
+    n_epochs, k, width = cols.shape[1], cache.shape[2] - 2, total.shape[1]
     counts = np.zeros(n_epochs, dtype=np.int64)
     blk = claim(counter)
     while blk < n_blocks:
@@ -648,7 +649,7 @@ def selection_counts(cache, cols, ends, label_col, total, n_blocks, counter):
                 low_u = min(low_u, cache[r, n, k + 1])
                 high_y = max(high_y, cache[r, n, k])
                 low_y = min(low_y, cache[r, n, k])
-                other = cache[r, n, 0] if np.int64(cols[r, n, 0]) != y else \
+                other = cache[r, n, 0] if np.int64(cols[n, r, 0]) != y else \
                     (cache[r, n, 1] if k > 1 else cache[r, n, k + 1])
                 high_other = max(high_other, other)
             before, after = -1, -1  # each side's column of the largest total
@@ -674,7 +675,7 @@ def selection_counts(cache, cols, ends, label_col, total, n_blocks, counter):
                 v_y = total[n, y] + cache[r, n, k]
                 first = True
                 for j in range(k):
-                    c = np.int64(cols[r, n, j])
+                    c = np.int64(cols[n, r, j])
                     marks[c] = stamp
                     if c != y:
                         v = total[n, c] + cache[r, n, j]
@@ -816,7 +817,7 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
         rows, rows_low = _window_scratch(n_epochs, width)
         one_cls = np.empty((1, width), dtype=np.int64)  # the token's layout, as row 0
         row_cls = one_cls[0]
-        tcols = np.empty((n_epochs, 1, k), dtype=np.int64)
+        tcols = np.empty((1, n_epochs, k), dtype=np.int64)
         upper, lower, tmp, tmp_low = (np.empty(width), np.empty(width), np.empty(width),
                                       np.empty(width))
         vals = np.empty(n_epochs)
