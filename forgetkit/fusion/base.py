@@ -49,7 +49,7 @@ def check_validation_run(run):
                              f"every class at several epochs; {kind.holds}")
     if run.n_samples < 2:
         raise ForgetkitError(f"the validation set needs at least 2 samples; got {run.n_samples}")
-    if np.unique(run.labels).size < 2:
+    if not np.any(run.labels != run.labels[0]):
         raise ForgetkitError("the validation set holds a single class; fusion needs at least two")
     if run.n_epochs < 2:
         raise ForgetkitError(f"fusion needs a run with at least 2 epochs; got {run.n_epochs}")

@@ -515,14 +515,14 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
         wider = _layout_fill(fields[1], epochs, src[over], targets[over], vocab, floor[over],
                              wide)
         width = int(wider[1].max())
-        cls = np.concatenate([cls, np.empty((len(src), width - cls.shape[1]), cls.dtype)], 1)
+        cls = np.concatenate([cls, np.full((len(src), width - cls.shape[1]), vocab + 1,
+                                           cls.dtype)], 1)
         cols = cols.astype(_col_type(width))
         cls[over] = wider[0][:, :width]
         ends[over], label_col[over], unstored_col[over] = wider[1:4]
         cols[over] = wider[4]
     width = int(ends.max()) if len(src) else 0
-    cls = np.where(np.arange(width) < ends[:, None], cls[:, :width], cls.dtype.type(vocab + 1))
-    return cls, ends, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
+    return np.ascontiguousarray(cls[:, :width]), ends, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
 
 
 #: Columns of the layout rows first made (`topk_layout`): a token with more classes (rare:

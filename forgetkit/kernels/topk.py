@@ -58,7 +58,8 @@ MASS_SLACK = 2.0 ** -21
 def _record_probs(logits, ids, target, lse, e, s, y, out, r, t):
     """The probabilities of record (e, s) of a token of target y into rec = out[r, t]
     (k + 2,): rec[:k] the stored ones exp(z - lse), rec[k] = p_y, rec[k + 1] = u, the bound
-    of the classes it did not store (see ``_unstored_bound``, whose arithmetic this is).
+    of the classes it did not store: min(p_k, max(0, 1 - mass) + slack), the mass summing
+    the k stored probabilities and p_y where the target is not stored.
     Here and below, kernels pass arrays with indices rather than views made per token or
     record: each view costs reference counts, which both threads' atomic updates make
     slow."""
@@ -416,20 +417,24 @@ def _layout_scratch(n_epochs, k, vocab):
 @kernel
 def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, unstored_col,
                 cols, n_blocks, counter):
-    """Fill the layout of tokens src (`_token_layout`): cls[n, :ends[n]] (cls (n, M) int32
-    or int64; the rest left as it is), label_col[n] = the target's column, unstored_col[n]
-    = the unstored slot's column (-1: none), cols[n, i, j] = the column of the j-th id
-    stored at epochs[i] (cols (n, W, k): a token's columns together, as the selection and
-    a window read them). A token whose layout is wider than M gets
+    """Fill the layout of tokens src (`_token_layout`): cls[n] (cls (n, M) int32 or int64;
+    padding, vocab + 1, after its ends[n] columns), label_col[n] = the target's column,
+    unstored_col[n] = the unstored slot's column (-1: none), cols[n, i, j] = the column of
+    the j-th id stored at epochs[i] (cols (n, W, k): a token's columns together, as the
+    selection and a window read them). A token whose layout is wider than M gets
     ends[n] = -(its width) and nothing else. ids (E, N, k), any strides."""
     keys, stamps, where, buf = _layout_scratch(epochs.shape[0], ids.shape[2], vocab)
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         for n in range(lo, hi):
-            ends[n], label_col[n], unstored_col[n] = _token_layout(
+            end, label_col[n], unstored_col[n] = _token_layout(
                 ids, epochs, src[n], targets[n], vocab, floor[n], keys, stamps, n + 1, where,
                 buf, cls, cols, n)
+            ends[n] = end
+            if end >= 0:
+                for c in range(end, cls.shape[1]):
+                    cls[n, c] = vocab + 1
         blk = claim(counter)
 
 
