@@ -439,59 +439,67 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
 
 
 @njit(inline="always")
-def _window_row(cols, n, pos, rpos, p0, p1, recs, t, y_col, end, upper, lower, both, tmp,
-                tmp_low):
-    """The mean over the epochs at rows pos[p0:p1] of ``cols`` (rpos[p0:p1] of ``recs``) of
+def _window_row(cols, n, pos, rpos, p0, p1, recs, t, y_col, end, upper, lower, both, pre,
+                pre_low):
+    """The mean over the epochs at pos[p0:p1] of ``cols`` (rpos[p0:p1] of ``recs``) of
     token t's record probabilities ``recs`` (`record_cache`: (W, n, k + 2)) of each one's
     bounds in layout row n up to ``end``: for the classes a checkpoint stored and the
-    target, the exact p (upper = lower); for every other column upper = u, lower = 0. Each
-    epoch's bounds are laid out in a scratch row, then summed in epoch order and divided by
-    their number where it is above 1 (numpy's ``out += tmp``, ``out /= W``).
+    target, the exact p (upper = lower); for every other column upper = u, lower = 0.
+
+    Each column sums its values in epoch order and is then divided by their number where
+    it is above 1, the arithmetic of numpy's ``out += bounds``, ``out /= W`` over rows of
+    each epoch's bounds: an epoch adds its u to every column at once, and the stored
+    columns and the target's then take what they held before plus their own value (the
+    lower bounds add 0 to the others, which leaves them as they are).
 
     cols[n, r, j]: the column of the j-th id stored at layout epoch r (-1: none); upper,
-    lower: rows (M,); scratch: tmp, tmp_low (W, M)."""
+    lower: rows (M,); scratch: pre, pre_low (k + 1,) (`_window_scratch`)."""
     n_epochs, k = p1 - p0, recs.shape[2] - 2
     for i in range(n_epochs):
         r, q = pos[p0 + i], rpos[p0 + i]
+        if i > 0:  # the values the stored columns and the target's hold before this epoch
+            for j in range(k):
+                col = np.int64(cols[n, r, j])
+                if col >= 0:
+                    pre[j] = upper[col]
+                    if both:
+                        pre_low[j] = lower[col]
+            pre[k] = upper[y_col]
+            if both:
+                pre_low[k] = lower[y_col]
         u = recs[q, t, k + 1]
-        for c in range(end):
-            tmp[i, c] = u
-        if both:
+        if i == 0:
             for c in range(end):
-                tmp_low[i, c] = 0.0
+                upper[c] = u
+            if both:
+                for c in range(end):
+                    lower[c] = 0.0
+        else:
+            for c in range(end):
+                upper[c] += u
         for j in range(k):
             col = np.int64(cols[n, r, j])
             if col >= 0:
-                tmp[i, col] = recs[q, t, j]
+                p = recs[q, t, j]
+                upper[col] = p if i == 0 else pre[j] + p
                 if both:
-                    tmp_low[i, col] = recs[q, t, j]
-        tmp[i, y_col] = recs[q, t, k]  # the target's column holds p_y, stored or not
+                    lower[col] = p if i == 0 else pre_low[j] + p
+        p_y = recs[q, t, k]  # the target's column holds p_y, stored or not
+        upper[y_col] = p_y if i == 0 else pre[k] + p_y
         if both:
-            tmp_low[i, y_col] = recs[q, t, k]
-    _sum_rows(tmp, n_epochs, end, upper)
-    if both:
-        _sum_rows(tmp_low, n_epochs, end, lower)
+            lower[y_col] = p_y if i == 0 else pre_low[k] + p_y
+    if n_epochs > 1:
+        for c in range(end):
+            upper[c] /= n_epochs
+        if both:
+            for c in range(end):
+                lower[c] /= n_epochs
 
 
 @njit(inline="always")
-def _sum_rows(rows, n_rows, end, out):
-    """out[:end] = (rows[0] + rows[1] + ...) / n_rows, summed in order (no division for
-    one row)."""
-    for c in range(end):
-        out[c] = rows[0, c]
-    for i in range(1, n_rows):
-        for c in range(end):
-            out[c] += rows[i, c]
-    if n_rows > 1:
-        for c in range(end):
-            out[c] /= n_rows
-
-
-@njit(inline="always")
-def _window_scratch(n_window, width):
-    """(tmp, tmp_low) of `_window_row`, for one block of rows: rows for windows of up to
-    ``n_window`` epochs."""
-    return np.empty((n_window, width)), np.empty((n_window, width))
+def _window_scratch(k):
+    """(pre, pre_low) of `_window_row` for records of k stored ids: (k + 1,) each."""
+    return np.empty(k + 1), np.empty(k + 1)
 
 
 @kernel
@@ -507,12 +515,12 @@ def window_bounds(cache, cols, pos, rpos, ends, label_col, upper, lower, n_block
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, ends.shape[0], n_blocks)
-        tmp, tmp_low = _window_scratch(pos.shape[0], width)
+        pre, pre_low = _window_scratch(cache.shape[2] - 2)
         mean_up, mean_low = np.empty(width), np.empty(width)
         for n in range(lo, hi):
             end = ends[n]
             _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end,
-                        mean_up, mean_low, both, tmp, tmp_low)
+                        mean_up, mean_low, both, pre, pre_low)
             for c in range(end):
                 upper[n, c] = mean_up[c]
             for c in range(end, width):
@@ -546,7 +554,7 @@ def window_grid_counts(cache, cols, pos, rpos, ends, label_col, prob, b_lead, b_
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, ends.shape[0], n_blocks)
-        tmp, tmp_low = _window_scratch(n_window, width)
+        pre, pre_low = _window_scratch(k)
         a = np.zeros(width)
         for n in range(lo, hi):
             end, y = ends[n], label_col[n]
@@ -581,8 +589,8 @@ def window_grid_counts(cache, cols, pos, rpos, ends, label_col, prob, b_lead, b_
                     continue
                 if lead_b < -band and at_top - a_y > band:  # the lead is <= a_y - at_top
                     continue
-            _window_row(cols, n, pos, rpos, 0, n_window, cache, n, y, end, a, a, False, tmp,
-                        tmp_low)
+            _window_row(cols, n, pos, rpos, 0, n_window, cache, n, y, end, a, a, False, pre,
+                        pre_low)
             for c in range(end, width):
                 a[c] = 0.0
             m = end if end >= 2 else width
@@ -604,12 +612,12 @@ def window_into(cache, cols, pos, rpos, ends, label_col, rows, mix, eps, lead, m
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, ends.shape[0], n_blocks)
-        tmp, tmp_low = _window_scratch(pos.shape[0], width)
+        pre, pre_low = _window_scratch(cache.shape[2] - 2)
         a = np.zeros(width)
         for n in range(lo, hi):
             end = ends[n]
             _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end, a,
-                        a, False, tmp, tmp_low)
+                        a, False, pre, pre_low)
             if mix:
                 for c in range(end, width):
                     a[c] = 0.0
@@ -819,7 +827,7 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
         lo, hi = span(blk, src.shape[0], n_blocks)
         keys, stamps, where, buf = _layout_scratch(n_epochs, k, vocab)
         recs = np.empty((n_epochs, 1, k + 2))
-        rows, rows_low = _window_scratch(n_epochs, width)
+        pre, pre_low = _window_scratch(k)
         one_cls = np.empty((1, width), dtype=np.int64)  # the token's layout, as row 0
         row_cls = one_cls[0]
         tcols = np.empty((1, n_epochs, k), dtype=np.int64)
@@ -881,7 +889,7 @@ def certify_recipe(logits, ids, target, lse, epochs, src, targets, vocab, kinds,
                 for i in range(p0, p1 if weighted else p0 + 1):
                     w0, w1 = (i, i + 1) if weighted else (p0, p1)
                     _window_row(tcols, 0, pos, pos, w0, w1, recs, 0, y_col, end, tmp, tmp_low,
-                                True, rows, rows_low)
+                                True, pre, pre_low)
                     if kinds[step] == 0:  # MEAN
                         for c in range(end):
                             upper[c] = tmp[c]
