@@ -278,10 +278,11 @@ def mass_boundary_run(seed, n_tokens=400, vocab=50, k=3):
                          + [partial(mass_boundary_run, 7), partial(mass_boundary_run, 8, k=1)])
 def test_settled_tokens_are_those_the_definition_names(make):
     """`Layout`'s settled tokens, against the definition on the reference's bounds: the
-    final checkpoint's largest class other than the target, or the unstored slot (where
-    the vocabulary has unstored classes), beats the target at every checkpoint by the
-    margin and is at least the floor. The mass-boundary runs decide most checkpoints by
-    their unstored mass (the rival's bound u, `kernels.topk._record_probs`)."""
+    final checkpoint's largest class other than the target, a class stored with a logit
+    above the target's at the first checkpoint where that one fails, or the unstored slot
+    (where the vocabulary has unstored classes), beats the target at every checkpoint by
+    the margin and is at least the floor. The mass-boundary runs decide most checkpoints
+    by their unstored mass (the rival's bound u, `kernels.topk._record_probs`)."""
     run = make()
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
@@ -292,14 +293,22 @@ def test_settled_tokens_are_those_the_definition_names(make):
     want = []
     for n, row in enumerate(ref.rows):
         p_y = ref.upper[:, n, ref.label_col[n]]
-        cols = [i for i, (c, kind) in enumerate(row)
-                if (kind == "class" and c == rival[n]) or (kind != "class" and has_slot)]
+        col_of = {c: i for i, (c, kind) in enumerate(row) if kind == "class"}
 
-        def beats(col, n=n, p_y=p_y):
+        def beats_at(col, n=n, p_y=p_y):
             up = ref.upper[:, n, col]
-            return bool(np.all((up > p_y * (1 + 2.0 ** -20)) & (up >= 2.0 ** -900)))
+            return (up > p_y * (1 + 2.0 ** -20)) & (up >= 2.0 ** -900)
 
-        want.append(rival[n] >= 0 and any(beats(col) for col in cols))
+        cols = [i for i, (c, kind) in enumerate(row) if kind != "class" and has_slot]
+        if rival[n] >= 0:
+            cols.append(col_of[rival[n]])
+            fails = np.flatnonzero(~beats_at(col_of[rival[n]]))
+            if fails.size:  # the classes stored above the target where the rival fails
+                rec = records[fails[0], n]
+                cols += [col_of[c] for c, z in zip(token_ids(rec[None])[0], rec["logits"],
+                                                   strict=True)
+                         if c != run.labels[n] and z > rec["target"]]
+        want.append(rival[n] >= 0 and any(beats_at(col).all() for col in cols))
     assert layout.settled.tolist() == want
 
 

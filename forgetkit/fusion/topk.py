@@ -56,8 +56,9 @@ class Layout:
     ``targets``.
 
     With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
-    beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the unstored slot,
-    or the final checkpoint's largest class other than the target) are left out: no sum or
+    beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the final
+    checkpoint's largest class other than the target, a class stored above the target where
+    that one fails, or the unstored slot) are left out: no sum or
     mixture of their bounds with nonnegative weights ranks the target first. ``settled``
     (bool, one per token of ``rows``) marks them; ``src`` holds the others.
 

@@ -472,8 +472,8 @@ def topk_settle(fields, epochs, src, targets, vocab, rival):
     """Whether each token ``src`` is settled over the checkpoints ``epochs`` (int64 indices)
     of a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):
     `forgetkit.kinds.topk.TopKData.fields`, any strides): never correct under any mixture,
-    trying class ``rival`` (int64 (n,), -1 none) and the unstored slot. bool (n,); see
-    ``topk.settle_scan``."""
+    trying class ``rival`` (int64 (n,), -1 none), the classes stored above the target
+    where it fails, and the unstored slot. bool (n,); see ``topk.settle_scan``."""
     settled = np.empty(len(src), dtype=bool)
     call(_topk.settle_scan, len(src) * len(epochs) * 2, *fields, epochs, src, targets, vocab,
          rival, settled)

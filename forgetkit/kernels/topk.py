@@ -191,18 +191,45 @@ def _logit_beats(z, t, top):
     return _beats(np.exp(z - top), np.exp(t - top))
 
 
+@njit(inline="always")
+def _class_fails(logits, ids, target, lse, epochs, s, y, c, rec):
+    """The first position in ``epochs`` where class c's bound (its probability where
+    stored, else the unstored bound u) does not beat the target's probability as settling
+    needs (`_beats`), for the records of token s (target y); -1 where it beats at every
+    one. The logits decide most checkpoints with no exp (`_logit_beats`: c's stored logit,
+    or the k-th, which bounds u, against the target's), two exps most others; a record's
+    k + 1 only where the bound is u and the k-th logit is above the target's."""
+    k = logits.shape[2]
+    for i in range(epochs.shape[0]):
+        e = epochs[i]
+        top = np.float64(lse[e, s])
+        at = -1
+        for j in range(k):
+            if np.int64(ids[e, s, j]) == c:
+                at = j
+        t = np.float64(target[e, s])
+        if at >= 0:
+            beats = _logit_beats(np.float64(logits[e, s, at]), t, top)
+        elif np.float64(logits[e, s, k - 1]) <= t:
+            beats = False  # u <= p_k <= p_y
+        else:
+            _record_probs(logits, ids, target, lse, e, s, y, rec, 0, 0)
+            beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
+        if not beats:
+            return i
+    return -1
+
+
 @kernel
 def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, settled,
                 n_blocks, counter):
     """settled[n] = some column beats the target's probability at every checkpoint of
     ``epochs`` by `SETTLE_MARGIN` (relative) and is at least `SETTLE_FLOOR`, for the token
-    src[n]: class rival[n] (its probability where stored, else the unstored bound u;
-    rival[n] < 0: not settled), or the unstored slot (bound u; tried where the epochs' ids
-    and the target cannot fill the vocabulary). Each test stops at the first checkpoint
-    that fails it. The logits decide most checkpoints with no exp (`_logit_beats`: the
-    rival's stored logit, or the k-th, which bounds u, against the target's), two exps
-    most others; a record's k + 1 only where the bound is u and the k-th logit is above
-    the target's.
+    src[n] (rival[n] < 0: not settled). Tried in turn, each test stopping at the first
+    checkpoint that fails it (`_class_fails`): class rival[n]; then each class stored above
+    the target (by logit) at the checkpoint where the rival failed, as any class that beats
+    the target there must be unless it is unstored there; then the unstored slot (bound u;
+    where the epochs' ids and the target cannot fill the vocabulary).
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
@@ -214,24 +241,20 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
         rec = np.empty((1, 1, k + 2))
         for n in range(lo, hi):
             s, y, c = src[n], targets[n], rival[n]
-            beats = c >= 0
-            for i in range(epochs.shape[0]):
-                if not beats:
-                    break
-                e = epochs[i]
-                top = np.float64(lse[e, s])
-                at = -1
-                for j in range(k):
-                    if np.int64(ids[e, s, j]) == c:
-                        at = j
-                t = np.float64(target[e, s])
-                if at >= 0:
-                    beats = _logit_beats(np.float64(logits[e, s, at]), t, top)
-                elif np.float64(logits[e, s, k - 1]) <= t:
-                    beats = False  # u <= p_k <= p_y
-                else:
-                    _record_probs(logits, ids, target, lse, e, s, y, rec, 0, 0)
-                    beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
+            beats = False
+            if c >= 0:
+                fail = _class_fails(logits, ids, target, lse, epochs, s, y, c, rec)
+                beats = fail < 0
+                if not beats:  # the classes stored above the target where the rival failed
+                    e = epochs[fail]
+                    t = np.float64(target[e, s])
+                    for j in range(k):
+                        d = np.int64(ids[e, s, j])
+                        if d != y and d != c and np.float64(logits[e, s, j]) > t:
+                            beats = _class_fails(logits, ids, target, lse, epochs, s, y, d,
+                                                 rec) < 0
+                            if beats:
+                                break
             if not beats and has_slot and c >= 0:
                 beats = True
                 for i in range(epochs.shape[0]):  # u <= p_k: p_k must beat p_y first
@@ -591,9 +614,11 @@ def window_grid_counts(cache, cols, pos, rpos, ends, label_col, prob, b_lead, b_
                     continue
             _window_row(cols, n, pos, rpos, 0, n_window, cache, n, y, end, a, a, False, pre,
                         pre_low)
-            for c in range(end, width):
-                a[c] = 0.0
-            m = end if end >= 2 else width
+            m = end
+            if end < 2:  # grid_row reads two columns at least: the padding's 0 beyond
+                for c in range(end, width):
+                    a[c] = 0.0
+                m = width
             grid_row(borrow(a)[:m], row(prob, n)[:m], y, b_lead[n], b_magnitude[n], b_top[n],
                      borrow(grid), rel_band, borrow(diff))
         blk = claim(counter)
