@@ -1,0 +1,70 @@
+"""Where a top-k run's fit or selection goes: the CPU seconds of each kernel (every call of
+it summed, both threads' time), the rest as Python, each as a ratio to the run's forgetting
+pass (best CPU seconds of REPEAT, each task on a new copy of the run).
+
+    python -m bench.topk_breakdown RUN TILE fit|selection [REPEAT]
+
+RUN: a top-k run, tiled TILE times (`bench.bench_topk_tiled.tiler`). The kernels are
+compiled on the run itself first, off the clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+
+import forgetkit as fk
+from forgetkit.kernels import jit
+
+from .bench_topk_tiled import tiler
+
+TASKS = {"fit": lambda run: fk.KnowledgeFusion().fit(run),
+         "selection": lambda run: fk.EnsembleSelection().fit(run)}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    path, tile, task = argv[0], int(argv[1]), TASKS[argv[2]]
+    repeat = int(argv[3]) if len(argv) > 3 else 5
+    seconds, calls = collections.Counter(), collections.Counter()
+    run_kernel = jit.run
+
+    def timed(kernel, n_threads, args):
+        start = time.process_time()
+        try:
+            return run_kernel(kernel, n_threads, args)
+        finally:
+            seconds[kernel.__name__] += time.process_time() - start
+            calls[kernel.__name__] += 1
+
+    jit.run = timed
+    source = fk.load(path)
+    task(source)  # compiles, off the clock
+    fk.forget_fraction(source)
+    new = tiler(source, tile, fk)
+
+    def cpu(fn, run):
+        start = time.process_time()
+        fn(run)
+        return time.process_time() - start
+
+    forget = min(cpu(fk.forget_fraction, new()) for _ in range(repeat))
+    best = None
+    for _ in range(repeat):
+        run = new()
+        seconds.clear()
+        calls.clear()
+        total = cpu(task, run)
+        if best is None or total < best[0]:
+            best = (total, dict(seconds), dict(calls))
+    total, kernel_s, n_calls = best
+    print(f"forgetting pass {forget:.4f} s; {argv[2]} {total:.3f} s = {total / forget:.1f}x")
+    for name, s in sorted(kernel_s.items(), key=lambda item: -item[1]):
+        print(f"  {name:28s} {s:.3f} s {s / forget:5.1f}x  calls {n_calls[name]}")
+    rest = total - sum(kernel_s.values())
+    print(f"  {'Python':28s} {rest:.3f} s {rest / forget:5.1f}x")
+
+
+if __name__ == "__main__":
+    main()
