@@ -522,7 +522,8 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
         ends[over], label_col[over], unstored_col[over] = wider[1:4]
         cols[over] = wider[4]
     width = int(ends.max()) if len(src) else 0
-    return np.ascontiguousarray(cls[:, :width]), ends, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
+    return (np.ascontiguousarray(cls[:, :width]), ends, label_col, unstored_col,
+            cols.astype(_col_type(width), copy=False))
 
 
 #: Columns of the layout rows first made (`topk_layout`): a token with more classes (rare:
@@ -553,8 +554,8 @@ def topk_window(cache, cols, pos, rpos, extent, upper, lower=None):
     (n, M)) in a layout (``lower`` None: upper only), summed in order and then divided
     (numpy's ``out += tmp``, ``out /= len(window)``). The window's records: the rows
     ``rpos`` of ``cache`` (`topk_record_cache`: (W, n, k + 2)), their stored ids' columns
-    ``cols[:, pos]`` (`topk_layout`: (n, W, k)); ``extent`` = (ends, label_col): each layout row's columns
-    before its padding and its target's column (`topk_layout`)."""
+    ``cols[:, pos]`` (`topk_layout`: (n, W, k)); ``extent`` = (ends, label_col): each
+    layout row's columns before its padding and its target's column (`topk_layout`)."""
     call(_topk.window_bounds, upper.size * len(pos), cache, cols, pos, rpos, *extent, upper,
          np.empty((0, 0)) if lower is None else lower)
     return upper, lower
