@@ -153,9 +153,10 @@ def test_layouts_wider_than_the_first_rows_are_made_again(case, monkeypatch):
     assert widths.min() <= narrow < widths.max()  # some tokens fit, some do not
     monkeypatch.setattr(kernels, "LAYOUT_COLUMNS", narrow)
     again = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
-    for name in ("cls", "label_col", "unstored_col", "cols", "src", "cache"):
+    for name in ("cls", "ends", "label_col", "unstored_col", "cols", "src", "cache"):
         assert np.array_equal(getattr(again, name), getattr(full, name)), name
     assert again.cols.dtype == full.cols.dtype
+    assert np.array_equal(full.ends, widths)
 
 
 @pytest.mark.parametrize("case", CASES)
