@@ -360,8 +360,10 @@ def test_selection_totals_equal_the_sums_of_bounds(case):
 
 def test_record_caches_stay_within_the_process_budget(monkeypatch):
     """Layouts keep record probabilities while `CACHE_BYTES` has room in the process, give
-    the bytes back when freed, and a fit without any cache gives the same plan."""
+    the bytes back when freed, and a fit without any cache gives the same plan. A layout
+    without a cache still reads each window's records after a pickle round trip."""
     import gc
+    import pickle
 
     from forgetkit.kinds import topk as kt
 
@@ -378,11 +380,13 @@ def test_record_caches_stay_within_the_process_budget(monkeypatch):
     gc.collect()
     third = ft.Layout(data, range(run.n_epochs), slice(None), cache=True)
     assert third.cache.size > 0
+    moved = pickle.loads(pickle.dumps(second))  # as a dask worker gets it from another
     for window in ([0, 1], [5]):
-        a, b = np.empty(second.shape), np.empty(third.shape)
+        a, b, c = np.empty(second.shape), np.empty(third.shape), np.empty(moved.shape)
         assert np.array_equal(ft.window_mean(data, window, second, a)[0],
                               ft.window_mean(data, window, third, b)[0])
-    del second, third
+        assert np.array_equal(ft.window_mean(data, window, moved, c)[0], b)
+    del second, third, moved
     gc.collect()
     monkeypatch.setattr(kt, "CACHE_BYTES", kt._cache_used[0] + 10 * one)
     cached, picked = fk.KnowledgeFusion().fit(run), fk.EnsembleSelection().fit(run)

@@ -109,7 +109,7 @@ class Layout:
         layout keeps no cache, the window's are made here, from its views of the records or
         from those epochs read here."""
         pos = np.searchsorted(self.epochs, epochs)  # the layout's epochs ascend
-        if self.cache is not NO_CACHE:
+        if self.cache.shape[2]:  # a kept cache (`NO_CACHE` has no columns, also unpickled)
             return self.cache, self.cols, pos, pos
         if self.fields is not None:
             fields, at = self.fields, epochs
