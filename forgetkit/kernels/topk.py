@@ -192,15 +192,20 @@ def _logit_beats(z, t, top):
 
 
 @njit(inline="always")
-def _class_fails(logits, ids, target, lse, epochs, s, y, c, rec):
+def _class_fails(logits, ids, target, lse, epochs, s, y, c, rec, first):
     """The first position in ``epochs`` where class c's bound (its probability where
     stored, else the unstored bound u) does not beat the target's probability as settling
-    needs (`_beats`), for the records of token s (target y); -1 where it beats at every
-    one. The logits decide most checkpoints with no exp (`_logit_beats`: c's stored logit,
+    needs (`_beats`), for the records of token s (target y), trying position ``first``
+    before the others (-1: none) and the others in ascending order; -1 where it beats at
+    every one. The logits decide most checkpoints with no exp (`_logit_beats`: c's stored logit,
     or the k-th, which bounds u, against the target's), two exps most others; a record's
     k + 1 only where the bound is u and the k-th logit is above the target's."""
     k = logits.shape[2]
-    for i in range(epochs.shape[0]):
+    lead = 1 if first >= 0 else 0
+    for step in range(epochs.shape[0] + lead):
+        i = first if step < lead else step - lead
+        if step >= lead and i == first:
+            continue
         e = epochs[i]
         top = np.float64(lse[e, s])
         at = -1
@@ -243,7 +248,7 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
             s, y, c = src[n], targets[n], rival[n]
             beats = False
             if c >= 0:
-                fail = _class_fails(logits, ids, target, lse, epochs, s, y, c, rec)
+                fail = _class_fails(logits, ids, target, lse, epochs, s, y, c, rec, -1)
                 beats = fail < 0
                 if not beats:  # the classes stored above the target where the rival failed
                     e = epochs[fail]
@@ -251,8 +256,9 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                     for j in range(k):
                         d = np.int64(ids[e, s, j])
                         if d != y and d != c and np.float64(logits[e, s, j]) > t:
+                            # the last checkpoint first: most candidates fail there
                             beats = _class_fails(logits, ids, target, lse, epochs, s, y, d,
-                                                 rec) < 0
+                                                 rec, epochs.shape[0] - 1) < 0
                             if beats:
                                 break
             if not beats and has_slot and c >= 0:
@@ -630,9 +636,10 @@ def window_into(cache, cols, pos, rpos, ends, label_col, rows, mix, eps, lead, m
                 correct, n_blocks, counter):
     """Each token's window mean a of the upper bounds (`window_bounds`, whose arguments come
     first), made in a scratch row, into its row of ``rows`` (n, M) at once: with ``mix``,
-    ``eps_search.mix_into``'s step (rows[n] <- eps * a + (1 - eps) * rows[n]; lead,
-    magnitude, top and correct as mix_into leaves them); else rows[n] += a (numpy's
-    ``total += mean``; padding adds 0; the lead arrays unused)."""
+    ``eps_search.mix_into``'s step (rows[n] <- eps * a + (1 - eps) * rows[n], its padding,
+    0 in both, left as it is; lead, magnitude, top and correct as mix_into leaves them);
+    else rows[n] += a (numpy's ``total += mean``; padding adds 0; the lead arrays
+    unused)."""
     width = rows.shape[1]
     blk = claim(counter)
     while blk < n_blocks:
@@ -643,11 +650,14 @@ def window_into(cache, cols, pos, rpos, ends, label_col, rows, mix, eps, lead, m
             end = ends[n]
             _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end, a,
                         a, False, pre, pre_low)
-            if mix:
-                for c in range(end, width):
-                    a[c] = 0.0
-                row_n = row(rows, n)
-                mix_row(a, row_n, eps)
+            if mix:  # up to the padding, whose 0s a mix keeps and leads never need
+                m = end
+                if end < 2:  # a lead reads two columns at least: the padding's 0 beyond
+                    for c in range(end, width):
+                        a[c] = 0.0
+                    m = width
+                row_n = row(rows, n)[:m]
+                mix_row(borrow(a)[:m], row_n, eps)
                 label_lead_into(row_n, label_col[n], n, lead, magnitude, top, correct)
             else:
                 for c in range(end):
