@@ -533,10 +533,11 @@ LAYOUT_COLUMNS = 128
 
 
 def _layout_fill(ids, epochs, src, targets, vocab, floor, width):
-    """``topk.layout_fill`` into new arrays whose rows hold ``width`` columns: (cls, ends,
-    label_col, unstored_col, cols); ends[n] < 0 for the tokens wider than that."""
+    """``topk.layout_fill`` into new arrays whose rows hold ``width`` columns, cls padded
+    with vocab + 1: (cls, ends, label_col, unstored_col, cols); ends[n] < 0 for the tokens
+    wider than that."""
     n = len(src)
-    cls = np.empty((n, width), dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
+    cls = np.full((n, width), vocab + 1, dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
     ends, label_col, unstored_col = (np.empty(n, dtype=np.int64) for _ in range(3))
     cols = np.empty((n, len(epochs), ids.shape[2]), dtype=_col_type(width))
     call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,

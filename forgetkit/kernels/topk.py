@@ -247,20 +247,23 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
         for n in range(lo, hi):
             s, y, c = src[n], targets[n], rival[n]
             beats = False
-            if c >= 0:
-                fail = _class_fails(logits, ids, target, lse, epochs, s, y, c, rec, -1)
-                beats = fail < 0
-                if not beats:  # the classes stored above the target where the rival failed
-                    e = epochs[fail]
-                    t = np.float64(target[e, s])
-                    for j in range(k):
-                        d = np.int64(ids[e, s, j])
-                        if d != y and d != c and np.float64(logits[e, s, j]) > t:
-                            # the last checkpoint first: most candidates fail there
-                            beats = _class_fails(logits, ids, target, lse, epochs, s, y, d,
-                                                 rec, epochs.shape[0] - 1) < 0
-                            if beats:
-                                break
+            # the rival (try 0), then the classes stored above the target where it failed
+            # (try j + 1: the j-th stored there), each from one call site (one inlined copy)
+            e_f, t_f = np.int64(0), 0.0
+            for attempt in range(k + 1 if c >= 0 else 0):
+                d, first = c, np.int64(-1)
+                if attempt > 0:
+                    d = np.int64(ids[e_f, s, attempt - 1])
+                    if d == y or d == c or np.float64(logits[e_f, s, attempt - 1]) <= t_f:
+                        continue
+                    first = epochs.shape[0] - 1  # the last checkpoint first: most fail there
+                fail = _class_fails(logits, ids, target, lse, epochs, s, y, d, rec, first)
+                if fail < 0:
+                    beats = True
+                    break
+                if attempt == 0:
+                    e_f = epochs[fail]
+                    t_f = np.float64(target[e_f, s])
             if not beats and has_slot and c >= 0:
                 beats = True
                 for i in range(epochs.shape[0]):  # u <= p_k: p_k must beat p_y first
@@ -446,8 +449,8 @@ def _layout_scratch(n_epochs, k, vocab):
 @kernel
 def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, unstored_col,
                 cols, n_blocks, counter):
-    """Fill the layout of tokens src (`_token_layout`): cls[n] (cls (n, M) int32 or int64;
-    padding, vocab + 1, after its ends[n] columns), label_col[n] = the target's column,
+    """Fill the layout of tokens src (`_token_layout`): cls[n, :ends[n]] (cls (n, M) int32
+    or int64, the rest left as it is: the caller's padding), label_col[n] = the target's column,
     unstored_col[n] = the unstored slot's column (-1: none), cols[n, i, j] = the column of
     the j-th id stored at epochs[i] (cols (n, W, k): a token's columns together, as the
     selection and a window read them). A token whose layout is wider than M gets
@@ -457,13 +460,9 @@ def layout_fill(ids, epochs, src, targets, vocab, floor, cls, ends, label_col, u
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
         for n in range(lo, hi):
-            end, label_col[n], unstored_col[n] = _token_layout(
+            ends[n], label_col[n], unstored_col[n] = _token_layout(
                 ids, epochs, src[n], targets[n], vocab, floor[n], keys, stamps, n + 1, where,
                 buf, cls, cols, n)
-            ends[n] = end
-            if end >= 0:
-                for c in range(end, cls.shape[1]):
-                    cls[n, c] = vocab + 1
         blk = claim(counter)
 
 
