@@ -58,9 +58,9 @@ class Layout:
     With ``settle`` (``epochs`` every epoch, k < vocabulary), the tokens that one class
     beats at every checkpoint by a margin (`kernels.topk.settle_scan`: the final
     checkpoint's largest class other than the target, a class stored above the target where
-    that one fails, or the unstored slot) are left out: no sum or
-    mixture of their bounds with nonnegative weights ranks the target first. ``settled``
-    (bool, one per token of ``rows``) marks them; ``src`` holds the others.
+    that one fails, or the unstored slot) are left out: no sum or mixture of their bounds
+    with nonnegative weights ranks the target first. ``settled`` (bool, one per token of
+    ``rows``) marks them; ``src`` holds the others.
 
     With ``cache`` (default: ``settle``), the layout keeps the probabilities of the records
     of its tokens (``cache``, `kernels.topk_record_cache`: (k + 2) float64 per record)

@@ -525,6 +525,18 @@ def _window_row(cols, n, pos, rpos, p0, p1, recs, t, y_col, end, upper, lower, b
 
 
 @njit(inline="always")
+def _lead_columns(a, end):
+    """The columns of a window row ``a`` (`_window_row`) that a lead or a grid count reads:
+    those before its padding (``end``), or, where they are fewer than two (a lead reads two
+    at least), the whole row, its padding set to 0."""
+    if end >= 2:
+        return end
+    for c in range(end, a.shape[0]):
+        a[c] = 0.0
+    return a.shape[0]
+
+
+@njit(inline="always")
 def _window_scratch(k):
     """(pre, pre_low) of `_window_row` for records of k stored ids: (k + 1,) each."""
     return np.empty(k + 1), np.empty(k + 1)
@@ -619,11 +631,7 @@ def window_grid_counts(cache, cols, pos, rpos, ends, label_col, prob, b_lead, b_
                     continue
             _window_row(cols, n, pos, rpos, 0, n_window, cache, n, y, end, a, a, False, pre,
                         pre_low)
-            m = end
-            if end < 2:  # grid_row reads two columns at least: the padding's 0 beyond
-                for c in range(end, width):
-                    a[c] = 0.0
-                m = width
+            m = _lead_columns(a, end)
             grid_row(borrow(a)[:m], row(prob, n)[:m], y, b_lead[n], b_magnitude[n], b_top[n],
                      borrow(grid), rel_band, borrow(diff))
         blk = claim(counter)
@@ -650,11 +658,7 @@ def window_into(cache, cols, pos, rpos, ends, label_col, rows, mix, eps, lead, m
             _window_row(cols, n, pos, rpos, 0, pos.shape[0], cache, n, label_col[n], end, a,
                         a, False, pre, pre_low)
             if mix:  # up to the padding, whose 0s a mix keeps and leads never need
-                m = end
-                if end < 2:  # a lead reads two columns at least: the padding's 0 beyond
-                    for c in range(end, width):
-                        a[c] = 0.0
-                    m = width
+                m = _lead_columns(a, end)
                 row_n = row(rows, n)[:m]
                 mix_row(borrow(a)[:m], row_n, eps)
                 label_lead_into(row_n, label_col[n], n, lead, magnitude, top, correct)
