@@ -96,6 +96,41 @@ def test_an_npy_header_epoch_count_cannot_hide_epochs(tmp_path):
     refused(path, "epoch")
 
 
+def _writer(kind, path, n, v, y):
+    """A writer of each kind that appends npy epochs (full run, summary, top-k)."""
+    if kind == "full":
+        return fk.RunWriter(path, n_samples=n, n_classes=v, labels=y)
+    if kind == "summary":
+        return fk.SummaryWriter(path, n_samples=n, n_classes=v, labels=y)
+    return fk.TopKWriter(path, vocab_size=v, top_k=2, targets=y,
+                         sequence_ids=np.zeros(n, dtype=int), positions=np.arange(n))
+
+
+@pytest.mark.parametrize("kind", ["full", "summary", "topk"])
+def test_a_resumed_writer_keeps_the_epochs_a_load_shows(tmp_path, kind):
+    """A writer killed after its sidecar names an epoch but before the header counts it:
+    the load shows that epoch (its bytes are on disk, checksummed), so the writer that
+    resumes keeps it too and appends after it."""
+    n, v = 6, 5
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, v, n)
+    z = rng.normal(size=(4, n, v)).astype(np.float32)
+    path = tmp_path / "run.npy"
+    with _writer(kind, path, n, v, y) as w:
+        for e in range(3):
+            w.append(e, z[e])
+    data = path.read_bytes()
+    at = data.index(b"'shape': (3,")  # the header as the kill left it: 2 epochs counted
+    path.write_bytes(data[:at] + b"'shape': (2," + data[at + len(b"'shape': (3,"):])
+    assert fk.load(path).epochs.tolist() == [0, 1, 2]
+    with _writer(kind, path, n, v, y) as w:
+        assert w.epochs == [0, 1, 2]
+        w.append(3, z[3])
+    run = fk.load(path)
+    assert run.epochs.tolist() == [0, 1, 2, 3]
+    assert fk.verify(path)["bad"] == []
+
+
 def test_npz_member_names_and_metadata_are_covered(tmp_path):
     path = tmp_path / "run.npz"
     fk.save(RUN, path, compress=False)

@@ -214,6 +214,7 @@ class NpyAppender:
         if existing.dtype != self.dtype:
             raise ForgetkitError(f"the existing run at {str(self.path)!r} stores "
                                  f"{existing.dtype}; this writer has dtype={self.dtype}")
+        existing = epochs_of_record(self.path, existing, record)  # as a load sees them
         n = existing.shape[0]
         if verify_tensor(self.path, existing, record)[0]:
             crcs = list(record[CRC_KEY]["outputs"][:n])
@@ -224,7 +225,8 @@ class NpyAppender:
     def open(self, record, resume):
         if resume:
             self._file = open(self.path, "r+b")
-            # the record may name epochs the header does not count (a kill between them)
+            # the header may count fewer epochs than the record (a kill between them): the
+            # next append's header counts them
             write_json_atomic(self.sidecar, record, durable=self.durable)
         else:
             # the sidecar first: a writer killed before its tensor exists leaves no file that

@@ -412,6 +412,7 @@ class SummaryWriter(LockedWriter):
                                      f"{field}={record.get(field)}; this writer has {field}={mine} "
                                      "(use mode='w' to start over, or another path)")
         stored, record, _ = open_pair(self.path, open_records, read_summary_sidecar)
+        stored = epochs_of_record(self.path, stored, record)  # as a load sees them
         n = stored.shape[0]
         if verify_tensor(self.path, stored, record)[0]:
             crcs = list(record[CRC_KEY]["outputs"][:n])

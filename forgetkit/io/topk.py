@@ -446,6 +446,7 @@ class TopKWriter(SummaryWriter):
         if stored.dtype != self.dtype:
             raise CorruptFileError(f"{str(self.path)!r} holds records of {stored.dtype}; its "
                                    f"sidecar names {self.dtype.descr}")
+        stored = epochs_of_record(self.path, stored, record)  # as a load sees them
         n = stored.shape[0]
         verify_tensor(self.path, stored, record)
         argmax = record[CRC_KEY].get(ARGMAX_KEY) if isinstance(record.get(CRC_KEY), dict) \
