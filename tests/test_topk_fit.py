@@ -6,10 +6,12 @@ numpy)."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import numpy as np
 import pytest
+from numba import njit
 
 import forgetkit as fk
 from forgetkit import kernels
@@ -311,6 +313,66 @@ def test_settled_tokens_are_those_the_definition_names(make):
                          if c != run.labels[n] and z > rec["target"]]
         want.append(rival[n] >= 0 and any(beats_at(col).all() for col in cols))
     assert layout.settled.tolist() == want
+
+
+def _room_beats_ref(record, y):
+    """Whether the mass term of a record's unstored bound (max(0, 1 - mass) + slack, the
+    mass summing its stored probabilities in order and then the target's where unstored)
+    beats the target's probability by the settle margin and is at least the floor: plain
+    Python, with the C library's exp."""
+    top = float(record["lse"])
+    probs = [math.exp(float(z) - top) for z in record["logits"]]
+    p_y = math.exp(float(record["target"]) - top)
+    total = 0.0
+    for p in probs:
+        total += p
+    if y not in token_ids(record[None])[0].tolist():
+        total += p_y
+    slack = 2.0 ** -21 * max(abs(top), abs(float(record["logits"][0])), 1.0)
+    room = max(0.0, 1.0 - total) + slack
+    return room > p_y * (1 + 2.0 ** -20) and room >= 2.0 ** -900
+
+
+@njit
+def _room_beats_all(logits, ids, target, lse, targets):
+    out = np.empty(logits.shape[:2], dtype=np.bool_)
+    for e in range(logits.shape[0]):
+        for s in range(logits.shape[1]):
+            out[e, s] = kernels.topk._room_beats(logits, ids, target, lse, e, s, targets[s])
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_the_settle_scans_mass_test_is_the_definitions(k):
+    """`kernels.topk._room_beats` (the settle scan's test of the unstored mass, decided from
+    as few exps as it can) against the plain definition, on records whose unstored mass
+    lies at the target's probability times the margin (within a few ulps to a few percent
+    either way), far above it and far below it, peaked and flat, the target stored or not."""
+    rng = np.random.default_rng(k)
+    n, vocab = 3000, 500
+    targets = rng.integers(0, vocab, n)
+    z = np.full((n, vocab), -40.0)
+    for i, y in enumerate(targets):
+        stored = rng.choice([c for c in range(vocab) if c != y], k, replace=False)
+        z[i, stored] = np.sort(rng.normal(size=k) * rng.choice([0.1, 1.0, 5.0]))[::-1]
+        if rng.random() < 0.3:  # the target among the stored
+            stored[rng.integers(k)] = y
+            z[i, y] = z[i, stored].max() if k == 1 else z[i, stored[1:]].max()
+        else:
+            z[i, y] = z[i, stored].min() - rng.exponential(2.0)
+        # the unstored rest's mass: a multiple of the target's probability near the margin
+        mass = np.exp(z[i, stored]).sum() + (0 if y in stored else np.exp(z[i, y]))
+        want = np.exp(z[i, y]) * rng.choice([1 + 2.0 ** -20, 1.0, 1 - 1e-3, 1 + 1e-3, 1.05,
+                                             0.95, 1e-3, 1e3, 1e6])
+        rest = [c for c in range(vocab) if c != y and c not in stored]
+        z[i, rest] = np.log(want / len(rest))
+        del mass
+    records = topk_records(z.astype(np.float32), targets, k)[None]
+    got = _room_beats_all(records["logits"], token_ids(records), records["target"],
+                          records["lse"], targets)[0]
+    want = [_room_beats_ref(records[0, i], targets[i]) for i in range(n)]
+    assert got.tolist() == want
+    assert 0.1 < np.mean(want) < 0.9  # both answers, many near the boundary
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -191,15 +191,50 @@ def _logit_beats(z, t, top):
     return _beats(np.exp(z - top), np.exp(t - top))
 
 
+#: Relative slack of `_room_beats`'s upper bound on a record's mass over the float sum
+#: `_record_probs` makes: the rounding of either sum (k + 1 terms) and the last ulp of exp
+#: on descending logits are far below it.
+MASS_ROOM = 1.0 + 2.0 ** -40
+
+
 @njit(inline="always")
-def _class_fails(logits, ids, target, lse, epochs, s, y, c, rec, first):
+def _room_beats(logits, ids, target, lse, e, s, y):
+    """`_beats` of the mass term of record (e, s)'s unstored bound u = min(p_k, room),
+    room = max(0, 1 - mass) + slack (`_record_probs`), over the target's probability p_y,
+    bit for bit, from the fewest exps: p_y, then the stored probabilities in order (they
+    descend), each step bounding the mass from below (the sum so far: room at most) and
+    from above (each probability left at most the last one made: room at least), until a
+    bound decides; with every one made the mass is `_record_probs`'s own sum."""
+    k = logits.shape[2]
+    top = np.float64(lse[e, s])
+    p_y = np.exp(np.float64(target[e, s]) - top)
+    stored_y = False
+    for j in range(k):
+        stored_y = stored_y or ids[e, s, j] == y
+    rest = 0.0 if stored_y else p_y
+    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
+    head = 0.0
+    for m in range(k):
+        p = np.exp(np.float64(logits[e, s, m]) - top)
+        head += p  # the first m + 1 terms of `_record_probs`'s sum, in its order
+        most = max(0.0, 1.0 - (head + rest)) + slack
+        if m == k - 1 or not _beats(most, p_y):
+            break
+        least = max(0.0, 1.0 - (head + (k - 1 - m) * p + rest) * MASS_ROOM) + slack
+        if _beats(least, p_y):
+            return True
+    return _beats(most, p_y)
+
+
+@njit(inline="always")
+def _class_fails(logits, ids, target, lse, epochs, s, y, c, first):
     """The first position in ``epochs`` where class c's bound (its probability where
     stored, else the unstored bound u) does not beat the target's probability as settling
     needs (`_beats`), for the records of token s (target y), trying position ``first``
     before the others (-1: none) and the others in ascending order; -1 where it beats at
     every one. The logits decide most checkpoints with no exp (`_logit_beats`: c's stored logit,
-    or the k-th, which bounds u, against the target's), two exps most others; a record's
-    k + 1 only where the bound is u and the k-th logit is above the target's."""
+    or the k-th, which bounds u, against the target's), two exps most others; where the
+    bound is u and p_k beats, `_room_beats` decides the rest from the fewest exps."""
     k = logits.shape[2]
     lead = 1 if first >= 0 else 0
     for step in range(epochs.shape[0] + lead):
@@ -215,11 +250,9 @@ def _class_fails(logits, ids, target, lse, epochs, s, y, c, rec, first):
         t = np.float64(target[e, s])
         if at >= 0:
             beats = _logit_beats(np.float64(logits[e, s, at]), t, top)
-        elif np.float64(logits[e, s, k - 1]) <= t:
-            beats = False  # u <= p_k <= p_y
-        else:
-            _record_probs(logits, ids, target, lse, e, s, y, rec, 0, 0)
-            beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
+        else:  # u = min(p_k, room): both must beat
+            beats = _logit_beats(np.float64(logits[e, s, k - 1]), t, top) and \
+                _room_beats(logits, ids, target, lse, e, s, y)
         if not beats:
             return i
     return -1
@@ -243,7 +276,6 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
-        rec = np.empty((1, 1, k + 2))
         for n in range(lo, hi):
             s, y, c = src[n], targets[n], rival[n]
             beats = False
@@ -257,7 +289,7 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                     if d == y or d == c or np.float64(logits[e_f, s, attempt - 1]) <= t_f:
                         continue
                     first = epochs.shape[0] - 1  # the last checkpoint first: most fail there
-                fail = _class_fails(logits, ids, target, lse, epochs, s, y, d, rec, first)
+                fail = _class_fails(logits, ids, target, lse, epochs, s, y, d, first)
                 if fail < 0:
                     beats = True
                     break
@@ -275,8 +307,7 @@ def settle_scan(logits, ids, target, lse, epochs, src, targets, vocab, rival, se
                 for i in range(epochs.shape[0]):
                     if not beats:
                         break
-                    _record_probs(logits, ids, target, lse, epochs[i], s, y, rec, 0, 0)
-                    beats = _beats(rec[0, 0, k + 1], rec[0, 0, k])
+                    beats = _room_beats(logits, ids, target, lse, epochs[i], s, y)
             settled[n] = beats
         blk = claim(counter)
 
