@@ -202,10 +202,11 @@ def test_fit_plans_equal_the_reference_fits(case, options, monkeypatch):
 def test_fit_chunks_give_the_plan_of_one_chunk(monkeypatch):
     run = topk_run(2, 8, 300, 30, 3, False)
     whole = fk.KnowledgeFusion().fit(run)
-    monkeypatch.setattr(ft, "CHUNK_TOKENS", 37)
-    monkeypatch.setattr(knowledge.topk, "CHUNK_TOKENS", 37)
+    picks = fk.EnsembleSelection().fit(run).selection_
+    monkeypatch.setattr(knowledge.topk, "FIT_CHUNK_TOKENS", 37)
     chunked = fk.KnowledgeFusion().fit(run)
     assert chunked.plan_ == whole.plan_ and chunked.val_accuracy_ == whole.val_accuracy_
+    assert fk.EnsembleSelection().fit(run).selection_ == picks
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -272,7 +272,7 @@ def _fit_state(run, grid):
         if executor.lazy:  # each chunk's state on the workers
             return data.fit_state(grid)
         correct = np.asarray(run.correctness())
-        rows = data.chunks(max(data.n_tokens, 1) if grid is None else topk.CHUNK_TOKENS)
+        rows = data.chunks(max(data.n_tokens, 1) if grid is None else topk.FIT_CHUNK_TOKENS)
         return ChunkedFitState(LocalParts([topk.TopKFitChunk(data, r, correct,
                                                                  settle=grid is not None)
                                               for r in rows]))

@@ -31,6 +31,7 @@ from .. import kernels
 from ..errors import ForgetkitError
 from ..kinds.topk import (  # noqa: F401 (TopKData: its old home)
     CHUNK_TOKENS,
+    FIT_CHUNK_TOKENS,
     TopKData,
     cache_array,
     token_ids,
@@ -394,7 +395,7 @@ def topk_selection(data, k):
         return data.selection(k)
     everything = range(data.n_epochs)
     parts = []
-    for rows in data.chunks():
+    for rows in data.chunks(FIT_CHUNK_TOKENS):
         layout = Layout(data, everything, rows, settle=True)
         parts.append((layout, np.zeros(layout.shape)))
     picks = []

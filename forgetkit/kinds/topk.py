@@ -509,6 +509,12 @@ def _token_column(name, values, n, dtype):
 #: Tokens per chunk of the passes that stream a top-k run's bounds (certificates,
 #: predictions): each holds a few float64 arrays of (chunk, layout width).
 CHUNK_TOKENS = 1 << 14
+#: Tokens per chunk of a Knowledge Fusion fit or an ensemble selection held in this
+#: process. These keep every chunk's state (layout, record cache, fusion) to the end, so a
+#: larger chunk costs only its layout's first rows (`kernels.LAYOUT_COLUMNS` wide) more,
+#: and makes each pass one kernel call over more tokens; the record cache budget
+#: (`CACHE_BYTES`) still goes to chunks in turn.
+FIT_CHUNK_TOKENS = 1 << 16
 #: Bytes of record probabilities that the layouts alive in a process may keep at once
 #: (`cache_array`): k + 2 float64 per kept record, read by every window of a fit and every
 #: round of a selection instead of the records' k + 1 exps. Per process, so that the fit
