@@ -630,36 +630,39 @@ def window_grid_counts(cache, cols, pos, rpos, ends, label_col, prob, b_lead, b_
         for n in range(lo, hi):
             end, y = ends[n], label_col[n]
             if end >= 2:
-                top_b = b_top[n]
-                a_y, high, at_top = 0.0, 0.0, 0.0
+                a_y, high = 0.0, 0.0
                 for i in range(n_window):
                     r, q = pos[i], rpos[i]
-                    u = cache[q, n, k + 1]
-                    best = cache[q, n, 1] if k > 1 else u
+                    best = cache[q, n, 1] if k > 1 else cache[q, n, k + 1]
                     if np.int64(cols[n, r, 0]) != y:
                         best = cache[q, n, 0]
-                    value_top = u
-                    for j in range(k):
-                        if np.int64(cols[n, r, j]) == top_b:
-                            value_top = cache[q, n, j]
                     if i == 0:
-                        a_y, high, at_top = cache[q, n, k], best, value_top
+                        a_y, high = cache[q, n, k], best
                     else:
                         a_y += cache[q, n, k]
                         high += best
-                        at_top += value_top
                 if n_window > 1:
                     a_y /= n_window
                     high /= n_window
-                    at_top /= n_window
                 lead_b = b_lead[n]
                 band = rel_band * max(max(a_y, high), b_magnitude[n])  # values >= 0
                 if a_y - high > band and lead_b > band:  # the lead is >= a_y - high
                     diff[0] += 1
                     diff[n_grid] -= 1
                     continue
-                if lead_b < -band and at_top - a_y > band:  # the lead is <= a_y - at_top
-                    continue
+                if lead_b < -band:  # the lead is <= a_y - (the row's value of b's top)
+                    top_b, at_top = b_top[n], 0.0
+                    for i in range(n_window):
+                        r, q = pos[i], rpos[i]
+                        value_top = cache[q, n, k + 1]
+                        for j in range(k):
+                            if np.int64(cols[n, r, j]) == top_b:
+                                value_top = cache[q, n, j]
+                        at_top = value_top if i == 0 else at_top + value_top
+                    if n_window > 1:
+                        at_top /= n_window
+                    if at_top - a_y > band:
+                        continue
             _window_row(cols, n, pos, rpos, 0, n_window, cache, n, y, end, a, a, False, pre,
                         pre_low)
             m = _lead_columns(a, end)
