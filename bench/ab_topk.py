@@ -11,7 +11,8 @@ each task (the forgetting pass, `KnowledgeFusion().fit`, `EnsembleSelection().fi
 a new run of the records of ``--run`` tiled ``--tile`` times (the GPT-2 sample by default),
 base then this tree, ``--repeat`` rounds: best CPU seconds of each, its ratio to the same
 tree's forgetting pass, and this tree's over the base's. Both compile on the untiled run
-first. The plans and picks of the last round are compared (they must be equal).
+first (`bench.bench_topk_tiled.warm`). The plans and picks of the last round are compared
+(they must be equal).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-from .bench_topk_tiled import SAMPLE, tiler
+from .bench_topk_tiled import SAMPLE, tiler, warm
 
 TASKS = ("forget", "fit", "selection")
 
@@ -64,8 +66,7 @@ def main(argv=None):
     new_run = {}
     for name, pkg in trees.items():
         small = pkg.load(args.run)
-        for task in tasks:  # compiles
-            _task(pkg, task, small)
+        warm(pkg, *(partial(_task, pkg, task, small) for task in tasks))
         new_run[name] = tiler(fk.load(args.run), args.tile, pkg)
     best = {(name, task): float("inf") for name in trees for task in tasks}
     plans = {}

@@ -5,7 +5,7 @@ pass (best CPU seconds of REPEAT, each task on a new copy of the run).
     python -m bench.topk_breakdown RUN TILE fit|selection [REPEAT]
 
 RUN: a top-k run, tiled TILE times (`bench.bench_topk_tiled.tiler`). The kernels are
-compiled on the run itself first, off the clock.
+compiled on the run itself first, off the clock (`bench.bench_topk_tiled.warm`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 import forgetkit as fk
 from forgetkit.kernels import jit
 
-from .bench_topk_tiled import tiler
+from .bench_topk_tiled import tiler, warm
 
 TASKS = {"fit": lambda run: fk.KnowledgeFusion().fit(run),
          "selection": lambda run: fk.EnsembleSelection().fit(run)}
@@ -40,8 +40,7 @@ def main(argv=None):
 
     jit.run = timed
     source = fk.load(path)
-    task(source)  # compiles, off the clock
-    fk.forget_fraction(source)
+    warm(fk, lambda: task(source), lambda: fk.forget_fraction(source))  # off the clock
     new = tiler(source, tile, fk)
 
     def cpu(fn, run):
