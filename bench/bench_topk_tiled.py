@@ -1,17 +1,18 @@
 """Certified fusion on a real token run, as ratios to its forgetting pass.
 
-    python -m bench.bench_topk_tiled [--tile 40] [--repeat 3] [--tasks fit,certified,...]
+    python -m bench.bench_topk_tiled [--tile 40] [--repeat 5] [--tasks fit,certified,...]
         [--run RUN]
 
 The GPT-2 sample run (data_samples/lm_fortunes_gpt2_heldout_top8.npy: 26 checkpoints x
 3,048 tokens, k = 8, vocabulary 8,192) tiled ``--tile`` times along its tokens (each copy's
 sequence ids shifted): real per-token candidate sets, which are wider than the synthetic
 records of `bench.bench_topk_fusion`; ``--run`` another top-k run (``--tile 1``: as it is).
-In one process, kernels compiled first on the run itself (`warm`): CPU and wall seconds (each the
-best of ``--repeat``) of the forgetting pass (`fk.forget_fraction`), `KnowledgeFusion().fit`,
-`certified_accuracy` of the fitted plan, `EnsembleSelection().fit`,
-`LikelihoodFusion().fit` and `fk.label_issues` (which refuses a token run: its message is
-printed), each also as a ratio to the forgetting pass.
+In one process, kernels compiled first on the run itself (`warm`): CPU and wall seconds,
+each the best of ``--repeat`` rounds of every task in turn (`interleaved`), of the
+forgetting pass (`fk.forget_fraction`), `KnowledgeFusion().fit`, `certified_accuracy` of
+the fitted plan, `EnsembleSelection().fit`, `LikelihoodFusion().fit` and `fk.label_issues`
+(which refuses a token run: its message is printed), each also as a ratio to the
+forgetting pass.
 """
 
 from __future__ import annotations
@@ -66,21 +67,29 @@ def warm(package, *tasks):
 
 def cpu_seconds(fn, new_run, repeat):
     """Best (CPU, wall) seconds of ``fn(run)`` over ``repeat`` calls, each on a new run."""
-    best, out = (float("inf"), float("inf")), None
+    return interleaved({"task": fn}, new_run, repeat)["task"]
+
+
+def interleaved(tasks, new_run, repeat):
+    """{name: ((best CPU, best wall) seconds, the last result)} of each of ``tasks`` ({name:
+    fn(run)}), run in ``repeat`` rounds of every task in turn, each call on a new run: a
+    slow minute of the machine then slows one round of every task, not every call of one."""
+    best = {name: (float("inf"), float("inf"), None) for name in tasks}
     for _ in range(repeat):
-        run = new_run()
-        cpu, wall = time.process_time(), time.perf_counter()
-        out = fn(run)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        best = (min(best[0], cpu), min(best[1], wall))
-    return best, out
+        for name, fn in tasks.items():
+            run = new_run()
+            cpu, wall = time.process_time(), time.perf_counter()
+            out = fn(run)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            best[name] = (min(best[name][0], cpu), min(best[name][1], wall), out)
+    return {name: ((cpu, wall), out) for name, (cpu, wall, out) in best.items()}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tile", type=int, default=40)
     p.add_argument("--run", default=str(SAMPLE), help="a top-k run (default: the sample)")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--tasks", default=",".join(TASKS),
                    help=f"comma-separated, of {', '.join(TASKS)} (default: all)")
     args = p.parse_args(argv)
@@ -92,21 +101,19 @@ def main(argv=None):
          lambda: fk.KnowledgeFusion().fit(sample).certified_accuracy(sample),
          lambda: fk.EnsembleSelection().fit(sample), lambda: fk.LikelihoodFusion().fit(sample))
     new_run = tiler(sample, args.tile)
-    rows, issues = {}, None
-    rows["forgetting pass"], _ = cpu_seconds(fk.forget_fraction, new_run, args.repeat)
-    kf = fk.KnowledgeFusion().fit(sample)
-    if "fit" in tasks:
-        rows["KnowledgeFusion().fit"], kf = cpu_seconds(
-            lambda r: fk.KnowledgeFusion().fit(r), new_run, args.repeat)
-    if "certified" in tasks:
-        rows["certified_accuracy"], _ = cpu_seconds(kf.certified_accuracy, new_run,
-                                                    args.repeat)
-    if "selection" in tasks:
-        rows["EnsembleSelection().fit"], _ = cpu_seconds(
-            lambda r: fk.EnsembleSelection().fit(r), new_run, args.repeat)
-    if "likelihood" in tasks:
-        rows["LikelihoodFusion().fit"], _ = cpu_seconds(
-            lambda r: fk.LikelihoodFusion().fit(r), new_run, args.repeat)
+    kf = fk.KnowledgeFusion().fit(new_run())  # the plan whose accuracy is certified
+    timed = {"forgetting pass": fk.forget_fraction,
+             "KnowledgeFusion().fit": lambda r: fk.KnowledgeFusion().fit(r),
+             "certified_accuracy": kf.certified_accuracy,
+             "EnsembleSelection().fit": lambda r: fk.EnsembleSelection().fit(r),
+             "LikelihoodFusion().fit": lambda r: fk.LikelihoodFusion().fit(r)}
+    chosen = {"forgetting pass"} | {name for name, task in zip(
+        list(timed)[1:], ("fit", "certified", "selection", "likelihood"), strict=True)
+        if task in tasks}
+    results = interleaved({k: v for k, v in timed.items() if k in chosen}, new_run,
+                          args.repeat)
+    rows = {name: seconds for name, (seconds, _) in results.items()}
+    issues = None
     if "label_issues" in tasks:
         rows["label_issues"], issues = cpu_seconds(_label_issues, new_run, 1)
     base = rows["forgetting pass"]

@@ -1,6 +1,7 @@
 """Where a top-k run's fit or selection goes: the CPU seconds of each kernel (every call of
 it summed, both threads' time), the rest as Python, each as a ratio to the run's forgetting
-pass (best CPU seconds of REPEAT, each task on a new copy of the run).
+pass (best CPU seconds of REPEAT, each task on a new copy of the run), and the system's
+part of the task (mostly the page faults of its new arrays).
 
     python -m bench.topk_breakdown RUN TILE fit|selection [REPEAT]
 
@@ -11,6 +12,7 @@ compiled on the run itself first, off the clock (`bench.bench_topk_tiled.warm`).
 from __future__ import annotations
 
 import collections
+import resource
 import sys
 import time
 
@@ -44,21 +46,24 @@ def main(argv=None):
     new = tiler(source, tile, fk)
 
     def cpu(fn, run):
-        start = time.process_time()
+        """(CPU seconds, of them the system's: page faults of new arrays) of fn(run)."""
+        start, sys_start = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         fn(run)
-        return time.process_time() - start
+        return (time.process_time() - start,
+                resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_start.ru_stime)
 
-    forget = min(cpu(fk.forget_fraction, new()) for _ in range(repeat))
+    forget = min(cpu(fk.forget_fraction, new())[0] for _ in range(repeat))
     best = None
     for _ in range(repeat):
         run = new()
         seconds.clear()
         calls.clear()
-        total = cpu(task, run)
+        total, system = cpu(task, run)
         if best is None or total < best[0]:
-            best = (total, dict(seconds), dict(calls))
-    total, kernel_s, n_calls = best
-    print(f"forgetting pass {forget:.4f} s; {argv[2]} {total:.3f} s = {total / forget:.1f}x")
+            best = (total, system, dict(seconds), dict(calls))
+    total, system, kernel_s, n_calls = best
+    print(f"forgetting pass {forget:.4f} s; {argv[2]} {total:.3f} s = {total / forget:.1f}x "
+          f"(system {system:.3f} s = {system / forget:.1f}x)")
     for name, s in sorted(kernel_s.items(), key=lambda item: -item[1]):
         print(f"  {name:28s} {s:.3f} s {s / forget:5.1f}x  calls {n_calls[name]}")
     rest = total - sum(kernel_s.values())
