@@ -1,7 +1,7 @@
 """Where a top-k run's fit or selection goes: the CPU seconds of each kernel (every call of
 it summed, both threads' time), the rest as Python, each as a ratio to the run's forgetting
-pass (best CPU seconds of REPEAT, each task on a new copy of the run), and the system's
-part of the task (mostly the page faults of its new arrays).
+pass (best CPU seconds of REPEAT rounds of both, each on a new copy of the run), and the
+system's part of the task (mostly the page faults of its new arrays).
 
     python -m bench.topk_breakdown RUN TILE fit|selection [REPEAT]
 
@@ -52,9 +52,9 @@ def main(argv=None):
         return (time.process_time() - start,
                 resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_start.ru_stime)
 
-    forget = min(cpu(fk.forget_fraction, new())[0] for _ in range(repeat))
-    best = None
-    for _ in range(repeat):
+    forget, best = float("inf"), None
+    for _ in range(repeat):  # in turn: a slow minute slows one round of both
+        forget = min(forget, cpu(fk.forget_fraction, new())[0])
         run = new()
         seconds.clear()
         calls.clear()
