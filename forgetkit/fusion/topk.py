@@ -69,10 +69,13 @@ class Layout:
     its windows read no record twice; otherwise ``cache`` is `NO_CACHE` and each
     window makes its records' probabilities (`read`). The layout keeps views of the records
     only for that, and only where they are an array here (`TopKData.holds_records`): on a
-    worker it keeps no record, so that what it read can be freed."""
+    worker it keeps no record, so that what it read can be freed. ``spans`` holds each
+    token's bounds over every epoch that a selection's first round makes and its other
+    rounds read (`selection_scores`)."""
 
     def __init__(self, data, epochs, rows, *, settle=False, cache=None):
         self.rows, self.vocab = rows, data.vocab_size
+        self.spans = None
         targets = data.targets[rows]
         n = targets.shape[0]
         self.targets, self.settled = targets, np.zeros(n, dtype=bool)
@@ -424,7 +427,9 @@ def selection_scores(data, layout, total):
     target: int64 (E,)."""
     if not data.exact:
         probs, cols, _, _ = layout.read(data, layout.epochs)
-        return kernels.topk_selection_counts(probs, cols, layout.extent, total)
+        if layout.spans is None:  # made in the first round, read in the others
+            layout.spans = np.full((layout.shape[0], 4), np.nan)
+        return kernels.topk_selection_counts(probs, cols, layout.extent, total, layout.spans)
     every, tmp = np.arange(layout.shape[0]), np.empty(layout.shape)
     return np.array([kernels.sum_correct_count_rows(
         total, epoch_values(data, e, layout, tmp)[0], layout.label_col, every)

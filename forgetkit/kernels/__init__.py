@@ -586,13 +586,15 @@ def topk_window_add_into(cache, cols, pos, rpos, extent, total):
          False, 0.0, *no_leads)
 
 
-def topk_selection_counts(cache, cols, extent, total):
+def topk_selection_counts(cache, cols, extent, total, spans):
     """For each epoch of a layout (the records' probabilities ``cache`` (E, n, k + 2) and
     columns ``cols`` (n, E, k) of every one; ``extent`` as `topk_window` takes it), the
     tokens whose first argmax of total + that checkpoint's upper bounds is the target's
-    column: int64 (E,) (`sum_correct_count_rows` of each epoch's bounds)."""
+    column: int64 (E,) (`sum_correct_count_rows` of each epoch's bounds). ``spans`` (n, 4)
+    float64, NaN before the first round: each token's bounds over every epoch, which the
+    first round makes and the others read (``topk.selection_counts``)."""
     return call(_topk.selection_counts, total.size * cols.shape[1], cache, cols, *extent,
-                total)
+                total, spans)
 
 
 def topk_certify_recipe(fields, epochs, src, targets, vocab, steps, *, states_only=False):

@@ -703,12 +703,16 @@ def window_into(cache, cols, pos, rpos, ends, label_col, rows, mix, eps, lead, m
 
 
 @kernel
-def selection_counts(cache, cols, ends, label_col, total, n_blocks, counter):
+def selection_counts(cache, cols, ends, label_col, total, spans, n_blocks, counter):
     """For each epoch i of the layout, the tokens whose argmax of total[n] + that
     checkpoint's upper bounds (`window_bounds` of one epoch: cache (E, n, k + 2) and cols
     (n, E, k) of every epoch of the layout) is their target's column (the first argmax,
     numpy's rule: ``argmax.sum_correct_count_rows``), each row read up to its padding (which
     holds 0 in both: never the first argmax). Returns int64 (E,).
+
+    spans (n, 4) float64: each token's least u, largest and least p_y, and largest value
+    not the target's over every epoch, which no round changes: made where a row holds NaN
+    (its first round) and read in the rounds after.
 
     The rows are not made: the target must beat every column before it and match every
     one after. The stored columns are checked one by one (and marked); every other column
@@ -728,15 +732,19 @@ def selection_counts(cache, cols, ends, label_col, total, n_blocks, counter):
             # the target's total plus its least p beats every column at every epoch where it
             # beats the largest other total plus the largest value not the target's (the
             # largest stored one not the target's: u is at most the k-th stored)
-            low_u, high_y = np.inf, -np.inf
-            low_y, high_other = np.inf, -np.inf
-            for r in range(n_epochs):
-                low_u = min(low_u, cache[r, n, k + 1])
-                high_y = max(high_y, cache[r, n, k])
-                low_y = min(low_y, cache[r, n, k])
-                other = cache[r, n, 0] if np.int64(cols[n, r, 0]) != y else \
-                    (cache[r, n, 1] if k > 1 else cache[r, n, k + 1])
-                high_other = max(high_other, other)
+            if np.isnan(spans[n, 0]):
+                low_u, high_y = np.inf, -np.inf
+                low_y, high_other = np.inf, -np.inf
+                for r in range(n_epochs):
+                    low_u = min(low_u, cache[r, n, k + 1])
+                    high_y = max(high_y, cache[r, n, k])
+                    low_y = min(low_y, cache[r, n, k])
+                    other = cache[r, n, 0] if np.int64(cols[n, r, 0]) != y else \
+                        (cache[r, n, 1] if k > 1 else cache[r, n, k + 1])
+                    high_other = max(high_other, other)
+                spans[n, 0], spans[n, 1], spans[n, 2], spans[n, 3] = \
+                    low_u, high_y, low_y, high_other
+            low_u, high_y, low_y, high_other = spans[n, 0], spans[n, 1], spans[n, 2], spans[n, 3]
             before, after = -1, -1  # each side's column of the largest total
             for c in range(end):
                 if c < y:
