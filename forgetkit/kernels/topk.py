@@ -76,9 +76,22 @@ def _record_probs(logits, ids, target, lse, e, s, y, out, r, t):
     p_y = np.exp(np.float64(target[e, s]) - top)
     if not stored_y:
         total += p_y
-    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
     out[r, t, k] = p_y
-    out[r, t, k + 1] = min(p, max(0.0, 1.0 - total) + slack)  # p: the k-th stored probability
+    # p: the k-th stored probability
+    out[r, t, k + 1] = min(p, _room(total, _mass_slack(logits, e, s, top)))
+
+
+@njit(inline="always")
+def _mass_slack(logits, e, s, top):
+    """`MASS_SLACK` of record (e, s) whose log-sum-exp is ``top``, in absolute terms."""
+    return MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
+
+
+@njit(inline="always")
+def _room(mass, slack):
+    """The unstored bound's mass term of a record whose stored mass (with p_y where the
+    target is unstored) sums to ``mass``: max(0, 1 - mass) + slack (`_record_probs`)."""
+    return max(0.0, 1.0 - mass) + slack
 
 
 @njit(inline="always")
@@ -212,15 +225,15 @@ def _room_beats(logits, ids, target, lse, e, s, y):
     for j in range(k):
         stored_y = stored_y or ids[e, s, j] == y
     rest = 0.0 if stored_y else p_y
-    slack = MASS_SLACK * max(abs(top), abs(np.float64(logits[e, s, 0])), 1.0)
+    slack = _mass_slack(logits, e, s, top)
     head = 0.0
     for m in range(k):
         p = np.exp(np.float64(logits[e, s, m]) - top)
         head += p  # the first m + 1 terms of `_record_probs`'s sum, in its order
-        most = max(0.0, 1.0 - (head + rest)) + slack
+        most = _room(head + rest, slack)
         if m == k - 1 or not _beats(most, p_y):
             break
-        least = max(0.0, 1.0 - (head + (k - 1 - m) * p + rest) * MASS_ROOM) + slack
+        least = _room((head + (k - 1 - m) * p + rest) * MASS_ROOM, slack)
         if _beats(least, p_y):
             return True
     return _beats(most, p_y)
