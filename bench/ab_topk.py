@@ -1,7 +1,7 @@
 """Two trees' certified fusion on one top-k run in one process, interleaved.
 
     python -m bench.ab_topk --base TREE [--run RUN] [--tile 40] [--repeat 7]
-        [--tasks forget,fit,selection]
+        [--tasks forget,fit,selection] [--kernels]
 
 Separate processes of this machine (and of a lent host) differ by 10-20% in speed, more
 than a kernel change often moves a task. Here the ``forgetkit`` package of another source
@@ -12,13 +12,15 @@ a new run of the records of ``--run`` tiled ``--tile`` times (the GPT-2 sample b
 base then this tree, ``--repeat`` rounds: best CPU seconds of each, its ratio to the same
 tree's forgetting pass, and this tree's over the base's. Both compile on the untiled run
 first (`bench.bench_topk_tiled.warm`). The plans and picks of the last round are compared
-(they must be equal).
+(they must be equal). With ``--kernels``, also each kernel's CPU seconds within the
+fit and the selection (every call summed, the best round of each) in both trees.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import collections
 import importlib
 import shutil
 import sys
@@ -57,12 +59,19 @@ def main(argv=None):
     p.add_argument("--tile", type=int, default=40)
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--kernels", action="store_true",
+                   help="also each kernel's CPU seconds in the fit and the selection")
     args = p.parse_args(argv)
     tasks = args.tasks.split(",")
     import forgetkit as fk
 
     base = _import_base(args.base)
     trees = {"base": base, "this": fk}
+    spent = collections.Counter()  # (tree, kernel): CPU seconds of the task timed now
+    if args.kernels:
+        for name, pkg in trees.items():
+            _time_kernels(importlib.import_module(pkg.__name__ + ".kernels.jit"), name, spent)
+    per_kernel = {}  # (tree, task, kernel): best seconds
     new_run = {}
     for name, pkg in trees.items():
         small = pkg.load(args.run)
@@ -74,9 +83,13 @@ def main(argv=None):
         for name, pkg in trees.items():
             for task in tasks:
                 run = new_run[name]()
+                spent.clear()
                 start = time.process_time()
                 out = _task(pkg, task, run)
                 best[name, task] = min(best[name, task], time.process_time() - start)
+                for (tree, kernel), seconds in spent.items():
+                    key = (tree, task, kernel)
+                    per_kernel[key] = min(per_kernel.get(key, float("inf")), seconds)
                 if task != "forget":
                     plans[name, task] = out
     print(f"{fk.load(args.run).n_samples * args.tile} tokens; base {base.__file__}, this "
@@ -90,6 +103,26 @@ def main(argv=None):
     for task in tasks:
         if task != "forget":
             print(f"same {task} result:", plans["base", task] == plans["this", task])
+    for task in tasks:
+        names = sorted({k for _, t, k in per_kernel if t == task})
+        for kernel in names if task != "forget" else ():
+            a, b = (per_kernel.get((tree, task, kernel), float("nan")) for tree in trees)
+            print(f"  {task} {kernel:22s} base {a:.3f} s  this {b:.3f} s  this / base "
+                  f"{b / a:.2f}")
+
+
+def _time_kernels(jit, tree, spent):
+    """Add each call's CPU seconds to spent[tree, kernel name] (``jit.run`` wrapped)."""
+    run_kernel = jit.run
+
+    def timed(kernel, n_threads, args):
+        start = time.process_time()
+        try:
+            return run_kernel(kernel, n_threads, args)
+        finally:
+            spent[tree, kernel.__name__] += time.process_time() - start
+
+    jit.run = timed
 
 
 if __name__ == "__main__":
