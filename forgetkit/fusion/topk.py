@@ -51,8 +51,9 @@ NO_CACHE = np.empty((0, 0, 0))
 class Layout:
     """The classes of tokens ``rows`` (a slice) that a mixture of checkpoints ``epochs`` can
     hold: ``cls`` (n, M) ascending class ids per token (every class stored by one of the
-    epochs, the target, the unstored slot, padding), ``ends`` (n,) the columns before each
-    row's padding, ``label_col`` and ``unstored_col`` (n,); ``cols`` (n, E, k) the column of
+    epochs, the target, the unstored slot, padding; ``classes`` the same before each row's
+    padding), ``ends`` (n,) the columns before each row's padding, ``label_col`` and
+    ``unstored_col`` (n,); ``cols`` (n, E, k) the column of
     each stored id; the tokens ``src`` (int64 (n,), of ``rows``), whose targets are
     ``targets``.
 
@@ -81,8 +82,9 @@ class Layout:
         self.targets, self.settled = targets, np.zeros(n, dtype=bool)
         self.cache = NO_CACHE
         if data.exact:
-            self.cls = np.broadcast_to(np.arange(data.vocab_size, dtype=np.int32),
-                                       (n, data.vocab_size))
+            self.classes = np.ascontiguousarray(np.broadcast_to(
+                np.arange(data.vocab_size, dtype=np.int32), (n, data.vocab_size)))
+            self._cls = self.classes
             self.label_col = targets.copy()
             self.unstored_col = np.full(n, -1, dtype=np.int64)
             self.ends = np.full(n, data.vocab_size, dtype=np.int64)
@@ -101,10 +103,21 @@ class Layout:
                 self.cache, floor = kept, kernels.topk_record_cache(*args, kept)
             else:
                 floor = kernels.topk_floors(*args)
-            self.cls, self.ends, self.label_col, self.unstored_col, self.cols = \
+            self.classes, self.ends, self.label_col, self.unstored_col, self.cols = \
                 kernels.topk_layout(*args, floor)
+            self._cls = None
             self.fields = fields if kept is None and data.holds_records else None
-        self.cls = np.ascontiguousarray(self.cls)
+        self.width = self.classes.shape[1] if data.exact else \
+            (int(self.ends.max()) if self.ends.size else 0)
+
+    @property
+    def cls(self):
+        """int32 (n, M): each token's classes, its unstored slot and padding (made on first
+        use, `kernels.topk_padded`: the certificates read it; the fit and the selection read
+        only the columns)."""
+        if self._cls is None:
+            self._cls = kernels.topk_padded(self.classes, self.ends, self.vocab)
+        return self._cls
 
     def read(self, data, epochs):
         """What the window kernels read for the checkpoints ``epochs`` (int64 (W,),
@@ -157,7 +170,8 @@ class Layout:
 
     @property
     def shape(self):
-        return self.cls.shape
+        """(n, M): the tokens and the columns of the widest row."""
+        return self.targets.shape[0], self.width
 
 
 def _indices(epochs):

@@ -501,11 +501,13 @@ def topk_record_cache(fields, epochs, src, targets, vocab, cache):
 def topk_layout(fields, epochs, src, targets, vocab, floor):
     """The class layout of tokens ``src`` over the checkpoints ``epochs`` (int64 indices)
     of a top-k run's record ``fields`` (as `topk_settle` takes them; ``targets`` int64 (n,)),
-    the unstored slot above ``floor`` (`topk_floors`): (cls int32 (n, M) (int64 for
-    vocabularies beyond int32), ends int64 (n,) each row's columns before its padding,
+    the unstored slot above ``floor`` (`topk_floors`): (classes int32 (n, W) (int64 for
+    vocabularies beyond int32): each row's classes and unstored slot in its first ends[n]
+    columns, the rest unset (`topk_padded` makes the padded rows), ends int64 (n,),
     label_col int64 (n,), unstored_col int64 (n,), -1 where none, cols (n, W, k) the column
     of each stored id: uint8, or uint16 / int32 for wider layouts); see ``topk``'s module
-    docstring."""
+    docstring. The fit and the selection read no class id, only the columns: no padded
+    copy is made for them."""
     k = fields[1].shape[2]
     wide = len(epochs) * k + 2  # every stored id, the target and the slot
     cls, ends, label_col, unstored_col, cols = _layout_fill(
@@ -515,15 +517,24 @@ def topk_layout(fields, epochs, src, targets, vocab, floor):
         wider = _layout_fill(fields[1], epochs, src[over], targets[over], vocab, floor[over],
                              wide)
         width = int(wider[1].max())
-        cls = np.concatenate([cls, np.full((len(src), width - cls.shape[1]), vocab + 1,
-                                           cls.dtype)], 1)
+        narrow, cls = cls, np.empty((len(src), width), dtype=cls.dtype)
+        cls[:, :narrow.shape[1]] = narrow
         cols = cols.astype(_col_type(width))
         cls[over] = wider[0][:, :width]
         ends[over], label_col[over], unstored_col[over] = wider[1:4]
         cols[over] = wider[4]
     width = int(ends.max()) if len(src) else 0
-    return (np.ascontiguousarray(cls[:, :width]), ends, label_col, unstored_col,
-            cols.astype(_col_type(width), copy=False))
+    return cls, ends, label_col, unstored_col, cols.astype(_col_type(width), copy=False)
+
+
+def topk_padded(classes, ends, vocab):
+    """The layout's class ids as the certificate kernels read them: (n, M) contiguous, M
+    the widest row, each row padded from ends[n] with vocab + 1 (``classes``, ``ends``:
+    `topk_layout`'s)."""
+    width = int(ends.max()) if len(ends) else 0
+    cls = np.ascontiguousarray(classes[:, :width])
+    cls[np.arange(width) >= ends[:, None]] = vocab + 1
+    return cls
 
 
 #: Columns of the layout rows first made (`topk_layout`): a token with more classes (rare:
@@ -533,11 +544,11 @@ LAYOUT_COLUMNS = 128
 
 
 def _layout_fill(ids, epochs, src, targets, vocab, floor, width):
-    """``topk.layout_fill`` into new arrays whose rows hold ``width`` columns, cls padded
-    with vocab + 1: (cls, ends, label_col, unstored_col, cols); ends[n] < 0 for the tokens
-    wider than that."""
+    """``topk.layout_fill`` into new arrays whose rows hold ``width`` columns, each row's
+    classes in its first ends[n]: (cls, ends, label_col, unstored_col, cols); ends[n] < 0
+    for the tokens wider than that."""
     n = len(src)
-    cls = np.full((n, width), vocab + 1, dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
+    cls = np.empty((n, width), dtype=np.int32 if vocab < 2**31 - 1 else np.int64)
     ends, label_col, unstored_col = (np.empty(n, dtype=np.int64) for _ in range(3))
     cols = np.empty((n, len(epochs), ids.shape[2]), dtype=_col_type(width))
     call(_topk.layout_fill, n * len(epochs) * ids.shape[2], ids, epochs, src, targets, vocab,
