@@ -78,6 +78,19 @@ def test_layout_and_bounds_match_the_reference():
             assert (upper[n, len(row):] == 0).all() and (lower[n, len(row):] == 0).all()
 
 
+@pytest.mark.parametrize("build", ["serial", "parallel"])
+def test_label_probs_are_the_c_librarys_exp_of_target_less_lse(build):
+    """The likelihood fit's target probabilities (N, E), read from strided record fields:
+    exp(target - lse) in float64 with the C library's exp, bit for bit, on any threads."""
+    logits, targets = make_logits(2, n_epochs=5, n_tokens=700, vocab=15)
+    rec = records_of(logits, targets, 4)
+    want = libm_exp(rec["target"].astype(np.float64) - rec["lse"].astype(np.float64)).T
+    with kernels.forced(build):
+        got = ft.label_probs(ft.TopKData(rec, targets, 15))
+    assert got.shape == (700, 5) and got.flags.c_contiguous
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+
+
 def test_certificate_matches_the_reference_on_ties():
     rng = np.random.default_rng(3)
     logits, targets = make_logits(2, n_epochs=3, n_tokens=200, vocab=9, ties=True)

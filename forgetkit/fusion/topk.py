@@ -308,12 +308,8 @@ def label_probs(data):
     if on_workers(data):
         return data.label_probs()
     if not data.exact:
-        out = np.empty((data.n_epochs, data.n_tokens))
-        for e in range(data.n_epochs):
-            rec = data.rows(e, slice(None))
-            out[e] = kernels.exp(rec["target"].astype(np.float64)
-                                 - rec["lse"].astype(np.float64))
-        return out.T
+        records = np.asarray(data.records[:, :])
+        return kernels.topk_label_probs(records["target"], records["lse"])
     out = np.empty((data.n_tokens, data.n_epochs))
     for rows in data.chunks():
         layout = Layout(data, (), rows)

@@ -468,6 +468,19 @@ def exp(x):
     return out
 
 
+def topk_label_probs(target, lse):
+    """The targets' probabilities exp(target - lse) of a top-k run's record fields target,
+    lse (E, N) (any strides), in float64 with the C library's exp (`exp`'s bits): (N, E),
+    C-contiguous; ``topk.label_probs``. Read as read-only views, as every top-k kernel
+    reads records (`forgetkit.kinds.topk.TopKData.fields`): one compiled specialization for
+    records in memory and memory-mapped."""
+    target, lse = target.view(), lse.view()
+    target.flags.writeable = lse.flags.writeable = False
+    out = np.empty(target.shape[::-1])
+    call(_topk.label_probs, target.size, target, lse, out)
+    return out
+
+
 def topk_settle(fields, epochs, src, targets, vocab, rival):
     """Whether each token ``src`` is settled over the checkpoints ``epochs`` (int64 indices)
     of a top-k run's record ``fields`` (logits, ids (E, N, k), target, lse (E, N):

@@ -48,6 +48,20 @@ def exp_into(x, out):
         out[i] = math.exp(x[i])
 
 
+@kernel
+def label_probs(target, lse, out, n_blocks, counter):
+    """out[n, e] = exp(target[e, n] - lse[e, n]), the float32 fields in float64 with the C
+    library's exp (`exp_into`'s bits): target, lse (E, N) any strides; out (N, E), each
+    token's probabilities together, as the likelihood fit reads them."""
+    blk = claim(counter)
+    while blk < n_blocks:
+        lo, hi = span(blk, out.shape[0], n_blocks)
+        for e in range(target.shape[0]):
+            for n in range(lo, hi):
+                out[n, e] = math.exp(np.float64(target[e, n]) - np.float64(lse[e, n]))
+        blk = claim(counter)
+
+
 #: The slack of the unstored mass, relative to max(|lse|, |largest logit|, 1): the records'
 #: probabilities exp(z - lse) sum over the vocabulary to 1 only up to the float32 rounding of
 #: lse and of the logits (half a float32 step each, 2**-24 relative); four times that.
