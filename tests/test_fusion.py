@@ -576,6 +576,29 @@ def test_likelihood_fusion_reaches_the_optimum(real_small):
     assert short.log_likelihood_ <= lf.log_likelihood_ + 1e-12
 
 
+def test_likelihood_fusion_runs_blas_on_one_thread(real_small, monkeypatch):
+    """The fit's matrix products run on one BLAS thread (many BLAS threads spun beside
+    numba's and gained nothing on these skinny products), and the setting is restored."""
+    from threadpoolctl import threadpool_info
+
+    from forgetkit.fusion import likelihood
+
+    def blas_threads():
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    seen, hessian = [], likelihood._hessian
+
+    def spy(*args):
+        seen.append(blas_threads())
+        return hessian(*args)
+
+    before = blas_threads()
+    monkeypatch.setattr(likelihood, "_hessian", spy)
+    LikelihoodFusion().fit(real_small)
+    assert seen and all(threads == {1} for threads in seen)
+    assert blas_threads() == before
+
+
 def test_likelihood_fusion(real_small):
     lf = LikelihoodFusion().fit(real_small)
     assert np.isclose(lf.weights_.sum(), 1) and (lf.weights_ >= 0).all()
