@@ -31,7 +31,7 @@ def _blas_on_one_thread():
     products are skinny (N x k against k, and a k x k Gram matrix of N rows): on 16 cores
     of a lent host, BLAS threads beside numba's gained no time and spun (the real GPT-2
     run's fit: 5.46 s of CPU at 0.51 s of wall, against 0.64 s at 0.50 s on one BLAS
-    thread). One thread also gives the same Hessian on every machine."""
+    thread). One thread also gives the same Hessian whatever the number of cores."""
     return threadpool_limits(limits=1, user_api="blas")
 
 
