@@ -29,7 +29,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from .bench_topk_tiled import SAMPLE, tiler, warm
+from .bench_topk_tiled import SAMPLE, tiler, time_kernels, warm
 
 TASKS = ("forget", "fit", "selection")
 
@@ -70,7 +70,8 @@ def main(argv=None):
     spent = collections.Counter()  # (tree, kernel): CPU seconds of the task timed now
     if args.kernels:
         for name, pkg in trees.items():
-            _time_kernels(importlib.import_module(pkg.__name__ + ".kernels.jit"), name, spent)
+            time_kernels(importlib.import_module(pkg.__name__ + ".kernels.jit"),
+                         partial(_add, spent, name))
     per_kernel = {}  # (tree, task, kernel): best seconds
     new_run = {}
     for name, pkg in trees.items():
@@ -111,18 +112,8 @@ def main(argv=None):
                   f"{b / a:.2f}")
 
 
-def _time_kernels(jit, tree, spent):
-    """Add each call's CPU seconds to spent[tree, kernel name] (``jit.run`` wrapped)."""
-    run_kernel = jit.run
-
-    def timed(kernel, n_threads, args):
-        start = time.process_time()
-        try:
-            return run_kernel(kernel, n_threads, args)
-        finally:
-            spent[tree, kernel.__name__] += time.process_time() - start
-
-    jit.run = timed
+def _add(spent, tree, kernel, seconds):
+    spent[tree, kernel] += seconds
 
 
 if __name__ == "__main__":

@@ -65,6 +65,21 @@ def warm(package, *tasks):
         task()
 
 
+def time_kernels(jit, record):
+    """Wrap ``jit.run`` (a forgetkit tree's ``kernels.jit``) so that every kernel call
+    reports record(kernel name, its CPU seconds)."""
+    run_kernel = jit.run
+
+    def timed(kernel, n_threads, args):
+        start = time.process_time()
+        try:
+            return run_kernel(kernel, n_threads, args)
+        finally:
+            record(kernel.__name__, time.process_time() - start)
+
+    jit.run = timed
+
+
 def cpu_seconds(fn, new_run, repeat):
     """Best (CPU, wall) seconds of ``fn(run)`` over ``repeat`` calls, each on a new run."""
     return interleaved({"task": fn}, new_run, repeat)["task"]

@@ -19,7 +19,7 @@ import time
 import forgetkit as fk
 from forgetkit.kernels import jit
 
-from .bench_topk_tiled import tiler, warm
+from .bench_topk_tiled import tiler, time_kernels, warm
 
 TASKS = {"fit": lambda run: fk.KnowledgeFusion().fit(run),
          "selection": lambda run: fk.EnsembleSelection().fit(run)}
@@ -30,17 +30,12 @@ def main(argv=None):
     path, tile, task = argv[0], int(argv[1]), TASKS[argv[2]]
     repeat = int(argv[3]) if len(argv) > 3 else 5
     seconds, calls = collections.Counter(), collections.Counter()
-    run_kernel = jit.run
 
-    def timed(kernel, n_threads, args):
-        start = time.process_time()
-        try:
-            return run_kernel(kernel, n_threads, args)
-        finally:
-            seconds[kernel.__name__] += time.process_time() - start
-            calls[kernel.__name__] += 1
+    def record(kernel, spent):
+        seconds[kernel] += spent
+        calls[kernel] += 1
 
-    jit.run = timed
+    time_kernels(jit, record)
     source = fk.load(path)
     warm(fk, lambda: task(source), lambda: fk.forget_fraction(source))  # off the clock
     new = tiler(source, tile, fk)

@@ -362,12 +362,10 @@ def test_the_settle_scans_mass_test_is_the_definitions(k):
         else:
             z[i, y] = z[i, stored].min() - rng.exponential(2.0)
         # the unstored rest's mass: a multiple of the target's probability near the margin
-        mass = np.exp(z[i, stored]).sum() + (0 if y in stored else np.exp(z[i, y]))
         want = np.exp(z[i, y]) * rng.choice([1 + 2.0 ** -20, 1.0, 1 - 1e-3, 1 + 1e-3, 1.05,
                                              0.95, 1e-3, 1e3, 1e6])
         rest = [c for c in range(vocab) if c != y and c not in stored]
         z[i, rest] = np.log(want / len(rest))
-        del mass
     records = topk_records(z.astype(np.float32), targets, k)[None]
     got = _room_beats_all(records["logits"], token_ids(records), records["target"],
                           records["lse"], targets)[0]
