@@ -166,9 +166,12 @@ def test_settled_tokens_are_wrong_under_every_mixture(case):
     run = topk_run(*case)
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
-    chunk = ft.TopKFitChunk(data, slice(None), np.asarray(run.correctness()), settle=True)
+    chunk = ft.TopKFitChunk(data, slice(None), settle=True)
     settled = np.flatnonzero(chunk.layout.settled)
     assert len(settled) > 0 or case[3] <= 7  # tiny vocabularies: nothing settles
+    correct = np.asarray(run.correctness())
+    assert not correct[:, settled].any()  # wrong at every epoch: no forget count misses them
+    assert np.array_equal(chunk.correct, correct[:, ~chunk.layout.settled])
     rng = np.random.default_rng(0)
     rows = np.arange(len(settled))
     for _ in range(20):  # random mixtures, made as the fit makes them
@@ -382,7 +385,8 @@ def test_mixes_equal_the_reference_state(case):
     ref = Reference(run)
     data = kind_of(run).certified_bounds(run)
     correct = np.asarray(run.correctness())
-    got = ft.TopKFitChunk(data, slice(None), correct)
+    got = ft.TopKFitChunk(data, slice(None))
+    assert np.array_equal(got.correct, correct)
     want = ReferenceChunk(ref, correct)
     last = run.n_epochs - 1
     for window, eps in ((range(0, 2), 0.3), (range(last - 1, last + 1), 0.01),
@@ -417,6 +421,19 @@ def test_selection_totals_equal_the_sums_of_bounds(case):
         picks.append(int(np.argmax(scores)))
         want_total += ref.upper[picks[-1]]
     assert ft.topk_selection(data, 4) == picks
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], (6, 4, 60, 6, 6, True)])
+def test_layout_hits_are_the_runs_correctness(case):
+    """The correctness a fit's layout reads with its records (with or without a record
+    cache; every class stored) is the run's, at the tokens it keeps."""
+    run = topk_run(*case)
+    data = kind_of(run).certified_bounds(run)
+    correct = np.asarray(run.correctness())
+    for settle, cache in ((False, True), (False, False), (True, True), (True, False)):
+        layout = ft.Layout(data, range(run.n_epochs), slice(1, None), settle=settle,
+                           cache=cache, hits=True)
+        assert np.array_equal(layout.hits, correct[:, 1:][:, ~layout.settled])
 
 
 def test_record_caches_stay_within_the_process_budget(monkeypatch):

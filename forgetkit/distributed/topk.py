@@ -26,7 +26,7 @@ from ..errors import ForgetkitError
 from ..execution import LocalParts
 from ..fusion import topk
 from ..fusion.fitstate import ChunkedFitState
-from ..kinds.topk import CHUNK_TOKENS, TopKData, correct, top_k_of
+from ..kinds.topk import CHUNK_TOKENS, TopKData, top_k_of
 from .parts import DaskParts
 
 
@@ -84,9 +84,8 @@ class ChunkFit(ChunkedFitState):
 
     def __init__(self, data):
         self.records = data.records
-        block = self.records.hold()  # the layouts read every epoch: one read of the chunk
-        hits = correct(block, data.targets)
-        parts = [topk.TopKFitChunk(data, rows, hits, settle=True)  # always an eps grid here
+        self.records.hold()  # the layouts read every epoch: one read of the chunk
+        parts = [topk.TopKFitChunk(data, rows, settle=True)  # always an eps grid here
                  for rows in data.chunks(CHUNK_TOKENS)]
         self.records.forget()
         super().__init__(LocalParts(parts))

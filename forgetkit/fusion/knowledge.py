@@ -271,11 +271,9 @@ def _fit_state(run, grid):
         data = kind.certified_bounds(run)
         if executor.lazy:  # each chunk's state on the workers
             return data.fit_state(grid)
-        correct = np.asarray(run.correctness())
         rows = data.chunks(max(data.n_tokens, 1) if grid is None else topk.FIT_CHUNK_TOKENS)
-        return ChunkedFitState(LocalParts([topk.TopKFitChunk(data, r, correct,
-                                                                 settle=grid is not None)
-                                              for r in rows]))
+        return ChunkedFitState(LocalParts([topk.TopKFitChunk(data, r, settle=grid is not None)
+                                           for r in rows]))
     if grid is None and not executor.whole(run):
         raise ForgetkitError("grid=None (the continuous eps search) needs a run held in memory "
                              "or on disk, read as one chunk; on a run on a dask array pass an "

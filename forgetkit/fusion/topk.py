@@ -72,16 +72,23 @@ class Layout:
     only for that, and only where they are an array here (`TopKData.holds_records`): on a
     worker it keeps no record, so that what it read can be freed. ``spans`` holds each
     token's bounds over every epoch that a selection's first round makes and its other
-    rounds read (`selection_scores`)."""
+    rounds read (`selection_scores`).
 
-    def __init__(self, data, epochs, rows, *, settle=False, cache=None):
+    ``hits`` (bool (W, n), with ``hits=True``): whether the target is the argmax of each
+    record of the tokens ``src`` at ``epochs``, read in the pass that makes the cache (or
+    the floors), as the fit needs them; a settled token's are all False (its settling
+    class beats the target at every checkpoint)."""
+
+    def __init__(self, data, epochs, rows, *, settle=False, cache=None, hits=False):
         self.rows, self.vocab = rows, data.vocab_size
         self.spans = None
         targets = data.targets[rows]
         n = targets.shape[0]
         self.targets, self.settled = targets, np.zeros(n, dtype=bool)
-        self.cache = NO_CACHE
+        self.cache, self.hits = NO_CACHE, None
         if data.exact:
+            if hits:
+                self.hits = data.fields(rows, _indices(epochs))[1][:, :, 0] == targets
             self.classes = np.ascontiguousarray(np.broadcast_to(
                 np.arange(data.vocab_size, dtype=np.int32), (n, data.vocab_size)))
             self._cls = self.classes
@@ -99,10 +106,12 @@ class Layout:
             args = (fields, self.epochs, self.src, self.targets, data.vocab_size)
             kept = cache_array((self.epochs.size, self.src.size, data.top_k + 2)) \
                 if (settle if cache is None else cache) else None
+            if hits:
+                self.hits = np.empty((self.epochs.size, self.src.size), dtype=bool)
             if kept is not None:
-                self.cache, floor = kept, kernels.topk_record_cache(*args, kept)
+                self.cache, floor = kept, kernels.topk_record_cache(*args, kept, self.hits)
             else:
-                floor = kernels.topk_floors(*args)
+                floor = kernels.topk_floors(*args, self.hits)
             self.classes, self.ends, self.label_col, self.unstored_col, self.cols = \
                 kernels.topk_layout(*args, floor)
             self._cls = None
@@ -348,27 +357,24 @@ def certificate_frame(pred, certified, state, label_prob, targets, index=None, n
 class TopKFitChunk(FitChunk):
     """Knowledge Fusion's `FitChunk` on a chunk of tokens ``rows`` of a top-k run: the
     current fusion's upper bounds ``prob`` (n, M) in the layout of every epoch (the target's
-    column exact) and its certified correctness; ``correct`` (E, N) is the run's. The
-    kernels of the full-vocabulary fit run on these rows with the target's column as the
-    label, so a token counts as correct exactly when it is certified correct (uncertain
-    tokens count as wrong: the fit maximises the lower end of the accuracy interval).
+    column exact) and its certified correctness; the run's correctness at each epoch is
+    read with the layout (`Layout.hits`). The kernels of the full-vocabulary fit run on
+    these rows with the target's column as the label, so a token counts as correct exactly
+    when it is certified correct (uncertain tokens count as wrong: the fit maximises the
+    lower end of the accuracy interval).
 
     With ``settle`` (an eps grid, whose counts are the brute-force grid's) the settled
-    tokens (`Layout`) are wrong under every mixture the fit can make: they add to the
-    forget counts and nothing else, and no window's bounds are made for them. The
+    tokens (`Layout`) are wrong under every mixture the fit can make and at every epoch:
+    they add nothing to the counts, and no window's bounds are made for them. The
     continuous search (``settle`` False, the default) sweeps every token's interval, as
     the full-vocabulary fit does: its candidates come from those intervals."""
 
-    def __init__(self, data, rows, correct, *, settle=False):
+    def __init__(self, data, rows, *, settle=False):
         self.data, self.rows = data, rows
         self.layout = layout = Layout(data, range(data.n_epochs), rows, settle=settle,
-                                      cache=True)
+                                      cache=True, hits=True)
         prob = epoch_values(data, data.n_epochs - 1, layout, np.empty(layout.shape))[0]
-        correct = correct[:, rows]
-        gone = correct[:, layout.settled]  # wrong under every mixture: missed where correct
-        super().__init__(correct[:, ~layout.settled], prob, layout.label_col)
-        self.missed += gone.sum(axis=1)
-        self.n_final_correct += int(gone[-1].sum())
+        super().__init__(layout.hits, prob, layout.label_col)
 
     def window_mean(self, window):
         if self.window != window:

@@ -493,21 +493,27 @@ def topk_settle(fields, epochs, src, targets, vocab, rival):
     return settled
 
 
-def topk_floors(fields, epochs, src, targets, vocab):
-    """Each token's tie floor (int64 (n,), `topk_settle`'s arguments): ``topk.token_floors``."""
+#: The ``hits`` of the record kernels where none are asked for.
+_NO_HITS = np.empty((0, 0), dtype=bool)
+
+
+def topk_floors(fields, epochs, src, targets, vocab, hits=None):
+    """Each token's tie floor (int64 (n,), `topk_settle`'s arguments): ``topk.token_floors``;
+    with ``hits`` (bool (W, n)), whether the target is each record's argmax, written there."""
     floor = np.empty(len(src), dtype=np.int64)
     call(_topk.token_floors, len(src) * len(epochs) * fields[0].shape[2], *fields, epochs, src,
-         targets, vocab, floor)
+         targets, vocab, floor, _NO_HITS if hits is None else hits)
     return floor
 
 
-def topk_record_cache(fields, epochs, src, targets, vocab, cache):
-    """`topk_floors`, every record's probabilities (k stored, the target's, the unstored
-    bound) written to ``cache`` (float64 (W, n, k + 2)); ``topk.record_cache``."""
+def topk_record_cache(fields, epochs, src, targets, vocab, cache, hits=None):
+    """`topk_floors` (and its ``hits``), every record's probabilities (k stored, the
+    target's, the unstored bound) written to ``cache`` (float64 (W, n, k + 2));
+    ``topk.record_cache``."""
     n, k = len(src), fields[0].shape[2]
     floor = np.empty(n, dtype=np.int64)
     call(_topk.record_cache, n * len(epochs) * k, *fields, epochs, src, targets, vocab, cache,
-         floor)
+         floor, _NO_HITS if hits is None else hits)
     return floor
 
 

@@ -150,14 +150,17 @@ def _tie_floor(ids, e, s, out, r, t):
 
 
 @kernel
-def token_floors(logits, ids, target, lse, epochs, src, targets, vocab, floor, n_blocks,
-                 counter):
+def token_floors(logits, ids, target, lse, epochs, src, targets, vocab, floor, hits,
+                 n_blocks, counter):
     """floor[n] = min(vocab, the tie floor of each record of token src[n] at ``epochs``:
-    its k-th stored id where its unstored bound is its k-th probability, else -1).
+    its k-th stored id where its unstored bound is its k-th probability, else -1); where
+    ``hits`` has rows (bool (W, n), else (0, 0)), hits[i, n] = the target is the argmax
+    of record (epochs[i], src[n]) (its first stored id: ties go to the lowest id).
 
     logits, ids (E, N, k), target, lse (E, N): the records' fields, any strides; epochs,
     src: int64 indices."""
     k = logits.shape[2]
+    keep_hits = hits.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
@@ -168,16 +171,20 @@ def token_floors(logits, ids, target, lse, epochs, src, targets, vocab, floor, n
             for i in range(epochs.shape[0]):
                 _record_probs(logits, ids, target, lse, epochs[i], s, y, rec, 0, 0)
                 low = min(low, _tie_floor(ids, epochs[i], s, rec, 0, 0))
+                if keep_hits:
+                    hits[i, n] = np.int64(ids[epochs[i], s, 0]) == y
             floor[n] = low
         blk = claim(counter)
 
 
 @kernel
-def record_cache(logits, ids, target, lse, epochs, src, targets, vocab, cache, floor,
+def record_cache(logits, ids, target, lse, epochs, src, targets, vocab, cache, floor, hits,
                  n_blocks, counter):
-    """`token_floors` that also keeps every record's probabilities: cache[i, n] = those of
-    record (epochs[i], src[n]) (`_record_probs`: k stored, p_y, u; cache (W, n, k + 2),
-    laid out by epoch as the records are, so that a window streams its epochs' planes)."""
+    """`token_floors` (floor, and hits where it has rows) that also keeps every record's
+    probabilities: cache[i, n] = those of record (epochs[i], src[n]) (`_record_probs`: k
+    stored, p_y, u; cache (W, n, k + 2), laid out by epoch as the records are, so that a
+    window streams its epochs' planes)."""
+    keep_hits = hits.shape[0] > 0
     blk = claim(counter)
     while blk < n_blocks:
         lo, hi = span(blk, src.shape[0], n_blocks)
@@ -186,8 +193,11 @@ def record_cache(logits, ids, target, lse, epochs, src, targets, vocab, cache, f
         for i in range(epochs.shape[0]):
             e = epochs[i]
             for n in range(lo, hi):
-                _record_probs(logits, ids, target, lse, e, src[n], targets[n], cache, i, n)
-                floor[n] = min(floor[n], _tie_floor(ids, e, src[n], cache, i, n))
+                s = src[n]
+                _record_probs(logits, ids, target, lse, e, s, targets[n], cache, i, n)
+                floor[n] = min(floor[n], _tie_floor(ids, e, s, cache, i, n))
+                if keep_hits:
+                    hits[i, n] = np.int64(ids[e, s, 0]) == targets[n]
         blk = claim(counter)
 
 
