@@ -193,6 +193,8 @@ def test_eps_search_twins_equal_the_kernels(seed):
     serial, twin = both(passes)
     assert_same(serial, twin)
     assert (serial[0][0] == 0).sum() > 50  # ties of the lead were exercised
+    empty = both(lambda: K.label_leads(np.empty((0, 0)), np.empty(0, dtype=np.int64)))
+    assert_same(*empty)  # no row: a top-k chunk whose every token settled
 
 
 def test_grid_twin_leaves_large_grids_to_the_kernel(monkeypatch):

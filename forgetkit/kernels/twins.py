@@ -145,6 +145,8 @@ def _keys(p):
 
 def label_leads(p, labels, lead, magnitude, top, correct):
     """``eps_search.label_leads`` of finite float64 p (N, C) into the (N,) arrays."""
+    if p.shape[0] == 0:  # no row (a top-k chunk whose every token settled: (0, 0))
+        return correct
     rows = np.arange(p.shape[0])
     keys = _keys(p)
     keys[rows, labels] = _keys(np.array([-np.inf]))[0]
