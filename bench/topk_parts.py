@@ -21,6 +21,7 @@ import forgetkit as fk
 from forgetkit import kernels
 from forgetkit.fusion.topk import _rival
 from forgetkit.kernels.softmax import _exp_nonpositive
+from forgetkit.kernels.topk import _bitset_insert
 from forgetkit.kinds.topk import TopKData
 
 
@@ -41,19 +42,7 @@ def insert_only(ids, epochs, src, targets, vocab):
     bits = np.zeros(vocab // 64 + 1, dtype=np.int64)
     total = 0
     for n in range(src.shape[0]):
-        s, y = src[n], targets[n]
-        first, last = y >> 6, y >> 6
-        bits[y >> 6] |= np.int64(1) << (y & 63)
-        count = 1
-        for i in range(epochs.shape[0]):
-            e = epochs[i]
-            for j in range(ids.shape[2]):
-                c = np.int64(ids[e, s, j])
-                w, bit = c >> 6, np.int64(1) << (c & 63)
-                if bits[w] & bit == 0:
-                    bits[w] |= bit
-                    count += 1
-                    first, last = min(first, w), max(last, w)
+        count, first, last = _bitset_insert(ids, epochs, src[n], targets[n], bits)
         for w in range(first, last + 1):
             bits[w] = 0
         total += count

@@ -34,6 +34,7 @@ from ..kinds.topk import (  # noqa: F401 (TopKData: its old home)
     FIT_CHUNK_TOKENS,
     TopKData,
     cache_array,
+    correct,
     token_ids,
 )
 from .fitstate import REL_BAND, FitChunk
@@ -88,7 +89,7 @@ class Layout:
         self.cache, self.hits = NO_CACHE, None
         if data.exact:
             if hits:
-                self.hits = data.fields(rows, _indices(epochs))[1][:, :, 0] == targets
+                self.hits = correct(np.asarray(data.records[_indices(epochs), rows]), targets)
             self.classes = np.ascontiguousarray(np.broadcast_to(
                 np.arange(data.vocab_size, dtype=np.int32), (n, data.vocab_size)))
             self._cls = self.classes

@@ -391,6 +391,25 @@ def _layout_width(count, vocab):
 
 
 @njit(inline="always")
+def _bitset_insert(ids, epochs, s, y, bits):
+    """Mark the target y and every class stored at ``epochs`` for token s in the bit set
+    ``bits`` (int64 words, zero before): (the classes, the first and last word marked)."""
+    first, last = y >> 6, y >> 6
+    bits[y >> 6] |= np.int64(1) << (y & 63)
+    count = 1
+    for i in range(epochs.shape[0]):
+        e = epochs[i]
+        for j in range(ids.shape[2]):
+            c = np.int64(ids[e, s, j])
+            w, bit = c >> 6, np.int64(1) << (c & 63)
+            if bits[w] & bit == 0:
+                bits[w] |= bit
+                count += 1
+                first, last = min(first, w), max(last, w)
+    return count, first, last
+
+
+@njit(inline="always")
 def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
     """`_token_layout` for vocabularies up to `DIRECT_CLASSES`: the token's classes are
     marked in the bit set ``bits`` (int64 (vocab // 64 + 1,), zero, and left zero), read
@@ -398,18 +417,7 @@ def _bitset_layout(ids, epochs, s, y, vocab, floor, bits, where, cls, cols, n):
     (int32 (vocab + 1,)) for the stored ids: 33 KiB for 8,192 classes, within a core's
     first-level cache."""
     k = ids.shape[2]
-    first, last = y >> 6, y >> 6
-    bits[y >> 6] |= np.int64(1) << (y & 63)
-    count = 1
-    for i in range(epochs.shape[0]):
-        e = epochs[i]
-        for j in range(k):
-            c = np.int64(ids[e, s, j])
-            w, bit = c >> 6, np.int64(1) << (c & 63)
-            if bits[w] & bit == 0:
-                bits[w] |= bit
-                count += 1
-                first, last = min(first, w), max(last, w)
+    count, first, last = _bitset_insert(ids, epochs, s, y, bits)
     width = _layout_width(count, vocab)
     if width > cls.shape[1]:  # too wide for cls: left for a wider one
         for w in range(first, last + 1):
